@@ -1,0 +1,72 @@
+#pragma once
+// msgpack helpers shared by every message body: safe unpacking with limits, typed field access
+// that reports which field is wrong, and tensor encoding ({"dtype", "shape", "data"}).
+//
+// Bodies are unpacked in *reference* mode: strings and binaries in the resulting objects point
+// into the received buffer, which must outlive the object_handle. Nothing here throws.
+
+#include <cstdint>
+#include <map>
+#include <msgpack.hpp>
+#include <string>
+#include <string_view>
+#include <vector>
+#include <zmq.hpp>
+
+#include "ferry/status.h"
+#include "ferry/tensor.h"
+
+namespace ferry::protocol {
+
+using Packer = msgpack::packer<msgpack::sbuffer>;
+
+// Limits applied while unpacking untrusted bodies.
+inline constexpr size_t kMaxTensorDims = 16;
+inline constexpr size_t kMaxInputsPerJob = 64;
+
+// A tensor whose bytes live in a received buffer (not owned).
+struct TensorRef {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  const char* data = nullptr;
+  size_t size = 0;
+};
+
+// Unpacks a body that must be one msgpack map (an empty buffer is an empty map).
+// Returns kMalformed on anything else.
+Status UnpackMap(const void* data, size_t size, msgpack::object_handle* out);
+
+// Field access on a msgpack map. Find returns nullptr when absent.
+const msgpack::object* Find(const msgpack::object& map, std::string_view key);
+std::string_view AsStringView(const msgpack::object& o);  // STR or BIN; empty otherwise
+Status GetString(const msgpack::object& map, std::string_view key, std::string* out);
+Status GetInt(const msgpack::object& map, std::string_view key, int64_t* out, int64_t fallback);
+Status GetStringArray(const msgpack::object& map, std::string_view key,
+                      std::vector<std::string>* out);
+
+// Tensors: decoding validates dtype, shape and that data is exactly numel * itemsize bytes.
+Status DecodeTensor(const msgpack::object& o, TensorRef* out);
+Status DecodeTensorList(const msgpack::object& o, std::vector<TensorRef>* out);
+void PackTensor(Packer& pk, DType dtype, const std::vector<int64_t>& shape, const void* data,
+                size_t size);
+inline void PackTensor(Packer& pk, const Tensor& t) {
+  PackTensor(pk, t.dtype, t.shape, t.data.data(), t.data.size());
+}
+inline void PackTensor(Packer& pk, const TensorRef& t) {
+  PackTensor(pk, t.dtype, t.shape, t.data, t.size);
+}
+Tensor ToTensor(const TensorRef& ref);  // copies the bytes
+
+void PackString(Packer& pk, std::string_view s);
+
+// Moves an sbuffer's bytes into a ZeroMQ message without copying.
+zmq::message_t ToMessage(msgpack::sbuffer&& buffer);
+// Packs a string->int map (timings, counters).
+void PackIntMap(Packer& pk, const std::map<std::string, int64_t>& m);
+
+}  // namespace ferry::protocol
+
+namespace ferry::protocol {
+// Renders any msgpack object as JSON text (bin as {"bin": N bytes}); for CLIs and logs.
+std::string ToJson(const msgpack::object& o);
+}  // namespace ferry::protocol

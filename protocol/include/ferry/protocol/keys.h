@@ -1,0 +1,29 @@
+#pragma once
+// Redis key layout (docs/protocol.md, "Redis keys"). Every key starts with a configurable
+// prefix, "ferry:" by default, so several fleets can share one Redis.
+
+#include <string>
+#include <string_view>
+
+namespace ferry::protocol {
+
+inline constexpr std::string_view kDefaultPrefix = "ferry:";
+inline constexpr int64_t kDefaultResultTtlS = 3600;
+
+class Keys {
+ public:
+  explicit Keys(std::string prefix = std::string(kDefaultPrefix)) : prefix_(std::move(prefix)) {}
+  // The final result of a job: a msgpack map, written once (SET NX) with an expiry.
+  std::string Result(std::string_view id) const {
+    std::string k;
+    k.reserve(prefix_.size() + 7 + id.size());
+    k.append(prefix_).append("result:").append(id);
+    return k;
+  }
+  const std::string& prefix() const { return prefix_; }
+
+ private:
+  std::string prefix_;
+};
+
+}  // namespace ferry::protocol

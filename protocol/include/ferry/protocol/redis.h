@@ -1,0 +1,64 @@
+#pragma once
+// RedisClient: a small synchronous Redis connection on top of hiredis, with pipelining.
+// hiredis reports failures in two channels -- the context's transport error and error replies;
+// both are checked here and nowhere else. A transport failure drops the connection and the next
+// call reconnects, so callers just retry with backoff.
+//
+// Thread-safety: none; one client per thread (or guard it with a mutex).
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "ferry/protocol/util.h"
+#include "ferry/status.h"
+
+struct redisContext;
+
+namespace ferry::protocol {
+
+struct RedisReply {
+  enum class Type { kNil, kString, kInteger, kArray, kStatus, kError };
+  Type type = Type::kNil;
+  std::string str;  // kString, kStatus, kError
+  int64_t integer = 0;
+  std::vector<RedisReply> elements;
+};
+
+class RedisClient {
+ public:
+  // Connects (and SELECTs the db). Fails with kUnavailable when Redis cannot be reached.
+  static Status Connect(const RedisEndpoint& endpoint, int timeout_ms,
+                        std::unique_ptr<RedisClient>* out);
+  ~RedisClient();
+  RedisClient(const RedisClient&) = delete;
+  RedisClient& operator=(const RedisClient&) = delete;
+
+  // Queues a command for the next Flush (copies the arguments).
+  void Append(const std::vector<std::string_view>& argv);
+  size_t pending() const { return pending_; }
+  // Sends every appended command in one round trip and reads all replies in order. Error replies
+  // come back as RedisReply::Type::kError (the first also makes the Status kInternal when
+  // `replies` is null). Transport failures return kUnavailable.
+  Status Flush(std::vector<RedisReply>* replies);
+
+  // One command, one round trip; an error reply becomes a failed Status.
+  Status Command(const std::vector<std::string_view>& argv, RedisReply* reply);
+  // GET: `found` false when the key does not exist.
+  Status Get(std::string_view key, std::string* value, bool* found);
+
+ private:
+  explicit RedisClient(const RedisEndpoint& endpoint, int timeout_ms);
+  Status EnsureConnected();
+  void Drop();
+
+  RedisEndpoint endpoint_;
+  int timeout_ms_;
+  redisContext* ctx_ = nullptr;
+  size_t pending_ = 0;
+  std::vector<std::vector<std::string>> queued_;
+};
+
+}  // namespace ferry::protocol

@@ -1,0 +1,56 @@
+#pragma once
+// The framing of Ferry wire protocol v1 over ZeroMQ (docs/protocol.md, "Frames").
+// Every message is multipart: [routing envelope...] "FERRY1" COMMAND BODY, where BODY is one
+// msgpack map. ROUTER sockets see the envelope (the peer's routing id); DEALER peers do not.
+//
+// These helpers catch zmq::error_t and report Status; nothing here throws.
+
+#include <string>
+#include <string_view>
+#include <vector>
+#include <zmq.hpp>
+
+#include "ferry/status.h"
+
+namespace ferry::protocol {
+
+inline constexpr std::string_view kTag = "FERRY1";
+
+// Commands. Producer <-> broker frontend.
+inline constexpr std::string_view kSubmit = "SUBMIT";
+inline constexpr std::string_view kAccepted = "ACCEPTED";
+inline constexpr std::string_view kError = "ERROR";
+inline constexpr std::string_view kStats = "STATS";
+inline constexpr std::string_view kCancel = "CANCEL";
+inline constexpr std::string_view kCancelled = "CANCELLED";
+inline constexpr std::string_view kFinished = "FINISHED";  // broker -> producer: results readable
+// Worker <-> broker backend.
+inline constexpr std::string_view kReady = "READY";          // worker announces itself
+inline constexpr std::string_view kChunk = "CHUNK";          // broker -> worker: jobs to run
+inline constexpr std::string_view kDone = "DONE";            // worker -> broker: results written
+inline constexpr std::string_view kHeartbeat = "HEARTBEAT";  // both ways
+inline constexpr std::string_view kBye = "BYE";              // worker leaves (drain)
+inline constexpr std::string_view kReannounce = "REANNOUNCE";  // broker -> unknown worker
+
+// One received message, split into its parts.
+struct Message {
+  std::vector<zmq::message_t> envelope;  // frames before the tag (ROUTER side only)
+  std::string command;
+  zmq::message_t body;  // msgpack bytes; may be empty (treated as an empty map)
+};
+
+// Receives one whole multipart message (all parts are always drained, even on error).
+// Returns kMalformed when the frames do not follow the layout; `out->envelope` is still filled
+// (from the first frame, for a ROUTER) so the caller can answer with ERROR.
+// `router`: the socket is a ROUTER, so the first frame is the peer's routing id.
+// Returns kUnavailable when nothing could be read (EAGAIN / interrupted).
+Status RecvMessage(zmq::socket_t& socket, bool router, Message* out, bool dont_wait = true);
+
+// Sends [envelope...] FERRY1 command body. `body` is moved into the last frame (no copy).
+Status SendMessage(zmq::socket_t& socket, const std::vector<zmq::message_t>* envelope,
+                   std::string_view command, zmq::message_t body);
+// Sends with a single routing-id frame (ROUTER side).
+Status SendTo(zmq::socket_t& socket, std::string_view routing_id, std::string_view command,
+              zmq::message_t body);
+
+}  // namespace ferry::protocol

@@ -1,0 +1,320 @@
+#include "ferry/protocol/messages.h"
+
+namespace ferry::protocol {
+namespace {
+
+void PackKey(Packer& pk, std::string_view k) { PackString(pk, k); }
+
+// Adds "rid" to a map when non-zero; returns the number of extra entries.
+uint32_t RidEntries(int64_t rid) { return rid != 0 ? 1 : 0; }
+void PackRid(Packer& pk, int64_t rid) {
+  if (rid == 0) return;
+  PackKey(pk, "rid");
+  pk.pack_int64(rid);
+}
+
+}  // namespace
+
+const char* JobStateNameImpl(JobState s) {
+  switch (s) {
+    case JobState::kPending: return "pending";
+    case JobState::kDone: return "done";
+    case JobState::kFailed: return "failed";
+    case JobState::kCancelled: return "cancelled";
+    case JobState::kExpired: return "expired";
+  }
+  return "unknown";
+}
+
+bool IsValidJobId(std::string_view id) {
+  if (id.empty() || id.size() > 128) return false;
+  for (char c : id) {
+    bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == ':' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+Status DecodeSubmitJob(const msgpack::object& o, SubmitJob* out) {
+  out->id.clear();
+  if (o.type != msgpack::type::MAP) return Status::InvalidArgument("a job must be a map");
+  if (const msgpack::object* id = Find(o, "id"); id && id->type == msgpack::type::STR)
+    out->id.assign(id->via.str.ptr, std::min<size_t>(id->via.str.size, 256));
+  if (!IsValidJobId(out->id))
+    return Status::InvalidArgument("job \"id\" must be 1-128 characters of [A-Za-z0-9._:-]");
+  FERRY_RETURN_IF_ERROR(GetString(o, "model", &out->model));
+  if (out->model.empty() || out->model.size() > kMaxModelName)
+    return Status::InvalidArgument("job \"model\" must be 1-128 characters");
+  FERRY_RETURN_IF_ERROR(GetInt(o, "priority", &out->priority, 0));
+  FERRY_RETURN_IF_ERROR(GetInt(o, "timeout_ms", &out->timeout_ms, 0));
+  FERRY_RETURN_IF_ERROR(GetInt(o, "result_ttl_s", &out->result_ttl_s, 0));
+  if (out->timeout_ms < 0) return Status::InvalidArgument("\"timeout_ms\" must be >= 0");
+  if (out->result_ttl_s < 0) return Status::InvalidArgument("\"result_ttl_s\" must be >= 0");
+  out->inputs_obj = Find(o, "inputs");
+  if (!out->inputs_obj) return Status::InvalidArgument("missing field \"inputs\"");
+  return DecodeTensorList(*out->inputs_obj, &out->inputs);
+}
+
+void PackSubmitJob(Packer& pk, std::string_view id, std::string_view model,
+                   const std::vector<Tensor>& inputs, int64_t priority, int64_t timeout_ms,
+                   int64_t result_ttl_s) {
+  uint32_t n = 3 + (priority != 0) + (timeout_ms != 0) + (result_ttl_s != 0);
+  pk.pack_map(n);
+  PackKey(pk, "id");
+  PackString(pk, id);
+  PackKey(pk, "model");
+  PackString(pk, model);
+  PackKey(pk, "inputs");
+  pk.pack_array(static_cast<uint32_t>(inputs.size()));
+  for (const auto& t : inputs) PackTensor(pk, t);
+  if (priority != 0) { PackKey(pk, "priority"); pk.pack_int64(priority); }
+  if (timeout_ms != 0) { PackKey(pk, "timeout_ms"); pk.pack_int64(timeout_ms); }
+  if (result_ttl_s != 0) { PackKey(pk, "result_ttl_s"); pk.pack_int64(result_ttl_s); }
+}
+
+zmq::message_t EncodeAccepted(const Accepted& a) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_map(2 + RidEntries(a.rid));
+  PackKey(pk, "ids");
+  pk.pack_array(static_cast<uint32_t>(a.ids.size()));
+  for (const auto& id : a.ids) PackString(pk, id);
+  PackKey(pk, "rejected");
+  pk.pack_array(static_cast<uint32_t>(a.rejected.size()));
+  for (const auto& r : a.rejected) {
+    pk.pack_map(3);
+    PackKey(pk, "id");
+    PackString(pk, r.id);
+    PackKey(pk, "code");
+    PackString(pk, r.code);
+    PackKey(pk, "message");
+    PackString(pk, r.message);
+  }
+  PackRid(pk, a.rid);
+  return ToMessage(std::move(buf));
+}
+
+Status DecodeAccepted(const msgpack::object& body, Accepted* out) {
+  FERRY_RETURN_IF_ERROR(GetInt(body, "rid", &out->rid, 0));
+  FERRY_RETURN_IF_ERROR(GetStringArray(body, "ids", &out->ids));
+  out->rejected.clear();
+  const msgpack::object* rej = Find(body, "rejected");
+  if (!rej) return Status::Ok();
+  if (rej->type != msgpack::type::ARRAY) return Status::InvalidArgument("rejected: not an array");
+  for (uint32_t i = 0; i < rej->via.array.size; ++i) {
+    Rejection r;
+    const auto& e = rej->via.array.ptr[i];
+    GetString(e, "id", &r.id);  // may be absent when the job had no readable id
+    FERRY_RETURN_IF_ERROR(GetString(e, "code", &r.code));
+    FERRY_RETURN_IF_ERROR(GetString(e, "message", &r.message));
+    out->rejected.push_back(std::move(r));
+  }
+  return Status::Ok();
+}
+
+zmq::message_t EncodeError(int64_t rid, std::string_view code, std::string_view message) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_map(2 + RidEntries(rid));
+  PackKey(pk, "code");
+  PackString(pk, code);
+  PackKey(pk, "message");
+  PackString(pk, message);
+  PackRid(pk, rid);
+  return ToMessage(std::move(buf));
+}
+
+Status DecodeError(const msgpack::object& body, Status* out) {
+  std::string code, message;
+  FERRY_RETURN_IF_ERROR(GetString(body, "code", &code));
+  FERRY_RETURN_IF_ERROR(GetString(body, "message", &message));
+  *out = Status(code, message);
+  return Status::Ok();
+}
+
+zmq::message_t EncodeIds(const std::vector<std::string>& ids, int64_t rid) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_map(1 + RidEntries(rid));
+  PackKey(pk, "ids");
+  pk.pack_array(static_cast<uint32_t>(ids.size()));
+  for (const auto& id : ids) PackString(pk, id);
+  PackRid(pk, rid);
+  return ToMessage(std::move(buf));
+}
+
+zmq::message_t EncodeEmpty(int64_t rid) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_map(RidEntries(rid));
+  PackRid(pk, rid);
+  return ToMessage(std::move(buf));
+}
+
+zmq::message_t EncodeHello(const WorkerHello& h) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_map(6);
+  PackKey(pk, "worker");
+  PackString(pk, h.worker);
+  PackKey(pk, "device");
+  PackString(pk, h.device);
+  PackKey(pk, "host");
+  PackString(pk, h.host);
+  PackKey(pk, "pid");
+  pk.pack_int64(h.pid);
+  PackKey(pk, "capacity");
+  pk.pack_int64(h.capacity);
+  PackKey(pk, "models");
+  pk.pack_array(static_cast<uint32_t>(h.models.size()));
+  for (const auto& m : h.models) {
+    pk.pack_map(2);
+    PackKey(pk, "name");
+    PackString(pk, m.name);
+    PackKey(pk, "max_batch");
+    pk.pack_int64(m.max_batch);
+  }
+  return ToMessage(std::move(buf));
+}
+
+Status DecodeHello(const msgpack::object& body, WorkerHello* out) {
+  FERRY_RETURN_IF_ERROR(GetString(body, "worker", &out->worker));
+  FERRY_RETURN_IF_ERROR(GetString(body, "device", &out->device));
+  if (Find(body, "host")) FERRY_RETURN_IF_ERROR(GetString(body, "host", &out->host));
+  FERRY_RETURN_IF_ERROR(GetInt(body, "pid", &out->pid, 0));
+  FERRY_RETURN_IF_ERROR(GetInt(body, "capacity", &out->capacity, 0));
+  if (out->capacity < 1) return Status::InvalidArgument("\"capacity\" must be >= 1");
+  const msgpack::object* models = Find(body, "models");
+  if (!models || models->type != msgpack::type::ARRAY)
+    return Status::InvalidArgument("\"models\" must be an array");
+  out->models.clear();
+  for (uint32_t i = 0; i < models->via.array.size; ++i) {
+    ModelInfo m;
+    FERRY_RETURN_IF_ERROR(GetString(models->via.array.ptr[i], "name", &m.name));
+    FERRY_RETURN_IF_ERROR(GetInt(models->via.array.ptr[i], "max_batch", &m.max_batch, 1));
+    if (m.max_batch < 1) return Status::InvalidArgument("\"max_batch\" must be >= 1");
+    out->models.push_back(std::move(m));
+  }
+  return Status::Ok();
+}
+
+void PackChunkEntry(Packer& pk, std::string_view id, std::string_view model,
+                    std::string_view inputs_raw, int64_t attempt, int64_t priority,
+                    int64_t result_ttl_s, int64_t submitted_us, int64_t dispatched_us) {
+  pk.pack_map(8);
+  PackKey(pk, "id");
+  PackString(pk, id);
+  PackKey(pk, "model");
+  PackString(pk, model);
+  PackKey(pk, "inputs");
+  // Already msgpack: splice the bytes in as they are.
+  pk.pack_bin_body(inputs_raw.data(), static_cast<uint32_t>(inputs_raw.size()));
+  PackKey(pk, "attempt");
+  pk.pack_int64(attempt);
+  PackKey(pk, "priority");
+  pk.pack_int64(priority);
+  PackKey(pk, "result_ttl_s");
+  pk.pack_int64(result_ttl_s);
+  PackKey(pk, "submitted");
+  pk.pack_int64(submitted_us);
+  PackKey(pk, "dispatched");
+  pk.pack_int64(dispatched_us);
+}
+
+Status DecodeChunkEntry(const msgpack::object& o, ChunkJob* out) {
+  FERRY_RETURN_IF_ERROR(GetString(o, "id", &out->id));
+  FERRY_RETURN_IF_ERROR(GetString(o, "model", &out->model));
+  const msgpack::object* inputs = Find(o, "inputs");
+  if (!inputs) return Status::InvalidArgument("missing field \"inputs\"");
+  FERRY_RETURN_IF_ERROR(DecodeTensorList(*inputs, &out->inputs));
+  FERRY_RETURN_IF_ERROR(GetInt(o, "attempt", &out->attempt, 1));
+  FERRY_RETURN_IF_ERROR(GetInt(o, "priority", &out->priority, 0));
+  FERRY_RETURN_IF_ERROR(GetInt(o, "result_ttl_s", &out->result_ttl_s, 0));
+  FERRY_RETURN_IF_ERROR(GetInt(o, "submitted", &out->submitted_us, 0));
+  FERRY_RETURN_IF_ERROR(GetInt(o, "dispatched", &out->dispatched_us, 0));
+  return Status::Ok();
+}
+
+void PackResult(Packer& pk, const ResultRecord& r) {
+  bool done = r.status == "done";
+  pk.pack_map(8);
+  PackKey(pk, "id");
+  PackString(pk, r.id);
+  PackKey(pk, "status");
+  PackString(pk, r.status);
+  if (done) {
+    PackKey(pk, "outputs");
+    pk.pack_array(static_cast<uint32_t>(r.outputs.size()));
+    for (const auto& t : r.outputs) PackTensor(pk, t);
+  } else {
+    PackKey(pk, "error");
+    pk.pack_map(2);
+    PackKey(pk, "code");
+    PackString(pk, r.error_code);
+    PackKey(pk, "message");
+    PackString(pk, r.error_message);
+  }
+  PackKey(pk, "model");
+  PackString(pk, r.model);
+  PackKey(pk, "worker");
+  PackString(pk, r.worker);
+  PackKey(pk, "batch_size");
+  pk.pack_int64(r.batch_size);
+  PackKey(pk, "attempt");
+  pk.pack_int64(r.attempt);
+  PackKey(pk, "timing");
+  PackIntMap(pk, r.timing_us);
+}
+
+Status DecodeResult(const void* data, size_t size, Result* out) {
+  msgpack::object_handle oh;
+  FERRY_RETURN_IF_ERROR(UnpackMap(data, size, &oh));
+  const msgpack::object& body = oh.get();
+  FERRY_RETURN_IF_ERROR(GetString(body, "id", &out->id));
+  std::string status;
+  FERRY_RETURN_IF_ERROR(GetString(body, "status", &status));
+  if (status == "done") out->state = JobState::kDone;
+  else if (status == "failed") out->state = JobState::kFailed;
+  else if (status == "cancelled") out->state = JobState::kCancelled;
+  else if (status == "expired") out->state = JobState::kExpired;
+  else return Status::InvalidArgument("unknown result status \"" + status + "\"");
+  out->outputs.clear();
+  out->error = Status::Ok();
+  if (out->state == JobState::kDone) {
+    const msgpack::object* outputs = Find(body, "outputs");
+    if (!outputs) return Status::InvalidArgument("done result without \"outputs\"");
+    std::vector<TensorRef> refs;
+    FERRY_RETURN_IF_ERROR(DecodeTensorList(*outputs, &refs));
+    for (const auto& r : refs) out->outputs.push_back(ToTensor(r));
+  } else {
+    const msgpack::object* err = Find(body, "error");
+    std::string code = codes::kInternal, message;
+    if (err) {
+      GetString(*err, "code", &code);
+      GetString(*err, "message", &message);
+    }
+    out->error = Status(code, message);
+  }
+  if (Find(body, "model")) GetString(body, "model", &out->model);
+  if (Find(body, "worker")) GetString(body, "worker", &out->worker);
+  FERRY_RETURN_IF_ERROR(GetInt(body, "batch_size", &out->batch_size, 0));
+  FERRY_RETURN_IF_ERROR(GetInt(body, "attempt", &out->attempt, 0));
+  out->timing_us.clear();
+  if (const msgpack::object* t = Find(body, "timing"); t && t->type == msgpack::type::MAP) {
+    for (uint32_t i = 0; i < t->via.map.size; ++i) {
+      const auto& kv = t->via.map.ptr[i];
+      int64_t v = 0;
+      if (kv.val.type == msgpack::type::POSITIVE_INTEGER) v = static_cast<int64_t>(kv.val.via.u64);
+      else if (kv.val.type == msgpack::type::NEGATIVE_INTEGER) v = kv.val.via.i64;
+      out->timing_us[std::string(AsStringView(kv.key))] = v;
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace ferry::protocol
+
+namespace ferry {
+const char* JobStateName(JobState state) { return protocol::JobStateNameImpl(state); }
+}  // namespace ferry

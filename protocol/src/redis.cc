@@ -1,0 +1,143 @@
+#include "ferry/protocol/redis.h"
+
+#include <hiredis/hiredis.h>
+
+namespace ferry::protocol {
+namespace {
+
+RedisReply Convert(const redisReply* r) {
+  RedisReply out;
+  switch (r->type) {
+    case REDIS_REPLY_STRING:
+      out.type = RedisReply::Type::kString;
+      out.str.assign(r->str, r->len);
+      break;
+    case REDIS_REPLY_STATUS:
+      out.type = RedisReply::Type::kStatus;
+      out.str.assign(r->str, r->len);
+      break;
+    case REDIS_REPLY_ERROR:
+      out.type = RedisReply::Type::kError;
+      out.str.assign(r->str, r->len);
+      break;
+    case REDIS_REPLY_INTEGER:
+      out.type = RedisReply::Type::kInteger;
+      out.integer = r->integer;
+      break;
+    case REDIS_REPLY_ARRAY:
+      out.type = RedisReply::Type::kArray;
+      for (size_t i = 0; i < r->elements; ++i) out.elements.push_back(Convert(r->element[i]));
+      break;
+    default:
+      out.type = RedisReply::Type::kNil;
+  }
+  return out;
+}
+
+timeval ToTimeval(int ms) { return timeval{ms / 1000, (ms % 1000) * 1000}; }
+
+}  // namespace
+
+RedisClient::RedisClient(const RedisEndpoint& endpoint, int timeout_ms)
+    : endpoint_(endpoint), timeout_ms_(timeout_ms) {}
+
+RedisClient::~RedisClient() { Drop(); }
+
+Status RedisClient::Connect(const RedisEndpoint& endpoint, int timeout_ms,
+                            std::unique_ptr<RedisClient>* out) {
+  std::unique_ptr<RedisClient> c(new RedisClient(endpoint, timeout_ms));
+  FERRY_RETURN_IF_ERROR(c->EnsureConnected());
+  *out = std::move(c);
+  return Status::Ok();
+}
+
+void RedisClient::Drop() {
+  if (ctx_) redisFree(ctx_);
+  ctx_ = nullptr;
+}
+
+Status RedisClient::EnsureConnected() {
+  if (ctx_) return Status::Ok();
+  ctx_ = redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, ToTimeval(timeout_ms_));
+  if (!ctx_ || ctx_->err) {
+    std::string why = ctx_ ? ctx_->errstr : "out of memory";
+    Drop();
+    return Status::Unavailable("redis " + endpoint_.host + ":" + std::to_string(endpoint_.port) +
+                               ": " + why);
+  }
+  redisSetTimeout(ctx_, ToTimeval(timeout_ms_));
+  if (endpoint_.db != 0) {
+    std::string db = std::to_string(endpoint_.db);
+    RedisReply reply;
+    Status s = Command({"SELECT", db}, &reply);
+    if (!s.ok()) return s;
+  }
+  return Status::Ok();
+}
+
+void RedisClient::Append(const std::vector<std::string_view>& argv) {
+  std::vector<std::string> copy;
+  copy.reserve(argv.size());
+  for (auto a : argv) copy.emplace_back(a);
+  queued_.push_back(std::move(copy));
+  ++pending_;
+}
+
+Status RedisClient::Flush(std::vector<RedisReply>* replies) {
+  if (replies) replies->clear();
+  std::vector<std::vector<std::string>> commands;
+  commands.swap(queued_);
+  pending_ = 0;
+  if (commands.empty()) return Status::Ok();
+  FERRY_RETURN_IF_ERROR(EnsureConnected());
+  std::vector<const char*> argv;
+  std::vector<size_t> lens;
+  for (const auto& cmd : commands) {
+    argv.clear();
+    lens.clear();
+    for (const auto& a : cmd) {
+      argv.push_back(a.data());
+      lens.push_back(a.size());
+    }
+    if (redisAppendCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), lens.data()) !=
+        REDIS_OK) {
+      std::string why = ctx_->errstr;
+      Drop();
+      return Status::Unavailable("redis append: " + why);
+    }
+  }
+  Status first_error;
+  for (size_t i = 0; i < commands.size(); ++i) {
+    void* raw = nullptr;
+    if (redisGetReply(ctx_, &raw) != REDIS_OK || raw == nullptr) {
+      std::string why = ctx_->errstr[0] ? ctx_->errstr : "connection lost";
+      Drop();
+      return Status::Unavailable("redis: " + why);
+    }
+    auto* r = static_cast<redisReply*>(raw);
+    if (r->type == REDIS_REPLY_ERROR && first_error.ok())
+      first_error = Status::Internal("redis: " + std::string(r->str, r->len));
+    if (replies) replies->push_back(Convert(r));
+    freeReplyObject(r);
+  }
+  return replies ? Status::Ok() : first_error;
+}
+
+Status RedisClient::Command(const std::vector<std::string_view>& argv, RedisReply* reply) {
+  Append(argv);
+  std::vector<RedisReply> replies;
+  FERRY_RETURN_IF_ERROR(Flush(&replies));
+  *reply = std::move(replies.at(0));
+  if (reply->type == RedisReply::Type::kError) return Status::Internal("redis: " + reply->str);
+  return Status::Ok();
+}
+
+Status RedisClient::Get(std::string_view key, std::string* value, bool* found) {
+  RedisReply reply;
+  FERRY_RETURN_IF_ERROR(Command({"GET", key}, &reply));
+  *found = reply.type == RedisReply::Type::kString;
+  if (*found) *value = std::move(reply.str);
+  return Status::Ok();
+}
+
+}  // namespace ferry::protocol
