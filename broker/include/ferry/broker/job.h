@@ -1,0 +1,26 @@
+#pragma once
+// A job as the broker holds it from ACCEPTED until its final result is in Redis.
+
+#include <cstdint>
+#include <string>
+
+namespace ferry::broker {
+
+enum class JobPhase { kQueued, kDispatched };
+
+struct Job {
+  std::string id;
+  std::string model;
+  int64_t priority = 0;
+  int64_t timeout_ms = 0;    // 0 = no deadline
+  int64_t result_ttl_s = 0;  // 0 = the broker's default
+  int64_t attempt = 1;       // 1 for the first dispatch; +1 per requeue after a worker loss
+  int64_t submitted_us = 0;  // wall clock, when accepted
+  int64_t seq = 0;           // acceptance order (FIFO within a priority)
+  std::string inputs_raw;    // the msgpack "inputs" array, forwarded to workers as is
+  std::string producer;      // routing id of the producer connection (for FINISHED notices)
+  JobPhase phase = JobPhase::kQueued;
+  std::string worker;        // routing id of the worker holding it, when dispatched
+};
+
+}  // namespace ferry::broker

@@ -1,0 +1,55 @@
+// ferry-broker: parse flags, Create, Run. See docs/operations.md for every flag.
+#include <csignal>
+#include <cstdio>
+
+#include <spdlog/spdlog.h>
+
+#include "ferry/broker/broker.h"
+#include "ferry/protocol/flags.h"
+
+namespace {
+ferry::broker::Broker* g_broker = nullptr;
+void OnSignal(int) {
+  if (g_broker) g_broker->Stop();
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  ferry::broker::BrokerOptions o;
+  std::string log_level = "info";
+  ferry::protocol::FlagSet flags("ferry-broker",
+                                 "Accepts jobs from producers and feeds them to GPU workers.");
+  flags.String("frontend", &o.frontend, "ZeroMQ endpoint for producers (ROUTER, bind)");
+  flags.String("backend", &o.backend, "ZeroMQ endpoint for workers (ROUTER, bind)");
+  flags.String("redis", &o.redis, "Redis URL of the result store");
+  flags.String("redis-prefix", &o.redis_prefix, "prefix of every Redis key Ferry writes");
+  flags.Int("heartbeat-ms", &o.heartbeat_ms, "interval of heartbeats to workers");
+  flags.Int("liveness", &o.liveness, "heartbeats a worker may miss before it is dropped");
+  flags.Int("max-attempts", &o.max_attempts,
+            "dispatches of a job whose workers died before it fails as poisoned");
+  flags.Int("result-ttl-s", &o.default_result_ttl_s, "default expiry of results in Redis");
+  flags.Int("max-job-bytes", &o.max_job_bytes, "largest accepted job (sum of its inputs)");
+  flags.Int("max-message-bytes", &o.max_message_bytes,
+            "largest ZeroMQ message; a peer sending more is disconnected");
+  flags.String("log-level", &log_level, "trace, debug, info, warn, error");
+  int rc = ferry::protocol::HandleFlagResult(flags, flags.Parse(argc, argv));
+  if (rc >= 0) return rc;
+  spdlog::set_level(spdlog::level::from_str(log_level));
+
+  std::unique_ptr<ferry::broker::Broker> broker;
+  ferry::Status s = ferry::broker::Broker::Create(o, &broker);
+  if (!s.ok()) {
+    spdlog::critical("cannot start: {}", s.ToString());
+    return 1;
+  }
+  g_broker = broker.get();
+  std::signal(SIGINT, OnSignal);
+  std::signal(SIGTERM, OnSignal);
+  s = broker->Run();
+  g_broker = nullptr;
+  if (!s.ok()) {
+    spdlog::critical("broker failed: {}", s.ToString());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,175 @@
+#include "ferry/broker/scheduler.h"
+
+#include <algorithm>
+
+namespace ferry::broker {
+
+Status Scheduler::Add(std::unique_ptr<Job> job) {
+  if (jobs_.count(job->id)) return Status(codes::kDuplicate, "a job with this id is pending");
+  job->seq = next_seq_++;
+  job->phase = JobPhase::kQueued;
+  Job* raw = job.get();
+  jobs_.emplace(job->id, std::move(job));
+  Enqueue(raw, /*front=*/false);
+  ++counters_.accepted;
+  return Status::Ok();
+}
+
+void Scheduler::Enqueue(Job* job, bool front) {
+  auto& q = queues_[job->model][job->priority];
+  if (front) q.push_front(job);
+  else q.push_back(job);
+  ++depth_[job->model];
+}
+
+void Scheduler::AddWorker(const std::string& routing_id, protocol::WorkerHello hello,
+                          int64_t now_us) {
+  auto [it, inserted] = workers_.try_emplace(routing_id);
+  WorkerState& w = it->second;
+  w.routing_id = routing_id;
+  w.max_batch.clear();
+  for (const auto& m : hello.models) {
+    w.max_batch[m.name] = m.max_batch;
+    known_models_.insert(m.name);
+  }
+  w.hello = std::move(hello);
+  w.last_seen_us = now_us;
+  if (inserted) lru_.push_front(routing_id);  // a new worker is served first
+}
+
+void Scheduler::Touch(const std::string& routing_id, int64_t now_us) {
+  auto it = workers_.find(routing_id);
+  if (it != workers_.end()) it->second.last_seen_us = now_us;
+}
+
+std::vector<Job*> Scheduler::RemoveWorker(const std::string& routing_id) {
+  std::vector<Job*> requeued;
+  auto it = workers_.find(routing_id);
+  if (it == workers_.end()) return requeued;
+  // Requeue newest first so that, pushed to the front, the oldest ends up first.
+  std::vector<Job*> held;
+  for (const auto& id : it->second.in_flight) {
+    auto j = jobs_.find(id);
+    if (j != jobs_.end()) held.push_back(j->second.get());
+  }
+  std::sort(held.begin(), held.end(), [](Job* a, Job* b) { return a->seq > b->seq; });
+  for (Job* job : held) {
+    job->phase = JobPhase::kQueued;
+    job->worker.clear();
+    ++job->attempt;
+    Enqueue(job, /*front=*/true);
+    requeued.push_back(job);
+  }
+  counters_.requeued += static_cast<int64_t>(requeued.size());
+  workers_.erase(it);
+  lru_.remove(routing_id);
+  return requeued;
+}
+
+std::vector<std::string> Scheduler::SilentWorkers(int64_t deadline_us) const {
+  std::vector<std::string> out;
+  for (const auto& [id, w] : workers_) {
+    if (w.last_seen_us < deadline_us) out.push_back(id);
+  }
+  return out;
+}
+
+std::vector<std::unique_ptr<Job>> Scheduler::Complete(const std::string& routing_id,
+                                                      const std::vector<std::string>& ids) {
+  std::vector<std::unique_ptr<Job>> done;
+  auto w = workers_.find(routing_id);
+  for (const auto& id : ids) {
+    auto it = jobs_.find(id);
+    // Only the worker holding the job may complete it; a stale report (the job was requeued
+    // after this worker was presumed dead) leaves the job where it is now.
+    if (it == jobs_.end() || it->second->phase != JobPhase::kDispatched ||
+        it->second->worker != routing_id)
+      continue;
+    if (w != workers_.end()) w->second.in_flight.erase(id);
+    done.push_back(std::move(it->second));
+    jobs_.erase(it);
+  }
+  counters_.finished += static_cast<int64_t>(done.size());
+  return done;
+}
+
+std::unique_ptr<Job> Scheduler::Take(const std::string& id) {
+  auto it = jobs_.find(id);
+  if (it == jobs_.end()) return nullptr;
+  std::unique_ptr<Job> job = std::move(it->second);
+  jobs_.erase(it);
+  if (job->phase == JobPhase::kQueued) {
+    auto& pq = queues_[job->model];
+    auto q = pq.find(job->priority);
+    if (q != pq.end()) {
+      q->second.erase(std::remove(q->second.begin(), q->second.end(), job.get()),
+                      q->second.end());
+      if (q->second.empty()) pq.erase(q);
+    }
+    --depth_[job->model];
+  } else if (auto w = workers_.find(job->worker); w != workers_.end()) {
+    w->second.in_flight.erase(id);
+  }
+  return job;
+}
+
+Scheduler::PriorityQueue* Scheduler::BestQueueFor(const WorkerState& w, std::string* model) {
+  PriorityQueue* best = nullptr;
+  const Job* best_head = nullptr;
+  for (const auto& [name, max_batch] : w.max_batch) {
+    auto it = queues_.find(name);
+    if (it == queues_.end() || it->second.empty()) continue;
+    const Job* head = it->second.begin()->second.front();
+    if (!best_head || head->priority > best_head->priority ||
+        (head->priority == best_head->priority && head->seq < best_head->seq)) {
+      best = &it->second;
+      best_head = head;
+      *model = name;
+    }
+  }
+  return best;
+}
+
+bool Scheduler::NextChunk(Chunk* out) {
+  out->jobs.clear();
+  for (auto lru_it = lru_.begin(); lru_it != lru_.end(); ++lru_it) {
+    WorkerState& w = workers_.at(*lru_it);
+    int64_t credit = w.credit();
+    if (credit <= 0) continue;
+    std::string model;
+    PriorityQueue* pq = BestQueueFor(w, &model);
+    if (!pq) continue;
+    int64_t take = std::min(credit, w.max_batch[model]);
+    while (take > 0 && !pq->empty()) {
+      auto level = pq->begin();
+      Job* job = level->second.front();
+      level->second.pop_front();
+      if (level->second.empty()) pq->erase(level);
+      job->phase = JobPhase::kDispatched;
+      job->worker = w.routing_id;
+      w.in_flight.insert(job->id);
+      out->jobs.push_back(job);
+      --take;
+    }
+    depth_[model] -= out->jobs.size();
+    out->worker = w.routing_id;
+    lru_.splice(lru_.end(), lru_, lru_it);  // now the most recently served
+    ++counters_.chunks;
+    counters_.dispatched += static_cast<int64_t>(out->jobs.size());
+    return true;
+  }
+  return false;
+}
+
+size_t Scheduler::QueueDepth(const std::string& model) const {
+  auto it = depth_.find(model);
+  return it == depth_.end() ? 0 : it->second;
+}
+
+std::map<std::string, size_t> Scheduler::QueueDepths() const {
+  std::map<std::string, size_t> out;
+  for (const auto& m : known_models_) out[m] = QueueDepth(m);
+  return out;
+}
+
+}  // namespace ferry::broker

@@ -1,0 +1,62 @@
+#pragma once
+// Fleet: a real local Ferry deployment for integration tests -- redis-server, ferry-broker and
+// N ferry-worker processes on free ports, torn down (SIGKILL if need be) on destruction.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "process.h"
+
+namespace ferry::testutil {
+
+// Paths of the binaries and the generated models (set by CMake as compile definitions).
+std::string BrokerBin();
+std::string WorkerBin();
+std::string CliBin();
+std::string ModelsDir();  // where ferry-make-models wrote tiny.pt, multi.pt, ...
+std::string ModelPath(const std::string& name);  // ModelsDir() + "/" + name + ".pt"
+
+struct FleetOptions {
+  int workers = 2;
+  std::vector<std::string> models = {"tiny"};  // names in ModelsDir(), served as NAME=PATH
+  int max_batch = 16;
+  std::vector<std::string> broker_args;
+  std::vector<std::string> worker_args;
+  bool redis_append_only = false;
+};
+
+class Fleet {
+ public:
+  explicit Fleet(FleetOptions options = {});
+  ~Fleet();
+
+  std::string frontend() const { return "tcp://127.0.0.1:" + std::to_string(frontend_port_); }
+  std::string backend() const { return "tcp://127.0.0.1:" + std::to_string(backend_port_); }
+  RedisServer& redis() { return *redis_; }
+  Process& broker() { return *broker_; }
+  Process& worker(size_t i) { return *workers_.at(i); }
+  size_t worker_count() const { return workers_.size(); }
+
+  void StartBroker();
+  // Starts worker i (replacing a dead one at that index, or appending when i == count).
+  void StartWorker(size_t i);
+  // Waits until the broker's STATS lists `n` workers (true) or the timeout passes (false).
+  bool WaitForWorkers(size_t n, std::chrono::milliseconds timeout = std::chrono::seconds(60));
+  // All logs, for failure messages.
+  std::string Logs() const;
+
+ private:
+  FleetOptions options_;
+  TempDir dir_;
+  std::unique_ptr<RedisServer> redis_;
+  int frontend_port_;
+  int backend_port_;
+  std::unique_ptr<Process> broker_;
+  std::vector<std::unique_ptr<Process>> workers_;
+};
+
+// Sends STATS over a fresh DEALER socket; returns the number of workers listed, -1 on error.
+int CountWorkers(const std::string& frontend);
+
+}  // namespace ferry::testutil

@@ -1,0 +1,146 @@
+#include "process.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+#include "ferry/protocol/redis.h"
+
+namespace ferry::testutil {
+
+int FreePort() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    throw std::runtime_error("bind failed");
+  }
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    if (condition()) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+}
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = std::string(base ? base : "/tmp") + "/ferry-test-XXXXXX";
+  if (!mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+  path_ = tmpl;
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  std::filesystem::remove_all(path_, ec);
+}
+
+Process::Process(std::vector<std::string> argv, std::string log_path)
+    : log_path_(std::move(log_path)) {
+  std::vector<char*> cargv;
+  for (auto& a : argv) cargv.push_back(a.data());
+  cargv.push_back(nullptr);
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error("fork failed");
+  if (pid_ == 0) {
+    setpgid(0, 0);
+    int fd = open(log_path_.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd >= 0) {
+      dup2(fd, 1);
+      dup2(fd, 2);
+      close(fd);
+    }
+    execv(cargv[0], cargv.data());
+    _exit(127);
+  }
+}
+
+Process::~Process() {
+  if (Running()) {
+    Signal(SIGKILL);
+    Wait(std::chrono::seconds(5));
+  }
+}
+
+bool Process::Running() {
+  if (exited_ || pid_ <= 0) return false;
+  pid_t r = waitpid(pid_, &status_, WNOHANG);
+  if (r == pid_) exited_ = true;
+  return !exited_;
+}
+
+void Process::Signal(int sig) {
+  if (Running()) kill(pid_, sig);
+}
+
+int Process::Wait(std::chrono::milliseconds timeout) {
+  if (!WaitFor([&] { return !Running(); }, timeout)) return -1;
+  if (WIFEXITED(status_)) return WEXITSTATUS(status_);
+  if (WIFSIGNALED(status_)) return 128 + WTERMSIG(status_);
+  return -1;
+}
+
+std::string Process::Log() const {
+  std::ifstream in(log_path_);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+RedisServer::RedisServer(bool append_only) : port_(FreePort()), append_only_(append_only) {
+  Start();
+}
+
+void RedisServer::Start() {
+  std::vector<std::string> argv = {"/usr/bin/redis-server", "--port", std::to_string(port_),
+                                   "--bind", "127.0.0.1", "--dir", dir_.path(), "--save", "",
+                                   "--appendonly", append_only_ ? "yes" : "no",
+                                   "--appendfsync", "always"};
+  process_ = std::make_unique<Process>(argv, dir_.path() + "/redis.log");
+  if (!WaitFor([&] { return Ping(); }, std::chrono::seconds(10)))
+    throw std::runtime_error("redis-server did not start: " + process_->Log());
+}
+
+bool RedisServer::Ping() {
+  std::unique_ptr<protocol::RedisClient> c;
+  protocol::RedisEndpoint ep;
+  ep.port = port_;
+  if (!protocol::RedisClient::Connect(ep, 200, &c).ok()) return false;
+  protocol::RedisReply r;
+  return c->Command({"PING"}, &r).ok();
+}
+
+void RedisServer::Stop() {
+  if (!process_) return;
+  process_->Signal(SIGTERM);
+  process_->Wait(std::chrono::seconds(10));
+  process_.reset();
+}
+
+void RedisServer::Restart() {
+  Stop();
+  Start();
+}
+
+}  // namespace ferry::testutil

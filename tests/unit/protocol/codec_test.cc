@@ -1,0 +1,214 @@
+// Codec round trips for every dtype and rejection of malformed bodies.
+#include <gtest/gtest.h>
+
+#include "ferry/protocol/codec.h"
+#include "ferry/protocol/messages.h"
+#include "ferry/protocol/util.h"
+
+namespace ferry::protocol {
+namespace {
+
+msgpack::object_handle Unpacked(const msgpack::sbuffer& buf) {
+  msgpack::object_handle oh;
+  Status s = UnpackMap(buf.data(), buf.size(), &oh);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return oh;
+}
+
+TEST(DType, NamesRoundTripAndSizes) {
+  const std::pair<const char*, size_t> all[] = {
+      {"float32", 4}, {"float16", 2}, {"bfloat16", 2}, {"float64", 8}, {"int64", 8},
+      {"int32", 4},   {"int16", 2},   {"int8", 1},     {"uint8", 1},   {"bool", 1}};
+  for (const auto& [name, size] : all) {
+    DType d;
+    ASSERT_TRUE(ParseDType(name, &d)) << name;
+    EXPECT_STREQ(DTypeName(d), name);
+    EXPECT_EQ(ItemSize(d), size) << name;
+  }
+  DType d;
+  EXPECT_FALSE(ParseDType("float", &d));
+  EXPECT_FALSE(ParseDType("", &d));
+}
+
+class TensorRoundTrip : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(TensorRoundTrip, EncodesAndDecodesBytesExactly) {
+  DType dtype;
+  ASSERT_TRUE(ParseDType(GetParam(), &dtype));
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = {2, 3};
+  t.data.resize(6 * ItemSize(dtype));
+  for (size_t i = 0; i < t.data.size(); ++i) t.data[i] = static_cast<char>(i * 37 + 11);
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_map(1);
+  PackString(pk, "t");
+  PackTensor(pk, t);
+  auto oh = Unpacked(buf);
+  TensorRef ref;
+  ASSERT_TRUE(DecodeTensor(*Find(oh.get(), "t"), &ref).ok());
+  Tensor back = ToTensor(ref);
+  EXPECT_EQ(back.dtype, t.dtype);
+  EXPECT_EQ(back.shape, t.shape);
+  EXPECT_EQ(back.data, t.data);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllDTypes, TensorRoundTrip,
+                         ::testing::Values("float32", "float16", "bfloat16", "float64", "int64",
+                                           "int32", "int16", "int8", "uint8", "bool"));
+
+// Packs {"t": {"dtype": dtype, "shape": shape, "data": bin(n)}} and decodes the tensor.
+Status DecodeCustom(const std::string& dtype, const std::vector<int64_t>& shape, size_t n) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_map(1);
+  PackString(pk, "t");
+  pk.pack_map(3);
+  PackString(pk, "dtype");
+  PackString(pk, dtype);
+  PackString(pk, "shape");
+  pk.pack_array(static_cast<uint32_t>(shape.size()));
+  for (auto d : shape) pk.pack_int64(d);
+  PackString(pk, "data");
+  std::string bytes(n, '\0');
+  pk.pack_bin(static_cast<uint32_t>(n));
+  pk.pack_bin_body(bytes.data(), static_cast<uint32_t>(n));
+  msgpack::object_handle oh;
+  FERRY_RETURN_IF_ERROR(UnpackMap(buf.data(), buf.size(), &oh));
+  TensorRef ref;
+  return DecodeTensor(*Find(oh.get(), "t"), &ref);
+}
+
+TEST(Tensor, RejectsMalformedTensors) {
+  EXPECT_TRUE(DecodeCustom("float32", {2, 2}, 16).ok());
+  EXPECT_EQ(DecodeCustom("float32", {2, 2}, 15).code(), codes::kInvalidArgument);
+  EXPECT_EQ(DecodeCustom("float33", {2}, 8).code(), codes::kInvalidArgument);
+  EXPECT_EQ(DecodeCustom("float32", {-1}, 0).code(), codes::kInvalidArgument);
+  EXPECT_EQ(DecodeCustom("int8", std::vector<int64_t>(17, 1), 1).code(),
+            codes::kInvalidArgument);
+  EXPECT_TRUE(DecodeCustom("uint8", {0, 5}, 0).ok());  // empty tensors are legal
+}
+
+TEST(Body, RejectsWhatIsNotOneMsgpackMap) {
+  msgpack::object_handle oh;
+  EXPECT_TRUE(UnpackMap("", 0, &oh).ok());  // empty body = empty map
+  EXPECT_EQ(UnpackMap("\x93\x01\x02\x03", 4, &oh).code(), codes::kMalformed);  // array
+  EXPECT_EQ(UnpackMap("\xc1", 1, &oh).code(), codes::kMalformed);              // never used
+  EXPECT_EQ(UnpackMap("\x81\xa1k", 3, &oh).code(), codes::kMalformed);          // truncated
+  EXPECT_EQ(UnpackMap("\x80\x80", 2, &oh).code(), codes::kMalformed);           // trailing
+  std::string garbage = "definitely not msgpack at all";
+  EXPECT_FALSE(UnpackMap(garbage.data(), garbage.size(), &oh).ok());
+}
+
+TEST(Ids, ValidatesTheIdAlphabet) {
+  EXPECT_TRUE(IsValidJobId("a"));
+  EXPECT_TRUE(IsValidJobId("job-1.2_3:x"));
+  EXPECT_TRUE(IsValidJobId(NewUuid()));
+  EXPECT_FALSE(IsValidJobId(""));
+  EXPECT_FALSE(IsValidJobId(std::string(129, 'a')));
+  EXPECT_TRUE(IsValidJobId(std::string(128, 'a')));
+  EXPECT_FALSE(IsValidJobId("has space"));
+  EXPECT_FALSE(IsValidJobId("slash/"));
+  EXPECT_NE(NewUuid(), NewUuid());
+  EXPECT_EQ(NewUuid()[14], '4');
+}
+
+TEST(Submit, JobRoundTripAndFieldErrors) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_map(1);
+  PackString(pk, "jobs");
+  pk.pack_array(2);
+  Tensor x = Tensor::From<float>({1, 2, 3}, {3}, DType::kFloat32);
+  PackSubmitJob(pk, "j1", "tiny", {x}, 5, 100, 60);
+  pk.pack_map(2);  // a job without inputs
+  PackString(pk, "id");
+  PackString(pk, "j2");
+  PackString(pk, "model");
+  PackString(pk, "tiny");
+  auto oh = Unpacked(buf);
+  const msgpack::object* jobs = Find(oh.get(), "jobs");
+  ASSERT_NE(jobs, nullptr);
+  SubmitJob j;
+  ASSERT_TRUE(DecodeSubmitJob(jobs->via.array.ptr[0], &j).ok());
+  EXPECT_EQ(j.id, "j1");
+  EXPECT_EQ(j.model, "tiny");
+  EXPECT_EQ(j.priority, 5);
+  EXPECT_EQ(j.timeout_ms, 100);
+  EXPECT_EQ(j.result_ttl_s, 60);
+  ASSERT_EQ(j.inputs.size(), 1u);
+  EXPECT_EQ(ToTensor(j.inputs[0]).data, x.data);
+  Status s = DecodeSubmitJob(jobs->via.array.ptr[1], &j);
+  EXPECT_EQ(s.code(), codes::kInvalidArgument);
+  EXPECT_NE(s.message().find("inputs"), std::string::npos) << s.message();
+  EXPECT_EQ(j.id, "j2");  // the id is known, so the rejection can name it
+}
+
+TEST(Accepted, RoundTrip) {
+  Accepted a;
+  a.rid = 42;
+  a.ids = {"a", "b"};
+  a.rejected = {{"c", "unknown_model", "no worker serves model \"x\""}};
+  zmq::message_t m = EncodeAccepted(a);
+  msgpack::object_handle oh;
+  ASSERT_TRUE(UnpackMap(m.data(), m.size(), &oh).ok());
+  Accepted b;
+  ASSERT_TRUE(DecodeAccepted(oh.get(), &b).ok());
+  EXPECT_EQ(b.rid, 42);
+  EXPECT_EQ(b.ids, a.ids);
+  ASSERT_EQ(b.rejected.size(), 1u);
+  EXPECT_EQ(b.rejected[0].code, "unknown_model");
+}
+
+TEST(Result, DoneAndFailedRoundTrip) {
+  Tensor out = Tensor::From<int64_t>({7, 8}, {2}, DType::kInt64);
+  ResultRecord r;
+  r.id = "j";
+  r.status = "done";
+  r.model = "m";
+  r.worker = "w";
+  r.outputs.push_back(TensorRef{out.dtype, out.shape, out.data.data(), out.data.size()});
+  r.batch_size = 4;
+  r.attempt = 1;
+  r.timing_us = {{"submitted", 1}, {"compute_end", 5}};
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  PackResult(pk, r);
+  Result res;
+  ASSERT_TRUE(DecodeResult(buf.data(), buf.size(), &res).ok());
+  EXPECT_EQ(res.state, JobState::kDone);
+  ASSERT_EQ(res.outputs.size(), 1u);
+  EXPECT_EQ(res.outputs[0].As<int64_t>(), (std::vector<int64_t>{7, 8}));
+  EXPECT_EQ(res.batch_size, 4);
+  EXPECT_EQ(res.timing_us.at("compute_end"), 5);
+
+  ResultRecord f;
+  f.id = "k";
+  f.status = "failed";
+  f.error_code = "model_error";
+  f.error_message = "boom";
+  msgpack::sbuffer buf2;
+  Packer pk2(buf2);
+  PackResult(pk2, f);
+  ASSERT_TRUE(DecodeResult(buf2.data(), buf2.size(), &res).ok());
+  EXPECT_EQ(res.state, JobState::kFailed);
+  EXPECT_EQ(res.error.code(), "model_error");
+  EXPECT_EQ(res.error.message(), "boom");
+  EXPECT_TRUE(res.outputs.empty());
+}
+
+TEST(RedisUrl, Parses) {
+  RedisEndpoint ep;
+  ASSERT_TRUE(ParseRedisUrl("redis://10.0.0.1:7000/2", &ep).ok());
+  EXPECT_EQ(ep.host, "10.0.0.1");
+  EXPECT_EQ(ep.port, 7000);
+  EXPECT_EQ(ep.db, 2);
+  RedisEndpoint ep2;
+  ASSERT_TRUE(ParseRedisUrl("localhost:6380", &ep2).ok());
+  EXPECT_EQ(ep2.port, 6380);
+  EXPECT_FALSE(ParseRedisUrl("redis://host:notaport", &ep2).ok());
+}
+
+}  // namespace
+}  // namespace ferry::protocol
