@@ -47,12 +47,15 @@ Status SendMessage(zmq::socket_t& socket, const std::vector<zmq::message_t>* env
     if (envelope) {
       for (const auto& frame : *envelope) {
         zmq::message_t copy(frame.data(), frame.size());
-        socket.send(copy, zmq::send_flags::sndmore);
+        if (!socket.send(copy, zmq::send_flags::sndmore))
+          return Status::Unavailable("send would block");
       }
     }
-    socket.send(zmq::buffer(kTag), zmq::send_flags::sndmore);
-    socket.send(zmq::buffer(command), zmq::send_flags::sndmore);
-    socket.send(body, zmq::send_flags::none);
+    // cppzmq returns an empty optional when the send would block (SNDTIMEO/HWM): report it.
+    if (!socket.send(zmq::buffer(kTag), zmq::send_flags::sndmore) ||
+        !socket.send(zmq::buffer(command), zmq::send_flags::sndmore) ||
+        !socket.send(body, zmq::send_flags::none))
+      return Status::Unavailable("send would block");
   } catch (const zmq::error_t& e) {
     return Status::Unavailable(std::string("send: ") + e.what());
   }
@@ -62,7 +65,8 @@ Status SendMessage(zmq::socket_t& socket, const std::vector<zmq::message_t>* env
 Status SendTo(zmq::socket_t& socket, std::string_view routing_id, std::string_view command,
               zmq::message_t body) {
   try {
-    socket.send(zmq::buffer(routing_id), zmq::send_flags::sndmore);
+    if (!socket.send(zmq::buffer(routing_id), zmq::send_flags::sndmore))
+      return Status::Unavailable("send would block");
   } catch (const zmq::error_t& e) {
     return Status::Unavailable(std::string("send: ") + e.what());
   }
