@@ -1,0 +1,92 @@
+#pragma once
+// BrokerLink: the worker's I/O thread. It alone owns the DEALER socket connected to the
+// broker's backend ROUTER (ZeroMQ sockets are not thread-safe) and polls it together with an
+// inproc PULL socket (the "outbox") through which other threads hand it messages to send.
+//
+//   -> READY      at start and on every REANNOUNCE: name, device, host, pid, capacity, models
+//   <- CHUNK      decoded in place (reference mode; the message stays alive while any job
+//                 points into it), jobs pushed to the JobQueue; entries that fail to decode but
+//                 carry an id become failed results (invalid_argument) -- never dropped
+//   -> DONE       forwarded from the outbox: the ResultWriter sends ids once they are in Redis
+//   <-> HEARTBEAT sent every heartbeat interval; the time of the broker's last message is kept
+//   -> BYE        after a drain: on RequestDrain the link stops re-announcing, waits until every
+//                 job it received has been reported, sends the held DONEs and BYE, and returns.
+//
+// While draining, DONE ids are held back and sent together at the end, so that the broker
+// gets no credit back and sends no new work; the drain therefore ends after at most
+// `capacity` jobs. Chunks already on their way are still run and reported.
+//
+// Thread-safety: Start/Join from the owner; RequestDrain and the accessors from any thread.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+
+#include "ferry/protocol/messages.h"
+#include "ferry/protocol/wire.h"
+#include "ferry/worker/job_queue.h"
+#include "ferry/worker/result_writer.h"
+
+namespace ferry::worker {
+
+class BrokerLink {
+ public:
+  struct Options {
+    std::string endpoint;        // the broker's backend, tcp://HOST:5556
+    protocol::WorkerHello hello;  // what READY says
+    int64_t heartbeat_ms = 1000;
+    std::string outbox_address;  // inproc address to bind the PULL socket on
+  };
+
+  // Everything passed in must outlive the link.
+  BrokerLink(zmq::context_t* context, Options options, JobQueue* queue, ResultWriter* writer);
+  ~BrokerLink();  // joins (a link that was started must be drained first)
+  BrokerLink(const BrokerLink&) = delete;
+  BrokerLink& operator=(const BrokerLink&) = delete;
+
+  // Binds the outbox, connects to the broker, queues READY and starts the thread. Fails with
+  // kInvalidArgument when an endpoint is malformed.
+  Status Start();
+  // Asks the thread to drain, send BYE and end. Idempotent.
+  void RequestDrain() { drain_requested_.store(true); }
+  // Waits until the thread has sent BYE.
+  void Join();
+
+  // Wall-clock microseconds of the last message from the broker (0: none yet).
+  int64_t last_broker_message_us() const { return last_broker_us_.load(); }
+  // Jobs received and not yet reported in a DONE.
+  int64_t outstanding() const { return outstanding_.load(); }
+
+ private:
+  void Loop();
+  void HandleBroker(protocol::Message* m);
+  void HandleChunk(zmq::message_t body);
+  void HandleOutbox(protocol::Message* m);
+  void SendReady();
+  void Send(std::string_view command, zmq::message_t body);
+  // True when a send would not block (the broker is connected or the queue has room).
+  bool Writable();
+
+  zmq::context_t* context_;
+  const Options options_;
+  JobQueue* queue_;
+  ResultWriter* writer_;
+  std::unique_ptr<zmq::socket_t> dealer_;
+  std::unique_ptr<zmq::socket_t> outbox_;
+
+  std::atomic<bool> drain_requested_{false};
+  std::atomic<int64_t> last_broker_us_{0};
+  std::atomic<int64_t> outstanding_{0};
+  bool draining_ = false;               // loop thread only
+  bool broker_silent_ = false;          // loop thread only; for one log line per silence
+  std::vector<std::string> held_done_;  // loop thread only; DONE ids held while draining
+  int64_t chunks_ = 0;
+  int64_t jobs_ = 0;
+  std::thread thread_;
+};
+
+}  // namespace ferry::worker

@@ -1,0 +1,44 @@
+#pragma once
+// WorkerOptions: everything ferry-worker is configured with, and the flag parser that fills it.
+// Every field is one flag; `ferry-worker --help` lists them (docs/operations.md documents them).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "ferry/protocol/keys.h"
+#include "ferry/status.h"
+
+namespace ferry::worker {
+
+struct ModelSpec {
+  std::string name;
+  std::string path;
+};
+
+struct WorkerOptions {
+  std::string broker = "tcp://127.0.0.1:5556";  // the broker's backend ROUTER
+  std::string redis = "redis://127.0.0.1:6379";
+  std::vector<ModelSpec> models;                 // at least one
+  std::string device = "cpu";                    // cpu | cuda | cuda:N
+  int64_t max_batch = 32;                        // jobs per forward, per model
+  int64_t instances = 1;                         // executor threads
+  int64_t threads = 0;                           // intra-op torch threads; 0 = cores / instances
+  std::string redis_prefix = std::string(protocol::kDefaultPrefix);
+  std::string name;                              // "" = host:pid:device
+  int64_t heartbeat_ms = 1000;
+  int64_t result_ttl_s = protocol::kDefaultResultTtlS;  // for jobs whose result_ttl_s is 0
+  std::string log_level = "info";
+
+  // Jobs the worker can hold at once (its credit): max_batch * (instances + 1), so the broker
+  // sends the next chunk while the current ones compute.
+  int64_t capacity() const { return max_batch * (instances + 1); }
+};
+
+// Parses argv. Returns kInvalidArgument (message for stderr) on an unknown flag, a positional
+// argument or a bad value; sets *help and returns OK on --help (the usage is in *usage either
+// way). Fills in the derived defaults (name, threads).
+Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help,
+                        std::string* usage);
+
+}  // namespace ferry::worker

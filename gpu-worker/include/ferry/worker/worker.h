@@ -1,0 +1,63 @@
+#pragma once
+// Worker: ferry-worker as an object. Create() loads every model (a failure there is fatal:
+// the caller exits 1); Run() wires the threads together and blocks until a requested stop has
+// drained:
+//
+//   BrokerLink (I/O thread) --jobs--> JobQueue --batches--> Executor x instances
+//        ^                                                      | results
+//        +---- DONE ids (inproc) ---- ResultWriter (Redis) <----+
+//
+// Lifetime: RequestStop() (from a signal-watching thread) makes the link drain -- no new
+// credit, every held job run, written and reported, then BYE -- after which Run() closes the
+// queue, joins the executors and the writer, and returns OK.
+//
+// Thread-safety: RequestStop() from any thread (not from a signal handler); the rest from the
+// owning thread.
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+#include <vector>
+#include <zmq.hpp>
+
+#include "ferry/status.h"
+#include "ferry/worker/broker_link.h"
+#include "ferry/worker/executor.h"
+#include "ferry/worker/job_queue.h"
+#include "ferry/worker/options.h"
+#include "ferry/worker/result_writer.h"
+
+namespace ferry::worker {
+
+class Worker {
+ public:
+  // Loads the models onto the device and sets the torch thread count. Fails (kInternal or
+  // kInvalidArgument) when a model cannot be loaded or the device does not exist.
+  static Status Create(WorkerOptions options, std::unique_ptr<Worker>* out);
+  ~Worker();
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Runs until a stop was requested and everything held is reported. Returns a failed Status
+  // only when it cannot start (bad endpoint).
+  Status Run();
+  void RequestStop();
+
+  const WorkerOptions& options() const { return options_; }
+
+ private:
+  Worker(WorkerOptions options, ModelMap models);
+
+  const WorkerOptions options_;
+  ModelMap models_;
+  JobQueue queue_;
+  zmq::context_t context_;
+
+  std::mutex mu_;  // guards link_ against RequestStop during Run's start-up and shutdown
+  std::atomic<bool> stop_requested_{false};
+  std::unique_ptr<ResultWriter> writer_;
+  std::unique_ptr<BrokerLink> link_;
+  std::vector<std::unique_ptr<Executor>> executors_;
+};
+
+}  // namespace ferry::worker

@@ -1,0 +1,219 @@
+#include "ferry/worker/broker_link.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+
+#include "ferry/protocol/codec.h"
+#include "ferry/protocol/util.h"
+
+namespace ferry::worker {
+namespace {
+
+// A received CHUNK: the message and the msgpack tree that points into it. Jobs share it.
+struct ChunkHolder {
+  zmq::message_t message;
+  msgpack::object_handle handle;
+};
+
+constexpr int64_t kMaxPollMs = 100;         // how often the loop looks at the drain flag
+constexpr int kMaxMessagesPerWakeup = 256;  // fairness between the two sockets
+
+}  // namespace
+
+BrokerLink::BrokerLink(zmq::context_t* context, Options options, JobQueue* queue,
+                       ResultWriter* writer)
+    : context_(context), options_(std::move(options)), queue_(queue), writer_(writer) {}
+
+BrokerLink::~BrokerLink() {
+  if (thread_.joinable()) {
+    RequestDrain();
+    thread_.join();
+  }
+}
+
+Status BrokerLink::Start() {
+  try {
+    outbox_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::pull);
+    outbox_->set(zmq::sockopt::linger, 0);
+    outbox_->bind(options_.outbox_address);
+    dealer_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::dealer);
+    dealer_->set(zmq::sockopt::linger, 2000);  // let BYE get out on exit
+    dealer_->connect(options_.endpoint);
+  } catch (const zmq::error_t& e) {
+    return Status::InvalidArgument("broker endpoint " + options_.endpoint + ": " + e.what());
+  }
+  SendReady();
+  spdlog::info("worker {}: connecting to broker {}, capacity {}, {} model(s)",
+               options_.hello.worker, options_.endpoint, options_.hello.capacity,
+               options_.hello.models.size());
+  thread_ = std::thread([this] { Loop(); });
+  return Status::Ok();
+}
+
+void BrokerLink::Join() {
+  if (thread_.joinable()) thread_.join();
+}
+
+void BrokerLink::Send(std::string_view command, zmq::message_t body) {
+  Status s = protocol::SendMessage(*dealer_, nullptr, command, std::move(body));
+  if (!s.ok()) spdlog::error("send {} to broker: {}", command, s.ToString());
+}
+
+bool BrokerLink::Writable() {
+  try {
+    return (dealer_->get(zmq::sockopt::events) & ZMQ_POLLOUT) != 0;
+  } catch (const zmq::error_t&) {
+    return false;
+  }
+}
+
+void BrokerLink::SendReady() { Send(protocol::kReady, protocol::EncodeHello(options_.hello)); }
+
+void BrokerLink::Loop() {
+  const int64_t heartbeat_us = options_.heartbeat_ms * 1000;
+  int64_t next_heartbeat = protocol::MonotonicMicros() + heartbeat_us;
+  protocol::Message m;
+  while (true) {
+    if (drain_requested_.load() && !draining_) {
+      draining_ = true;
+      spdlog::info("worker {}: draining, {} job(s) still to finish", options_.hello.worker,
+                   outstanding_.load());
+    }
+    // Done draining: nothing held, and a last look at the socket found no new chunk.
+    const bool may_finish = draining_ && outstanding_.load() == 0;
+
+    const int64_t now = protocol::MonotonicMicros();
+    int64_t wait_ms = std::clamp<int64_t>((next_heartbeat - now + 999) / 1000, 0, kMaxPollMs);
+    if (may_finish) wait_ms = 0;
+    std::vector<zmq::pollitem_t> items = {{dealer_->handle(), 0, ZMQ_POLLIN, 0},
+                                          {outbox_->handle(), 0, ZMQ_POLLIN, 0}};
+    try {
+      zmq::poll(items, std::chrono::milliseconds(wait_ms));
+    } catch (const zmq::error_t& e) {
+      if (e.num() == ETERM) break;
+      if (e.num() != EINTR) spdlog::error("poll: {}", e.what());
+      continue;
+    }
+    if (may_finish && !(items[0].revents & ZMQ_POLLIN)) break;
+    if (items[0].revents & ZMQ_POLLIN) {
+      for (int i = 0; i < kMaxMessagesPerWakeup; ++i) {
+        Status s = protocol::RecvMessage(*dealer_, /*router=*/false, &m, /*dont_wait=*/true);
+        if (s.code() == codes::kUnavailable) break;
+        last_broker_us_.store(protocol::NowMicros());
+        if (!s.ok()) {
+          spdlog::warn("malformed message from the broker: {}", s.message());
+          continue;
+        }
+        HandleBroker(&m);
+      }
+    }
+    if (items[1].revents & ZMQ_POLLIN) {
+      for (int i = 0; i < kMaxMessagesPerWakeup; ++i) {
+        Status s = protocol::RecvMessage(*outbox_, /*router=*/false, &m, /*dont_wait=*/true);
+        if (s.code() == codes::kUnavailable) break;
+        if (s.ok()) HandleOutbox(&m);
+      }
+    }
+    if (protocol::MonotonicMicros() >= next_heartbeat) {
+      // Skipped while the broker is unreachable and the send queue is full: a blocking send
+      // would stall this thread, and stale heartbeats are worthless anyway.
+      if (Writable()) Send(protocol::kHeartbeat, protocol::EncodeEmpty());
+      next_heartbeat = protocol::MonotonicMicros() + heartbeat_us;
+      const int64_t last = last_broker_us_.load();
+      const bool silent = last != 0 && protocol::NowMicros() - last > 3 * heartbeat_us;
+      if (silent != broker_silent_) {
+        broker_silent_ = silent;
+        if (silent) spdlog::warn("broker {} silent for over {} ms", options_.endpoint,
+                                 3 * options_.heartbeat_ms);
+        else spdlog::info("broker {} heard from again", options_.endpoint);
+      }
+    }
+  }
+  if (!held_done_.empty()) Send(protocol::kDone, protocol::EncodeIds(held_done_));
+  if (Writable()) Send(protocol::kBye, protocol::EncodeEmpty());
+  spdlog::info("worker {}: drained after {} chunk(s), {} job(s); BYE sent",
+               options_.hello.worker, chunks_, jobs_);
+}
+
+void BrokerLink::HandleBroker(protocol::Message* m) {
+  if (m->command == protocol::kChunk) {
+    HandleChunk(std::move(m->body));
+  } else if (m->command == protocol::kReannounce) {
+    if (draining_) return;  // leaving: take no new credit
+    spdlog::info("broker asked worker {} to re-announce; sending READY", options_.hello.worker);
+    SendReady();
+  } else if (m->command == protocol::kHeartbeat) {
+    // Only its arrival time matters (kept by the caller).
+  } else {
+    spdlog::warn("unexpected command {} from the broker ignored", m->command);
+  }
+}
+
+void BrokerLink::HandleChunk(zmq::message_t body) {
+  const int64_t received = protocol::NowMicros();
+  auto holder = std::make_shared<ChunkHolder>();
+  holder->message = std::move(body);
+  Status s = protocol::UnpackMap(holder->message.data(), holder->message.size(), &holder->handle);
+  const msgpack::object* entries = s.ok() ? protocol::Find(holder->handle.get(), "jobs") : nullptr;
+  if (!entries || entries->type != msgpack::type::ARRAY) {
+    spdlog::error("CHUNK without a \"jobs\" array ignored ({})",
+                  s.ok() ? "no jobs" : s.message());
+    return;
+  }
+  std::vector<Job> jobs;
+  std::vector<JobResult> rejected;
+  jobs.reserve(entries->via.array.size);
+  for (uint32_t i = 0; i < entries->via.array.size; ++i) {
+    Job job;
+    job.received_us = received;
+    Status d = protocol::DecodeChunkEntry(entries->via.array.ptr[i], &job.entry);
+    if (d.ok()) {
+      job.chunk = holder;
+      jobs.push_back(std::move(job));
+    } else if (!job.entry.id.empty()) {
+      rejected.push_back(FailedResult(std::move(job), Status::InvalidArgument(d.message())));
+    } else {
+      spdlog::error("CHUNK entry {} has no id and cannot be reported: {}", i, d.message());
+    }
+  }
+  const int64_t n = static_cast<int64_t>(jobs.size() + rejected.size());
+  outstanding_.fetch_add(n);
+  ++chunks_;
+  jobs_ += n;
+  if (!rejected.empty()) {
+    spdlog::warn("CHUNK: {} undecodable job(s) failed (first: {}: {})", rejected.size(),
+                 rejected.front().job.entry.id, rejected.front().status.message());
+    writer_->Submit(std::move(rejected));
+  }
+  const size_t accepted = jobs.size();
+  if (!queue_->Push(std::move(jobs))) {
+    spdlog::warn("broker sent more jobs than the announced capacity {} (queue {})",
+                 options_.hello.capacity, queue_->size());
+  }
+  spdlog::debug("CHUNK of {} job(s) queued", accepted);
+}
+
+void BrokerLink::HandleOutbox(protocol::Message* m) {
+  if (m->command != protocol::kDone) {
+    Send(m->command, std::move(m->body));
+    return;
+  }
+  std::vector<std::string> ids;
+  msgpack::object_handle oh;
+  Status s = protocol::UnpackMap(m->body.data(), m->body.size(), &oh);
+  if (s.ok()) s = protocol::GetStringArray(oh.get(), "ids", &ids);
+  if (!s.ok()) {
+    spdlog::error("internal: bad DONE from the result writer: {}", s.message());
+    return;
+  }
+  outstanding_.fetch_sub(static_cast<int64_t>(ids.size()));
+  if (draining_) {
+    held_done_.insert(held_done_.end(), ids.begin(), ids.end());
+  } else {
+    Send(protocol::kDone, std::move(m->body));
+  }
+}
+
+}  // namespace ferry::worker

@@ -1,0 +1,189 @@
+#include "ferry/worker/result_writer.h"
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <memory>
+
+#include "ferry/protocol/messages.h"
+#include "ferry/protocol/wire.h"
+
+namespace ferry::worker {
+namespace {
+
+// One SET command's arguments, packed once and reused on every retry.
+struct PackedResult {
+  std::string key;
+  std::string value;
+  std::string ttl;
+};
+
+bool IsPowerOfTwo(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
+
+}  // namespace
+
+ResultWriter::ResultWriter(zmq::context_t* context, Options options)
+    : context_(context), options_(std::move(options)), keys_(options_.prefix) {}
+
+ResultWriter::~ResultWriter() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+    aborted_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (!queue_.empty())
+    spdlog::error("result writer: {} results abandoned unwritten", queue_.size());
+}
+
+void ResultWriter::Start() { thread_ = std::thread([this] { Loop(); }); }
+
+void ResultWriter::Submit(std::vector<JobResult> results) {
+  if (results.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& r : results) queue_.push_back(std::move(r));
+  }
+  cv_.notify_all();
+}
+
+void ResultWriter::Stop() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stopping_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+size_t ResultWriter::pending() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return queue_.size() + in_flight_;
+}
+
+int64_t ResultWriter::written() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return written_;
+}
+
+bool ResultWriter::Backoff(int ms) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return !cv_.wait_for(lock, std::chrono::milliseconds(ms), [this] { return aborted_; });
+}
+
+void ResultWriter::Loop() {
+  std::unique_ptr<zmq::socket_t> push;
+  try {
+    push = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::push);
+    push->set(zmq::sockopt::linger, 0);
+    push->connect(options_.outbox_address);
+  } catch (const zmq::error_t& e) {
+    spdlog::critical("result writer: cannot connect to {}: {}", options_.outbox_address, e.what());
+    push.reset();
+  }
+  // Connect early so that a wrong --redis shows in the log at start; writes retry anyway.
+  Status s = protocol::RedisClient::Connect(options_.redis, options_.redis_timeout_ms, &client_);
+  if (!s.ok()) spdlog::warn("result writer: {}; will retry when there are results", s.message());
+  while (true) {
+    std::vector<JobResult> batch;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty() || aborted_) break;
+      batch.swap(queue_);
+      in_flight_ = batch.size();
+    }
+    const bool written = Write(&batch);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      in_flight_ = 0;
+      if (written) written_ += static_cast<int64_t>(batch.size());
+    }
+    if (!written) {
+      spdlog::error("result writer: aborted with {} results unwritten", batch.size());
+      break;
+    }
+    if (push) SendDone(*push, batch);
+  }
+}
+
+bool ResultWriter::Write(std::vector<JobResult>* results) {
+  // Pack once; the outputs' memory (the batch tensors) is released right after.
+  std::vector<PackedResult> packed;
+  packed.reserve(results->size());
+  const int64_t finished = protocol::NowMicros();
+  for (JobResult& r : *results) {
+    const protocol::ChunkJob& e = r.job.entry;
+    protocol::ResultRecord rec;
+    rec.id = e.id;
+    rec.status = r.status.ok() ? "done" : "failed";
+    rec.model = e.model;
+    rec.worker = options_.worker_name;
+    if (r.status.ok()) {
+      rec.outputs = r.outputs;
+    } else {
+      rec.error_code = r.status.code();
+      rec.error_message = r.status.message();
+    }
+    rec.batch_size = r.batch_size;
+    rec.attempt = e.attempt;
+    rec.timing_us = {{"submitted", e.submitted_us}, {"dispatched", e.dispatched_us},
+                     {"received", r.job.received_us}, {"finished", finished}};
+    if (r.compute_start_us != 0) {
+      rec.timing_us["compute_start"] = r.compute_start_us;
+      rec.timing_us["compute_end"] = r.compute_end_us;
+    }
+    msgpack::sbuffer buf;
+    protocol::Packer pk(buf);
+    protocol::PackResult(pk, rec);
+    const int64_t ttl = e.result_ttl_s > 0 ? e.result_ttl_s : options_.default_ttl_s;
+    packed.push_back({keys_.Result(e.id), std::string(buf.data(), buf.size()),
+                      std::to_string(ttl)});
+    r.outputs.clear();
+    r.outputs_owner.reset();
+  }
+
+  int backoff_ms = options_.backoff_initial_ms;
+  for (int64_t attempt = 1;; ++attempt) {
+    Status s;
+    if (!client_) {
+      s = protocol::RedisClient::Connect(options_.redis, options_.redis_timeout_ms, &client_);
+    }
+    if (s.ok()) {
+      for (const auto& p : packed) client_->Append({"SET", p.key, p.value, "EX", p.ttl, "NX"});
+      std::vector<protocol::RedisReply> replies;
+      s = client_->Flush(&replies);
+      for (const auto& reply : replies) {
+        if (s.ok() && reply.type == protocol::RedisReply::Type::kError)
+          s = Status::Internal("redis: " + reply.str);
+      }
+    }
+    if (s.ok()) {
+      if (attempt > 1)
+        spdlog::info("result writer: redis back, wrote {} results after {} attempts",
+                     packed.size(), attempt);
+      return true;
+    }
+    if (IsPowerOfTwo(attempt)) {
+      spdlog::warn("result writer: {} results not written (attempt {}): {}; retrying",
+                   packed.size(), attempt, s.ToString());
+    }
+    if (!Backoff(backoff_ms)) return false;
+    backoff_ms = std::min(backoff_ms * 2, options_.backoff_max_ms);
+  }
+}
+
+void ResultWriter::SendDone(zmq::socket_t& push, const std::vector<JobResult>& results) {
+  std::vector<std::string> ids;
+  ids.reserve(results.size());
+  for (const auto& r : results) ids.push_back(r.job.entry.id);
+  Status s = protocol::SendMessage(push, nullptr, protocol::kDone, protocol::EncodeIds(ids));
+  if (!s.ok()) {
+    spdlog::error("result writer: cannot hand {} DONE ids to the I/O thread: {}", ids.size(),
+                  s.ToString());
+  }
+}
+
+}  // namespace ferry::worker

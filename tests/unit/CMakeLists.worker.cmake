@@ -1,0 +1,23 @@
+# Worker unit tests: the batch path on real TorchScript models, the local job queue, the flags,
+# the model generator, and one in-process worker against a real redis-server and a test-side
+# ROUTER standing in for the broker. Included from tests/unit/CMakeLists.txt; needs the
+# ferry_worker and ferry-make-models targets (only defined when libtorch is found).
+if(TARGET ferry_worker AND TARGET ferry-make-models)
+  add_executable(ferry_worker_unit_tests
+    ${CMAKE_CURRENT_LIST_DIR}/worker_batcher_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/worker_job_queue_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/worker_loop_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/worker_make_models_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/worker_options_test.cc)
+  # Only worker_batcher_test.cc includes libtorch (it defines models inline).
+  target_link_libraries(ferry_worker_unit_tests PRIVATE
+    ferry::worker ${TORCH_LIBRARIES} GTest::gtest_main)
+  target_compile_options(ferry_worker_unit_tests PRIVATE -Wall -Wextra)
+  target_compile_definitions(ferry_worker_unit_tests PRIVATE
+    FERRY_MAKE_MODELS="$<TARGET_FILE:ferry-make-models>")
+  add_dependencies(ferry_worker_unit_tests ferry-make-models)
+  gtest_discover_tests(ferry_worker_unit_tests
+    TEST_PREFIX "worker."
+    DISCOVERY_TIMEOUT 60
+    PROPERTIES LABELS unit TIMEOUT 120)
+endif()
