@@ -1,0 +1,247 @@
+#include "commands.h"
+
+#include <cstdio>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/client.h"
+#include "ferry/protocol/flags.h"
+#include "npy.h"
+#include "result_printer.h"
+#include "tensor_files.h"
+
+namespace ferry::cli {
+namespace {
+
+using protocol::FlagSet;
+
+constexpr const char* kTopUsage =
+    "usage: ferry COMMAND [flags]\n"
+    "Submit inference jobs to a Ferry broker and read their results.\n"
+    "\n"
+    "commands:\n"
+    "  submit --model NAME --input FILE [--input FILE ...]   submit one job, print its id\n"
+    "  get ID                 print the result of a job (or 'pending')\n"
+    "  wait ID                wait for a job's result, then print it\n"
+    "  stats                  print the broker's statistics as JSON\n"
+    "\n"
+    "global flags (every command): --frontend, --redis, --redis-prefix, --request-timeout-ms\n"
+    "`ferry COMMAND --help` lists a command's flags.\n"
+    "\n"
+    "exit codes: 0 done/ok, 1 failed/expired/cancelled/rejected, 2 usage or bad input,\n"
+    "            3 timeout/unavailable/queue full, 4 no result yet (get)\n";
+
+struct GlobalFlags {
+  std::string frontend = "tcp://127.0.0.1:5555";
+  std::string redis = "redis://127.0.0.1:6379";
+  std::string redis_prefix = "ferry:";
+  int64_t request_timeout_ms = 5000;
+
+  void Register(FlagSet* f) {
+    f->String("frontend", &frontend, "the broker's frontend endpoint");
+    f->String("redis", &redis, "Redis holding the results, redis://HOST:PORT[/DB]");
+    f->String("redis-prefix", &redis_prefix, "prefix of Ferry's Redis keys");
+    f->Int("request-timeout-ms", &request_timeout_ms, "how long to wait for the broker's answer");
+  }
+  Status MakeClient(std::unique_ptr<client::Client>* out) const {
+    client::ClientOptions o;
+    o.frontend = frontend;
+    o.redis = redis;
+    o.redis_prefix = redis_prefix;
+    o.request_timeout_ms = static_cast<int>(request_timeout_ms);
+    return client::Client::Create(o, out);
+  }
+};
+
+int ExitFor(const Status& s) {
+  if (s.ok()) return kExitOk;
+  if (s.code() == codes::kInvalidArgument) return kExitUsage;
+  if (s.code() == codes::kTimeout || s.retryable()) return kExitUnavailable;
+  return kExitFailed;
+}
+
+int Fail(const Status& s) {
+  std::fprintf(stderr, "ferry: %s\n", s.ToString().c_str());
+  return ExitFor(s);
+}
+
+// Parses flags; returns -1 to go on, else the exit code.
+int ParseFlags(FlagSet* flags, std::vector<char*>& args) {
+  Status s = flags->Parse(static_cast<int>(args.size()), args.data());
+  return protocol::HandleFlagResult(*flags, s);
+}
+
+// Prints a final result (and writes its outputs as .npy under out_dir); exit code by state.
+int PrintResult(const Result& r, const std::string& out_dir) {
+  std::fputs(FormatResult(r).c_str(), stdout);
+  if (!out_dir.empty()) {
+    for (size_t i = 0; i < r.outputs.size(); ++i) {
+      std::string npy, path = out_dir + "/" + r.id + "." + std::to_string(i) + ".npy";
+      Status s = EncodeNpy(r.outputs[i], &npy);
+      if (s.ok()) s = WriteFile(path, npy);
+      if (!s.ok()) return Fail(s);
+      std::printf("wrote %s\n", path.c_str());
+    }
+  }
+  switch (r.state) {
+    case JobState::kDone: return kExitOk;
+    case JobState::kPending: return kExitPending;
+    default: return kExitFailed;
+  }
+}
+
+// Picks the i-th of a flag's values: one value applies to every input.
+Status PickPerInput(const std::vector<std::string>& values, size_t n, size_t i,
+                    const std::string& fallback, const std::string& flag, std::string* out) {
+  if (values.empty()) *out = fallback;
+  else if (values.size() == 1) *out = values[0];
+  else if (values.size() == n) *out = values[i];
+  else return Status::InvalidArgument("give --" + flag + " once, or once per --input");
+  return Status::Ok();
+}
+
+int RunSubmit(std::vector<char*>& args) {
+  GlobalFlags global;
+  std::string model, id, out_dir;
+  std::vector<std::string> inputs, dtypes, shapes;
+  int64_t priority = 0, timeout_ms = 0, result_ttl_s = 0, wait_timeout_ms = 30000;
+  bool wait = false;
+  FlagSet flags("ferry submit", "Submits one job and prints its id (and its result with --wait).");
+  flags.String("model", &model, "the model to run (required)");
+  flags.Repeated("input", &inputs,
+                 "an input tensor file: .npy, or raw bytes (see --dtype/--shape)");
+  flags.Repeated("dtype", &dtypes, "dtype of raw --input files (float32 if not given)");
+  flags.Repeated("shape", &shapes, "shape of raw --input files, e.g. 1,8 (default: 1-D)");
+  flags.String("id", &id, "the job id (default: a new UUID)");
+  flags.Int("priority", &priority, "higher runs first");
+  flags.Int("timeout-ms", &timeout_ms, "the broker expires the job after this long (0 = never)");
+  flags.Int("result-ttl-s", &result_ttl_s, "keep the result this long (0 = broker default)");
+  flags.Bool("wait", &wait, "wait for the result and print it");
+  flags.Int("wait-timeout-ms", &wait_timeout_ms, "with --wait: give up after this long");
+  flags.String("out-npy", &out_dir, "with --wait: write outputs as DIR/<id>.<i>.npy");
+  global.Register(&flags);
+  if (int rc = ParseFlags(&flags, args); rc >= 0) return rc;
+  if (model.empty() || inputs.empty() || !flags.positional().empty()) {
+    std::fprintf(stderr, "ferry submit needs --model and at least one --input\n\n%s",
+                 flags.Usage().c_str());
+    return kExitUsage;
+  }
+
+  client::Job job;
+  job.id = id;
+  job.model = model;
+  job.priority = priority;
+  job.timeout_ms = timeout_ms;
+  job.result_ttl_s = result_ttl_s;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    std::string dtype, shape;
+    Status s = PickPerInput(dtypes, inputs.size(), i, "float32", "dtype", &dtype);
+    if (s.ok()) s = PickPerInput(shapes, inputs.size(), i, "", "shape", &shape);
+    Tensor t;
+    if (s.ok()) s = ReadTensorFile(inputs[i], dtype, shape, &t);
+    if (!s.ok()) return Fail(s);
+    job.inputs.push_back(std::move(t));
+  }
+
+  std::unique_ptr<client::Client> c;
+  if (Status s = global.MakeClient(&c); !s.ok()) return Fail(s);
+  std::string job_id;
+  Status s = c->Submit(job, &job_id);
+  if (!s.ok()) {
+    std::fprintf(stderr, "ferry: job %s not accepted: %s\n", job_id.c_str(), s.ToString().c_str());
+    return s.code() == codes::kInvalidArgument ? kExitUsage : ExitFor(s);
+  }
+  std::printf("%s\n", job_id.c_str());
+  if (!wait) return kExitOk;
+  std::fflush(stdout);
+  Result r;
+  s = c->Wait(job_id, static_cast<int>(wait_timeout_ms), &r);
+  if (!s.ok()) return Fail(s);
+  return PrintResult(r, out_dir);
+}
+
+// `get ID` and `wait ID`.
+int RunGetOrWait(std::vector<char*>& args, bool wait) {
+  GlobalFlags global;
+  std::string out_dir;
+  int64_t timeout_ms = 30000;
+  FlagSet flags(wait ? "ferry wait ID" : "ferry get ID",
+                wait ? "Waits for a job's result and prints it."
+                     : "Prints a job's result, or 'pending' when there is none yet.");
+  if (wait) flags.Int("timeout-ms", &timeout_ms, "give up after this long (-1 = never)");
+  flags.String("out-npy", &out_dir, "also write the outputs as DIR/<id>.<i>.npy");
+  global.Register(&flags);
+  if (int rc = ParseFlags(&flags, args); rc >= 0) return rc;
+  if (flags.positional().size() != 1) {
+    std::fprintf(stderr, "%s needs exactly one job id\n\n%s", wait ? "ferry wait" : "ferry get",
+                 flags.Usage().c_str());
+    return kExitUsage;
+  }
+  const std::string& id = flags.positional()[0];
+  std::unique_ptr<client::Client> c;
+  if (Status s = global.MakeClient(&c); !s.ok()) return Fail(s);
+  Result r;
+  Status s = wait ? c->Wait(id, static_cast<int>(timeout_ms), &r) : c->Poll(id, &r);
+  if (!s.ok()) return Fail(s);
+  return PrintResult(r, out_dir);
+}
+
+int RunStats(std::vector<char*>& args) {
+  GlobalFlags global;
+  FlagSet flags("ferry stats", "Prints the broker's statistics (workers, queues) as JSON.");
+  global.Register(&flags);
+  if (int rc = ParseFlags(&flags, args); rc >= 0) return rc;
+  if (!flags.positional().empty()) {
+    std::fprintf(stderr, "ferry stats takes no arguments\n\n%s", flags.Usage().c_str());
+    return kExitUsage;
+  }
+  std::unique_ptr<client::Client> c;
+  if (Status s = global.MakeClient(&c); !s.ok()) return Fail(s);
+  std::string json;
+  if (Status s = c->Stats(&json); !s.ok()) return Fail(s);
+  std::printf("%s\n", json.c_str());
+  return kExitOk;
+}
+
+// Index of the command word: the first argument that is neither a flag nor a flag's value.
+int FindCommand(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a.rfind("--", 0) != 0 && a != "-h") return i;
+    bool takes_value = a.find('=') == std::string::npos && a != "--wait" && a != "--help" &&
+                       a != "-h";
+    if (takes_value) ++i;
+  }
+  return -1;
+}
+
+}  // namespace
+
+int RunCli(int argc, char** argv) {
+  int at = FindCommand(argc, argv);
+  if (at < 0) {
+    bool help = false;
+    for (int i = 1; i < argc; ++i)
+      help |= std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h";
+    std::fputs(kTopUsage, help ? stdout : stderr);
+    return help ? kExitOk : kExitUsage;
+  }
+  std::string command = argv[at];
+  std::vector<char*> args;  // argv without the command word
+  for (int i = 0; i < argc; ++i) {
+    if (i != at) args.push_back(argv[i]);
+  }
+  if (command == "submit") return RunSubmit(args);
+  if (command == "get") return RunGetOrWait(args, /*wait=*/false);
+  if (command == "wait") return RunGetOrWait(args, /*wait=*/true);
+  if (command == "stats") return RunStats(args);
+  if (command == "help") {
+    std::fputs(kTopUsage, stdout);
+    return kExitOk;
+  }
+  std::fprintf(stderr, "ferry: unknown command \"%s\"\n\n%s", command.c_str(), kTopUsage);
+  return kExitUsage;
+}
+
+}  // namespace ferry::cli

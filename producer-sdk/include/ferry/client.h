@@ -1,0 +1,128 @@
+#pragma once
+// ferry::client::Client -- the producer SDK: submit inference jobs to a Ferry broker and read
+// their results by id.
+//
+//   std::unique_ptr<ferry::client::Client> client;
+//   ferry::Status s = ferry::client::Client::Create(options, &client);
+//   ferry::client::Job job;
+//   job.model = "resnet";
+//   job.inputs.push_back(
+//       ferry::Tensor::From<float>(pixels, {3, 224, 224}, ferry::DType::kFloat32));
+//   std::string id;
+//   s = client->Submit(job, &id);              // accepted, or the rejection's code
+//   ferry::Result result;
+//   s = client->Wait(id, 10000, &result);      // result.state: kDone / kFailed / ...
+//
+// Jobs travel to the broker's frontend over ZeroMQ (SUBMIT -> ACCEPTED); results are read from
+// Redis (<prefix>result:<id>), where workers write them. Wait() does not busy-poll: the broker
+// tells this client (FINISHED) when a job it submitted has its result, and a slow re-check covers
+// notices that were lost (a broker restart) or jobs submitted by another process.
+//
+// Errors: every method returns a ferry::Status; nothing throws. Codes (ferry::codes):
+//   invalid_argument  the caller's input is wrong (bad id, empty model, tensor size mismatch)
+//   unknown_model, duplicate, too_large   the broker rejected a job
+//   queue_full, unavailable   retryable: back off and submit again with the SAME ids (a job the
+//                     broker already holds is then rejected as duplicate, so nothing runs twice)
+//   timeout           Wait() ran out of time
+//   malformed, internal   a bug or a peer speaking another protocol version
+//
+// Thread-safety: a Client is safe to share: any number of threads may call any method at once
+// (one background thread owns the socket; Redis connections come from a small pool). Create the
+// Client before and destroy it after all those calls. Ferry's value types (Job, Result, Tensor,
+// Status) are plain values.
+//
+// Public header: includes only the standard library and Ferry's value types.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/result.h"
+#include "ferry/status.h"
+#include "ferry/tensor.h"
+
+namespace ferry::client {
+
+struct ClientOptions {
+  // The broker's frontend (ZeroMQ endpoint).
+  std::string frontend = "tcp://127.0.0.1:5555";
+  // Where results are read: redis://HOST:PORT[/DB].
+  std::string redis = "redis://127.0.0.1:6379";
+  // Prefix of every Ferry key in Redis; must match the broker's and workers'.
+  std::string redis_prefix = "ferry:";
+  // How long Submit/SubmitMany/Stats wait for the broker's answer, and the Redis connect/read
+  // timeout. Past it a call fails with `unavailable`.
+  int request_timeout_ms = 5000;
+};
+
+// One inference job. `inputs` are the positional arguments of the model's forward(), each
+// WITHOUT the batch dimension (the worker stacks jobs into batches).
+struct Job {
+  std::string id;      // empty: the SDK makes a UUIDv4. Else 1-128 chars of [A-Za-z0-9._:-].
+  std::string model;   // a model some worker serves
+  std::vector<Tensor> inputs;
+  int64_t priority = 0;      // higher runs first
+  int64_t timeout_ms = 0;    // 0: none; else the broker expires the job if not done in time
+  int64_t result_ttl_s = 0;  // 0: the broker's default (3600 s)
+};
+
+// The fate of one job of a SubmitMany call.
+struct SubmitOutcome {
+  std::string id;  // the job's id (generated when Job::id was empty)
+  Status status;   // ok: accepted. Else the rejection: code + message.
+};
+
+class Client {
+ public:
+  // Makes a client and starts its I/O thread. Fails with invalid_argument on bad options (an
+  // endpoint ZeroMQ cannot parse, a bad Redis URL). Does NOT wait for the broker or Redis: both
+  // are connected lazily and reconnected after failures, so a service may start first.
+  // On success stores the client in *out (the caller owns it).
+  static Status Create(const ClientOptions& options, std::unique_ptr<Client>* out);
+
+  // Stops and joins the I/O thread; unsent requests are dropped. No other call may be running.
+  ~Client();
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  // Submits one job. Sets *id (when non-null) to the job's id -- also when the job is rejected,
+  // so the caller can retry with it. Returns ok when the broker accepted the job; the rejection
+  // (e.g. unknown_model, duplicate, queue_full) otherwise; unavailable when the broker did not
+  // answer within request_timeout_ms (the job may or may not have been accepted: resubmit the
+  // same id). The job is copied; the caller keeps ownership.
+  Status Submit(const Job& job, std::string* id);
+
+  // Submits many jobs in one SUBMIT message -- one round trip -- per 32 MiB of tensor data.
+  // *outcomes gets one entry per job, in order. Jobs that fail local validation get
+  // invalid_argument and are not sent; two jobs with the same id in one call: the later ones
+  // get duplicate. Returns ok when the broker answered (look at each outcome); otherwise the
+  // failure (unavailable, malformed, ...), which is also copied into the outcome of every job
+  // that was, or after it would have been, sent. The jobs are copied; the caller keeps them.
+  Status SubmitMany(const std::vector<Job>& jobs, std::vector<SubmitOutcome>* outcomes);
+
+  // Reads the result of `id` from Redis once, without waiting. When no result exists yet,
+  // returns ok with out->state == JobState::kPending (Redis cannot tell "pending" from "never
+  // submitted" or "result expired"). Errors: invalid_argument (bad id), unavailable (Redis down),
+  // malformed/invalid_argument (a record that is not a Ferry result). *out is overwritten.
+  Status Poll(const std::string& id, Result* out);
+
+  // Waits until `id` has a result and stores it in *out (state kDone, kFailed, kCancelled or
+  // kExpired). timeout_ms < 0 waits without limit; 0 checks once. Returns timeout when the time
+  // runs out (out->state is then kPending); unavailable when Redis stayed unreachable until the
+  // deadline; other Poll errors at once. Wakes as soon as the broker's FINISHED notice arrives
+  // for jobs submitted through this client; otherwise re-checks Redis every 50 ms, backing off
+  // to every 1 s.
+  Status Wait(const std::string& id, int timeout_ms, Result* out);
+
+  // Asks the broker for its statistics (workers, queue depth per model, counters) and stores
+  // them as a JSON object in *json. Fails with unavailable when the broker does not answer.
+  Status Stats(std::string* json);
+
+ private:
+  class Impl;
+  explicit Client(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace ferry::client

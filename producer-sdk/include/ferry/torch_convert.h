@@ -1,0 +1,96 @@
+#pragma once
+// Optional, header-only: converts between ferry::Tensor and torch::Tensor for producers that
+// use libtorch. Include it only where <torch/torch.h> is available (it is not compiled into
+// ferry::client, which never needs libtorch); link your target with ${TORCH_LIBRARIES}.
+//
+//   torch::Tensor x = torch::rand({3, 224, 224});
+//   ferry::Tensor in;
+//   ferry::Status s = ferry::FromTorch(x, &in);          // copies; any device, any strides
+//   ...
+//   torch::Tensor y;
+//   s = ferry::ToTorch(result.outputs[0], &y);           // copies into a new CPU tensor
+//
+// Both directions copy the data (a ferry::Tensor owns its bytes), support the ten wire dtypes
+// (float32 float16 bfloat16 float64 int64 int32 int16 int8 uint8 bool) and report problems as a
+// Status (invalid_argument) instead of throwing. Thread-safety: plain functions on values.
+
+#include <torch/torch.h>
+
+#include <cstring>
+#include <vector>
+
+#include "ferry/status.h"
+#include "ferry/tensor.h"
+
+namespace ferry {
+
+namespace torch_convert_detail {
+inline bool ToScalarType(DType d, c10::ScalarType* out) {
+  switch (d) {
+    case DType::kFloat32: *out = torch::kFloat32; return true;
+    case DType::kFloat16: *out = torch::kFloat16; return true;
+    case DType::kBFloat16: *out = torch::kBFloat16; return true;
+    case DType::kFloat64: *out = torch::kFloat64; return true;
+    case DType::kInt64: *out = torch::kInt64; return true;
+    case DType::kInt32: *out = torch::kInt32; return true;
+    case DType::kInt16: *out = torch::kInt16; return true;
+    case DType::kInt8: *out = torch::kInt8; return true;
+    case DType::kUInt8: *out = torch::kUInt8; return true;
+    case DType::kBool: *out = torch::kBool; return true;
+  }
+  return false;
+}
+inline bool FromScalarType(c10::ScalarType s, DType* out) {
+  for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64,
+                  DType::kInt64, DType::kInt32, DType::kInt16, DType::kInt8, DType::kUInt8,
+                  DType::kBool}) {
+    c10::ScalarType st = torch::kFloat32;
+    if (ToScalarType(d, &st) && st == s) {
+      *out = d;
+      return true;
+    }
+  }
+  return false;
+}
+}  // namespace torch_convert_detail
+
+// Copies `in` into a new contiguous CPU torch::Tensor. invalid_argument when the data size
+// does not match dtype and shape.
+inline Status ToTorch(const Tensor& in, torch::Tensor* out) {
+  c10::ScalarType st = torch::kFloat32;
+  if (!torch_convert_detail::ToScalarType(in.dtype, &st))
+    return Status::InvalidArgument("unknown ferry dtype");
+  int64_t numel = in.numel();
+  if (numel < 0 || in.data.size() != static_cast<uint64_t>(numel) * ItemSize(in.dtype))
+    return Status::InvalidArgument("tensor data does not match its dtype and shape");
+  try {
+    torch::Tensor t = torch::empty(in.shape, torch::TensorOptions().dtype(st));
+    if (!in.data.empty()) std::memcpy(t.data_ptr(), in.data.data(), in.data.size());
+    *out = std::move(t);
+  } catch (const c10::Error& e) {
+    return Status::InvalidArgument(std::string("ToTorch: ") + e.what_without_backtrace());
+  }
+  return Status::Ok();
+}
+
+// Copies `in` (any device, any strides) into *out. invalid_argument for undefined tensors and
+// dtypes Ferry does not carry (complex, uint16, ...).
+inline Status FromTorch(const torch::Tensor& in, Tensor* out) {
+  if (!in.defined()) return Status::InvalidArgument("FromTorch: undefined tensor");
+  DType dtype = DType::kFloat32;
+  if (!torch_convert_detail::FromScalarType(in.scalar_type(), &dtype)) {
+    return Status::InvalidArgument(std::string("FromTorch: unsupported dtype ") +
+                                   c10::toString(in.scalar_type()));
+  }
+  try {
+    torch::Tensor cpu = in.detach().to(torch::kCPU).contiguous();
+    out->dtype = dtype;
+    out->shape.assign(cpu.sizes().begin(), cpu.sizes().end());
+    out->data.assign(static_cast<const char*>(cpu.data_ptr()), cpu.nbytes());
+  } catch (const c10::Error& e) {
+    return Status::InvalidArgument(std::string("FromTorch: ") + e.what_without_backtrace());
+  }
+  return Status::Ok();
+}
+
+}  // namespace ferry

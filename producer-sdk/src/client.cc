@@ -1,0 +1,272 @@
+#include "ferry/client.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "ferry/protocol/messages.h"
+#include "ferry/protocol/util.h"
+#include "ferry/protocol/wire.h"
+#include "finish_notices.h"
+#include "frontend_connection.h"
+#include "result_store.h"
+
+namespace ferry::client {
+namespace {
+
+constexpr auto kFirstRecheck = std::chrono::milliseconds(50);
+constexpr auto kMaxRecheck = std::chrono::milliseconds(1000);
+constexpr size_t kMaxTensorBytes = (size_t{1} << 31) - 1;  // one msgpack bin
+constexpr size_t kMaxMessageBytes = size_t{32} << 20;      // per SUBMIT message
+
+// `id` is the job's id after defaulting (Job::id may be empty).
+Status ValidateJob(const Job& job, const std::string& id) {
+  if (!protocol::IsValidJobId(id))
+    return Status::InvalidArgument("job id \"" + id +
+                                   "\" must be 1-128 characters of [A-Za-z0-9._:-]");
+  if (job.model.empty() || job.model.size() > protocol::kMaxModelName)
+    return Status::InvalidArgument("job model must be 1-128 characters");
+  if (job.inputs.size() > protocol::kMaxInputsPerJob)
+    return Status::InvalidArgument("a job takes at most 64 inputs");
+  if (job.timeout_ms < 0) return Status::InvalidArgument("timeout_ms must be >= 0");
+  if (job.result_ttl_s < 0) return Status::InvalidArgument("result_ttl_s must be >= 0");
+  for (size_t i = 0; i < job.inputs.size(); ++i) {
+    const Tensor& t = job.inputs[i];
+    std::string where = "input " + std::to_string(i) + ": ";
+    if (t.shape.size() > protocol::kMaxTensorDims)
+      return Status::InvalidArgument(where + "more than 16 dimensions");
+    int64_t numel = NumElements(t.shape);
+    if (numel < 0) return Status::InvalidArgument(where + "bad shape");
+    uint64_t want = static_cast<uint64_t>(numel) * ItemSize(t.dtype);
+    if (t.data.size() != want) {
+      return Status::InvalidArgument(where + std::to_string(t.data.size()) + " bytes of data; " +
+                                     DTypeName(t.dtype) + " with this shape needs " +
+                                     std::to_string(want));
+    }
+    if (t.data.size() > kMaxTensorBytes)
+      return Status(codes::kTooLarge, where + "over 2 GiB of data");
+  }
+  return Status::Ok();
+}
+
+// The reply to a request, decoded: ERROR becomes its status; anything but `expected` is a bug.
+Status CheckReply(const FrontendConnection::Reply& reply, std::string_view expected,
+                  msgpack::object_handle* body) {
+  FERRY_RETURN_IF_ERROR(protocol::UnpackMap(reply.body.data(), reply.body.size(), body));
+  if (reply.command == protocol::kError) {
+    Status error;
+    FERRY_RETURN_IF_ERROR(protocol::DecodeError(body->get(), &error));
+    return error.ok() ? Status::Internal("broker sent ERROR with an empty code") : error;
+  }
+  if (reply.command != expected) {
+    return Status(codes::kMalformed, "broker answered " + reply.command + " where " +
+                                         std::string(expected) + " was expected");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+class Client::Impl {
+ public:
+  Impl(const ClientOptions& options, protocol::RedisEndpoint redis)
+      : options_(options),
+        results_(std::move(redis), options.redis_prefix, options.request_timeout_ms) {}
+
+  Status Start() {
+    return FrontendConnection::Create(
+        options_.frontend, [this](const std::vector<std::string>& ids) { notices_.Notify(ids); },
+        &frontend_);
+  }
+
+  // Jobs by pointer so that Submit(job) need not copy the job's tensors.
+  Status SubmitMany(const std::vector<const Job*>& jobs, std::vector<SubmitOutcome>* outcomes);
+  Status Wait(const std::string& id, int timeout_ms, Result* out);
+  Status Stats(std::string* json);
+  Status Poll(const std::string& id, Result* out) {
+    if (!protocol::IsValidJobId(id))
+      return Status::InvalidArgument("job id \"" + id + "\" is not a valid Ferry id");
+    return results_.Read(id, out);
+  }
+
+ private:
+  // Sends jobs[i] for i in `part` as one SUBMIT and records each verdict in *outcomes.
+  Status SubmitOne(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
+                   std::vector<SubmitOutcome>* outcomes);
+
+  const ClientOptions options_;
+  FinishNotices notices_;  // outlives frontend_, whose I/O thread calls into it
+  ResultStore results_;
+  std::unique_ptr<FrontendConnection> frontend_;
+};
+
+Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
+                                std::vector<SubmitOutcome>* outcomes) {
+  outcomes->assign(jobs.size(), SubmitOutcome{});
+  std::vector<size_t> sent;  // indexes of the jobs in the message
+  std::unordered_set<std::string> seen;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SubmitOutcome& o = (*outcomes)[i];
+    o.id = jobs[i]->id.empty() ? protocol::NewUuid() : jobs[i]->id;
+    o.status = ValidateJob(*jobs[i], o.id);
+    if (o.status.ok() && !seen.insert(o.id).second)
+      o.status = Status(codes::kDuplicate, "id \"" + o.id + "\" appears twice in one call");
+    if (o.status.ok()) sent.push_back(i);
+  }
+  if (sent.empty()) return Status::Ok();
+
+  // One SUBMIT per kMaxMessageBytes of tensor data (a single bigger job goes alone): brokers
+  // cap message sizes and drop peers that exceed them.
+  size_t begin = 0;
+  while (begin < sent.size()) {
+    size_t end = begin, bytes = 0;
+    while (end < sent.size()) {
+      size_t job_bytes = 256;  // ids, model, framing
+      for (const Tensor& t : jobs[sent[end]]->inputs) job_bytes += t.data.size() + 64;
+      if (end > begin && bytes + job_bytes > kMaxMessageBytes) break;
+      bytes += job_bytes;
+      ++end;
+    }
+    std::vector<size_t> part(sent.begin() + begin, sent.begin() + end);
+    Status s = SubmitOne(jobs, part, outcomes);
+    if (!s.ok()) {
+      // The broker is not answering: do not send (and wait for) the rest.
+      for (size_t k = end; k < sent.size(); ++k) (*outcomes)[sent[k]].status = s;
+      return s;
+    }
+    begin = end;
+  }
+  return Status::Ok();
+}
+
+Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
+                               const std::vector<size_t>& part,
+                               std::vector<SubmitOutcome>* outcomes) {
+  int64_t rid = frontend_->NextRid();
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  pk.pack_map(2);
+  protocol::PackString(pk, "jobs");
+  pk.pack_array(static_cast<uint32_t>(part.size()));
+  for (size_t i : part) {
+    const Job& j = *jobs[i];
+    protocol::PackSubmitJob(pk, (*outcomes)[i].id, j.model, j.inputs, j.priority, j.timeout_ms,
+                            j.result_ttl_s);
+  }
+  protocol::PackString(pk, "rid");
+  pk.pack_int64(rid);
+
+  FrontendConnection::Reply reply;
+  msgpack::object_handle body;
+  protocol::Accepted accepted;
+  Status s = frontend_->Call(rid, protocol::kSubmit, protocol::ToMessage(std::move(buf)),
+                             options_.request_timeout_ms, &reply);
+  if (s.ok()) s = CheckReply(reply, protocol::kAccepted, &body);
+  if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
+  if (!s.ok()) {
+    for (size_t i : part) (*outcomes)[i].status = s;
+    return s;
+  }
+  std::unordered_map<std::string_view, Status> verdicts;
+  for (const auto& id : accepted.ids) verdicts.emplace(id, Status::Ok());
+  for (const auto& r : accepted.rejected) verdicts[r.id] = Status(r.code, r.message);
+  for (size_t i : part) {
+    auto it = verdicts.find((*outcomes)[i].id);
+    (*outcomes)[i].status = it != verdicts.end()
+                                ? it->second
+                                : Status::Internal("the broker did not report on this job");
+  }
+  return Status::Ok();
+}
+
+Status Client::Impl::Wait(const std::string& id, int timeout_ms, Result* out) {
+  using Clock = std::chrono::steady_clock;
+  const bool forever = timeout_ms < 0;
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::milliseconds(std::max(0, timeout_ms));
+  auto recheck = std::chrono::duration_cast<Clock::duration>(kFirstRecheck);
+  // Register before the first read, so a FINISHED arriving between read and sleep counts.
+  std::unique_ptr<FinishNotices::Registration> reg = notices_.Register(id);
+  while (true) {
+    uint64_t generation = reg->Generation();
+    Status s = Poll(id, out);
+    // Redis unreachable: keep trying until the deadline (it may be restarting).
+    if (!s.ok() && s.code() != codes::kUnavailable) return s;
+    if (s.ok() && out->state != JobState::kPending) return s;
+    Clock::time_point now = Clock::now();
+    if (!forever && now >= deadline) {
+      if (!s.ok()) return s;
+      return Status::Timeout("no result for job \"" + id + "\" within " +
+                             std::to_string(timeout_ms) + " ms");
+    }
+    Clock::time_point until = now + recheck;
+    if (!forever) until = std::min(until, deadline);
+    reg->SleepUntil(generation, until);
+    recheck = std::min<Clock::duration>(recheck * 2, kMaxRecheck);
+  }
+}
+
+Status Client::Impl::Stats(std::string* json) {
+  int64_t rid = frontend_->NextRid();
+  FrontendConnection::Reply reply;
+  FERRY_RETURN_IF_ERROR(frontend_->Call(rid, protocol::kStats, protocol::EncodeEmpty(rid),
+                                        options_.request_timeout_ms, &reply));
+  msgpack::object_handle body;
+  FERRY_RETURN_IF_ERROR(CheckReply(reply, protocol::kStats, &body));
+  // Everything but our "rid".
+  const msgpack::object& map = body.get();
+  std::vector<msgpack::object_kv> kept;
+  for (uint32_t i = 0; i < map.via.map.size; ++i) {
+    if (protocol::AsStringView(map.via.map.ptr[i].key) != "rid") kept.push_back(map.via.map.ptr[i]);
+  }
+  msgpack::object filtered;
+  filtered.type = msgpack::type::MAP;
+  filtered.via.map.size = static_cast<uint32_t>(kept.size());
+  filtered.via.map.ptr = kept.data();
+  *json = protocol::ToJson(filtered);
+  return Status::Ok();
+}
+
+// ---- Client: thin forwarding -----------------------------------------------------------------
+
+Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Client::~Client() = default;
+
+Status Client::Create(const ClientOptions& options, std::unique_ptr<Client>* out) {
+  protocol::RedisEndpoint redis;
+  FERRY_RETURN_IF_ERROR(protocol::ParseRedisUrl(options.redis, &redis));
+  if (options.request_timeout_ms <= 0)
+    return Status::InvalidArgument("request_timeout_ms must be > 0");
+  auto impl = std::make_unique<Impl>(options, std::move(redis));
+  FERRY_RETURN_IF_ERROR(impl->Start());
+  out->reset(new Client(std::move(impl)));
+  return Status::Ok();
+}
+
+Status Client::Submit(const Job& job, std::string* id) {
+  std::vector<SubmitOutcome> outcomes;
+  Status s = impl_->SubmitMany({&job}, &outcomes);
+  if (id) *id = outcomes.at(0).id;
+  return s.ok() ? outcomes[0].status : s;
+}
+
+Status Client::SubmitMany(const std::vector<Job>& jobs, std::vector<SubmitOutcome>* outcomes) {
+  std::vector<const Job*> ptrs;
+  ptrs.reserve(jobs.size());
+  for (const Job& j : jobs) ptrs.push_back(&j);
+  return impl_->SubmitMany(ptrs, outcomes);
+}
+
+Status Client::Poll(const std::string& id, Result* out) { return impl_->Poll(id, out); }
+
+Status Client::Wait(const std::string& id, int timeout_ms, Result* out) {
+  if (!protocol::IsValidJobId(id))
+    return Status::InvalidArgument("job id \"" + id + "\" is not a valid Ferry id");
+  return impl_->Wait(id, timeout_ms, out);
+}
+
+Status Client::Stats(std::string* json) { return impl_->Stats(json); }
+
+}  // namespace ferry::client

@@ -1,0 +1,44 @@
+#pragma once
+// ResultStore: reads job results from Redis (<prefix>result:<id>) for Poll and Wait.
+//
+// protocol::RedisClient is not thread-safe, so the store keeps a small pool of connections:
+// a reader takes one (or opens a new one), uses it alone and gives it back. At most
+// kMaxIdle connections are kept between calls; bursts beyond that open short-lived extras.
+//
+// Thread-safety: Read may be called from any number of threads at once.
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "ferry/protocol/keys.h"
+#include "ferry/protocol/redis.h"
+#include "ferry/result.h"
+#include "ferry/status.h"
+
+namespace ferry::client {
+
+class ResultStore {
+ public:
+  static constexpr size_t kMaxIdle = 8;
+
+  ResultStore(protocol::RedisEndpoint endpoint, std::string prefix, int timeout_ms)
+      : endpoint_(std::move(endpoint)), keys_(std::move(prefix)), timeout_ms_(timeout_ms) {}
+
+  // One GET. No record: ok with out->state == kPending. Else the decoded record.
+  // Errors: unavailable (Redis unreachable), malformed/invalid_argument (not a result record).
+  Status Read(const std::string& id, Result* out);
+
+ private:
+  Status Acquire(std::unique_ptr<protocol::RedisClient>* out);
+  void Release(std::unique_ptr<protocol::RedisClient> conn);
+
+  const protocol::RedisEndpoint endpoint_;
+  const protocol::Keys keys_;
+  const int timeout_ms_;
+  std::mutex mu_;
+  std::vector<std::unique_ptr<protocol::RedisClient>> idle_;  // guarded by mu_
+};
+
+}  // namespace ferry::client

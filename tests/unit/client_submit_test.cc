@@ -1,0 +1,316 @@
+// Client::Submit/SubmitMany/Stats over real ZeroMQ sockets: against no broker at all, and against
+// a scripted frontend peer (a real ROUTER socket speaking wire protocol v1 through the protocol
+// library) that accepts model "m", rejects other models, answers STATS and sends FINISHED.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <mutex>
+#include <thread>
+
+#include "client_redis_fixture.h"
+#include "ferry/client.h"
+#include "ferry/protocol/keys.h"
+#include "ferry/protocol/messages.h"
+#include "ferry/protocol/wire.h"
+
+namespace ferry::client {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+Job MakeJob(std::string model, std::string id = "") {
+  Job j;
+  j.id = std::move(id);
+  j.model = std::move(model);
+  j.inputs.push_back(Tensor::From<float>({1.f, 2.f}, {2}, DType::kFloat32));
+  return j;
+}
+
+// A frontend ROUTER on a free port, run by its own thread.
+class ScriptedFrontend {
+ public:
+  explicit ScriptedFrontend(int port) : endpoint_("tcp://127.0.0.1:" + std::to_string(port)) {
+    socket_.set(zmq::sockopt::linger, 0);
+    socket_.bind(endpoint_);
+    thread_ = std::thread([this] { Run(); });
+  }
+  ~ScriptedFrontend() {
+    stop_ = true;
+    thread_.join();
+  }
+  // Sends FINISHED {"ids": ids} to the producer that last submitted.
+  void Finish(std::vector<std::string> ids) {
+    std::lock_guard<std::mutex> lock(mu_);
+    to_finish_.push_back(std::move(ids));
+  }
+  int submits() const { return submits_; }
+  int jobs_seen() const { return jobs_seen_; }
+  void set_error_reply(bool on) { error_reply_ = on; }
+
+ private:
+  void Run() {
+    while (!stop_) {
+      zmq_pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, milliseconds(10));
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        for (auto& ids : to_finish_)
+          protocol::SendTo(socket_, producer_, protocol::kFinished, protocol::EncodeIds(ids));
+        to_finish_.clear();
+      }
+      protocol::Message m;
+      if (!protocol::RecvMessage(socket_, /*router=*/true, &m).ok()) continue;
+      std::string peer(m.envelope.at(0).to_string_view());
+      msgpack::object_handle oh;
+      if (!protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok()) continue;
+      int64_t rid = 0;
+      protocol::GetInt(oh.get(), "rid", &rid, 0);
+      if (error_reply_) {
+        protocol::SendTo(socket_, peer, protocol::kError,
+                         protocol::EncodeError(rid, codes::kMalformed, "scripted error"));
+      } else if (m.command == protocol::kSubmit) {
+        ++submits_;
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          producer_ = peer;
+        }
+        protocol::Accepted a;
+        a.rid = rid;
+        const msgpack::object* jobs = protocol::Find(oh.get(), "jobs");
+        for (uint32_t i = 0; jobs && i < jobs->via.array.size; ++i) {
+          ++jobs_seen_;
+          protocol::SubmitJob job;
+          Status s = protocol::DecodeSubmitJob(jobs->via.array.ptr[i], &job);
+          if (s.ok() && job.model != "m") s = Status(codes::kUnknownModel, "no worker serves it");
+          if (s.ok()) a.ids.push_back(job.id);
+          else a.rejected.push_back({job.id, s.code(), s.message()});
+        }
+        protocol::SendTo(socket_, peer, protocol::kAccepted, protocol::EncodeAccepted(a));
+      } else if (m.command == protocol::kStats) {
+        msgpack::sbuffer buf;
+        protocol::Packer pk(buf);
+        pk.pack_map(3);
+        protocol::PackString(pk, "queues");
+        pk.pack_map(1);
+        protocol::PackString(pk, "m");
+        pk.pack_int64(3);
+        protocol::PackString(pk, "workers");
+        pk.pack_array(0);
+        protocol::PackString(pk, "rid");
+        pk.pack_int64(rid);
+        protocol::SendTo(socket_, peer, protocol::kStats, protocol::ToMessage(std::move(buf)));
+      }
+    }
+  }
+
+  std::string endpoint_;
+  zmq::context_t context_{1};
+  zmq::socket_t socket_{context_, zmq::socket_type::router};
+  std::thread thread_;
+  std::atomic<bool> stop_{false};
+  std::atomic<int> submits_{0};
+  std::atomic<int> jobs_seen_{0};
+  std::atomic<bool> error_reply_{false};
+  std::mutex mu_;
+  std::string producer_;                          // guarded by mu_
+  std::vector<std::vector<std::string>> to_finish_;  // guarded by mu_
+};
+
+class ClientSubmitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    port_ = client_test::FreePort();
+    options_.frontend = "tcp://127.0.0.1:" + std::to_string(port_);
+    options_.redis = "redis://127.0.0.1:" + std::to_string(client_test::FreePort());
+    options_.redis_prefix = "test:";
+    options_.request_timeout_ms = 2000;
+  }
+  std::unique_ptr<Client> MakeClient() {
+    std::unique_ptr<Client> c;
+    Status s = Client::Create(options_, &c);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return c;
+  }
+  int port_ = 0;
+  ClientOptions options_;
+};
+
+TEST_F(ClientSubmitTest, CreateRejectsBadOptions) {
+  std::unique_ptr<Client> c;
+  ClientOptions bad = options_;
+  bad.frontend = "not-an-endpoint";
+  EXPECT_EQ(Client::Create(bad, &c).code(), codes::kInvalidArgument);
+  bad = options_;
+  bad.redis = "redis://127.0.0.1:notaport";
+  EXPECT_EQ(Client::Create(bad, &c).code(), codes::kInvalidArgument);
+  bad = options_;
+  bad.request_timeout_ms = 0;
+  EXPECT_EQ(Client::Create(bad, &c).code(), codes::kInvalidArgument);
+  EXPECT_EQ(c, nullptr);
+}
+
+TEST_F(ClientSubmitTest, NoBrokerIsUnavailableAfterRequestTimeout) {
+  options_.request_timeout_ms = 300;
+  auto client = MakeClient();
+  std::string id;
+  auto start = Clock::now();
+  Status s = client->Submit(MakeJob("m"), &id);
+  auto elapsed = Clock::now() - start;
+  EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
+  EXPECT_TRUE(s.retryable());
+  EXPECT_NE(s.message().find("did not answer"), std::string::npos) << s.message();
+  EXPECT_EQ(id.size(), 36u) << "a UUIDv4 is made for an empty id";
+  EXPECT_GE(elapsed, milliseconds(300));
+  EXPECT_LT(elapsed, milliseconds(1500));
+  std::string json;
+  EXPECT_EQ(client->Stats(&json).code(), codes::kUnavailable);
+}
+
+TEST_F(ClientSubmitTest, InvalidJobsFailLocallyWithoutTheNetwork) {
+  auto client = MakeClient();
+  std::string id;
+  EXPECT_EQ(client->Submit(MakeJob("m", "bad id!"), &id).code(), codes::kInvalidArgument);
+  EXPECT_EQ(id, "bad id!");
+  EXPECT_EQ(client->Submit(MakeJob(""), &id).code(), codes::kInvalidArgument);
+  Job wrong_size = MakeJob("m");
+  wrong_size.inputs[0].shape = {3};  // 3 floats need 12 bytes, not 8
+  auto start = Clock::now();
+  Status s = client->Submit(wrong_size, &id);
+  EXPECT_EQ(s.code(), codes::kInvalidArgument);
+  EXPECT_NE(s.message().find("input 0"), std::string::npos) << s.message();
+  EXPECT_LT(Clock::now() - start, milliseconds(200)) << "nothing should have been sent";
+}
+
+TEST_F(ClientSubmitTest, SubmitManyIsOneMessageWithPerJobOutcomes) {
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::vector<Job> jobs = {MakeJob("m", "a-1"), MakeJob("other", "a-2"), MakeJob("m"),
+                           MakeJob("m", "a-1"), MakeJob("m", "bad id")};
+  std::vector<SubmitOutcome> outcomes;
+  Status s = client->SubmitMany(jobs, &outcomes);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(outcomes.size(), 5u);
+  EXPECT_EQ(outcomes[0].id, "a-1");
+  EXPECT_TRUE(outcomes[0].status.ok()) << outcomes[0].status.ToString();
+  EXPECT_EQ(outcomes[1].status.code(), codes::kUnknownModel);
+  EXPECT_EQ(outcomes[1].id, "a-2");
+  EXPECT_TRUE(outcomes[2].status.ok());
+  EXPECT_EQ(outcomes[2].id.size(), 36u);
+  EXPECT_EQ(outcomes[3].status.code(), codes::kDuplicate);
+  EXPECT_EQ(outcomes[4].status.code(), codes::kInvalidArgument);
+  EXPECT_EQ(broker.submits(), 1);
+  EXPECT_EQ(broker.jobs_seen(), 3);
+
+  std::string id;
+  EXPECT_EQ(client->Submit(MakeJob("other", "b-1"), &id).code(), codes::kUnknownModel);
+  EXPECT_EQ(id, "b-1");
+  EXPECT_TRUE(client->Submit(MakeJob("m", "b-2"), &id).ok());
+}
+
+TEST_F(ClientSubmitTest, LargeBatchesAreSplitIntoSeveralMessages) {
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::vector<Job> jobs(3, MakeJob("m"));
+  for (Job& j : jobs)
+    j.inputs[0] =
+        Tensor::From<float>(std::vector<float>(3 << 20), {3 << 20}, DType::kFloat32);  // 12 MiB
+  std::vector<SubmitOutcome> outcomes;
+  ASSERT_TRUE(client->SubmitMany(jobs, &outcomes).ok());
+  for (const auto& o : outcomes) EXPECT_TRUE(o.status.ok()) << o.status.ToString();
+  EXPECT_EQ(broker.submits(), 2) << "24 MiB fit one 32 MiB message; the third job goes alone";
+  EXPECT_EQ(broker.jobs_seen(), 3);
+}
+
+TEST_F(ClientSubmitTest, BrokerStartedAfterClientStillAnswers) {
+  auto client = MakeClient();
+  std::this_thread::sleep_for(milliseconds(200));  // let the client try to connect first
+  ScriptedFrontend broker(port_);  // binds after the client connected
+  std::string id;
+  Status s = client->Submit(MakeJob("m"), &id);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+TEST_F(ClientSubmitTest, ErrorReplyBecomesTheStatus) {
+  ScriptedFrontend broker(port_);
+  broker.set_error_reply(true);
+  auto client = MakeClient();
+  std::vector<SubmitOutcome> outcomes;
+  Status s = client->SubmitMany({MakeJob("m", "e-1"), MakeJob("m", "e-2")}, &outcomes);
+  EXPECT_EQ(s.code(), codes::kMalformed);
+  EXPECT_EQ(s.message(), "scripted error");
+  ASSERT_EQ(outcomes.size(), 2u);
+  EXPECT_EQ(outcomes[1].status.code(), codes::kMalformed);
+}
+
+TEST_F(ClientSubmitTest, StatsIsJsonWithoutTheRid) {
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::string json;
+  Status s = client->Stats(&json);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NE(json.find("\"queues\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"m\":3"), std::string::npos) << json;
+  EXPECT_EQ(json.find("rid"), std::string::npos) << json;
+}
+
+TEST_F(ClientSubmitTest, ConcurrentSubmitsMatchTheirReplies) {
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) {
+        std::string id;
+        std::string want = "c-" + std::to_string(t) + "-" + std::to_string(i);
+        if (client->Submit(MakeJob(i % 5 ? "m" : "x", want), &id).ok() == (i % 5 != 0) &&
+            id == want)
+          ++ok;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok.load(), 200);
+}
+
+// FINISHED wakes Wait at once, long before its backed-off re-check would have come.
+TEST_F(ClientSubmitTest, FinishedNoticeWakesWait) {
+  client_test::RedisProcess redis;
+  ASSERT_TRUE(redis.ok());
+  options_.redis = redis.url();
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::string id;
+  ASSERT_TRUE(client->Submit(MakeJob("m", "f-1"), &id).ok());
+
+  Clock::time_point written;
+  std::thread worker([&] {
+    // Re-checks happen at ~0, 50, 150, 350, 750, 1550, 2550 ms: write just after 1550.
+    std::this_thread::sleep_for(milliseconds(1650));
+    protocol::ResultRecord r;
+    r.id = id;
+    r.status = "done";
+    msgpack::sbuffer buf;
+    protocol::Packer pk(buf);
+    protocol::PackResult(pk, r);
+    protocol::RedisReply reply;
+    auto c = redis.Connect();
+    ASSERT_TRUE(c->Command({"SET", protocol::Keys("test:").Result(id),
+                            std::string_view(buf.data(), buf.size())}, &reply).ok());
+    written = Clock::now();
+    broker.Finish({"unrelated-id", id});
+  });
+  Result result;
+  Status s = client->Wait(id, 10000, &result);
+  Clock::time_point returned = Clock::now();
+  worker.join();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(result.state, JobState::kDone);
+  EXPECT_LT(returned - written, milliseconds(500)) << "woke by the re-check, not by FINISHED";
+}
+
+}  // namespace
+}  // namespace ferry::client
