@@ -213,6 +213,12 @@ void Broker::Impl::HandleBackend(Message& m) {
       return;
     }
     bool known = scheduler.HasWorker(worker);
+    // A worker name is unique: the same name on a new connection is that worker restarted or
+    // reconnected, and the old connection is dead.
+    std::vector<std::string> stale;
+    for (const auto& [rid_w, w] : scheduler.workers())
+      if (rid_w != worker && w.hello.worker == hello.worker) stale.push_back(rid_w);
+    for (const auto& id : stale) DropWorker(id, "replaced by a new connection");
     std::string models;
     for (const auto& mi : hello.models) models += (models.empty() ? "" : ",") + mi.name;
     spdlog::info("worker {} {} on {} (capacity {}, models {})", hello.worker,

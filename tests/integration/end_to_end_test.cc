@@ -1,0 +1,272 @@
+// The whole job path on real components: redis-server, ferry-broker and ferry-worker processes
+// on free ports, ZeroMQ over TCP, TorchScript models, and the producer SDK.
+#include <gtest/gtest.h>
+
+#include <map>
+#include <set>
+#include <thread>
+#include <zmq.hpp>
+
+#include "ferry/client.h"
+#include "ferry/protocol/codec.h"
+#include "ferry/protocol/messages.h"
+#include "ferry/protocol/wire.h"
+#include "fleet.h"
+#include "reference.h"
+
+namespace ferry {
+namespace {
+
+using client::Client;
+using client::ClientOptions;
+using client::Job;
+using client::SubmitOutcome;
+using testutil::Fleet;
+using testutil::FleetOptions;
+
+std::unique_ptr<Client> Connect(Fleet& fleet) {
+  ClientOptions o;
+  o.frontend = fleet.frontend();
+  o.redis = fleet.redis().url();
+  std::unique_ptr<Client> c;
+  Status s = Client::Create(o, &c);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  return c;
+}
+
+Job TinyJob(uint32_t seed) {
+  Job j;
+  j.model = "tiny";
+  j.inputs = {testutil::RandomFloats({8}, seed)};
+  return j;
+}
+
+// Submits all jobs in one message and waits for every result.
+std::vector<Result> RunAll(Client& c, const std::vector<Job>& jobs, Fleet& fleet) {
+  std::vector<SubmitOutcome> outcomes;
+  Status s = c.SubmitMany(jobs, &outcomes);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  std::vector<Result> results(jobs.size());
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    EXPECT_TRUE(outcomes[i].status.ok()) << outcomes[i].status.ToString();
+    Status w = c.Wait(outcomes[i].id, 60000, &results[i]);
+    EXPECT_TRUE(w.ok()) << w.ToString() << "\n" << fleet.Logs();
+  }
+  return results;
+}
+
+class EndToEnd : public ::testing::Test {
+ protected:
+  void StartFleet(FleetOptions o) {
+    fleet_ = std::make_unique<Fleet>(std::move(o));
+    ASSERT_TRUE(fleet_->WaitForWorkers(fleet_->worker_count())) << fleet_->Logs();
+    client_ = Connect(*fleet_);
+  }
+  std::unique_ptr<Fleet> fleet_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(EndToEnd, ResultsEqualDirectModelCallsAndBatchesForm) {
+  FleetOptions o;
+  o.workers = 2;
+  o.max_batch = 16;
+  StartFleet(o);
+  std::vector<Job> jobs;
+  for (uint32_t i = 0; i < 600; ++i) jobs.push_back(TinyJob(i));
+  auto results = RunAll(*client_, jobs, *fleet_);
+  std::set<std::string> workers;
+  int64_t max_batch = 0;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const Result& r = results[i];
+    ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
+    auto expected = testutil::RunReference(testutil::ModelPath("tiny"), jobs[i].inputs);
+    ASSERT_EQ(r.outputs.size(), 1u);
+    EXPECT_LT(testutil::MaxAbsDiff(r.outputs[0], expected[0]), 1e-5) << "job " << i;
+    EXPECT_EQ(r.model, "tiny");
+    EXPECT_GE(r.batch_size, 1);
+    EXPECT_LE(r.batch_size, 16);
+    EXPECT_EQ(r.attempt, 1);
+    for (const char* k : {"submitted", "dispatched", "received", "compute_start", "compute_end",
+                          "finished"})
+      EXPECT_GT(r.timing_us.count(k) ? r.timing_us.at(k) : 0, 0) << k;
+    EXPECT_LE(r.timing_us.at("submitted"), r.timing_us.at("dispatched"));
+    EXPECT_LE(r.timing_us.at("compute_start"), r.timing_us.at("compute_end"));
+    workers.insert(r.worker);
+    max_batch = std::max(max_batch, r.batch_size);
+  }
+  EXPECT_GT(max_batch, 1) << "no batch larger than 1 formed under load";
+  EXPECT_EQ(workers.size(), 2u) << "both workers should take work";
+}
+
+TEST_F(EndToEnd, UnknownModelAndInvalidJobsAreRejectedOthersAccepted) {
+  StartFleet(FleetOptions{1});
+  Job bad_model = TinyJob(1);
+  bad_model.model = "no-such-model";
+  Job bad_id = TinyJob(2);
+  bad_id.id = "has space";
+  Job good = TinyJob(3);
+  std::vector<SubmitOutcome> out;
+  ASSERT_TRUE(client_->SubmitMany({bad_model, good, bad_id}, &out).ok());
+  ASSERT_EQ(out.size(), 3u);
+  EXPECT_EQ(out[0].status.code(), "unknown_model");
+  EXPECT_TRUE(out[1].status.ok());
+  EXPECT_EQ(out[2].status.code(), "invalid_argument");
+  Result r;
+  ASSERT_TRUE(client_->Wait(out[1].id, 30000, &r).ok());
+  EXPECT_EQ(r.state, JobState::kDone);
+  // A second submit of a still-pending id is a duplicate; of a finished one it is accepted again.
+  Job again = TinyJob(4);
+  again.id = out[1].id;
+  std::string id;
+  EXPECT_TRUE(client_->Submit(again, &id).ok());
+}
+
+TEST_F(EndToEnd, WrongShapeJobFailsAloneBatchMatesSucceed) {
+  FleetOptions o;
+  o.workers = 1;
+  StartFleet(o);
+  std::vector<Job> jobs;
+  for (uint32_t i = 0; i < 20; ++i) jobs.push_back(TinyJob(100 + i));
+  jobs[7].inputs = {testutil::RandomFloats({5}, 7)};     // wrong length
+  jobs[13].inputs = {testutil::RandomFloats({8}, 13), testutil::RandomFloats({8}, 14)};  // 2 args
+  auto results = RunAll(*client_, jobs, *fleet_);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    if (i == 7 || i == 13) {
+      EXPECT_EQ(results[i].state, JobState::kFailed) << i;
+      EXPECT_EQ(results[i].error.code(), "model_error") << i;
+      EXPECT_FALSE(results[i].error.message().empty());
+      continue;
+    }
+    ASSERT_EQ(results[i].state, JobState::kDone) << i << " " << results[i].error.ToString();
+    auto expected = testutil::RunReference(testutil::ModelPath("tiny"), jobs[i].inputs);
+    EXPECT_LT(testutil::MaxAbsDiff(results[i].outputs[0], expected[0]), 1e-5);
+  }
+  // The worker survived: a fresh job still runs.
+  auto more = RunAll(*client_, {TinyJob(999)}, *fleet_);
+  EXPECT_EQ(more[0].state, JobState::kDone);
+}
+
+TEST_F(EndToEnd, MultiInputMultiOutputModel) {
+  FleetOptions o;
+  o.workers = 1;
+  o.models = {"multi"};
+  StartFleet(o);
+  std::vector<Job> jobs;
+  for (int i = 0; i < 40; ++i) {
+    Job j;
+    j.model = "multi";
+    std::vector<int64_t> ints = {i, 2 * i, -3};
+    j.inputs = {testutil::RandomFloats({4}, i), Tensor::From(ints, {3}, DType::kInt64)};
+    jobs.push_back(j);
+  }
+  auto results = RunAll(*client_, jobs, *fleet_);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ASSERT_EQ(results[i].state, JobState::kDone) << results[i].error.ToString();
+    ASSERT_EQ(results[i].outputs.size(), 2u);
+    auto a = jobs[i].inputs[0].As<float>();
+    auto y = results[i].outputs[0].As<float>();
+    ASSERT_EQ(y.size(), 4u);
+    for (int k = 0; k < 4; ++k) EXPECT_FLOAT_EQ(y[k], a[k] * 2.0f + 1.0f);
+    EXPECT_EQ(results[i].outputs[1].dtype, DType::kInt64);
+    EXPECT_TRUE(results[i].outputs[1].shape.empty());
+    EXPECT_EQ(results[i].outputs[1].As<int64_t>(), (std::vector<int64_t>{3 * int64_t(i) - 3}));
+    auto expected = testutil::RunReference(testutil::ModelPath("multi"), jobs[i].inputs);
+    EXPECT_EQ(testutil::MaxAbsDiff(results[i].outputs[0], expected[0]), 0.0);
+  }
+}
+
+// Sends raw frames over a DEALER and returns the reply's command ("" when none within 2 s).
+std::string RawExchange(zmq::socket_t& s, const std::vector<std::string>& frames,
+                        std::string* code = nullptr) {
+  for (size_t i = 0; i < frames.size(); ++i)
+    s.send(zmq::buffer(frames[i]), i + 1 < frames.size() ? zmq::send_flags::sndmore
+                                                          : zmq::send_flags::none);
+  protocol::Message m;
+  if (!protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) return "";
+  if (code) {
+    msgpack::object_handle oh;
+    if (protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok())
+      protocol::GetString(oh.get(), "code", code);
+  }
+  return m.command;
+}
+
+TEST_F(EndToEnd, GarbageFramesDoNotCrashTheBroker) {
+  StartFleet(FleetOptions{1});
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::rcvtimeo, 2000);
+  s.connect(fleet_->frontend());
+  std::string code;
+  EXPECT_EQ(RawExchange(s, {"hello"}, &code), "ERROR");
+  EXPECT_EQ(code, "malformed");
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", "\xc1 not msgpack"}, &code), "ERROR");
+  EXPECT_EQ(code, "malformed");
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "submit", ""}, &code), "ERROR");
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", "\x93\x01\x02\x03"}, &code), "ERROR");  // array
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", ""}, &code), "ERROR");  // no "jobs"
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "FROB", ""}, &code), "ERROR");
+  EXPECT_EQ(code, "unknown_command");
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", "", "extra", "frames"}, &code), "ERROR");
+  // A job whose tensor has the wrong byte count is rejected in ACCEPTED, not fatal.
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  pk.pack_map(1);
+  protocol::PackString(pk, "jobs");
+  pk.pack_array(2);
+  pk.pack_int(7);  // not a map
+  protocol::PackTensor(pk, DType::kFloat32, {8}, "abc", 3);  // a map, but not a job
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", std::string(buf.data(), buf.size())}), "ACCEPTED");
+  // Worker-side garbage too.
+  zmq::socket_t w(ctx, zmq::socket_type::dealer);
+  w.set(zmq::sockopt::linger, 0);
+  w.connect(fleet_->backend());
+  w.send(zmq::str_buffer("junk"), zmq::send_flags::none);
+  w.send(zmq::str_buffer("FERRY1"), zmq::send_flags::sndmore);
+  w.send(zmq::str_buffer("READY"), zmq::send_flags::sndmore);
+  w.send(zmq::str_buffer("\x81\xa1x\x01"), zmq::send_flags::none);
+  // Still serving.
+  auto results = RunAll(*client_, {TinyJob(5)}, *fleet_);
+  EXPECT_EQ(results[0].state, JobState::kDone);
+  EXPECT_TRUE(fleet_->broker().Running());
+}
+
+TEST_F(EndToEnd, StatsListWorkersAndQueues) {
+  StartFleet(FleetOptions{2});
+  std::string json;
+  ASSERT_TRUE(client_->Stats(&json).ok());
+  EXPECT_NE(json.find("\"workers\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"queues\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"tiny\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"credit\""), std::string::npos) << json;
+}
+
+TEST_F(EndToEnd, ManyProducerThreadsShareOneClient) {
+  StartFleet(FleetOptions{2});
+  std::atomic<int> done{0}, bad{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 50; ++i) {
+        Job j = TinyJob(1000 * t + i);
+        std::string id;
+        Result r;
+        if (!client_->Submit(j, &id).ok() || !client_->Wait(id, 30000, &r).ok() ||
+            r.state != JobState::kDone) {
+          ++bad;
+          continue;
+        }
+        auto expected = testutil::RunReference(testutil::ModelPath("tiny"), j.inputs);
+        if (testutil::MaxAbsDiff(r.outputs[0], expected[0]) < 1e-5) ++done;
+        else ++bad;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(done.load(), 200);
+  EXPECT_EQ(bad.load(), 0);
+}
+
+}  // namespace
+}  // namespace ferry

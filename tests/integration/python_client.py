@@ -1,0 +1,196 @@
+#!/usr/bin/python3
+"""A Ferry producer written only from docs/protocol.md (stdlib + zmq + msgpack + redis).
+
+Submits jobs for the "tiny" test model, checks rejections, ERROR and STATS replies, waits for
+the results in Redis and compares them with the model's reference formula.
+"""
+import argparse
+import random
+import struct
+import sys
+import time
+import uuid
+
+import msgpack
+import redis
+import zmq
+
+TAG = b"FERRY1"
+failures = []
+
+
+def check(cond, what, expected, got):
+    if not cond:
+        failures.append("%s: expected %r, got %r" % (what, expected, got))
+    return cond
+
+
+def send(sock, command, body):
+    frame = b"" if body is None else msgpack.packb(body, use_bin_type=True)
+    sock.send_multipart([TAG, command, frame])
+
+
+def recv(sock, finished, timeout_ms=5000):
+    """Next reply as (command, body), recording and skipping unsolicited FINISHED notices."""
+    deadline = time.monotonic() + timeout_ms / 1000.0
+    while True:
+        left = int((deadline - time.monotonic()) * 1000)
+        if left <= 0 or not sock.poll(left):
+            raise TimeoutError("no reply from the broker within %d ms" % timeout_ms)
+        frames = sock.recv_multipart()
+        if len(frames) != 3 or frames[0] != TAG:
+            raise ValueError("reply does not follow the frame layout: %r" % frames)
+        body = msgpack.unpackb(frames[2], raw=False) if frames[2] else {}
+        if frames[1] == b"FINISHED":
+            finished.update(body.get("ids", []))
+            continue
+        return frames[1].decode(), body
+
+
+def tensor(values):
+    return {"dtype": "float32", "shape": [len(values)], "data": struct.pack("<%df" % len(values), *values)}
+
+
+def reference(x):
+    return [sum(x[i] * (0.01 * (i * 8 + j) - 0.3) for i in range(8)) + 0.1 * j for j in range(8)]
+
+
+def check_result(jid, raw, x):
+    res = msgpack.unpackb(raw, raw=False)
+    if not check(res.get("status") == "done", jid + " status", "done", (res.get("status"), res.get("error"))):
+        return
+    check(res.get("id") == jid, jid + " id", jid, res.get("id"))
+    outs = res.get("outputs") or []
+    if not check(len(outs) == 1, jid + " output count", 1, len(outs)):
+        return
+    out = outs[0]
+    ok = check(out.get("dtype") == "float32", jid + " dtype", "float32", out.get("dtype"))
+    ok &= check(list(out.get("shape", [])) == [8], jid + " shape", [8], out.get("shape"))
+    ok &= check(len(out.get("data", b"")) == 32, jid + " data bytes", 32, len(out.get("data", b"")))
+    if not ok:
+        return
+    got, want = struct.unpack("<8f", out["data"]), reference(x)
+    check(all(abs(g - w) <= 1e-4 for g, w in zip(got, want)), jid + " values", want, list(got))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--frontend", required=True)
+    ap.add_argument("--redis", required=True)
+    ap.add_argument("--prefix", default="ferry:")
+    ap.add_argument("--jobs", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--no-results", action="store_true",
+                    help="no worker is running: expect tiny to be unknown_model, skip result checks")
+    args = ap.parse_args()
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.connect(args.frontend)
+    store = redis.Redis.from_url(args.redis)
+    finished = set()
+
+    # 1. Garbage. Replies come back in request order, so a STATS with a rid after each garbage
+    #    message tells exactly which replies the garbage produced.
+    sock.send_multipart([b"hello"])
+    send(sock, b"STATS", {"rid": 1})
+    errors = []
+    while True:
+        cmd, body = recv(sock, finished)
+        if cmd == "STATS" and body.get("rid") == 1:
+            break
+        errors.append((cmd, body))
+    check(len(errors) == 1 and errors[0][0] == "ERROR" and isinstance(errors[0][1].get("code"), str),
+          "reply to [b'hello']", "one ERROR with a code (malformed)", errors)
+
+    sock.send_multipart([TAG, b"SUBMIT", b"\xc1not msgpack"])
+    send(sock, b"STATS", {"rid": 2})
+    errors = []
+    while True:
+        cmd, body = recv(sock, finished)
+        if cmd == "STATS" and body.get("rid") == 2:
+            stats = body
+            break
+        errors.append((cmd, body))
+    check(len(errors) == 1 and errors[0][0] == "ERROR" and isinstance(errors[0][1].get("code"), str),
+          "reply to SUBMIT with a non-msgpack body", "one ERROR with a code", errors)
+    if errors and errors[0][0] == "ERROR":
+        check(errors[0][1].get("code") == "malformed", "ERROR code", "malformed", errors[0][1].get("code"))
+    check(isinstance(stats.get("workers"), list), "STATS workers", "a list", stats.get("workers"))
+    check(isinstance(stats.get("queues"), dict), "STATS queues", "a map", stats.get("queues"))
+
+    # 2. One SUBMIT: the good jobs, one malformed tensor, one unknown model.
+    rng = random.Random(args.seed)
+    run = uuid.uuid4().hex[:12]
+    inputs, jobs = {}, []
+    for n in range(args.jobs):
+        x = [rng.uniform(-1.0, 1.0) for _ in range(8)]
+        jid = "py-%s-%d" % (run, n)
+        inputs[jid] = list(struct.unpack("<8f", struct.pack("<8f", *x)))  # as the model sees it
+        jobs.append({"id": jid, "model": "tiny", "inputs": [tensor(x)]})
+    bad_id, unknown_id = "py-%s-malformed" % run, "py-%s-unknown" % run
+    bad = tensor([0.0] * 8)
+    bad["data"] = bad["data"][:30]  # 30 bytes for a [8] float32 tensor
+    jobs.append({"id": bad_id, "model": "tiny", "inputs": [bad]})
+    jobs.append({"id": unknown_id, "model": "no-such-model", "inputs": [tensor([1.0] * 8)]})
+    send(sock, b"SUBMIT", {"jobs": jobs, "rid": 3})
+    cmd, acc = recv(sock, finished)
+    if not check(cmd == "ACCEPTED", "reply to SUBMIT", "ACCEPTED", (cmd, acc)):
+        return report(args, 0)
+    check(acc.get("rid") == 3, "ACCEPTED rid", 3, acc.get("rid"))
+    rejected = {r.get("id"): r.get("code") for r in acc.get("rejected", [])}
+    good = set(inputs)
+    want_rejected = {bad_id: "invalid_argument", unknown_id: "unknown_model"}
+    if args.no_results:
+        want_rejected.update({jid: "unknown_model" for jid in good})
+        good = set()
+    check(set(acc.get("ids", [])) == good, "ACCEPTED ids", sorted(good), sorted(acc.get("ids", [])))
+    check(rejected == want_rejected, "ACCEPTED rejected", want_rejected, rejected)
+
+    # 3. Wait for every accepted result: GET all pending ids each round; between rounds wait
+    #    5 ms on the socket so that a FINISHED notice wakes us at once.
+    pending = set(acc.get("ids", [])) & good
+    deadline = time.monotonic() + 60.0
+    while pending and time.monotonic() < deadline:
+        hinted = finished & pending
+        order = sorted(pending)
+        for jid, raw in zip(order, store.mget([args.prefix + "result:" + j for j in order])):
+            if raw is not None:
+                check_result(jid, raw, inputs[jid])
+                pending.discard(jid)
+            elif jid in hinted:
+                check(False, jid + " after FINISHED", "result readable in Redis", None)
+                pending.discard(jid)
+        if pending and sock.poll(5):
+            while sock.poll(0):  # only FINISHED notices are expected here
+                frames = sock.recv_multipart()
+                body = msgpack.unpackb(frames[2], raw=False) if len(frames) == 3 and frames[2] else {}
+                if frames[:2] == [TAG, b"FINISHED"]:
+                    finished.update(body.get("ids", []))
+                else:
+                    check(False, "unsolicited message", "only FINISHED", frames)
+    check(not pending, "results within 60 s", 0, "%d missing, e.g. %s" % (len(pending), sorted(pending)[:3]))
+    stray = finished - set(acc.get("ids", []))
+    check(not stray, "FINISHED ids", "only accepted ids", sorted(stray))
+    return report(args, len(good) - len(pending), len(finished & good))
+
+
+def report(args, n_results, n_finished=0):
+    if failures:
+        for f in failures:
+            print("FAIL " + f)
+        print("python_client: %d check(s) failed" % len(failures))
+        return 1
+    mode = "no-results mode" if args.no_results else "%d results correct, %d FINISHED notices" % (
+        n_results, n_finished)
+    print("python_client: OK (%s; rejections, ERROR and STATS as documented)" % mode)
+    return 0
+
+
+if __name__ == "__main__":
+    try:
+        sys.exit(main())
+    except (TimeoutError, ValueError, zmq.ZMQError, redis.RedisError) as e:
+        print("FAIL %s: %s" % (type(e).__name__, e))
+        sys.exit(1)

@@ -1,0 +1,22 @@
+// Runs tests/integration/python_client.py -- a client written from docs/protocol.md alone, in
+// Python -- against a real fleet, and checks that it finds every result correct.
+#include <gtest/gtest.h>
+
+#include "fleet.h"
+
+namespace ferry {
+namespace {
+
+TEST(PythonClient, SubmitsAndReadsCorrectResultsFromRedis) {
+  testutil::Fleet fleet(testutil::FleetOptions{1});
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  testutil::TempDir dir;
+  testutil::Process py({PYTHON3, PYTHON_CLIENT, "--frontend", fleet.frontend(), "--redis",
+                        fleet.redis().url(), "--jobs", "200"},
+                       dir.path() + "/python.log");
+  int rc = py.Wait(std::chrono::seconds(120));
+  EXPECT_EQ(rc, 0) << py.Log() << "\n" << fleet.Logs();
+}
+
+}  // namespace
+}  // namespace ferry
