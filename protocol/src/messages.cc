@@ -144,6 +144,45 @@ zmq::message_t EncodeIds(const std::vector<std::string>& ids, int64_t rid) {
   return ToMessage(std::move(buf));
 }
 
+zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicates) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_map(duplicates > 0 ? 2 : 1);
+  PackKey(pk, "ids");
+  pk.pack_array(static_cast<uint32_t>(ids.size()));
+  for (const auto& id : ids) PackString(pk, id);
+  if (duplicates > 0) {
+    PackKey(pk, "duplicates");
+    pk.pack_int64(duplicates);
+  }
+  return ToMessage(std::move(buf));
+}
+
+zmq::message_t EncodeCancelled(const Cancelled& c) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_map(3 + RidEntries(c.rid));
+  for (const auto& [key, list] : {std::pair<const char*, const std::vector<std::string>*>{
+                                      "ids", &c.ids},
+                                  {"running", &c.running},
+                                  {"not_found", &c.not_found}}) {
+    PackKey(pk, key);
+    pk.pack_array(static_cast<uint32_t>(list->size()));
+    for (const auto& id : *list) PackString(pk, id);
+  }
+  PackRid(pk, c.rid);
+  return ToMessage(std::move(buf));
+}
+
+Status DecodeCancelled(const msgpack::object& body, Cancelled* out) {
+  FERRY_RETURN_IF_ERROR(GetInt(body, "rid", &out->rid, 0));
+  FERRY_RETURN_IF_ERROR(GetStringArray(body, "ids", &out->ids));
+  if (Find(body, "running")) FERRY_RETURN_IF_ERROR(GetStringArray(body, "running", &out->running));
+  if (Find(body, "not_found"))
+    FERRY_RETURN_IF_ERROR(GetStringArray(body, "not_found", &out->not_found));
+  return Status::Ok();
+}
+
 zmq::message_t EncodeEmpty(int64_t rid) {
   msgpack::sbuffer buf;
   Packer pk(buf);
@@ -155,7 +194,7 @@ zmq::message_t EncodeEmpty(int64_t rid) {
 zmq::message_t EncodeHello(const WorkerHello& h) {
   msgpack::sbuffer buf;
   Packer pk(buf);
-  pk.pack_map(6);
+  pk.pack_map(h.resident ? 7 : 6);
   PackKey(pk, "worker");
   PackString(pk, h.worker);
   PackKey(pk, "device");
@@ -174,6 +213,11 @@ zmq::message_t EncodeHello(const WorkerHello& h) {
     PackString(pk, m.name);
     PackKey(pk, "max_batch");
     pk.pack_int64(m.max_batch);
+  }
+  if (h.resident) {
+    PackKey(pk, "resident");
+    pk.pack_array(static_cast<uint32_t>(h.resident->size()));
+    for (const auto& name : *h.resident) PackString(pk, name);
   }
   return ToMessage(std::move(buf));
 }
@@ -196,13 +240,20 @@ Status DecodeHello(const msgpack::object& body, WorkerHello* out) {
     if (m.max_batch < 1) return Status::InvalidArgument("\"max_batch\" must be >= 1");
     out->models.push_back(std::move(m));
   }
+  out->resident.reset();
+  if (Find(body, "resident")) {
+    std::vector<std::string> resident;
+    FERRY_RETURN_IF_ERROR(GetStringArray(body, "resident", &resident));
+    out->resident = std::move(resident);
+  }
   return Status::Ok();
 }
 
 void PackChunkEntry(Packer& pk, std::string_view id, std::string_view model,
                     std::string_view inputs_raw, int64_t attempt, int64_t priority,
-                    int64_t result_ttl_s, int64_t submitted_us, int64_t dispatched_us) {
-  pk.pack_map(8);
+                    int64_t result_ttl_s, int64_t submitted_us, int64_t dispatched_us,
+                    int64_t deadline_us) {
+  pk.pack_map(9);
   PackKey(pk, "id");
   PackString(pk, id);
   PackKey(pk, "model");
@@ -220,6 +271,8 @@ void PackChunkEntry(Packer& pk, std::string_view id, std::string_view model,
   pk.pack_int64(submitted_us);
   PackKey(pk, "dispatched");
   pk.pack_int64(dispatched_us);
+  PackKey(pk, "deadline");
+  pk.pack_int64(deadline_us);
 }
 
 Status DecodeChunkEntry(const msgpack::object& o, ChunkJob* out) {
@@ -233,6 +286,7 @@ Status DecodeChunkEntry(const msgpack::object& o, ChunkJob* out) {
   FERRY_RETURN_IF_ERROR(GetInt(o, "result_ttl_s", &out->result_ttl_s, 0));
   FERRY_RETURN_IF_ERROR(GetInt(o, "submitted", &out->submitted_us, 0));
   FERRY_RETURN_IF_ERROR(GetInt(o, "dispatched", &out->dispatched_us, 0));
+  FERRY_RETURN_IF_ERROR(GetInt(o, "deadline", &out->deadline_us, 0));
   return Status::Ok();
 }
 

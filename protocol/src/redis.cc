@@ -51,6 +51,10 @@ Status RedisClient::Connect(const RedisEndpoint& endpoint, int timeout_ms,
   return Status::Ok();
 }
 
+std::unique_ptr<RedisClient> RedisClient::Lazy(const RedisEndpoint& endpoint, int timeout_ms) {
+  return std::unique_ptr<RedisClient>(new RedisClient(endpoint, timeout_ms));
+}
+
 void RedisClient::Drop() {
   if (ctx_) redisFree(ctx_);
   ctx_ = nullptr;

@@ -26,6 +26,11 @@ inline constexpr const char* kModelError = "model_error";            // the mode
 inline constexpr const char* kTooLarge = "too_large";                // payload over a limit
 inline constexpr const char* kMalformed = "malformed";               // undecodable message
 inline constexpr const char* kInternal = "internal";                 // a bug or library failure
+// Codes of final results that did not come from running the model (the result's "status" is
+// "cancelled"/"expired" for the first two, "failed" for poisoned).
+inline constexpr const char* kCancelled = "cancelled";  // cancelled by request before it ran
+inline constexpr const char* kExpired = "expired";      // not started within its timeout_ms
+inline constexpr const char* kPoisoned = "poisoned";    // workers died running it max_attempts times
 }  // namespace codes
 
 class Status {

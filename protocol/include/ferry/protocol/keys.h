@@ -20,6 +20,10 @@ class Keys {
     k.append(prefix_).append("result:").append(id);
     return k;
   }
+  // The broker's journal: a HASH of job id -> msgpack record of every accepted, unfinished job.
+  std::string Journal() const { return prefix_ + "journal"; }
+  // Models ever announced by a worker (a SET; expires a week after the last announcement).
+  std::string Models() const { return prefix_ + "models"; }
   const std::string& prefix() const { return prefix_; }
 
  private:

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -53,6 +54,19 @@ Status DecodeError(const msgpack::object& body, Status* out);
 
 // ---- a body of just {"ids": [...], "rid"?} (DONE, FINISHED) and the empty body -------------
 zmq::message_t EncodeIds(const std::vector<std::string>& ids, int64_t rid = 0);
+// DONE {"ids": [...], "duplicates": n}: n of those ids already had a final result in Redis
+// (fencing: the first result wins); "duplicates" is left out when 0.
+zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicates);
+
+// ---- CANCEL {"ids": [...], "rid"?} -> CANCELLED {"ids", "running", "not_found", "rid"?} ------
+struct Cancelled {
+  int64_t rid = 0;
+  std::vector<std::string> ids;        // were queued: now cancelled (final status "cancelled")
+  std::vector<std::string> running;    // were dispatched: the worker drops them if it still can
+  std::vector<std::string> not_found;  // not pending: unknown, or already finished
+};
+zmq::message_t EncodeCancelled(const Cancelled& c);
+Status DecodeCancelled(const msgpack::object& body, Cancelled* out);
 zmq::message_t EncodeEmpty(int64_t rid = 0);
 
 // ---- READY (worker -> broker) -------------------------------------------------------------
@@ -67,12 +81,16 @@ struct WorkerHello {
   int64_t pid = 0;
   int64_t capacity = 0;  // jobs the worker can hold at once (its credit when idle)
   std::vector<ModelInfo> models;
+  // Optional "resident": the models loaded and warm on the worker (a subset of `models`); a
+  // broker prefers such a worker for their jobs. Absent (nullopt): every model counts as warm.
+  std::optional<std::vector<std::string>> resident;
 };
 zmq::message_t EncodeHello(const WorkerHello& h);
 Status DecodeHello(const msgpack::object& body, WorkerHello* out);
 
 // ---- CHUNK (broker -> worker) {"jobs": [entry, ...]} ---------------------------------------
-// An entry is a map: id, model, inputs, attempt, priority, result_ttl_s, submitted, dispatched.
+// An entry is a map: id, model, inputs, attempt, priority, result_ttl_s, submitted, dispatched,
+// deadline (wall-clock us by which the job must start; 0 = none).
 struct ChunkJob {
   std::string id;
   std::string model;
@@ -82,11 +100,13 @@ struct ChunkJob {
   int64_t result_ttl_s = 0;
   int64_t submitted_us = 0;
   int64_t dispatched_us = 0;
+  int64_t deadline_us = 0;
 };
 // Packs one entry; `inputs_raw` is the msgpack encoding of the inputs array.
 void PackChunkEntry(Packer& pk, std::string_view id, std::string_view model,
                     std::string_view inputs_raw, int64_t attempt, int64_t priority,
-                    int64_t result_ttl_s, int64_t submitted_us, int64_t dispatched_us);
+                    int64_t result_ttl_s, int64_t submitted_us, int64_t dispatched_us,
+                    int64_t deadline_us = 0);
 Status DecodeChunkEntry(const msgpack::object& o, ChunkJob* out);
 
 // ---- Result record (Redis value) ------------------------------------------------------------

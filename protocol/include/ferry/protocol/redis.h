@@ -32,6 +32,9 @@ class RedisClient {
   // Connects (and SELECTs the db). Fails with kUnavailable when Redis cannot be reached.
   static Status Connect(const RedisEndpoint& endpoint, int timeout_ms,
                         std::unique_ptr<RedisClient>* out);
+  // Makes a client that connects on first use (and reconnects after failures), for processes
+  // that must start while Redis is down.
+  static std::unique_ptr<RedisClient> Lazy(const RedisEndpoint& endpoint, int timeout_ms);
   ~RedisClient();
   RedisClient(const RedisClient&) = delete;
   RedisClient& operator=(const RedisClient&) = delete;

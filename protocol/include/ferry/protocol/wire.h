@@ -31,6 +31,7 @@ inline constexpr std::string_view kDone = "DONE";            // worker -> broker
 inline constexpr std::string_view kHeartbeat = "HEARTBEAT";  // both ways
 inline constexpr std::string_view kBye = "BYE";              // worker leaves (drain)
 inline constexpr std::string_view kReannounce = "REANNOUNCE";  // broker -> unknown worker
+// CANCEL also goes broker -> worker, for jobs already dispatched.
 
 // One received message, split into its parts.
 struct Message {
