@@ -31,10 +31,21 @@ int main(int argc, char** argv) {
   flags.Int("max-job-bytes", &o.max_job_bytes, "largest accepted job (sum of its inputs)");
   flags.Int("max-message-bytes", &o.max_message_bytes,
             "largest ZeroMQ message; a peer sending more is disconnected");
+  flags.Int("max-queue", &o.max_queue,
+            "queued jobs per model; beyond it SUBMIT rejects with queue_full");
+  flags.Int("max-pending-bytes", &o.max_pending_bytes,
+            "input bytes of all pending jobs; beyond it SUBMIT rejects with queue_full");
+  flags.Int("aging-every", &o.aging_every,
+            "every Nth chunk of a model takes its oldest jobs, whatever their priority (0: off)");
+  bool no_journal = false;
+  flags.Bool("no-journal", &no_journal,
+             "do not journal accepted jobs in Redis (faster; a broker crash loses queued jobs)");
+  flags.Int("redis-timeout-ms", &o.redis_timeout_ms, "timeout of each Redis round trip");
   flags.String("log-level", &log_level, "trace, debug, info, warn, error");
   int rc = ferry::protocol::HandleFlagResult(flags, flags.Parse(argc, argv));
   if (rc >= 0) return rc;
   spdlog::set_level(spdlog::level::from_str(log_level));
+  o.journal = !no_journal;
 
   std::unique_ptr<ferry::broker::Broker> broker;
   ferry::Status s = ferry::broker::Broker::Create(o, &broker);

@@ -9,10 +9,16 @@ Status Scheduler::Add(std::unique_ptr<Job> job) {
   job->seq = next_seq_++;
   job->phase = JobPhase::kQueued;
   Job* raw = job.get();
+  pending_bytes_ += static_cast<int64_t>(raw->inputs_raw.size());
   jobs_.emplace(job->id, std::move(job));
   Enqueue(raw, /*front=*/false);
   ++counters_.accepted;
   return Status::Ok();
+}
+
+const Job* Scheduler::Find(const std::string& id) const {
+  auto it = jobs_.find(id);
+  return it == jobs_.end() ? nullptr : it->second.get();
 }
 
 void Scheduler::Enqueue(Job* job, bool front) {
@@ -20,6 +26,18 @@ void Scheduler::Enqueue(Job* job, bool front) {
   if (front) q.push_front(job);
   else q.push_back(job);
   ++depth_[job->model];
+  if (job->deadline_us > 0) deadlines_.emplace(job->deadline_us, job->id);
+}
+
+void Scheduler::Unqueue(Job* job) {
+  auto& pq = queues_[job->model];
+  auto q = pq.find(job->priority);
+  if (q != pq.end()) {
+    auto& dq = q->second;
+    dq.erase(std::remove(dq.begin(), dq.end(), job), dq.end());
+    if (dq.empty()) pq.erase(q);
+  }
+  --depth_[job->model];
 }
 
 void Scheduler::AddWorker(const std::string& routing_id, protocol::WorkerHello hello,
@@ -76,18 +94,10 @@ std::vector<std::string> Scheduler::SilentWorkers(int64_t deadline_us) const {
 
 std::vector<std::unique_ptr<Job>> Scheduler::Complete(const std::string& routing_id,
                                                       const std::vector<std::string>& ids) {
+  (void)routing_id;  // any worker's report counts: its result is in Redis
   std::vector<std::unique_ptr<Job>> done;
-  auto w = workers_.find(routing_id);
   for (const auto& id : ids) {
-    auto it = jobs_.find(id);
-    // Only the worker holding the job may complete it; a stale report (the job was requeued
-    // after this worker was presumed dead) leaves the job where it is now.
-    if (it == jobs_.end() || it->second->phase != JobPhase::kDispatched ||
-        it->second->worker != routing_id)
-      continue;
-    if (w != workers_.end()) w->second.in_flight.erase(id);
-    done.push_back(std::move(it->second));
-    jobs_.erase(it);
+    if (auto job = Take(id)) done.push_back(std::move(job));
   }
   counters_.finished += static_cast<int64_t>(done.size());
   return done;
@@ -98,19 +108,34 @@ std::unique_ptr<Job> Scheduler::Take(const std::string& id) {
   if (it == jobs_.end()) return nullptr;
   std::unique_ptr<Job> job = std::move(it->second);
   jobs_.erase(it);
+  pending_bytes_ -= static_cast<int64_t>(job->inputs_raw.size());
   if (job->phase == JobPhase::kQueued) {
-    auto& pq = queues_[job->model];
-    auto q = pq.find(job->priority);
-    if (q != pq.end()) {
-      q->second.erase(std::remove(q->second.begin(), q->second.end(), job.get()),
-                      q->second.end());
-      if (q->second.empty()) pq.erase(q);
-    }
-    --depth_[job->model];
+    Unqueue(job.get());
   } else if (auto w = workers_.find(job->worker); w != workers_.end()) {
     w->second.in_flight.erase(id);
   }
   return job;
+}
+
+std::vector<std::unique_ptr<Job>> Scheduler::TakeExpired(int64_t now_us) {
+  std::vector<std::unique_ptr<Job>> out;
+  while (!deadlines_.empty() && deadlines_.begin()->first < now_us) {
+    std::string id = deadlines_.begin()->second;
+    deadlines_.erase(deadlines_.begin());
+    auto it = jobs_.find(id);
+    // Stale entries (the job finished, or was dispatched) are simply dropped.
+    if (it == jobs_.end() || it->second->phase != JobPhase::kQueued) continue;
+    out.push_back(Take(id));
+  }
+  return out;
+}
+
+Scheduler::PriorityQueue::iterator Scheduler::OldestLevel(PriorityQueue& pq) {
+  auto best = pq.begin();
+  for (auto it = pq.begin(); it != pq.end(); ++it) {
+    if (it->second.front()->seq < best->second.front()->seq) best = it;
+  }
+  return best;
 }
 
 Scheduler::PriorityQueue* Scheduler::BestQueueFor(const WorkerState& w, std::string* model) {
@@ -140,8 +165,10 @@ bool Scheduler::NextChunk(Chunk* out) {
     PriorityQueue* pq = BestQueueFor(w, &model);
     if (!pq) continue;
     int64_t take = std::min(credit, w.max_batch[model]);
+    // Every aging_every-th chunk of a model serves the oldest jobs, whatever their priority.
+    const bool aging = aging_every_ > 0 && ++chunks_by_model_[model] % aging_every_ == 0;
     while (take > 0 && !pq->empty()) {
-      auto level = pq->begin();
+      auto level = aging ? OldestLevel(*pq) : pq->begin();
       Job* job = level->second.front();
       level->second.pop_front();
       if (level->second.empty()) pq->erase(level);

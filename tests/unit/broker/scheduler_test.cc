@@ -113,9 +113,67 @@ TEST(Scheduler, LostWorkerRequeuesAtFrontWithNextAttempt) {
   s.AddWorker("w2", Hello("w2", 10, {{"m", 10}}), 0);
   ASSERT_TRUE(s.NextChunk(&c));
   EXPECT_EQ(Ids(c), (std::vector<std::string>{"j0", "j1", "j2", "j3"}));
-  // A late DONE from the dead worker does not complete jobs now held by w2.
-  EXPECT_TRUE(s.Complete("w1", {"j0"}).empty());
-  EXPECT_EQ(s.Complete("w2", {"j0"}).size(), 1u);
+  // A late DONE from the presumed-dead worker still finishes j0: its result is in Redis and
+  // the first result wins. w2's credit comes back; its own later DONE is ignored.
+  EXPECT_EQ(s.workers().at("w2").in_flight.size(), 4u);
+  EXPECT_EQ(s.Complete("w1", {"j0"}).size(), 1u);
+  EXPECT_EQ(s.workers().at("w2").in_flight.size(), 3u);
+  EXPECT_TRUE(s.Complete("w2", {"j0"}).empty());
+  EXPECT_FALSE(s.IsPending("j0"));
+}
+
+TEST(Scheduler, DoneForAQueuedJobFinishesIt) {
+  Scheduler s;
+  ASSERT_TRUE(s.Add(MakeJob("a", "m")).ok());
+  EXPECT_EQ(s.Complete("some-worker", {"a", "unknown"}).size(), 1u);
+  EXPECT_EQ(s.QueueDepth("m"), 0u);
+  EXPECT_EQ(s.pending(), 0u);
+}
+
+TEST(Scheduler, AgingServesOldLowPriorityJobsUnderHighPriorityLoad) {
+  Scheduler s(/*aging_every=*/4);
+  ASSERT_TRUE(s.Add(MakeJob("old-low", "m", 0)).ok());
+  for (int i = 0; i < 20; ++i) ASSERT_TRUE(s.Add(MakeJob("hi" + std::to_string(i), "m", 9)).ok());
+  s.AddWorker("w", Hello("w", 1, {{"m", 1}}), 0);
+  std::vector<std::string> order;
+  Chunk c;
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(s.NextChunk(&c));
+    order.push_back(c.jobs[0]->id);
+    s.Complete("w", {c.jobs[0]->id});
+  }
+  EXPECT_EQ(order, (std::vector<std::string>{"hi0", "hi1", "hi2", "old-low"}));
+}
+
+TEST(Scheduler, TakeExpiredRemovesOnlyQueuedJobsPastTheirDeadline) {
+  Scheduler s;
+  auto a = MakeJob("a", "m");
+  a->deadline_us = 100;
+  auto b = MakeJob("b", "m");
+  b->deadline_us = 1000;
+  auto c = MakeJob("c", "m");  // no deadline
+  ASSERT_TRUE(s.Add(std::move(a)).ok());
+  ASSERT_TRUE(s.Add(std::move(b)).ok());
+  ASSERT_TRUE(s.Add(std::move(c)).ok());
+  auto expired = s.TakeExpired(500);
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_EQ(expired[0]->id, "a");
+  EXPECT_EQ(s.QueueDepth("m"), 2u);
+  // A dispatched job does not expire in the broker (the worker checks it before running).
+  s.AddWorker("w", Hello("w", 10, {{"m", 10}}), 0);
+  Chunk ch;
+  ASSERT_TRUE(s.NextChunk(&ch));
+  EXPECT_TRUE(s.TakeExpired(5000).empty());
+}
+
+TEST(Scheduler, PendingBytesTrackInputs) {
+  Scheduler s;
+  auto a = MakeJob("a", "m");
+  a->inputs_raw = std::string(100, 'x');
+  ASSERT_TRUE(s.Add(std::move(a)).ok());
+  EXPECT_EQ(s.pending_bytes(), 100);
+  s.Take("a");
+  EXPECT_EQ(s.pending_bytes(), 0);
 }
 
 TEST(Scheduler, SilentWorkersAreReported) {

@@ -4,8 +4,11 @@
 // BYE) -- and a Scheduler that owns all state. Nothing is shared between threads, so there
 // are no locks (libzmq's io_thread_t and Envoy's Dispatcher work the same way).
 //
-// Create() binds the sockets and connects to Redis; Run() loops until Stop(); Stop() is
-// async-signal-safe and may be called from any thread or a signal handler.
+// Create() binds the sockets and, with the journal on, restores the jobs journaled in Redis by
+// an earlier broker (it fails with `unavailable` when Redis cannot be read then); Run() loops
+// until Stop(); Stop() is async-signal-safe and may be called from any thread or a signal
+// handler. After Stop, Run writes what it owes Redis, answers what it read, and returns: queued
+// jobs stay in the journal for the next broker.
 
 #include <atomic>
 #include <cstdint>
@@ -28,6 +31,11 @@ struct BrokerOptions {
   int64_t default_result_ttl_s = 3600;
   int64_t max_job_bytes = 64 << 20;        // larger jobs are rejected with too_large
   int64_t max_message_bytes = 256 << 20;   // larger messages drop the connection (ZeroMQ)
+  int64_t max_queue = 10000;               // queued jobs per model before queue_full
+  int64_t max_pending_bytes = 1ll << 30;   // input bytes of all pending jobs before queue_full
+  int64_t aging_every = 8;                 // every Nth chunk of a model is served oldest-first
+  bool journal = true;                     // journal accepted jobs in Redis (--no-journal)
+  int64_t redis_timeout_ms = 1000;
 };
 
 class Broker {

@@ -16,6 +16,7 @@ struct Job {
   int64_t result_ttl_s = 0;  // 0 = the broker's default
   int64_t attempt = 1;       // 1 for the first dispatch; +1 per requeue after a worker loss
   int64_t submitted_us = 0;  // wall clock, when accepted
+  int64_t deadline_us = 0;   // wall clock by which it must start (submitted + timeout); 0 = none
   int64_t seq = 0;           // acceptance order (FIFO within a priority)
   std::string inputs_raw;    // the msgpack "inputs" array, forwarded to workers as is
   std::string producer;      // routing id of the producer connection (for FINISHED notices)

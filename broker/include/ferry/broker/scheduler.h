@@ -7,6 +7,11 @@
 // recently served worker that has credit and serves a model with queued jobs; it holds up to
 // min(credit, that model's max_batch) jobs, highest priority first, FIFO within a priority.
 // Credit comes back one per job when the worker reports it DONE.
+//
+// Starvation: strict priority alone could starve low priorities forever under sustained
+// high-priority load, so every `aging_every`-th chunk of a model is taken oldest-first across all
+// priorities. Low priorities therefore get at least 1/aging_every of the dispatches while they
+// wait, and FIFO order still holds within each priority.
 
 #include <cstdint>
 #include <deque>
@@ -40,6 +45,10 @@ struct Chunk {
 
 struct SchedulerCounters {
   int64_t accepted = 0;
+  int64_t duplicates = 0;  // results that lost the race to an earlier one (fenced by SET NX)
+  int64_t expired = 0;
+  int64_t cancelled = 0;
+  int64_t poisoned = 0;
   int64_t rejected = 0;
   int64_t finished = 0;
   int64_t requeued = 0;
@@ -49,11 +58,16 @@ struct SchedulerCounters {
 
 class Scheduler {
  public:
+  explicit Scheduler(int64_t aging_every = 8) : aging_every_(aging_every) {}
+
   // Adds an accepted job. Fails with kDuplicate when the id is pending.
   Status Add(std::unique_ptr<Job> job);
   bool IsPending(const std::string& id) const { return jobs_.count(id) != 0; }
-  // True once any worker has announced the model (since this broker started).
+  // True once any worker has announced the model (since this broker started, or as restored
+  // from the journal by AddKnownModel).
   bool KnowsModel(const std::string& model) const { return known_models_.count(model) != 0; }
+  void AddKnownModel(const std::string& model) { known_models_.insert(model); }
+  const Job* Find(const std::string& id) const;
 
   // Registers (or re-registers) a worker. A re-announce of a known routing id keeps its jobs.
   void AddWorker(const std::string& routing_id, protocol::WorkerHello hello, int64_t now_us);
@@ -65,12 +79,18 @@ class Scheduler {
   // Workers silent since before `deadline_us` (monotonic).
   std::vector<std::string> SilentWorkers(int64_t deadline_us) const;
 
-  // The worker reports these jobs finished (results are in Redis). Returns the finished jobs,
-  // removed from the scheduler (ids it does not hold are ignored).
+  // A worker reports these jobs finished: their results are in Redis. Returns the finished
+  // jobs, removed from the scheduler, wherever they were (ids it does not hold are ignored):
+  // a job requeued after its worker was presumed dead, or running elsewhere, is finished too,
+  // since the first result in Redis is the one that counts.
   std::vector<std::unique_ptr<Job>> Complete(const std::string& routing_id,
                                              const std::vector<std::string>& ids);
-  // Removes a job that was failed by the broker itself (e.g. poisoned).
+  // Removes a job wherever it is (queued or dispatched); null when not pending.
   std::unique_ptr<Job> Take(const std::string& id);
+  // Removes and returns queued jobs whose deadline is before `now_us` (wall clock).
+  std::vector<std::unique_ptr<Job>> TakeExpired(int64_t now_us);
+  // Total bytes of inputs held by pending jobs.
+  int64_t pending_bytes() const { return pending_bytes_; }
 
   // The next chunk to send, or false when no worker with credit serves a queued model.
   bool NextChunk(Chunk* out);
@@ -89,7 +109,15 @@ class Scheduler {
   // The queued job a worker should serve next (highest priority, then oldest), or null.
   PriorityQueue* BestQueueFor(const WorkerState& w, std::string* model);
 
+  // The queue level holding the oldest job (lowest seq), for aging.
+  static PriorityQueue::iterator OldestLevel(PriorityQueue& pq);
+  void Unqueue(Job* job);
+
   std::unordered_map<std::string, std::unique_ptr<Job>> jobs_;
+  std::multimap<int64_t, std::string> deadlines_;  // deadline -> id, queued jobs with one
+  std::unordered_map<std::string, int64_t> chunks_by_model_;
+  int64_t aging_every_;
+  int64_t pending_bytes_ = 0;
   std::unordered_map<std::string, PriorityQueue> queues_;  // model -> queue
   std::unordered_map<std::string, size_t> depth_;          // model -> queued count
   std::unordered_map<std::string, WorkerState> workers_;

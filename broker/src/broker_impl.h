@@ -1,0 +1,70 @@
+#pragma once
+// The broker's private state and handlers, shared by broker.cc (loop, dispatch, heartbeats),
+// frontend.cc (producers) and backend.cc (workers). Everything here runs on the broker thread.
+
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+
+#include "ferry/broker/broker.h"
+#include "ferry/broker/final_results.h"
+#include "ferry/broker/journal.h"
+#include "ferry/broker/scheduler.h"
+#include "ferry/protocol/keys.h"
+#include "ferry/protocol/messages.h"
+#include "ferry/protocol/redis.h"
+#include "ferry/protocol/wire.h"
+
+namespace ferry::broker {
+
+struct Broker::Impl {
+  explicit Impl(const BrokerOptions& o);
+
+  BrokerOptions options;
+  zmq::context_t context{1};
+  zmq::socket_t frontend{context, zmq::socket_type::router};
+  zmq::socket_t backend{context, zmq::socket_type::router};
+  std::unique_ptr<protocol::RedisClient> redis;
+  protocol::Keys keys;
+  Scheduler scheduler;
+  Journal journal;
+  FinalResults final_results;
+  int64_t next_heartbeat_us = 0;
+
+  // ACCEPTED replies held until this turn's journal commit.
+  struct PendingReply {
+    std::vector<zmq::message_t> envelope;
+    protocol::Accepted accepted;
+  };
+  std::vector<PendingReply> pending_replies;
+
+  Status Init();
+  Status Restore();
+
+  // frontend.cc
+  void HandleFrontend(protocol::Message& m);
+  void HandleSubmit(protocol::Message& m, const msgpack::object& body, int64_t rid);
+  void HandleCancel(protocol::Message& m, const msgpack::object& body, int64_t rid);
+  void HandleStats(protocol::Message& m, int64_t rid);
+  // Commits the journal and sends the held ACCEPTED replies (rejecting with `unavailable` the
+  // jobs the journal could not keep).
+  void CommitAndReply();
+  void ReplyError(protocol::Message& m, int64_t rid, std::string_view code,
+                  std::string_view message);
+  void NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs);
+
+  // backend.cc
+  void HandleBackend(protocol::Message& m);
+  void DropWorker(const std::string& routing_id, const char* why);
+  void Finish(std::vector<std::unique_ptr<Job>> jobs);  // journal removal + FINISHED
+
+  // broker.cc
+  void Dispatch();
+  void ExpireJobs();
+  void FlushFinalResults();
+  void Heartbeat(int64_t now_mono);
+};
+
+}  // namespace ferry::broker

@@ -1,0 +1,225 @@
+// Producer-facing handlers: SUBMIT, CANCEL, STATS, and the replies.
+#include <spdlog/spdlog.h>
+
+#include "broker_impl.h"
+#include "ferry/protocol/util.h"
+
+namespace ferry::broker {
+
+namespace {
+std::string Str(const zmq::message_t& m) { return std::string(m.to_string_view()); }
+}  // namespace
+
+void Broker::Impl::ReplyError(protocol::Message& m, int64_t rid, std::string_view code,
+                              std::string_view message) {
+  protocol::SendMessage(frontend, &m.envelope, protocol::kError,
+                        protocol::EncodeError(rid, code, message));
+}
+
+void Broker::Impl::HandleFrontend(protocol::Message& m) {
+  msgpack::object_handle oh;
+  Status s = protocol::UnpackMap(m.body.data(), m.body.size(), &oh);
+  int64_t rid = 0;
+  if (s.ok()) s = protocol::GetInt(oh.get(), "rid", &rid, 0);
+  if (!s.ok()) {
+    if (!m.envelope.empty()) ReplyError(m, rid, codes::kMalformed, s.message());
+    return;
+  }
+  if (m.command == protocol::kSubmit) {
+    HandleSubmit(m, oh.get(), rid);
+  } else if (m.command == protocol::kCancel) {
+    HandleCancel(m, oh.get(), rid);
+  } else if (m.command == protocol::kStats) {
+    HandleStats(m, rid);
+  } else {
+    ReplyError(m, rid, "unknown_command", "unknown command \"" + m.command + "\"");
+  }
+}
+
+// Checks one decoded job against the broker's limits; the first failing check names the code.
+static Status Admit(const protocol::SubmitJob& in, const Scheduler& scheduler,
+                    const BrokerOptions& options) {
+  if (!scheduler.KnowsModel(in.model))
+    return Status(codes::kUnknownModel, "no worker serves model \"" + in.model + "\"");
+  size_t bytes = 0;
+  for (const auto& t : in.inputs) bytes += t.size;
+  if (static_cast<int64_t>(bytes) > options.max_job_bytes)
+    return Status(codes::kTooLarge, "job inputs are " + std::to_string(bytes) +
+                                        " bytes; the limit is " +
+                                        std::to_string(options.max_job_bytes));
+  if (scheduler.IsPending(in.id)) return Status(codes::kDuplicate, "a job with this id is pending");
+  if (static_cast<int64_t>(scheduler.QueueDepth(in.model)) >= options.max_queue)
+    return Status(codes::kQueueFull, "the queue of model \"" + in.model + "\" holds " +
+                                         std::to_string(options.max_queue) + " jobs; retry later");
+  if (scheduler.pending_bytes() + static_cast<int64_t>(bytes) > options.max_pending_bytes)
+    return Status(codes::kQueueFull, "the broker holds its limit of pending input bytes (" +
+                                         std::to_string(options.max_pending_bytes) +
+                                         "); retry later");
+  return Status::Ok();
+}
+
+void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& body, int64_t rid) {
+  const msgpack::object* jobs = protocol::Find(body, "jobs");
+  if (!jobs || jobs->type != msgpack::type::ARRAY) {
+    ReplyError(m, rid, codes::kMalformed, "SUBMIT needs \"jobs\": an array of job maps");
+    return;
+  }
+  PendingReply reply;
+  reply.accepted.rid = rid;
+  const std::string producer = m.envelope.empty() ? "" : Str(m.envelope[0]);
+  const int64_t now = protocol::NowMicros();
+  protocol::SubmitJob in;
+  for (uint32_t i = 0; i < jobs->via.array.size; ++i) {
+    Status s = protocol::DecodeSubmitJob(jobs->via.array.ptr[i], &in);
+    if (s.ok()) s = Admit(in, scheduler, options);
+    if (!s.ok()) {
+      reply.accepted.rejected.push_back({in.id, s.code(), s.message()});
+      continue;
+    }
+    auto job = std::make_unique<Job>();
+    job->id = in.id;
+    job->model = in.model;
+    job->priority = in.priority;
+    job->timeout_ms = in.timeout_ms;
+    job->result_ttl_s = in.result_ttl_s > 0 ? in.result_ttl_s : options.default_result_ttl_s;
+    job->submitted_us = now;
+    job->deadline_us = in.timeout_ms > 0 ? now + in.timeout_ms * 1000 : 0;
+    job->producer = producer;
+    msgpack::sbuffer raw;
+    msgpack::pack(raw, *in.inputs_obj);
+    job->inputs_raw.assign(raw.data(), raw.size());
+    scheduler.Add(std::move(job));
+    if (options.journal) journal.Stage(*scheduler.Find(in.id));
+    reply.accepted.ids.push_back(in.id);
+  }
+  scheduler.mutable_counters().rejected += static_cast<int64_t>(reply.accepted.rejected.size());
+  reply.envelope = std::move(m.envelope);
+  pending_replies.push_back(std::move(reply));
+}
+
+void Broker::Impl::CommitAndReply() {
+  if (options.journal && !journal.idle()) {
+    const bool had_jobs = journal.has_staged();
+    Status s = journal.Commit();
+    if (!s.ok() && had_jobs) {
+      // Nothing of this turn was dispatched yet: take the jobs back and say why.
+      spdlog::warn("journal write failed ({}); rejecting this turn's jobs as unavailable",
+                   s.message());
+      int64_t n = 0;
+      for (auto& reply : pending_replies) {
+        for (const auto& id : reply.accepted.ids) {
+          scheduler.Take(id);
+          reply.accepted.rejected.push_back(
+              {id, codes::kUnavailable, "the broker cannot journal jobs: Redis: " + s.message()});
+          ++n;
+        }
+        reply.accepted.ids.clear();
+      }
+      scheduler.mutable_counters().accepted -= n;
+      scheduler.mutable_counters().rejected += n;
+    }
+  }
+  for (auto& reply : pending_replies) {
+    protocol::SendMessage(frontend, &reply.envelope, protocol::kAccepted,
+                          protocol::EncodeAccepted(reply.accepted));
+  }
+  pending_replies.clear();
+}
+
+void Broker::Impl::HandleCancel(protocol::Message& m, const msgpack::object& body, int64_t rid) {
+  std::vector<std::string> ids;
+  Status s = protocol::GetStringArray(body, "ids", &ids);
+  if (!s.ok()) {
+    ReplyError(m, rid, codes::kMalformed, "CANCEL needs \"ids\": " + s.message());
+    return;
+  }
+  protocol::Cancelled reply;
+  reply.rid = rid;
+  std::map<std::string, std::vector<std::string>> by_worker;
+  for (const auto& id : ids) {
+    const Job* job = scheduler.Find(id);
+    if (!job) {
+      reply.not_found.push_back(id);
+    } else if (job->phase == JobPhase::kQueued) {
+      final_results.Add(scheduler.Take(id), codes::kCancelled, codes::kCancelled, "cancelled by request");
+      ++scheduler.mutable_counters().cancelled;
+      reply.ids.push_back(id);
+    } else {
+      by_worker[job->worker].push_back(id);
+      reply.running.push_back(id);
+    }
+  }
+  for (const auto& [worker, list] : by_worker)
+    protocol::SendTo(backend, worker, protocol::kCancel, protocol::EncodeIds(list));
+  protocol::SendMessage(frontend, &m.envelope, protocol::kCancelled,
+                        protocol::EncodeCancelled(reply));
+}
+
+void Broker::Impl::HandleStats(protocol::Message& m, int64_t rid) {
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  const int64_t now_mono = protocol::MonotonicMicros();
+  pk.pack_map(rid ? 5 : 4);
+  protocol::PackString(pk, "workers");
+  pk.pack_array(static_cast<uint32_t>(scheduler.workers().size()));
+  for (const auto& [routing_id, w] : scheduler.workers()) {
+    pk.pack_map(9);
+    protocol::PackString(pk, "id");
+    protocol::PackString(pk, w.hello.worker);
+    protocol::PackString(pk, "device");
+    protocol::PackString(pk, w.hello.device);
+    protocol::PackString(pk, "host");
+    protocol::PackString(pk, w.hello.host);
+    protocol::PackString(pk, "pid");
+    pk.pack_int64(w.hello.pid);
+    protocol::PackString(pk, "models");
+    pk.pack_array(static_cast<uint32_t>(w.max_batch.size()));
+    for (const auto& [name, mb] : w.max_batch) protocol::PackString(pk, name);
+    protocol::PackString(pk, "capacity");
+    pk.pack_int64(w.hello.capacity);
+    protocol::PackString(pk, "credit");
+    pk.pack_int64(w.credit());
+    protocol::PackString(pk, "in_flight");
+    pk.pack_int64(static_cast<int64_t>(w.in_flight.size()));
+    protocol::PackString(pk, "last_seen_ms");
+    pk.pack_int64((now_mono - w.last_seen_us) / 1000);
+  }
+  protocol::PackString(pk, "queues");
+  auto depths = scheduler.QueueDepths();
+  pk.pack_map(static_cast<uint32_t>(depths.size()));
+  for (const auto& [model, depth] : depths) {
+    protocol::PackString(pk, model);
+    pk.pack_uint64(depth);
+  }
+  protocol::PackString(pk, "pending");
+  pk.pack_uint64(scheduler.pending());
+  const auto& c = scheduler.counters();
+  protocol::PackString(pk, "counters");
+  protocol::PackIntMap(pk, {{"accepted", c.accepted},
+                            {"rejected", c.rejected},
+                            {"finished", c.finished},
+                            {"requeued", c.requeued},
+                            {"chunks", c.chunks},
+                            {"dispatched", c.dispatched},
+                            {"duplicates", c.duplicates},
+                            {"expired", c.expired},
+                            {"cancelled", c.cancelled},
+                            {"poisoned", c.poisoned}});
+  if (rid) {
+    protocol::PackString(pk, "rid");
+    pk.pack_int64(rid);
+  }
+  protocol::SendMessage(frontend, &m.envelope, protocol::kStats,
+                        protocol::ToMessage(std::move(buf)));
+}
+
+void Broker::Impl::NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs) {
+  std::map<std::string, std::vector<std::string>> by_producer;
+  for (const auto& j : jobs) {
+    if (!j->producer.empty()) by_producer[j->producer].push_back(j->id);
+  }
+  for (auto& [producer, ids] : by_producer)
+    protocol::SendTo(frontend, producer, protocol::kFinished, protocol::EncodeIds(ids));
+}
+
+}  // namespace ferry::broker

@@ -1,0 +1,137 @@
+#include "ferry/broker/journal.h"
+
+#include <algorithm>
+
+#include "ferry/protocol/codec.h"
+
+namespace ferry::broker {
+namespace {
+constexpr int64_t kModelsTtlS = 7 * 24 * 3600;
+constexpr size_t kScanBatch = 1000;
+}  // namespace
+
+std::string Journal::Encode(const Job& job) {
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  pk.pack_map(10);
+  protocol::PackString(pk, "id");
+  protocol::PackString(pk, job.id);
+  protocol::PackString(pk, "model");
+  protocol::PackString(pk, job.model);
+  protocol::PackString(pk, "priority");
+  pk.pack_int64(job.priority);
+  protocol::PackString(pk, "timeout_ms");
+  pk.pack_int64(job.timeout_ms);
+  protocol::PackString(pk, "result_ttl_s");
+  pk.pack_int64(job.result_ttl_s);
+  protocol::PackString(pk, "submitted");
+  pk.pack_int64(job.submitted_us);
+  protocol::PackString(pk, "deadline");
+  pk.pack_int64(job.deadline_us);
+  protocol::PackString(pk, "seq");
+  pk.pack_int64(job.seq);
+  protocol::PackString(pk, "attempt");
+  pk.pack_int64(job.attempt);
+  protocol::PackString(pk, "inputs");
+  buf.write(job.inputs_raw.data(), job.inputs_raw.size());  // already msgpack
+  return std::string(buf.data(), buf.size());
+}
+
+Status Journal::Decode(const std::string& bytes, Job* out) {
+  msgpack::object_handle oh;
+  FERRY_RETURN_IF_ERROR(protocol::UnpackMap(bytes.data(), bytes.size(), &oh));
+  const msgpack::object& o = oh.get();
+  FERRY_RETURN_IF_ERROR(protocol::GetString(o, "id", &out->id));
+  FERRY_RETURN_IF_ERROR(protocol::GetString(o, "model", &out->model));
+  FERRY_RETURN_IF_ERROR(protocol::GetInt(o, "priority", &out->priority, 0));
+  FERRY_RETURN_IF_ERROR(protocol::GetInt(o, "timeout_ms", &out->timeout_ms, 0));
+  FERRY_RETURN_IF_ERROR(protocol::GetInt(o, "result_ttl_s", &out->result_ttl_s, 0));
+  FERRY_RETURN_IF_ERROR(protocol::GetInt(o, "submitted", &out->submitted_us, 0));
+  FERRY_RETURN_IF_ERROR(protocol::GetInt(o, "deadline", &out->deadline_us, 0));
+  FERRY_RETURN_IF_ERROR(protocol::GetInt(o, "seq", &out->seq, 0));
+  FERRY_RETURN_IF_ERROR(protocol::GetInt(o, "attempt", &out->attempt, 1));
+  const msgpack::object* inputs = protocol::Find(o, "inputs");
+  if (!inputs) return Status::InvalidArgument("journal record without inputs");
+  msgpack::sbuffer raw;
+  msgpack::pack(raw, *inputs);
+  out->inputs_raw.assign(raw.data(), raw.size());
+  return Status::Ok();
+}
+
+void Journal::Stage(const Job& job) { staged_.emplace_back(job.id, Encode(job)); }
+void Journal::Forget(const std::string& id) { forgotten_.push_back(id); }
+void Journal::NoteModel(const std::string& model) { models_.push_back(model); }
+
+Status Journal::Commit() {
+  if (idle()) return Status::Ok();
+  const std::string journal = keys_.Journal();
+  if (!staged_.empty()) {
+    std::vector<std::string_view> argv = {"HSET", journal};
+    for (const auto& [id, record] : staged_) {
+      argv.push_back(id);
+      argv.push_back(record);
+    }
+    redis_->Append(argv);
+  }
+  if (!forgotten_.empty()) {
+    std::vector<std::string_view> argv = {"HDEL", journal};
+    for (const auto& id : forgotten_) argv.push_back(id);
+    redis_->Append(argv);
+  }
+  if (!models_.empty()) {
+    const std::string key = keys_.Models(), ttl = std::to_string(kModelsTtlS);
+    std::vector<std::string_view> argv = {"SADD", key};
+    for (const auto& m : models_) argv.push_back(m);
+    redis_->Append(argv);
+    redis_->Append({"EXPIRE", key, ttl});
+  }
+  Status s = redis_->Flush(nullptr);
+  staged_.clear();
+  if (s.ok()) {
+    forgotten_.clear();
+    models_.clear();
+  }
+  return s;
+}
+
+Status Journal::Load(std::vector<std::unique_ptr<Job>>* jobs, std::vector<std::string>* models) {
+  jobs->clear();
+  models->clear();
+  protocol::RedisReply reply;
+  FERRY_RETURN_IF_ERROR(redis_->Command({"SMEMBERS", keys_.Models()}, &reply));
+  for (const auto& e : reply.elements) models->push_back(e.str);
+  const std::string journal = keys_.Journal(), count = std::to_string(kScanBatch);
+  std::string cursor = "0";
+  do {
+    FERRY_RETURN_IF_ERROR(redis_->Command({"HSCAN", journal, cursor, "COUNT", count}, &reply));
+    if (reply.elements.size() != 2) return Status::Internal("unexpected HSCAN reply");
+    cursor = reply.elements[0].str;
+    const auto& kv = reply.elements[1].elements;
+    std::vector<std::unique_ptr<Job>> batch;
+    for (size_t i = 0; i + 1 < kv.size(); i += 2) {
+      auto job = std::make_unique<Job>();
+      Status s = Decode(kv[i + 1].str, job.get());
+      if (!s.ok()) {
+        redis_->Append({"HDEL", journal, kv[i].str});  // unreadable: nothing to restore
+        continue;
+      }
+      batch.push_back(std::move(job));
+    }
+    // Jobs whose result already exists finished before the crash: drop them.
+    for (const auto& job : batch) redis_->Append({"EXISTS", keys_.Result(job->id)});
+    std::vector<protocol::RedisReply> exists;
+    FERRY_RETURN_IF_ERROR(redis_->Flush(&exists));
+    size_t offset = exists.size() - batch.size();
+    for (size_t i = 0; i < batch.size(); ++i) {
+      if (exists[offset + i].integer > 0) redis_->Append({"HDEL", journal, batch[i]->id});
+      else jobs->push_back(std::move(batch[i]));
+    }
+    FERRY_RETURN_IF_ERROR(redis_->Flush(nullptr));
+  } while (cursor != "0");
+  std::sort(jobs->begin(), jobs->end(), [](const auto& a, const auto& b) {
+    return a->seq < b->seq;
+  });
+  return Status::Ok();
+}
+
+}  // namespace ferry::broker
