@@ -8,36 +8,34 @@
 #include "ferry/protocol/util.h"
 
 namespace ferry::worker {
-namespace {
 
-// A key equal for two jobs exactly when their inputs can be stacked: count, dtypes, shapes.
-std::string SignatureKey(const std::vector<protocol::TensorRef>& inputs) {
-  std::string key;
-  for (const auto& t : inputs) {
-    key += std::to_string(static_cast<int>(t.dtype));
-    key += '[';
-    for (int64_t d : t.shape) {
-      key += std::to_string(d);
-      key += ',';
-    }
-    key += ']';
-  }
-  return key;
-}
-
-}  // namespace
-
-std::vector<JobResult> Batcher::Run(const Model& model, std::vector<Job> jobs) const {
+std::vector<JobResult> Batcher::Run(const Model& model, std::vector<Job> jobs,
+                                    BatchLimit* limit) const {
   std::vector<JobResult> results(jobs.size());
-  // Group by signature, keeping the order of first appearance.
+  // Group by key, keeping the order of first appearance; jobs the policy rejects fail alone.
   std::vector<std::vector<size_t>> groups;
   std::unordered_map<std::string, size_t> group_of;
+  const Padding& padding = model.padding();
   for (size_t i = 0; i < jobs.size(); ++i) {
-    auto [it, inserted] = group_of.emplace(SignatureKey(jobs[i].entry.inputs), groups.size());
+    Status s = padding.Check(jobs[i].entry.inputs);
+    if (!s.ok()) {
+      results[i].status = std::move(s);
+      continue;
+    }
+    auto [it, inserted] = group_of.emplace(padding.GroupKey(jobs[i].entry.inputs), groups.size());
     if (inserted) groups.emplace_back();
     groups[it->second].push_back(i);
   }
-  for (const auto& group : groups) RunGroup(model, jobs, group, &results);
+  for (const auto& group : groups) {
+    const size_t cap = limit != nullptr
+                           ? static_cast<size_t>(limit->Current(protocol::MonotonicMicros()))
+                           : group.size();
+    for (size_t from = 0; from < group.size(); from += cap) {
+      const size_t to = std::min(group.size(), from + cap);
+      RunGroup(model, jobs, std::vector<size_t>(group.begin() + from, group.begin() + to), limit,
+               &results);
+    }
+  }
   for (size_t i = 0; i < jobs.size(); ++i) {
     results[i].job = std::move(jobs[i]);
     results[i].job.entry.inputs.clear();  // the refs die with the chunk
@@ -47,7 +45,7 @@ std::vector<JobResult> Batcher::Run(const Model& model, std::vector<Job> jobs) c
 }
 
 void Batcher::RunGroup(const Model& model, const std::vector<Job>& jobs,
-                       const std::vector<size_t>& indices,
+                       const std::vector<size_t>& indices, BatchLimit* limit,
                        std::vector<JobResult>* results) const {
   std::vector<const std::vector<protocol::TensorRef>*> inputs;
   inputs.reserve(indices.size());
@@ -55,16 +53,26 @@ void Batcher::RunGroup(const Model& model, const std::vector<Job>& jobs,
 
   BatchOutput out;
   const int64_t start = protocol::NowMicros();
-  Status s = model.Run(inputs, &out);
+  Status s = model.Run(inputs, &out, stream_);
   const int64_t end = protocol::NowMicros();
   forward_calls_.fetch_add(1);
 
+  if (!s.ok() && out.out_of_memory) {
+    out_of_memory_.fetch_add(1);
+    const int64_t n = static_cast<int64_t>(indices.size());
+    const int64_t lowered =
+        limit != nullptr ? limit->OnOutOfMemory(n, protocol::MonotonicMicros()) : n / 2;
+    spdlog::warn("model {}: out of memory on a batch of {}; max batch lowered to {} for a while",
+                 model.name(), n, lowered);
+  }
   if (!s.ok() && out.retry_smaller && indices.size() > 1) {
     spdlog::debug("model {}: batch of {} failed ({}); retrying in halves", model.name(),
                   indices.size(), s.message().substr(0, 200));
     const size_t half = indices.size() / 2;
-    RunGroup(model, jobs, std::vector<size_t>(indices.begin(), indices.begin() + half), results);
-    RunGroup(model, jobs, std::vector<size_t>(indices.begin() + half, indices.end()), results);
+    RunGroup(model, jobs, std::vector<size_t>(indices.begin(), indices.begin() + half), limit,
+             results);
+    RunGroup(model, jobs, std::vector<size_t>(indices.begin() + half, indices.end()), limit,
+             results);
     return;
   }
   for (size_t n = 0; n < indices.size(); ++n) {

@@ -19,6 +19,7 @@ struct ChunkHolder {
 
 constexpr int64_t kMaxPollMs = 100;         // how often the loop looks at the drain flag
 constexpr int kMaxMessagesPerWakeup = 256;  // fairness between the two sockets
+constexpr int64_t kMaxReconnectIntervalUs = 32'000'000;
 
 }  // namespace
 
@@ -44,6 +45,8 @@ Status BrokerLink::Start() {
   } catch (const zmq::error_t& e) {
     return Status::InvalidArgument("broker endpoint " + options_.endpoint + ": " + e.what());
   }
+  reconnect_interval_us_ = options_.heartbeat_ms * 1000;
+  next_reconnect_us_ = protocol::NowMicros() + options_.heartbeat_ms * options_.liveness * 1000;
   SendReady();
   spdlog::info("worker {}: connecting to broker {}, capacity {}, {} model(s)",
                options_.hello.worker, options_.endpoint, options_.hello.capacity,
@@ -69,7 +72,42 @@ bool BrokerLink::Writable() {
   }
 }
 
-void BrokerLink::SendReady() { Send(protocol::kReady, protocol::EncodeHello(options_.hello)); }
+void BrokerLink::SendReady() {
+  Send(protocol::kReady,
+       protocol::EncodeHello(options_.hello_fn ? options_.hello_fn() : options_.hello));
+}
+
+void BrokerLink::Reconnect() {
+  try {
+    auto fresh = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::dealer);
+    fresh->set(zmq::sockopt::linger, 2000);
+    fresh->connect(options_.endpoint);
+    dealer_->set(zmq::sockopt::linger, 0);  // whatever was queued for the dead broker is moot
+    dealer_ = std::move(fresh);
+  } catch (const zmq::error_t& e) {
+    spdlog::error("reconnect to {}: {}", options_.endpoint, e.what());
+    return;
+  }
+  ++reconnects_;
+  if (!draining_) SendReady();
+}
+
+void BrokerLink::MaybeReconnect(int64_t now_us) {
+  const int64_t silence_us = options_.heartbeat_ms * options_.liveness * 1000;
+  const int64_t last = last_broker_us_.load();
+  if (last != 0 && now_us - last < silence_us) {
+    reconnect_interval_us_ = options_.heartbeat_ms * 1000;  // healthy: reset the backoff
+    next_reconnect_us_ = last + silence_us;
+    return;
+  }
+  if (now_us < next_reconnect_us_) return;
+  spdlog::warn("worker {}: broker {} silent for {} ms; reconnecting (next try in {} ms)",
+               options_.hello.worker, options_.endpoint,
+               last ? (now_us - last) / 1000 : silence_us / 1000, reconnect_interval_us_ / 1000);
+  Reconnect();
+  next_reconnect_us_ = now_us + reconnect_interval_us_;
+  reconnect_interval_us_ = std::min(2 * reconnect_interval_us_, kMaxReconnectIntervalUs);
+}
 
 void BrokerLink::Loop() {
   const int64_t heartbeat_us = options_.heartbeat_ms * 1000;
@@ -122,16 +160,17 @@ void BrokerLink::Loop() {
       if (Writable()) Send(protocol::kHeartbeat, protocol::EncodeEmpty());
       next_heartbeat = protocol::MonotonicMicros() + heartbeat_us;
       const int64_t last = last_broker_us_.load();
-      const bool silent = last != 0 && protocol::NowMicros() - last > 3 * heartbeat_us;
+      const bool silent =
+          last != 0 && protocol::NowMicros() - last > options_.liveness * heartbeat_us;
       if (silent != broker_silent_) {
         broker_silent_ = silent;
-        if (silent) spdlog::warn("broker {} silent for over {} ms", options_.endpoint,
-                                 3 * options_.heartbeat_ms);
-        else spdlog::info("broker {} heard from again", options_.endpoint);
+        if (!silent) spdlog::info("broker {} heard from again", options_.endpoint);
       }
+      MaybeReconnect(protocol::NowMicros());
     }
   }
-  if (!held_done_.empty()) Send(protocol::kDone, protocol::EncodeIds(held_done_));
+  if (!held_done_.empty())
+    Send(protocol::kDone, protocol::EncodeDone(held_done_, held_duplicates_));
   if (Writable()) Send(protocol::kBye, protocol::EncodeEmpty());
   spdlog::info("worker {}: drained after {} chunk(s), {} job(s); BYE sent",
                options_.hello.worker, chunks_, jobs_);
@@ -144,6 +183,8 @@ void BrokerLink::HandleBroker(protocol::Message* m) {
     if (draining_) return;  // leaving: take no new credit
     spdlog::info("broker asked worker {} to re-announce; sending READY", options_.hello.worker);
     SendReady();
+  } else if (m->command == protocol::kCancel) {
+    HandleCancel(m->body);
   } else if (m->command == protocol::kHeartbeat) {
     // Only its arrival time matters (kept by the caller).
   } else {
@@ -195,15 +236,43 @@ void BrokerLink::HandleChunk(zmq::message_t body) {
   spdlog::debug("CHUNK of {} job(s) queued", accepted);
 }
 
+void BrokerLink::HandleCancel(const zmq::message_t& body) {
+  std::vector<std::string> ids;
+  msgpack::object_handle oh;
+  Status s = protocol::UnpackMap(body.data(), body.size(), &oh);
+  if (s.ok()) s = protocol::GetStringArray(oh.get(), "ids", &ids);
+  if (!s.ok()) {
+    spdlog::warn("malformed CANCEL from the broker ignored: {}", s.message());
+    return;
+  }
+  std::vector<Job> removed = queue_->Remove(ids);
+  spdlog::info("worker {}: CANCEL for {} job(s): {} dropped before running",
+               options_.hello.worker, ids.size(), removed.size());
+  if (removed.empty()) return;
+  std::vector<JobResult> results;
+  results.reserve(removed.size());
+  for (auto& job : removed) {
+    results.push_back(FailedResult(std::move(job),
+                                   Status(codes::kCancelled, "cancelled by request")));
+  }
+  writer_->Submit(std::move(results));
+}
+
 void BrokerLink::HandleOutbox(protocol::Message* m) {
+  if (m->command == protocol::kReady) {  // residency changed: re-announce (not while leaving)
+    if (!draining_) SendReady();
+    return;
+  }
   if (m->command != protocol::kDone) {
     Send(m->command, std::move(m->body));
     return;
   }
   std::vector<std::string> ids;
+  int64_t duplicates = 0;
   msgpack::object_handle oh;
   Status s = protocol::UnpackMap(m->body.data(), m->body.size(), &oh);
   if (s.ok()) s = protocol::GetStringArray(oh.get(), "ids", &ids);
+  if (s.ok()) s = protocol::GetInt(oh.get(), "duplicates", &duplicates, 0);
   if (!s.ok()) {
     spdlog::error("internal: bad DONE from the result writer: {}", s.message());
     return;
@@ -211,6 +280,7 @@ void BrokerLink::HandleOutbox(protocol::Message* m) {
   outstanding_.fetch_sub(static_cast<int64_t>(ids.size()));
   if (draining_) {
     held_done_.insert(held_done_.end(), ids.begin(), ids.end());
+    held_duplicates_ += duplicates;
   } else {
     Send(protocol::kDone, std::move(m->body));
   }

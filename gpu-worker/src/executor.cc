@@ -8,9 +8,25 @@
 
 namespace ferry::worker {
 
-Executor::Executor(int index, size_t max_batch, const ModelMap* models, JobQueue* queue,
+int Executor::CudaIndex(const std::string& device) {
+  if (device == "cuda") return 0;
+  if (device.rfind("cuda:", 0) != 0) return -1;
+  try {
+    return std::stoi(device.substr(5));
+  } catch (const std::exception&) {
+    return -1;
+  }
+}
+
+Executor::Executor(Options options, ModelRegistry* registry, JobQueue* queue,
                    ResultWriter* writer)
-    : index_(index), max_batch_(max_batch), models_(models), queue_(queue), writer_(writer) {}
+    : options_(std::move(options)),
+      registry_(registry),
+      queue_(queue),
+      writer_(writer),
+      stream_(CudaIndex(options_.device) >= 0 ? cuda::StreamFromPool(CudaIndex(options_.device))
+                                              : nullptr),
+      batcher_(stream_.get()) {}
 
 Executor::~Executor() { Join(); }
 
@@ -24,18 +40,18 @@ std::vector<JobResult> Executor::RunBatch(std::vector<Job> jobs) {
   std::vector<JobResult> results;
   if (jobs.empty()) return results;
   const std::string model_name = jobs.front().entry.model;
-  auto it = models_->find(model_name);
-  if (it == models_->end()) {
-    for (auto& job : jobs) {
-      results.push_back(FailedResult(
-          std::move(job), Status(codes::kUnknownModel,
-                                 "this worker does not serve model \"" + model_name + "\"")));
-    }
+  ModelRegistry::Lease lease;
+  Status s = registry_->Acquire(model_name, &lease, stream_.get());
+  if (!s.ok()) {
+    for (auto& job : jobs) results.push_back(FailedResult(std::move(job), s));
+    spdlog::warn("executor {}: model {}: {} job(s) failed: {}", options_.index, model_name,
+                 results.size(), s.ToString().substr(0, 300));
     return results;
   }
   const int64_t start = protocol::MonotonicMicros();
   const size_t n = jobs.size();
-  results = batcher_.Run(*it->second, std::move(jobs));
+  results = batcher_.Run(lease.model(), std::move(jobs), lease.limit());
+  lease.Reset();
   size_t failed = 0;
   for (const auto& r : results) failed += r.status.ok() ? 0 : 1;
   ++batches_;
@@ -45,20 +61,44 @@ std::vector<JobResult> Executor::RunBatch(std::vector<Job> jobs) {
     for (const auto& r : results) {
       if (!r.status.ok()) { bad = &r; break; }
     }
-    spdlog::warn("executor {}: model {} batch of {}: {} failed (first: job {}: {})", index_,
-                 model_name, n, failed, bad->job.entry.id, bad->status.ToString().substr(0, 300));
+    spdlog::warn("executor {}: model {} batch of {}: {} failed (first: job {}: {})",
+                 options_.index, model_name, n, failed, bad->job.entry.id,
+                 bad->status.ToString().substr(0, 300));
   } else {
-    spdlog::debug("executor {}: model {} batch of {} in {} us", index_, model_name, n,
+    spdlog::debug("executor {}: model {} batch of {} in {} us", options_.index, model_name, n,
                   protocol::MonotonicMicros() - start);
   }
   return results;
 }
 
 void Executor::Loop() {
-  spdlog::debug("executor {}: started", index_);
+  SetTorchThreads(options_.threads);  // per thread with OpenMP
+  spdlog::debug("executor {}: started on {} ({})", options_.index, options_.device,
+                cuda::Describe(stream_.get()));
+  const auto limit = [this](const std::string& model) {
+    return registry_->MaxBatch(model, options_.default_max_batch);
+  };
   std::vector<Job> jobs;
-  while (queue_->TakeBatch(max_batch_, &jobs)) {
+  while (queue_->TakeBatch(limit, &jobs)) {
     std::vector<JobResult> results;
+    // A job whose deadline passed while it waited here never reaches the device.
+    const int64_t now = protocol::NowMicros();
+    std::vector<JobResult> expired;
+    for (auto it = jobs.begin(); it != jobs.end();) {
+      if (it->entry.deadline_us != 0 && now > it->entry.deadline_us) {
+        expired.push_back(FailedResult(
+            std::move(*it), Status(codes::kExpired, "not started within its timeout_ms")));
+        it = jobs.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!expired.empty()) {
+      spdlog::info("executor {}: {} job(s) expired before their batch ran (first: {})",
+                   options_.index, expired.size(), expired.front().job.entry.id);
+      writer_->Submit(std::move(expired));
+      if (jobs.empty()) continue;
+    }
     // Keep the ids: if something unexpected throws, the jobs may be gone with the exception.
     std::vector<Job> skeletons;
     skeletons.reserve(jobs.size());
@@ -76,7 +116,7 @@ void Executor::Loop() {
     try {
       results = RunBatch(std::move(jobs));
     } catch (const std::exception& e) {
-      spdlog::error("executor {}: batch of {} failed unexpectedly: {}", index_,
+      spdlog::error("executor {}: batch of {} failed unexpectedly: {}", options_.index,
                     skeletons.size(), e.what());
       results.clear();
       for (auto& s : skeletons)
@@ -85,7 +125,8 @@ void Executor::Loop() {
     writer_->Submit(std::move(results));
     jobs.clear();
   }
-  spdlog::debug("executor {}: stopped after {} batches, {} jobs", index_, batches_, jobs_);
+  spdlog::debug("executor {}: stopped after {} batches, {} jobs", options_.index, batches_,
+                jobs_);
 }
 
 }  // namespace ferry::worker

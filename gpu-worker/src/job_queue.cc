@@ -1,5 +1,7 @@
 #include "ferry/worker/job_queue.h"
 
+#include <unordered_set>
+
 namespace ferry::worker {
 
 bool JobQueue::Push(std::vector<Job> jobs) {
@@ -14,12 +16,18 @@ bool JobQueue::Push(std::vector<Job> jobs) {
 }
 
 bool JobQueue::TakeBatch(size_t max_batch, std::vector<Job>* out) {
+  return TakeBatch([max_batch](const std::string&) { return max_batch; }, out);
+}
+
+bool JobQueue::TakeBatch(const std::function<size_t(const std::string& model)>& limit,
+                         std::vector<Job>* out) {
   out->clear();
-  if (max_batch == 0) max_batch = 1;
   std::unique_lock<std::mutex> lock(mu_);
   cv_.wait(lock, [this] { return closed_ || !jobs_.empty(); });
   if (jobs_.empty()) return false;  // closed and drained
   const std::string model = jobs_.front().entry.model;
+  size_t max_batch = limit(model);
+  if (max_batch == 0) max_batch = 1;
   for (auto it = jobs_.begin(); it != jobs_.end() && out->size() < max_batch;) {
     if (it->entry.model == model) {
       out->push_back(std::move(*it));
@@ -29,6 +37,22 @@ bool JobQueue::TakeBatch(size_t max_batch, std::vector<Job>* out) {
     }
   }
   return true;
+}
+
+std::vector<Job> JobQueue::Remove(const std::vector<std::string>& ids) {
+  std::vector<Job> removed;
+  if (ids.empty()) return removed;
+  const std::unordered_set<std::string> wanted(ids.begin(), ids.end());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    if (wanted.count(it->entry.id)) {
+      removed.push_back(std::move(*it));
+      it = jobs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return removed;
 }
 
 void JobQueue::Close() {

@@ -1,5 +1,6 @@
-// The worker's only libtorch translation unit: loading, dtype mapping, stacking, forward and
-// splitting. Every c10::Error / std::exception is caught here and turned into a Status.
+// The worker's only libtorch translation unit for inference: loading, dtype mapping, stacking
+// with padding, device conversions, the method call, splitting and trimming. Every c10::Error /
+// std::exception is caught here and turned into a Status.
 #include "ferry/worker/model.h"
 
 #include <ATen/Parallel.h>
@@ -7,6 +8,7 @@
 #include <torch/cuda.h>
 #include <torch/script.h>
 
+#include <algorithm>
 #include <cstring>
 #include <string_view>
 #include <utility>
@@ -62,15 +64,6 @@ Status ModelError(std::string message) {
   return Status(codes::kModelError, std::move(message));
 }
 
-bool SameSignature(const std::vector<protocol::TensorRef>& a,
-                   const std::vector<protocol::TensorRef>& b) {
-  if (a.size() != b.size()) return false;
-  for (size_t k = 0; k < a.size(); ++k) {
-    if (a[k].dtype != b[k].dtype || a[k].shape != b[k].shape) return false;
-  }
-  return true;
-}
-
 // Flattens forward's return value into tensors; false when it is not a tensor or a
 // tuple/list of tensors.
 bool CollectOutputs(const c10::IValue& v, std::vector<at::Tensor>* out) {
@@ -95,85 +88,211 @@ bool CollectOutputs(const c10::IValue& v, std::vector<at::Tensor>* out) {
   return false;
 }
 
+
+bool IsOutOfMemory(std::string_view message) {
+  return message.find("out of memory") != std::string_view::npos ||
+         message.find("OutOfMemory") != std::string_view::npos;
+}
+
+// Checks that every job has the first job's signature, up to the padded dimension.
+Status CheckSignatures(const Padding& padding,
+                       const std::vector<const std::vector<protocol::TensorRef>*>& inputs) {
+  const auto& first = *inputs[0];
+  for (const auto* job : inputs) {
+    FERRY_RETURN_IF_ERROR(padding.Check(*job));
+    bool same = job->size() == first.size();
+    for (size_t k = 0; same && k < first.size(); ++k) {
+      const auto& a = first[k];
+      const auto& b = (*job)[k];
+      same = a.dtype == b.dtype && a.shape.size() == b.shape.size();
+      const int64_t padded = padding.IsPadded(k) ? padding.DimOf(a) : -1;
+      for (size_t d = 0; same && d < a.shape.size(); ++d)
+        same = static_cast<int64_t>(d) == padded || a.shape[d] == b.shape[d];
+    }
+    if (!same)
+      return Status::InvalidArgument("Model::Run needs jobs with identical input signatures");
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
 struct Model::Impl {
+  struct Conversion {
+    size_t input;
+    c10::ScalarType to;
+    double scale;
+    at::Tensor mean;  // [C] on the device, undefined when none
+    at::Tensor std;
+    int64_t channel_dim;
+  };
   explicit Impl(c10::Device d) : device(d) {}
   c10::Device device;
   torch::jit::Module module;
+  std::vector<Conversion> conversions;
+
+  // Stacks input k of every job into one [B, ...] host tensor (pinned when the model is on
+  // CUDA), padding to `target` when input k is padded, and moves it to the device.
+  at::Tensor Stack(const Padding& padding, size_t k,
+                   const std::vector<const std::vector<protocol::TensorRef>*>& inputs,
+                   const std::vector<int64_t>& lengths, int64_t target) const;
+  // Applies the dtype conversions, half precision and the lengths input.
+  void Convert(bool half, std::vector<c10::IValue>* args) const;
 };
 
-Model::Model(std::string name, std::string device, std::unique_ptr<Impl> impl)
-    : name_(std::move(name)), device_(std::move(device)), impl_(std::move(impl)) {}
+at::Tensor Model::Impl::Stack(const Padding& padding, size_t k,
+                              const std::vector<const std::vector<protocol::TensorRef>*>& inputs,
+                              const std::vector<int64_t>& lengths, int64_t target) const {
+  const protocol::TensorRef& first = (*inputs[0])[k];
+  const int64_t batch = static_cast<int64_t>(inputs.size());
+  c10::ScalarType st;
+  if (!ToScalarType(first.dtype, &st)) throw std::invalid_argument("unsupported input dtype");
+  const bool pin = device.is_cuda();
+  const auto options = at::TensorOptions().dtype(st).device(c10::kCPU).pinned_memory(pin);
+  std::vector<int64_t> shape;
+  shape.push_back(batch);
+  shape.insert(shape.end(), first.shape.begin(), first.shape.end());
+  const int64_t dim = padding.IsPadded(k) ? padding.DimOf(first) : -1;
+  at::Tensor stacked;
+  if (dim < 0) {
+    stacked = at::empty(shape, options);
+    const size_t bytes = first.size;
+    char* dst = bytes > 0 ? static_cast<char*>(stacked.data_ptr()) : nullptr;
+    for (int64_t j = 0; j < batch && bytes > 0; ++j)
+      std::memcpy(dst + j * bytes, (*inputs[j])[k].data, bytes);
+  } else {
+    shape[static_cast<size_t>(dim) + 1] = target;
+    stacked = at::full(shape, padding.policy().value, options);
+    for (int64_t j = 0; j < batch; ++j) {
+      const protocol::TensorRef& t = (*inputs[j])[k];
+      if (t.size == 0) continue;
+      at::Tensor src = at::from_blob(const_cast<char*>(t.data), t.shape, at::TensorOptions().dtype(st));
+      stacked.select(0, j).narrow(dim, 0, lengths[static_cast<size_t>(j)]).copy_(src);
+    }
+  }
+  // From pinned memory the copy is asynchronous on the current stream; the caching host
+  // allocator keeps the staging block until the copy is done.
+  return pin ? stacked.to(device, st, /*non_blocking=*/true) : stacked;
+}
+
+void Model::Impl::Convert(bool half, std::vector<c10::IValue>* args) const {
+  for (const Conversion& c : conversions) {
+    if (c.input >= args->size()) continue;
+    at::Tensor x = (*args)[c.input].toTensor().to(c.to);
+    if (c.scale != 1.0) x = x.mul(c.scale);
+    if (c.mean.defined()) {
+      std::vector<int64_t> view(static_cast<size_t>(x.dim()), 1);
+      const int64_t cd = Padding::Normalize(c.channel_dim, static_cast<size_t>(x.dim() - 1));
+      if (cd < 0) throw std::invalid_argument("convert: channel_dim out of range");
+      view[static_cast<size_t>(cd) + 1] = c.mean.numel();
+      x = x.sub(c.mean.to(x.scalar_type()).view(view)).div(c.std.to(x.scalar_type()).view(view));
+    }
+    (*args)[c.input] = x;
+  }
+  if (!half) return;
+  for (c10::IValue& a : *args) {
+    if (a.isTensor() && at::isFloatingType(a.toTensor().scalar_type()))
+      a = a.toTensor().to(c10::kHalf);
+  }
+}
+
+Model::Model(ModelConfig config, std::unique_ptr<Impl> impl)
+    : config_(std::move(config)), padding_(config_.padding), impl_(std::move(impl)) {}
 
 Model::~Model() = default;
 
 Status Model::Create(std::string name, const std::string& path, const std::string& device,
                      std::unique_ptr<Model>* out) {
+  ModelConfig config;
+  config.name = std::move(name);
+  config.path = path;
+  config.device = device;
+  return Create(config, out);
+}
+
+Status Model::Create(const ModelConfig& config, std::unique_ptr<Model>* out) {
+  const std::string& device = config.device;
   if (device != "cpu" && device != "cuda" && device.rfind("cuda:", 0) != 0)
     return Status::InvalidArgument("device must be cpu, cuda or cuda:N, got \"" + device + "\"");
+  const std::string what = "cannot load model \"" + config.name + "\" from " + config.path + ": ";
   try {
     c10::Device dev(device);
+    int index = -1;
     if (dev.is_cuda()) {
       if (!torch::cuda::is_available())
         return Status::InvalidArgument("device " + device + ": libtorch sees no CUDA device");
       if (dev.has_index() && static_cast<size_t>(dev.index()) >= torch::cuda::device_count())
         return Status::InvalidArgument("device " + device + " does not exist");
+      index = dev.has_index() ? dev.index() : 0;
+    } else if (config.half) {
+      return Status::InvalidArgument("model \"" + config.name +
+                                     "\": half precision needs a CUDA device");
     }
+    const int64_t before = index >= 0 ? cuda::AllocatedBytes(index) : -1;
     auto impl = std::make_unique<Impl>(dev);
-    impl->module = torch::jit::load(path, dev);
+    impl->module = torch::jit::load(config.path, dev);
+    if (config.half) impl->module.to(c10::kHalf);
     impl->module.eval();
-    out->reset(new Model(std::move(name), device, std::move(impl)));
+    if (!impl->module.find_method(config.method))
+      return Status::InvalidArgument(what + "it has no method \"" + config.method + "\"");
+    int64_t params = 0;
+    for (const at::Tensor& p : impl->module.parameters()) params += static_cast<int64_t>(p.nbytes());
+    for (const at::Tensor& b : impl->module.buffers()) params += static_cast<int64_t>(b.nbytes());
+    const int64_t after = index >= 0 ? cuda::AllocatedBytes(index) : -1;
+    for (const InputConversion& c : config.convert) {
+      Impl::Conversion conv{c.input, c10::kFloat, c.scale, {}, {}, c.channel_dim};
+      if (!ToScalarType(c.to, &conv.to)) return Status::InvalidArgument("bad convert dtype");
+      if (!c.mean.empty()) {
+        conv.mean = at::tensor(c.mean, at::TensorOptions().dtype(c10::kDouble)).to(dev);
+        conv.std = at::tensor(c.std, at::TensorOptions().dtype(c10::kDouble)).to(dev);
+      }
+      impl->conversions.push_back(std::move(conv));
+    }
+    out->reset(new Model(config, std::move(impl)));
+    (*out)->parameter_bytes_ = params;
+    (*out)->memory_bytes_ = before >= 0 && after >= 0 ? std::max(params, after - before) : params;
     return Status::Ok();
   } catch (const c10::Error& e) {
-    return Status::Internal("cannot load model \"" + name + "\" from " + path + ": " +
-                            e.what_without_backtrace());
+    return Status::Internal(what + e.what_without_backtrace());
   } catch (const std::exception& e) {
-    return Status::Internal("cannot load model \"" + name + "\" from " + path + ": " + e.what());
+    return Status::Internal(what + e.what());
   }
 }
 
 Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& inputs,
-                  BatchOutput* out) const {
+                  BatchOutput* out, const cuda::Stream* stream) const {
   out->per_job.clear();
   out->owner.reset();
   out->retry_smaller = false;
+  out->out_of_memory = false;
   const int64_t batch = static_cast<int64_t>(inputs.size());
   if (batch == 0) return Status::Ok();
-  const std::vector<protocol::TensorRef>& first = *inputs[0];
-  for (const auto* job : inputs) {
-    if (!SameSignature(first, *job))
-      return Status::InvalidArgument("Model::Run needs jobs with identical input signatures");
+  FERRY_RETURN_IF_ERROR(CheckSignatures(padding_, inputs));
+  std::vector<int64_t> lengths(inputs.size());
+  int64_t longest = 0;
+  for (size_t j = 0; j < inputs.size(); ++j) {
+    lengths[j] = padding_.Length(*inputs[j]);
+    longest = std::max(longest, lengths[j]);
   }
+  const int64_t target = padding_.Target(longest);
 
-  std::vector<at::Tensor> outputs;
+  auto tensors = std::make_shared<std::vector<at::Tensor>>();
+  std::vector<at::Tensor>& outputs = *tensors;
   try {
+    auto stream_guard = cuda::UseStream(stream);
     c10::InferenceMode inference_mode;
     at::NoGradGuard no_grad;
-    // Stack: one allocation per input position, one memcpy per job.
     std::vector<c10::IValue> args;
-    args.reserve(first.size());
-    for (size_t k = 0; k < first.size(); ++k) {
-      c10::ScalarType st;
-      if (!ToScalarType(first[k].dtype, &st))
-        return Status::InvalidArgument("unsupported input dtype");
-      std::vector<int64_t> shape;
-      shape.reserve(first[k].shape.size() + 1);
-      shape.push_back(batch);
-      shape.insert(shape.end(), first[k].shape.begin(), first[k].shape.end());
-      at::Tensor stacked = at::empty(shape, at::TensorOptions().dtype(st).device(c10::kCPU));
-      const size_t bytes = first[k].size;
-      if (bytes > 0) {
-        char* dst = static_cast<char*>(stacked.data_ptr());
-        for (int64_t j = 0; j < batch; ++j)
-          std::memcpy(dst + j * bytes, (*inputs[j])[k].data, bytes);
-      }
-      args.emplace_back(stacked.to(impl_->device));
-    }
-    c10::IValue result = impl_->module.forward(std::move(args));
+    args.reserve(inputs[0]->size() + 1);
+    for (size_t k = 0; k < inputs[0]->size(); ++k)
+      args.emplace_back(impl_->Stack(padding_, k, inputs, lengths, target));
+    impl_->Convert(config_.half, &args);
+    if (padding_.policy().pass_lengths)
+      args.emplace_back(at::tensor(lengths, at::TensorOptions().dtype(c10::kLong)).to(impl_->device));
+    c10::IValue result = impl_->module.get_method(config_.method)(std::move(args));
 
     if (!CollectOutputs(result, &outputs)) {
-      return ModelError("forward returned " + result.tagKind() +
+      return ModelError(config_.method + " returned " + result.tagKind() +
                         "; expected a tensor or a tuple/list of tensors");
     }
     for (size_t k = 0; k < outputs.size(); ++k) {
@@ -184,6 +303,7 @@ Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& in
                           c10::str(t.sizes()) + "; its first dimension must be the batch size " +
                           std::to_string(batch));
       }
+      if (config_.half && t.scalar_type() == c10::kHalf) t = t.to(c10::kFloat);
       if (!FromScalarType(t.scalar_type(), &dtype)) {
         return ModelError("output " + std::to_string(k) + " has dtype " +
                           std::string(c10::toString(t.scalar_type())) +
@@ -193,33 +313,57 @@ Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& in
     }
   } catch (const c10::Error& e) {
     out->retry_smaller = true;
+    out->out_of_memory = IsOutOfMemory(e.what_without_backtrace());
+    if (out->out_of_memory) cuda::ReleaseCachedMemory();
     return ModelError(e.what_without_backtrace());
   } catch (const std::exception& e) {
     out->retry_smaller = true;
+    out->out_of_memory = IsOutOfMemory(e.what());
+    if (out->out_of_memory) cuda::ReleaseCachedMemory();
     return ModelError(e.what());
   }
 
-  // Split: job j's slice of output k starts at j * (bytes per job) in the contiguous tensor.
+  // Split: job j's slice of output k starts at j * (bytes per job) in the contiguous tensor;
+  // outputs the policy trims are cut per job into tensors of their own.
   out->per_job.assign(static_cast<size_t>(batch), {});
   for (auto& job_outputs : out->per_job) job_outputs.resize(outputs.size());
-  for (size_t k = 0; k < outputs.size(); ++k) {
-    const at::Tensor& t = outputs[k];
+  std::vector<const TrimRule*> trim(outputs.size(), nullptr);
+  for (const TrimRule& rule : padding_.policy().trim) {
+    if (rule.output >= outputs.size() ||
+        Padding::Normalize(rule.dim, static_cast<size_t>(outputs[rule.output].dim() - 1)) < 0) {
+      return ModelError("padding.trim names output " + std::to_string(rule.output) + " dim " +
+                        std::to_string(rule.dim) + ", which the model does not return");
+    }
+    trim[rule.output] = &rule;
+  }
+  const size_t untrimmed = outputs.size();
+  for (size_t k = 0; k < untrimmed; ++k) {
     protocol::TensorRef ref;
-    FromScalarType(t.scalar_type(), &ref.dtype);
-    ref.shape.assign(t.sizes().begin() + 1, t.sizes().end());
-    ref.size = static_cast<size_t>(t.numel() / batch) * t.element_size();
-    const char* base = static_cast<const char*>(t.data_ptr());
+    FromScalarType(outputs[k].scalar_type(), &ref.dtype);
     for (int64_t j = 0; j < batch; ++j) {
-      ref.data = ref.size > 0 ? base + j * ref.size : base;
+      at::Tensor slice;
+      if (trim[k] != nullptr) {
+        const at::Tensor row = outputs[k].select(0, j);
+        const int64_t d = Padding::Normalize(trim[k]->dim, static_cast<size_t>(row.dim()));
+        const int64_t keep = std::min(row.size(d), Padding::Trimmed(*trim[k], lengths[j]));
+        outputs.push_back(row.narrow(d, 0, keep).contiguous());
+        slice = outputs.back();
+      } else {
+        slice = outputs[k].select(0, j);  // contiguous: a view into row j
+      }
+      ref.shape.assign(slice.sizes().begin(), slice.sizes().end());
+      ref.size = static_cast<size_t>(slice.numel()) * slice.element_size();
+      ref.data = static_cast<const char*>(slice.data_ptr());
       out->per_job[static_cast<size_t>(j)][k] = ref;
     }
   }
-  out->owner = std::make_shared<std::vector<at::Tensor>>(std::move(outputs));
+  out->owner = std::move(tensors);
   return Status::Ok();
 }
 
 void SetTorchThreads(int intra_op_threads) {
-  if (intra_op_threads > 0) at::set_num_threads(intra_op_threads);
+  if (intra_op_threads > 0 && at::get_num_threads() != intra_op_threads)
+    at::set_num_threads(intra_op_threads);
 }
 
 bool CudaAvailable() {

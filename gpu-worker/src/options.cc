@@ -17,8 +17,8 @@ Status ParseModel(const std::string& spec, ModelSpec* out) {
     return Status::InvalidArgument("--model wants NAME=PATH.pt, got \"" + spec + "\"");
   out->name = spec.substr(0, eq);
   out->path = spec.substr(eq + 1);
-  if (out->name.size() > 128)
-    return Status::InvalidArgument("--model name must be 1-128 characters");
+  Status s = ValidateModelConfig(*out);
+  if (!s.ok()) return Status::InvalidArgument("--model " + spec + ": " + s.message());
   return Status::Ok();
 }
 
@@ -33,24 +33,40 @@ bool ValidDevice(const std::string& d) {
 
 }  // namespace
 
+void ResolveModelDefaults(WorkerOptions* options) {
+  for (ModelConfig& m : options->models) {
+    if (m.device.empty()) m.device = options->device;
+    if (m.max_batch == 0) m.max_batch = options->max_batch;
+  }
+}
+
 Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help,
                         std::string* usage) {
   *help = false;
   WorkerOptions& o = *out;
   std::vector<std::string> models;
+  std::string memory_budget = "0";
   protocol::FlagSet flags("ferry-worker",
                           "Runs TorchScript models on batches of jobs pulled from a Ferry broker "
                           "and writes the results to Redis.");
   flags.String("broker", &o.broker, "the broker's backend endpoint");
   flags.String("redis", &o.redis, "Redis for results, redis://HOST:PORT[/DB]");
-  flags.Repeated("model", &models, "a model to serve, NAME=PATH.pt (TorchScript; at least one)");
-  flags.String("device", &o.device, "cpu, cuda or cuda:N");
-  flags.Int("max-batch", &o.max_batch, "most jobs per forward call");
-  flags.Int("instances", &o.instances, "executor threads running batches concurrently");
+  flags.Repeated("model", &models, "a model to serve, NAME=PATH.pt (TorchScript; shorthand for "
+                 "a --models entry with defaults)");
+  flags.String("models", &o.models_file, "a model repository file (TOML, docs/models.md)");
+  flags.String("device", &o.device, "cpu, cuda or cuda:N (models without a device of their own)");
+  flags.Int("max-batch", &o.max_batch, "most jobs per call (models without max_batch of their own)");
+  flags.String("memory-budget", &memory_budget,
+               "memory for resident models, e.g. 20G or 512M (0: unlimited); least recently "
+               "used idle models are unloaded to make room");
+  flags.Int("instances", &o.instances,
+            "executor threads running batches concurrently (one CUDA stream each)");
   flags.Int("threads", &o.threads, "intra-op torch threads (0: hardware cores / instances)");
   flags.String("redis-prefix", &o.redis_prefix, "prefix of every Redis key");
   flags.String("name", &o.name, "worker name, unique in the fleet (default: host:pid:device)");
   flags.Int("heartbeat-ms", &o.heartbeat_ms, "interval of heartbeats to the broker");
+  flags.Int("liveness", &o.liveness,
+            "heartbeats the broker may miss before the worker reconnects and re-announces");
   flags.Int("result-ttl-s", &o.result_ttl_s, "expiry of results whose job sets none");
   flags.String("log-level", &o.log_level, "trace, debug, info, warn, error or critical");
   Status s = flags.Parse(argc, argv);
@@ -63,17 +79,22 @@ Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help,
   if (!flags.positional().empty())
     return Status::InvalidArgument("unexpected argument \"" + flags.positional()[0] + "\"");
 
-  if (models.empty()) return Status::InvalidArgument("at least one --model NAME=PATH.pt needed");
   o.models.clear();
+  if (!o.models_file.empty()) FERRY_RETURN_IF_ERROR(ParseModelRepository(o.models_file, &o.models));
+  if (models.empty() && o.models.empty())
+    return Status::InvalidArgument("at least one --model NAME=PATH.pt or --models FILE needed");
   for (const auto& m : models) {
     ModelSpec spec;
     FERRY_RETURN_IF_ERROR(ParseModel(m, &spec));
-    for (const auto& other : o.models) {
-      if (other.name == spec.name)
-        return Status::InvalidArgument("model \"" + spec.name + "\" given twice");
-    }
     o.models.push_back(std::move(spec));
   }
+  for (size_t i = 0; i < o.models.size(); ++i) {
+    for (size_t j = 0; j < i; ++j) {
+      if (o.models[i].name == o.models[j].name)
+        return Status::InvalidArgument("model \"" + o.models[i].name + "\" given twice");
+    }
+  }
+  FERRY_RETURN_IF_ERROR(ParseByteSize(memory_budget, &o.memory_budget));
   if (o.broker.empty()) return Status::InvalidArgument("--broker must not be empty");
   protocol::RedisEndpoint endpoint;
   FERRY_RETURN_IF_ERROR(protocol::ParseRedisUrl(o.redis, &endpoint));
@@ -88,12 +109,24 @@ Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help,
     return Status::InvalidArgument("--threads must be 0..1024");
   if (o.heartbeat_ms < 10 || o.heartbeat_ms > 600000)
     return Status::InvalidArgument("--heartbeat-ms must be 10..600000");
+  if (o.liveness < 1 || o.liveness > 1000)
+    return Status::InvalidArgument("--liveness must be 1..1000");
   if (o.result_ttl_s < 1) return Status::InvalidArgument("--result-ttl-s must be >= 1");
   static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   bool level_ok = false;
   for (const char* l : kLevels) level_ok = level_ok || o.log_level == l;
   if (!level_ok) return Status::InvalidArgument("bad --log-level \"" + o.log_level + "\"");
 
+  ResolveModelDefaults(&o);
+  for (ModelConfig& m : o.models) {
+    if (!ValidDevice(m.device))
+      return Status::InvalidArgument("model \"" + m.name + "\": device must be cpu, cuda or cuda:N");
+    if (m.half && m.device == "cpu")
+      return Status::InvalidArgument("model \"" + m.name + "\": half precision needs a CUDA device");
+  }
+
+  // CPU rule: executors x intra-op threads = the cores, so that concurrent batches do not
+  // oversubscribe them.
   if (o.threads == 0) {
     int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
     o.threads = std::max<int64_t>(1, cores / o.instances);

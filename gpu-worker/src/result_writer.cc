@@ -21,6 +21,14 @@ struct PackedResult {
 
 bool IsPowerOfTwo(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 
+// The result's "status" for a job's final Status.
+std::string_view ResultStatus(const Status& s) {
+  if (s.ok()) return "done";
+  if (s.code() == codes::kCancelled) return "cancelled";
+  if (s.code() == codes::kExpired) return "expired";
+  return "failed";
+}
+
 }  // namespace
 
 ResultWriter::ResultWriter(zmq::context_t* context, Options options)
@@ -95,21 +103,33 @@ void ResultWriter::Loop() {
       batch.swap(queue_);
       in_flight_ = batch.size();
     }
-    const bool written = Write(&batch);
+    int64_t duplicates = 0;
+    const bool written = Write(&batch, &duplicates);
     {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_ = 0;
       if (written) written_ += static_cast<int64_t>(batch.size());
+      duplicates_ += duplicates;
     }
     if (!written) {
       spdlog::error("result writer: aborted with {} results unwritten", batch.size());
       break;
     }
-    if (push) SendDone(*push, batch);
+    if (duplicates > 0) {
+      spdlog::info("result writer: {} of {} result(s) already had a final result (first wins)",
+                   duplicates, batch.size());
+    }
+    if (push) SendDone(*push, batch, duplicates);
   }
 }
 
-bool ResultWriter::Write(std::vector<JobResult>* results) {
+int64_t ResultWriter::duplicates() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return duplicates_;
+}
+
+bool ResultWriter::Write(std::vector<JobResult>* results, int64_t* duplicates) {
+  *duplicates = 0;
   // Pack once; the outputs' memory (the batch tensors) is released right after.
   std::vector<PackedResult> packed;
   packed.reserve(results->size());
@@ -118,7 +138,7 @@ bool ResultWriter::Write(std::vector<JobResult>* results) {
     const protocol::ChunkJob& e = r.job.entry;
     protocol::ResultRecord rec;
     rec.id = e.id;
-    rec.status = r.status.ok() ? "done" : "failed";
+    rec.status = ResultStatus(r.status);
     rec.model = e.model;
     rec.worker = options_.worker_name;
     if (r.status.ok()) {
@@ -155,10 +175,14 @@ bool ResultWriter::Write(std::vector<JobResult>* results) {
       for (const auto& p : packed) client_->Append({"SET", p.key, p.value, "EX", p.ttl, "NX"});
       std::vector<protocol::RedisReply> replies;
       s = client_->Flush(&replies);
+      int64_t nil = 0;
       for (const auto& reply : replies) {
         if (s.ok() && reply.type == protocol::RedisReply::Type::kError)
           s = Status::Internal("redis: " + reply.str);
+        if (reply.type == protocol::RedisReply::Type::kNil) ++nil;
       }
+      // On a retry a nil may be our own earlier write that got through: count first tries only.
+      if (s.ok() && attempt == 1) *duplicates = nil;
     }
     if (s.ok()) {
       if (attempt > 1)
@@ -175,11 +199,13 @@ bool ResultWriter::Write(std::vector<JobResult>* results) {
   }
 }
 
-void ResultWriter::SendDone(zmq::socket_t& push, const std::vector<JobResult>& results) {
+void ResultWriter::SendDone(zmq::socket_t& push, const std::vector<JobResult>& results,
+                            int64_t duplicates) {
   std::vector<std::string> ids;
   ids.reserve(results.size());
   for (const auto& r : results) ids.push_back(r.job.entry.id);
-  Status s = protocol::SendMessage(push, nullptr, protocol::kDone, protocol::EncodeIds(ids));
+  Status s = protocol::SendMessage(push, nullptr, protocol::kDone,
+                                   protocol::EncodeDone(ids, duplicates));
   if (!s.ok()) {
     spdlog::error("result writer: cannot hand {} DONE ids to the I/O thread: {}", ids.size(),
                   s.ToString());

@@ -11,22 +11,23 @@ namespace ferry::worker {
 
 Status Worker::Create(WorkerOptions options, std::unique_ptr<Worker>* out) {
   SetTorchThreads(static_cast<int>(options.threads));
-  ModelMap models;
-  for (const ModelSpec& spec : options.models) {
-    const int64_t start = protocol::MonotonicMicros();
-    std::unique_ptr<Model> model;
-    FERRY_RETURN_IF_ERROR(Model::Create(spec.name, spec.path, options.device, &model));
-    spdlog::info("model {} loaded from {} on {} in {} ms", spec.name, spec.path, options.device,
-                 (protocol::MonotonicMicros() - start) / 1000);
-    models.emplace(spec.name, std::move(model));
-  }
-  out->reset(new Worker(std::move(options), std::move(models)));
+  ResolveModelDefaults(&options);
+  ModelRegistry::Options ropts;
+  ropts.memory_budget = options.memory_budget;
+  auto registry = std::make_unique<ModelRegistry>(ropts, options.models);
+  const int64_t start = protocol::MonotonicMicros();
+  FERRY_RETURN_IF_ERROR(registry->LoadEager());
+  const auto resident = registry->Resident();
+  spdlog::info("{} of {} model(s) loaded and warm in {} ms; the rest load on first use",
+               resident.size(), options.models.size(),
+               (protocol::MonotonicMicros() - start) / 1000);
+  out->reset(new Worker(std::move(options), std::move(registry)));
   return Status::Ok();
 }
 
-Worker::Worker(WorkerOptions options, ModelMap models)
+Worker::Worker(WorkerOptions options, std::unique_ptr<ModelRegistry> registry)
     : options_(std::move(options)),
-      models_(std::move(models)),
+      registry_(std::move(registry)),
       queue_(static_cast<size_t>(options_.capacity())),
       context_(1) {}
 
@@ -38,7 +39,35 @@ Worker::~Worker() {
     link_.reset();
   }
   executors_.clear();
+  registry_->SetListener(nullptr);
+  {
+    std::lock_guard<std::mutex> lock(announce_mu_);
+    announce_.reset();
+  }
   writer_.reset();
+}
+
+protocol::WorkerHello Worker::Hello() const {
+  protocol::WorkerHello hello;
+  hello.worker = options_.name;
+  hello.device = options_.device;
+  hello.host = protocol::HostName();
+  hello.pid = getpid();
+  hello.capacity = options_.capacity();
+  for (const ModelConfig& m : options_.models) hello.models.push_back({m.name, m.max_batch});
+  hello.resident = registry_->Resident();
+  return hello;
+}
+
+void Worker::AnnounceResidency() {
+  std::lock_guard<std::mutex> lock(announce_mu_);
+  if (!announce_) return;
+  std::string names;
+  for (const auto& n : registry_->Resident()) names += (names.empty() ? "" : ",") + n;
+  spdlog::info("worker {}: resident models now [{}]; re-announcing", options_.name, names);
+  // A READY on the outbox asks the I/O thread to re-announce with Hello() (current residency).
+  Status s = protocol::SendMessage(*announce_, nullptr, protocol::kReady, protocol::EncodeEmpty());
+  if (!s.ok()) spdlog::warn("worker {}: re-announce: {}", options_.name, s.ToString());
 }
 
 void Worker::RequestStop() {
@@ -63,14 +92,10 @@ Status Worker::Run() {
   BrokerLink::Options lopts;
   lopts.endpoint = options_.broker;
   lopts.heartbeat_ms = options_.heartbeat_ms;
+  lopts.liveness = options_.liveness;
   lopts.outbox_address = outbox;
-  lopts.hello.worker = options_.name;
-  lopts.hello.device = options_.device;
-  lopts.hello.host = protocol::HostName();
-  lopts.hello.pid = getpid();
-  lopts.hello.capacity = options_.capacity();
-  for (const auto& [name, model] : models_)
-    lopts.hello.models.push_back({name, options_.max_batch});
+  lopts.hello = Hello();
+  lopts.hello_fn = [this] { return Hello(); };
 
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -79,20 +104,38 @@ Status Worker::Run() {
     FERRY_RETURN_IF_ERROR(link_->Start());  // binds the outbox before the writer connects
     if (stop_requested_.load()) link_->RequestDrain();
   }
+  {
+    std::lock_guard<std::mutex> lock(announce_mu_);
+    announce_ = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::push);
+    announce_->set(zmq::sockopt::linger, 0);
+    announce_->connect(outbox);
+  }
+  registry_->SetListener([this] { AnnounceResidency(); });
   writer_->Start();
   for (int64_t i = 0; i < options_.instances; ++i) {
-    executors_.push_back(std::make_unique<Executor>(static_cast<int>(i),
-                                                    static_cast<size_t>(options_.max_batch),
-                                                    &models_, &queue_, writer_.get()));
+    Executor::Options eopts;
+    eopts.index = static_cast<int>(i);
+    eopts.device = options_.device;
+    eopts.threads = static_cast<int>(options_.threads);
+    eopts.default_max_batch = static_cast<size_t>(options_.max_batch);
+    executors_.push_back(std::make_unique<Executor>(eopts, registry_.get(), &queue_, writer_.get()));
     executors_.back()->Start();
   }
-  spdlog::info("worker {} running on {}: {} executor(s) x {} torch thread(s), max batch {}",
+  spdlog::info("worker {} running on {}: {} executor(s) x {} torch thread(s), {} model(s), "
+               "{} resident, capacity {}, memory budget {}",
                options_.name, options_.device, options_.instances, options_.threads,
-               options_.max_batch);
+               options_.models.size(), registry_->Resident().size(), options_.capacity(),
+               options_.memory_budget > 0 ? std::to_string(options_.memory_budget) + " bytes"
+                                          : std::string("unlimited"));
 
   link_->Join();  // returns once drained and BYE is sent
   queue_.Close();
   for (auto& e : executors_) e->Join();
+  registry_->SetListener(nullptr);
+  {
+    std::lock_guard<std::mutex> lock(announce_mu_);
+    announce_.reset();
+  }
   writer_->Stop();
   spdlog::info("worker {} stopped", options_.name);
   return Status::Ok();

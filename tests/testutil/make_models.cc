@@ -8,6 +8,17 @@
 //   encoder.pt  forward(x: [B,T,384] float32) -> [B,T,384]: 4 pre-norm transformer encoder
 //               layers (6 heads, FFN 1536, GELU) and a final layer norm; random weights from
 //               torch::manual_seed(0) (Whisper-tiny encoder sized; a benchmark model)
+//   resnet.pt   forward(x: [B,3,H,W] float32) -> [B,1000] logits: ResNet-18 (conv 7x7/2, max
+//               pool, 4 stages of 2 basic blocks, 64-128-256-512 channels, global average pool,
+//               fc). Batch norm is folded into the convolutions' bias, as inference engines do,
+//               so the FLOPs are ResNet-18's (1.8 GFLOP at 224x224); any H,W >= 32 works.
+//               Random weights from torch::manual_seed(1).
+//   resnet_u8.pt  the same network and weights taking x: [B,3,H,W] uint8 (pixels 0-255); it
+//               converts on the model's device: x.float() / 255 then ImageNet mean/std.
+//   null.pt     forward(x) -> x: computes nothing; measures dispatch and delivery alone.
+//   slow.pt     forward(x: [B,1] float32) -> x, after int(max(x)) chained 256x256 matmuls
+//               (about a millisecond each on one CPU core): a job that takes as long as its
+//               input says, for tests of jobs that are running when something happens.
 #include <torch/script.h>
 #include <torch/utils.h>
 
@@ -16,6 +27,8 @@
 #include <exception>
 #include <filesystem>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -96,20 +109,134 @@ def forward(self, x):
   return m;
 }
 
+// ---- ResNet-18 -------------------------------------------------------------------------------
+
+struct ResNetWeights {
+  std::vector<std::pair<std::string, torch::Tensor>> params;  // name -> tensor, in order
+};
+
+// Conv weights He-scaled (std sqrt(2/fan_in)) times 0.5 on the second conv of each block, so
+// the activations stay bounded through the residual sum with random weights.
+ResNetWeights MakeResNetWeights() {
+  torch::manual_seed(1);
+  ResNetWeights w;
+  auto conv = [&](const std::string& name, int64_t out, int64_t in, int64_t k, double scale) {
+    const double std_dev = std::sqrt(2.0 / static_cast<double>(in * k * k)) * scale;
+    w.params.emplace_back(name + "_w", torch::randn({out, in, k, k}) * std_dev);
+    w.params.emplace_back(name + "_b", torch::randn({out}) * 0.01);
+  };
+  conv("conv1", 64, 3, 7, 1.0);
+  const int64_t channels[] = {64, 128, 256, 512};
+  int64_t in = 64;
+  for (int stage = 0; stage < 4; ++stage) {
+    for (int block = 0; block < 2; ++block) {
+      const std::string p = "l" + std::to_string(stage + 1) + "_" + std::to_string(block);
+      const int64_t out = channels[stage];
+      conv(p + "_c1", out, in, 3, 1.0);
+      conv(p + "_c2", out, out, 3, 0.5);
+      if (block == 0 && stage > 0) conv(p + "_d", out, in, 1, 1.0);
+      in = out;
+    }
+  }
+  w.params.emplace_back("fc_w", torch::randn({1000, 512}) * (1.0 / std::sqrt(512.0)));
+  w.params.emplace_back("fc_b", torch::zeros({1000}));
+  return w;
+}
+
+// TorchScript source of the network; `prologue` turns the input into float32 `x`.
+std::string ResNetSource(const std::string& prologue) {
+  std::string src = R"(
+def block(self, x, w1, b1, w2, b2, stride: int):
+    h = torch.relu(torch.conv2d(x, w1, b1, [stride, stride], [1, 1]))
+    h = torch.conv2d(h, w2, b2, [1, 1], [1, 1])
+    return torch.relu(h + x)
+
+def down(self, x, w1, b1, w2, b2, wd, bd):
+    h = torch.relu(torch.conv2d(x, w1, b1, [2, 2], [1, 1]))
+    h = torch.conv2d(h, w2, b2, [1, 1], [1, 1])
+    return torch.relu(h + torch.conv2d(x, wd, bd, [2, 2], [0, 0]))
+
+def forward(self, x):
+)";
+  src += prologue;
+  src += "    x = torch.relu(torch.conv2d(x, self.conv1_w, self.conv1_b, [2, 2], [3, 3]))\n";
+  src += "    x = torch.max_pool2d(x, [3, 3], [2, 2], [1, 1])\n";
+  for (int stage = 1; stage <= 4; ++stage) {
+    for (int block = 0; block < 2; ++block) {
+      const std::string p = "self.l" + std::to_string(stage) + "_" + std::to_string(block);
+      const std::string c = p + "_c1_w, " + p + "_c1_b, " + p + "_c2_w, " + p + "_c2_b";
+      if (block == 0 && stage > 1)
+        src += "    x = self.down(x, " + c + ", " + p + "_d_w, " + p + "_d_b)\n";
+      else
+        src += "    x = self.block(x, " + c + ", 1)\n";
+    }
+  }
+  src += "    x = torch.mean(x, [2, 3])\n";
+  src += "    return torch.matmul(x, self.fc_w.t()) + self.fc_b\n";
+  return src;
+}
+
+torch::jit::Module MakeResNet(const ResNetWeights& w, bool uint8_input) {
+  torch::jit::Module m(uint8_input ? "FerryResNet18U8" : "FerryResNet18");
+  for (const auto& [name, t] : w.params)
+    m.register_parameter(name, t.contiguous(), /*is_buffer=*/false);
+  std::string prologue;
+  if (uint8_input) {
+    m.register_buffer("mean", torch::tensor({0.485f, 0.456f, 0.406f}).view({1, 3, 1, 1}));
+    m.register_buffer("std", torch::tensor({0.229f, 0.224f, 0.225f}).view({1, 3, 1, 1}));
+    prologue = "    x = (x.float() / 255.0 - self.mean) / self.std\n";
+  }
+  m.define(ResNetSource(prologue));
+  return m;
+}
+
+torch::jit::Module MakeNull() {
+  torch::jit::Module m("FerryNull");
+  m.define(R"(
+def forward(self, x):
+    return x
+)");
+  return m;
+}
+
+torch::jit::Module MakeSlow() {
+  torch::jit::Module m("FerrySlow");
+  torch::Tensor w = torch::eye(256, torch::kFloat32) * 0.5 + 0.001;
+  m.register_buffer("w", w);
+  m.define(R"(
+def forward(self, x):
+    n = int(x.max())
+    y = self.w
+    for i in range(n):
+        y = torch.tanh(torch.matmul(y, self.w))
+    return x + 0.0 * y.sum()
+)");
+  return m;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc != 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::fprintf(argc == 2 ? stdout : stderr,
                  "usage: ferry-make-models OUTDIR\n"
-                 "Writes tiny.pt, multi.pt and encoder.pt (TorchScript) into OUTDIR.\n");
+                 "Writes tiny.pt, multi.pt, encoder.pt, resnet.pt, resnet_u8.pt, null.pt and\n"
+                 "slow.pt "
+                 "(TorchScript, fixed random weights) into OUTDIR.\n");
     return argc == 2 ? 0 : 2;
   }
   const std::filesystem::path dir = argv[1];
   try {
     std::filesystem::create_directories(dir);
+    const ResNetWeights resnet = MakeResNetWeights();
     const std::pair<const char*, torch::jit::Module> models[] = {
-        {"tiny.pt", MakeTiny()}, {"multi.pt", MakeMulti()}, {"encoder.pt", MakeEncoder()}};
+        {"tiny.pt", MakeTiny()},
+        {"multi.pt", MakeMulti()},
+        {"encoder.pt", MakeEncoder()},
+        {"resnet.pt", MakeResNet(resnet, /*uint8_input=*/false)},
+        {"resnet_u8.pt", MakeResNet(resnet, /*uint8_input=*/true)},
+        {"null.pt", MakeNull()},
+        {"slow.pt", MakeSlow()}};
     for (const auto& [file, module] : models) {
       const std::string path = (dir / file).string();
       module.save(path);

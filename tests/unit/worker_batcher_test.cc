@@ -14,6 +14,7 @@
 #include "ferry/worker/batcher.h"
 #include "ferry/worker/executor.h"
 #include "ferry/worker/model.h"
+#include "ferry/worker/model_registry.h"
 
 namespace ferry::worker {
 namespace {
@@ -281,9 +282,15 @@ TEST_F(BatcherTest, UnencodableOutputsFailWithModelError) {
 }
 
 TEST_F(BatcherTest, ExecutorFailsJobsOfAnUnknownModel) {
-  ModelMap models;
-  models["linear"] = Linear();
-  Executor executor(0, 32, &models, nullptr, nullptr);
+  ASSERT_TRUE(Linear());  // saves linear.pt
+  ModelConfig config;
+  config.name = "linear";
+  config.path = (std::filesystem::path(::testing::TempDir()) / "ferry_worker_batcher" / "linear.pt")
+                    .string();
+  config.device = "cpu";
+  config.max_batch = 32;
+  ModelRegistry registry(ModelRegistry::Options{}, {config});
+  Executor executor(Executor::Options{}, &registry, nullptr, nullptr);
   auto results = executor.RunBatch({MakeJob("u1", "nope", {Row(0)}), MakeJob("u2", "nope", {Row(1)})});
   ASSERT_EQ(results.size(), 2u);
   for (const auto& r : results) {

@@ -98,6 +98,7 @@ std::string InputsRaw(const std::vector<Tensor>& inputs) {
 struct Entry {
   std::string id, model, inputs_raw;
   int64_t ttl = 0;
+  int64_t deadline_us = 0;
 };
 
 zmq::message_t Chunk(const std::vector<Entry>& entries) {
@@ -107,7 +108,8 @@ zmq::message_t Chunk(const std::vector<Entry>& entries) {
   protocol::PackString(pk, "jobs");
   pk.pack_array(static_cast<uint32_t>(entries.size()));
   for (const auto& e : entries)
-    protocol::PackChunkEntry(pk, e.id, e.model, e.inputs_raw, 1, 0, e.ttl, 111, 222);
+    protocol::PackChunkEntry(pk, e.id, e.model, e.inputs_raw, 1, 0, e.ttl, 111, 222,
+                             e.deadline_us);
   return protocol::ToMessage(std::move(buf));
 }
 
@@ -167,12 +169,16 @@ class WorkerLoopTest : public ::testing::Test {
     WorkerOptions o;
     o.broker = router_.get(zmq::sockopt::last_endpoint);
     o.redis = "redis://127.0.0.1:" + std::to_string(redis_port);
-    o.models = {{"tiny", models_ + "/tiny.pt"}};
+    ModelConfig tiny;
+    tiny.name = "tiny";
+    tiny.path = models_ + "/tiny.pt";
+    o.models = {tiny};
     o.max_batch = 4;
     o.instances = 2;
     o.threads = 1;
     o.name = "test-worker";
     o.heartbeat_ms = 50;
+    o.liveness = 1000;  // this fake broker sends no heartbeats; tests that want them lower it
     o.result_ttl_s = 100;
     return o;
   }
@@ -207,6 +213,8 @@ TEST_F(WorkerLoopTest, RunsChunksReportsEveryJobOnceAndDrainsOnStop) {
     ASSERT_EQ(hello.models.size(), 1u);
     EXPECT_EQ(hello.models[0].name, "tiny");
     EXPECT_EQ(hello.models[0].max_batch, 4);
+    ASSERT_TRUE(hello.resident.has_value());  // loaded eagerly and warm before READY
+    EXPECT_EQ(*hello.resident, std::vector<std::string>({"tiny"}));
   }
 
   // Bad entry: the tensor's data is 3 bytes where [8] float32 needs 32.
@@ -342,6 +350,152 @@ TEST_F(WorkerLoopTest, HoldsResultsWhileRedisIsDownAndDoneFollowsTheWrite) {
   worker->RequestStop();
   ASSERT_TRUE(Next(&m));
   EXPECT_EQ(m.command, protocol::kBye);
+  run.join();
+}
+
+TEST_F(WorkerLoopTest, LazyModelIsReannouncedAsResidentOnceLoaded) {
+  WorkerOptions o = Options(redis_.port());
+  o.models[0].load = LoadPolicy::kLazy;
+  std::unique_ptr<Worker> worker;
+  ASSERT_TRUE(Worker::Create(o, &worker).ok());
+  std::thread run([&] { EXPECT_TRUE(worker->Run().ok()); });
+  auto resident = [](const Message& m) {
+    msgpack::object_handle oh;
+    protocol::WorkerHello hello;
+    EXPECT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+    EXPECT_TRUE(protocol::DecodeHello(oh.get(), &hello).ok());
+    EXPECT_EQ(hello.models.size(), 1u);  // served from the start, loaded on first use
+    return hello.resident.value_or(std::vector<std::string>{"(absent)"});
+  };
+  Message m;
+  ASSERT_TRUE(Next(&m));
+  ASSERT_EQ(m.command, protocol::kReady);
+  EXPECT_TRUE(resident(m).empty());
+  const std::string peer(m.envelope.at(0).to_string_view());
+  ASSERT_TRUE(protocol::SendTo(router_, peer, protocol::kChunk,
+                               Chunk({{"l1", "tiny", InputsRaw({Row(1)})}}))
+                  .ok());
+  bool done = false, announced = false;
+  while (!done || !announced) {
+    ASSERT_TRUE(Next(&m));
+    if (m.command == protocol::kReady) {
+      EXPECT_EQ(resident(m), std::vector<std::string>({"tiny"}));
+      announced = true;
+    } else {
+      ASSERT_EQ(m.command, protocol::kDone);
+      done = true;
+    }
+  }
+  EXPECT_EQ(ReadResult("l1").state, JobState::kDone);
+  worker->RequestStop();
+  ASSERT_TRUE(Next(&m));
+  EXPECT_EQ(m.command, protocol::kBye);
+  run.join();
+}
+
+TEST_F(WorkerLoopTest, ReconnectsAndReannouncesWhenTheBrokerFallsSilent) {
+  WorkerOptions o = Options(redis_.port());
+  o.liveness = 2;  // silent for 100 ms: presumed dead
+  std::unique_ptr<Worker> worker;
+  ASSERT_TRUE(Worker::Create(o, &worker).ok());
+  std::thread run([&] { EXPECT_TRUE(worker->Run().ok()); });
+  Message m;
+  ASSERT_TRUE(Next(&m));
+  ASSERT_EQ(m.command, protocol::kReady);
+  const std::string first(m.envelope.at(0).to_string_view());
+  // Answer nothing: the worker must give up on this connection and announce itself again
+  // on a fresh socket (a new identity at the ROUTER).
+  ASSERT_TRUE(Next(&m, 5000));
+  EXPECT_EQ(m.command, protocol::kReady);
+  EXPECT_NE(std::string(m.envelope.at(0).to_string_view()), first);
+  worker->RequestStop();
+  run.join();
+}
+
+TEST_F(WorkerLoopTest, JobPastItsDeadlineIsExpiredWithoutRunning) {
+  std::unique_ptr<Worker> worker;
+  ASSERT_TRUE(Worker::Create(Options(redis_.port()), &worker).ok());
+  std::thread run([&] { EXPECT_TRUE(worker->Run().ok()); });
+  Message m;
+  ASSERT_TRUE(Next(&m));
+  ASSERT_EQ(m.command, protocol::kReady);
+  const std::string peer(m.envelope.at(0).to_string_view());
+  const int64_t now = protocol::NowMicros();
+  Entry late{"e-late", "tiny", InputsRaw({Row(1)})};
+  late.deadline_us = now - 1000;
+  Entry fine{"e-fine", "tiny", InputsRaw({Row(2)})};
+  fine.deadline_us = now + 60'000'000;
+  ASSERT_TRUE(protocol::SendTo(router_, peer, protocol::kChunk, Chunk({late, fine})).ok());
+  std::set<std::string> done;
+  while (done.size() < 2) {
+    ASSERT_TRUE(Next(&m));
+    ASSERT_EQ(m.command, protocol::kDone);
+    for (const auto& id : DoneIds(m)) done.insert(id);
+  }
+  Result r = ReadResult("e-late");
+  EXPECT_EQ(r.state, JobState::kExpired);
+  EXPECT_EQ(r.error.code(), codes::kExpired);
+  EXPECT_EQ(r.timing_us.count("compute_start"), 0u) << "an expired job never reaches the model";
+  EXPECT_EQ(ReadResult("e-fine").state, JobState::kDone);
+  worker->RequestStop();
+  run.join();
+}
+
+TEST_F(WorkerLoopTest, CancelDropsQueuedJobsAndCountsDuplicateResults) {
+  WorkerOptions o = Options(redis_.port());
+  ModelConfig slow;
+  slow.name = "slow";
+  slow.path = models_ + "/slow.pt";
+  o.models = {slow};
+  o.instances = 1;
+  o.max_batch = 1;
+  std::unique_ptr<Worker> worker;
+  ASSERT_TRUE(Worker::Create(o, &worker).ok());
+  std::thread run([&] { EXPECT_TRUE(worker->Run().ok()); });
+  Message m;
+  ASSERT_TRUE(Next(&m));
+  ASSERT_EQ(m.command, protocol::kReady);
+  const std::string peer(m.envelope.at(0).to_string_view());
+  const auto spin = [](float n) { return InputsRaw({Tensor::From<float>({n}, {1}, DType::kFloat32)}); };
+  // The broker already wrote a final result for c0 (say it expired there): the worker's
+  // result must not replace it, and DONE says it was a duplicate.
+  protocol::RedisReply set;
+  ASSERT_TRUE(redis_.client().Command({"SET", "ferry:result:c0", "first"}, &set).ok());
+  // One executor: c1 runs for a while, c2 and c3 wait in the worker's queue behind it.
+  ASSERT_TRUE(protocol::SendTo(router_, peer, protocol::kChunk,
+                               Chunk({{"c0", "slow", spin(1)},
+                                      {"c1", "slow", spin(400)},
+                                      {"c2", "slow", spin(1)},
+                                      {"c3", "slow", spin(1)}}))
+                  .ok());
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(protocol::SendTo(router_, peer, protocol::kCancel,
+                               protocol::EncodeIds({"c2", "c3", "not-here"}))
+                  .ok());
+  std::set<std::string> done;
+  int64_t duplicates = 0;
+  while (done.size() < 4) {
+    ASSERT_TRUE(Next(&m));
+    ASSERT_EQ(m.command, protocol::kDone);
+    for (const auto& id : DoneIds(m)) done.insert(id);
+    msgpack::object_handle oh;
+    ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+    int64_t d = 0;
+    ASSERT_TRUE(protocol::GetInt(oh.get(), "duplicates", &d, 0).ok());
+    duplicates += d;
+  }
+  EXPECT_EQ(duplicates, 1);
+  std::string value;
+  bool found = false;
+  ASSERT_TRUE(redis_.client().Get("ferry:result:c0", &value, &found).ok());
+  EXPECT_EQ(value, "first") << "the first final result wins";
+  EXPECT_EQ(ReadResult("c1").state, JobState::kDone);
+  for (const char* id : {"c2", "c3"}) {
+    Result r = ReadResult(id);
+    EXPECT_EQ(r.state, JobState::kCancelled) << id;
+    EXPECT_EQ(r.timing_us.count("compute_start"), 0u) << id;
+  }
+  worker->RequestStop();
   run.join();
 }
 

@@ -1,5 +1,6 @@
 // ferry-make-models writes real TorchScript files that the worker loads and runs correctly:
-// tiny.pt against its closed-form weights, multi.pt's two outputs, encoder.pt batched vs alone.
+// tiny.pt against its closed-form weights, multi.pt's two outputs, encoder.pt batched vs alone,
+// resnet.pt's logits and resnet_u8.pt against resnet.pt on the same pixels, null.pt's identity.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -123,6 +124,52 @@ TEST_F(MakeModelsTest, EncoderBatchedEqualsAlone) {
     }
     EXPECT_NEAR(mean / b.size(), 0.0, 1e-3);  // final layer norm
   }
+}
+
+TEST_F(MakeModelsTest, ResNetU8MatchesResNetOnNormalizedPixels) {
+  auto f32 = Load("resnet");
+  auto u8 = Load("resnet_u8");
+  ASSERT_TRUE(f32 && u8);
+  // Small images keep the test fast; the network takes any H, W >= 32.
+  constexpr int kH = 32, kW = 32;
+  std::mt19937 rng(2);
+  std::vector<uint8_t> pixels(3 * kH * kW);
+  for (auto& p : pixels) p = static_cast<uint8_t>(rng() & 0xff);
+  const float mean[3] = {0.485f, 0.456f, 0.406f}, std_dev[3] = {0.229f, 0.224f, 0.225f};
+  std::vector<float> normalized(pixels.size());
+  for (size_t i = 0; i < pixels.size(); ++i) {
+    const size_t c = i / (kH * kW);
+    normalized[i] = (static_cast<float>(pixels[i]) / 255.0f - mean[c]) / std_dev[c];
+  }
+  auto a = Batcher().Run(
+      *f32, {MakeJob("f", "resnet",
+                     {Tensor::From<float>(normalized, {3, kH, kW}, DType::kFloat32)})});
+  auto b = Batcher().Run(
+      *u8, {MakeJob("u", "resnet_u8",
+                    {Tensor::From<uint8_t>(pixels, {3, kH, kW}, DType::kUInt8)})});
+  ASSERT_TRUE(a[0].status.ok()) << a[0].status.ToString();
+  ASSERT_TRUE(b[0].status.ok()) << b[0].status.ToString();
+  EXPECT_EQ(a[0].outputs.at(0).shape, std::vector<int64_t>({1000}));
+  auto x = AsFloats(a[0].outputs[0]), y = AsFloats(b[0].outputs[0]);
+  ASSERT_EQ(x.size(), y.size());
+  double norm = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    EXPECT_TRUE(std::isfinite(x[i]));
+    EXPECT_NEAR(x[i], y[i], 1e-3 * (1 + std::fabs(x[i])));
+    norm += std::fabs(x[i]);
+  }
+  EXPECT_GT(norm, 0);  // not all zeros
+}
+
+TEST_F(MakeModelsTest, NullReturnsItsInput) {
+  auto model = Load("null");
+  ASSERT_TRUE(model);
+  auto results = Batcher().Run(
+      *model, {MakeJob("n0", "null", {Tensor::From<float>({1.5f}, {1}, DType::kFloat32)}),
+               MakeJob("n1", "null", {Tensor::From<float>({-2.f}, {1}, DType::kFloat32)})});
+  ASSERT_TRUE(results[0].status.ok()) << results[0].status.ToString();
+  EXPECT_EQ(AsFloats(results[0].outputs.at(0)), std::vector<float>({1.5f}));
+  EXPECT_EQ(AsFloats(results[1].outputs.at(0)), std::vector<float>({-2.f}));
 }
 
 }  // namespace

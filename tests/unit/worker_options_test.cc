@@ -1,6 +1,8 @@
 // ferry-worker's flags: defaults, derived values, and every kind of bad input.
 #include <gtest/gtest.h>
 
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -85,6 +87,49 @@ TEST(WorkerOptionsTest, BadInputIsRejected) {
     for (const auto& a : args) joined += a + " ";
     EXPECT_EQ(s.code(), codes::kInvalidArgument) << joined;
   }
+}
+
+TEST(WorkerOptionsTest, RepositoryFileAndShorthandsTogether) {
+  const auto path = std::filesystem::path(::testing::TempDir()) / "ferry_options_models.toml";
+  std::ofstream(path) << "[models.enc]\npath = \"/m/enc.pt\"\nmax_batch = 128\nload = \"lazy\"\n"
+                         "[models.gpu]\npath = \"/m/gpu.pt\"\ndevice = \"cuda:1\"\n";
+  WorkerOptions o;
+  Status s = Parse({"--models", path.string(), "--model", "tiny=/m/tiny.pt", "--max-batch", "16",
+                    "--memory-budget", "1.5G", "--instances", "2"},
+                   &o);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(o.models.size(), 3u);
+  EXPECT_EQ(o.memory_budget, 3LL << 29);
+  for (const auto& m : o.models) {
+    if (m.name == "enc") {
+      EXPECT_EQ(m.max_batch, 128);
+      EXPECT_EQ(m.device, "cpu");
+      EXPECT_EQ(m.load, LoadPolicy::kLazy);
+    } else if (m.name == "gpu") {
+      EXPECT_EQ(m.device, "cuda:1");
+      EXPECT_EQ(m.max_batch, 16);
+    } else {
+      EXPECT_EQ(m.name, "tiny");
+      EXPECT_EQ(m.max_batch, 16);
+      EXPECT_EQ(m.load, LoadPolicy::kEager);
+    }
+  }
+  EXPECT_EQ(o.capacity(), 128 * 3);  // the largest max batch x (instances + 1)
+
+  WorkerOptions dup;
+  EXPECT_EQ(Parse({"--models", path.string(), "--model", "enc=/x.pt"}, &dup).code(),
+            codes::kInvalidArgument);
+  WorkerOptions missing;
+  s = Parse({"--models", "/nonexistent.toml"}, &missing);
+  EXPECT_EQ(s.code(), codes::kInvalidArgument);
+  WorkerOptions budget;
+  EXPECT_EQ(Parse({"--model", "a=a.pt", "--memory-budget", "lots"}, &budget).code(),
+            codes::kInvalidArgument);
+  std::ofstream(path) << "[models.h]\npath = \"/m/h.pt\"\nhalf = true\n";
+  WorkerOptions half;
+  s = Parse({"--models", path.string()}, &half);
+  EXPECT_EQ(s.code(), codes::kInvalidArgument);
+  EXPECT_NE(s.message().find("half"), std::string::npos);
 }
 
 TEST(WorkerOptionsTest, Help) {

@@ -7,8 +7,14 @@
 //   <- CHUNK      decoded in place (reference mode; the message stays alive while any job
 //                 points into it), jobs pushed to the JobQueue; entries that fail to decode but
 //                 carry an id become failed results (invalid_argument) -- never dropped
+//   <- CANCEL     {"ids"}: jobs still in the JobQueue are removed and get a "cancelled"
+//                 result; jobs an executor already took run to the end (their result loses
+//                 to the broker's if it wrote one first -- fencing)
 //   -> DONE       forwarded from the outbox: the ResultWriter sends ids once they are in Redis
-//   <-> HEARTBEAT sent every heartbeat interval; the time of the broker's last message is kept
+//   <-> HEARTBEAT sent every heartbeat interval; the time of the broker's last message is kept.
+//                 A broker silent for heartbeat x liveness is presumed dead (Paranoid Pirate):
+//                 the link closes the socket, opens a new one and announces itself again,
+//                 backing off from one heartbeat interval to 32 s while the broker stays away.
 //   -> BYE        after a drain: on RequestDrain the link stops re-announcing, waits until every
 //                 job it received has been reported, sends the held DONEs and BYE, and returns.
 //
@@ -20,6 +26,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -38,7 +45,12 @@ class BrokerLink {
   struct Options {
     std::string endpoint;        // the broker's backend, tcp://HOST:5556
     protocol::WorkerHello hello;  // what READY says
+    // When set, READY says what this returns instead (called on the link's thread): the
+    // worker's current resident models. A READY handed in through the outbox is a request to
+    // re-announce now (dropped while draining).
+    std::function<protocol::WorkerHello()> hello_fn;
     int64_t heartbeat_ms = 1000;
+    int64_t liveness = 3;        // heartbeats the broker may miss before we reconnect
     std::string outbox_address;  // inproc address to bind the PULL socket on
   };
 
@@ -65,8 +77,12 @@ class BrokerLink {
   void Loop();
   void HandleBroker(protocol::Message* m);
   void HandleChunk(zmq::message_t body);
+  void HandleCancel(const zmq::message_t& body);
   void HandleOutbox(protocol::Message* m);
   void SendReady();
+  // Replaces the DEALER with a fresh one and re-announces (after a silent broker).
+  void Reconnect();
+  void MaybeReconnect(int64_t now_us);
   void Send(std::string_view command, zmq::message_t body);
   // True when a send would not block (the broker is connected or the queue has room).
   bool Writable();
@@ -84,6 +100,10 @@ class BrokerLink {
   bool draining_ = false;               // loop thread only
   bool broker_silent_ = false;          // loop thread only; for one log line per silence
   std::vector<std::string> held_done_;  // loop thread only; DONE ids held while draining
+  int64_t held_duplicates_ = 0;         // loop thread only; their duplicates count
+  int64_t reconnect_interval_us_ = 0;  // loop thread only; current backoff
+  int64_t next_reconnect_us_ = 0;      // loop thread only; wall clock
+  int64_t reconnects_ = 0;
   int64_t chunks_ = 0;
   int64_t jobs_ = 0;
   std::thread thread_;

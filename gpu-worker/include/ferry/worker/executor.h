@@ -1,33 +1,43 @@
 #pragma once
-// Executor: one inference thread. It takes a batch from the JobQueue (up to max_batch jobs of
-// one model), finds the model, runs the batch through its Batcher and hands the results to the
-// ResultWriter. A job for a model this worker does not hold fails with unknown_model; anything
-// unexpected fails the batch with internal -- no exception leaves the thread. The thread ends
-// when the queue is closed and drained.
+// Executor: one inference thread. It takes a batch from the JobQueue (up to the model's
+// current max batch, of the oldest job's model), holds the model through the ModelRegistry
+// (loading it first when it is not resident; it is never unloaded while the batch runs), runs
+// the batch through its Batcher and hands the results to the ResultWriter. A job for a model
+// this worker does not hold fails with unknown_model, a model that cannot be loaded fails its
+// jobs with the load's Status, and anything unexpected fails the batch with internal -- no
+// exception leaves the thread. The thread ends when the queue is closed and drained.
 //
-// A later issue gives each executor its own CUDA stream; the executor is where it will live.
+// Executors share one copy of each model's weights. On CUDA each executor has its own stream
+// from the pool, so batches of different executors overlap on the device (copies of one with
+// kernels of another) while the next batch is already stacked in pinned host memory.
+//
 // Thread-safety: Start/Join from the owner; the executor's state is its thread's own.
 
 #include <cstdint>
-#include <map>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include "ferry/worker/batcher.h"
+#include "ferry/worker/cuda_support.h"
 #include "ferry/worker/job_queue.h"
-#include "ferry/worker/model.h"
+#include "ferry/worker/model_registry.h"
 #include "ferry/worker/result_writer.h"
 
 namespace ferry::worker {
 
-using ModelMap = std::map<std::string, std::unique_ptr<Model>>;
-
 class Executor {
  public:
-  // Everything passed in must outlive the executor.
-  Executor(int index, size_t max_batch, const ModelMap* models, JobQueue* queue,
-           ResultWriter* writer);
+  struct Options {
+    int index = 0;
+    std::string device = "cpu";  // the worker's device: a CUDA device gets a stream per executor
+    int threads = 0;             // intra-op torch threads for this thread (0: leave as is)
+    size_t default_max_batch = 32;  // for jobs of models the registry does not know
+  };
+
+  // Everything passed in must outlive the executor; `queue` and `writer` may be null when only
+  // RunBatch is used (tests).
+  Executor(Options options, ModelRegistry* registry, JobQueue* queue, ResultWriter* writer);
   ~Executor();  // joins
   Executor(const Executor&) = delete;
   Executor& operator=(const Executor&) = delete;
@@ -39,14 +49,19 @@ class Executor {
   // Runs one batch synchronously (the thread's loop body; public for tests).
   std::vector<JobResult> RunBatch(std::vector<Job> jobs);
 
+  const Batcher& batcher() const { return batcher_; }
+
+  // The CUDA device index of "cuda" / "cuda:N"; -1 for anything else.
+  static int CudaIndex(const std::string& device);
+
  private:
   void Loop();
 
-  const int index_;
-  const size_t max_batch_;
-  const ModelMap* models_;
+  const Options options_;
+  ModelRegistry* registry_;
   JobQueue* queue_;
   ResultWriter* writer_;
+  std::shared_ptr<cuda::Stream> stream_;  // null on CPU
   Batcher batcher_;
   int64_t batches_ = 0;
   int64_t jobs_ = 0;

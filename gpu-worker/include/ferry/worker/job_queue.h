@@ -13,6 +13,8 @@
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
+#include <functional>
+#include <string>
 #include <mutex>
 #include <vector>
 
@@ -32,6 +34,14 @@ class JobQueue {
   // oldest job's model into `out` (cleared first) and returns true; returns false once the
   // queue is closed and empty (queued jobs are still handed out after Close: drain).
   bool TakeBatch(size_t max_batch, std::vector<Job>* out);
+  // The same with a per-model limit: `max_batch(model)` is asked once per batch, for the
+  // oldest job's model (called under the queue's lock: it must not call back into the queue).
+  bool TakeBatch(const std::function<size_t(const std::string& model)>& max_batch,
+                 std::vector<Job>* out);
+
+  // Removes the queued jobs with these ids (a CANCEL from the broker) and returns them. Jobs
+  // already taken by an executor are not here any more: they run.
+  std::vector<Job> Remove(const std::vector<std::string>& ids);
 
   // No more pushes; executors finish what is queued, then TakeBatch returns false.
   void Close();

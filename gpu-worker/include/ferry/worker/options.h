@@ -8,18 +8,21 @@
 
 #include "ferry/protocol/keys.h"
 #include "ferry/status.h"
+#include "ferry/worker/model_config.h"
 
 namespace ferry::worker {
 
-struct ModelSpec {
-  std::string name;
-  std::string path;
-};
+// A --model NAME=PATH is a ModelConfig with every other field at its default.
+using ModelSpec = ModelConfig;
 
 struct WorkerOptions {
   std::string broker = "tcp://127.0.0.1:5556";  // the broker's backend ROUTER
   std::string redis = "redis://127.0.0.1:6379";
-  std::vector<ModelSpec> models;                 // at least one
+  // At least one, from --models FILE and/or --model NAME=PATH; after parsing, every entry's
+  // device and max_batch are filled in from --device and --max-batch when the file left them.
+  std::vector<ModelConfig> models;
+  std::string models_file;                       // --models: the repository file, if any
+  int64_t memory_budget = 0;                     // bytes for resident models; 0 = unlimited
   std::string device = "cpu";                    // cpu | cuda | cuda:N
   int64_t max_batch = 32;                        // jobs per forward, per model
   int64_t instances = 1;                         // executor threads
@@ -27,13 +30,24 @@ struct WorkerOptions {
   std::string redis_prefix = std::string(protocol::kDefaultPrefix);
   std::string name;                              // "" = host:pid:device
   int64_t heartbeat_ms = 1000;
+  int64_t liveness = 3;  // a broker silent for heartbeat_ms * liveness is presumed dead
   int64_t result_ttl_s = protocol::kDefaultResultTtlS;  // for jobs whose result_ttl_s is 0
   std::string log_level = "info";
 
-  // Jobs the worker can hold at once (its credit): max_batch * (instances + 1), so the broker
-  // sends the next chunk while the current ones compute.
-  int64_t capacity() const { return max_batch * (instances + 1); }
+  // Jobs the worker can hold at once (its credit): the largest max batch of its models times
+  // (instances + 1), so the broker sends the next chunk while the current ones compute.
+  int64_t capacity() const {
+    int64_t largest = models.empty() ? max_batch : 1;
+    for (const auto& m : models) {
+      const int64_t b = m.max_batch > 0 ? m.max_batch : max_batch;
+      largest = b > largest ? b : largest;
+    }
+    return largest * (instances + 1);
+  }
 };
+
+// Fills each model's empty device and zero max_batch from --device and --max-batch.
+void ResolveModelDefaults(WorkerOptions* options);
 
 // Parses argv. Returns kInvalidArgument (message for stderr) on an unknown flag, a positional
 // argument or a bad value; sets *help and returns OK on --help (the usage is in *usage either

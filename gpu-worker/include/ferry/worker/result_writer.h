@@ -4,7 +4,10 @@
 // (protocol::PackResult) and writes everything it has queued in ONE pipelined round trip:
 //   SET <prefix>result:<id> <msgpack> EX <ttl> NX     (per job; ttl = the job's result_ttl_s,
 //                                                      or the default when 0)
-// NX makes a retried write harmless. When Redis is unreachable or answers with an error, the
+// NX is the fencing: the first final result wins, so a worker presumed dead that comes back
+// late, or a result the broker already wrote (expired, cancelled, poisoned), is never
+// overwritten; such nil replies are counted as duplicates and reported in DONE. NX also makes a
+// retried write harmless. When Redis is unreachable or answers with an error, the
 // writer keeps the results and retries the whole round trip with backoff (50 ms doubling to
 // 2 s) until it works. Only then does it hand the ids to the I/O thread -- a [command, body]
 // message on a PUSH socket connected to `outbox_address` (an inproc PULL the I/O thread binds)
@@ -59,13 +62,16 @@ class ResultWriter {
   size_t pending() const;
   // Results written so far (all time).
   int64_t written() const;
+  // Results that lost the race: another final result was already in Redis (all time).
+  int64_t duplicates() const;
 
  private:
   void Loop();
   // Packs and writes `results`, retrying until Redis accepts them or the writer is aborted.
   // Returns false only on abort.
-  bool Write(std::vector<JobResult>* results);
-  void SendDone(zmq::socket_t& push, const std::vector<JobResult>& results);
+  // `duplicates` gets how many ids already had a final result (SET NX answered nil).
+  bool Write(std::vector<JobResult>* results, int64_t* duplicates);
+  void SendDone(zmq::socket_t& push, const std::vector<JobResult>& results, int64_t duplicates);
   // Sleeps up to `ms` or until aborted; returns false when aborted.
   bool Backoff(int ms);
 
@@ -78,6 +84,7 @@ class ResultWriter {
   std::vector<JobResult> queue_;
   size_t in_flight_ = 0;  // taken by the thread, not yet written
   int64_t written_ = 0;
+  int64_t duplicates_ = 0;
   bool stopping_ = false;
   bool aborted_ = false;
   std::unique_ptr<protocol::RedisClient> client_;  // writer thread only; null until connected

@@ -1,11 +1,16 @@
 #pragma once
-// Worker: ferry-worker as an object. Create() loads every model (a failure there is fatal:
-// the caller exits 1); Run() wires the threads together and blocks until a requested stop has
-// drained:
+// Worker: ferry-worker as an object. Create() loads (and warms) every eager model -- a failure
+// there is fatal: the caller exits 1 -- so the first READY goes out only once they are warm;
+// lazy models load on their first batch. Run() wires the threads together and blocks until a
+// requested stop has drained:
 //
 //   BrokerLink (I/O thread) --jobs--> JobQueue --batches--> Executor x instances
 //        ^                                                      | results
 //        +---- DONE ids (inproc) ---- ResultWriter (Redis) <----+
+//
+// READY lists every model the worker serves and, in "resident", those loaded and warm; each
+// change of the resident set (a lazy load, an eviction under --memory-budget) re-announces it
+// through the I/O thread, so the broker can prefer workers that have a model warm.
 //
 // Lifetime: RequestStop() (from a signal-watching thread) makes the link drain -- no new
 // credit, every held job run, written and reported, then BYE -- after which Run() closes the
@@ -24,6 +29,7 @@
 #include "ferry/worker/broker_link.h"
 #include "ferry/worker/executor.h"
 #include "ferry/worker/job_queue.h"
+#include "ferry/worker/model_registry.h"
 #include "ferry/worker/options.h"
 #include "ferry/worker/result_writer.h"
 
@@ -44,12 +50,17 @@ class Worker {
   void RequestStop();
 
   const WorkerOptions& options() const { return options_; }
+  ModelRegistry& registry() { return *registry_; }
+  // What READY says now: every model, the resident ones, capacity, identity.
+  protocol::WorkerHello Hello() const;
 
  private:
-  Worker(WorkerOptions options, ModelMap models);
+  Worker(WorkerOptions options, std::unique_ptr<ModelRegistry> registry);
+  // Re-announces (READY through the I/O thread's outbox) after the resident set changed.
+  void AnnounceResidency();
 
   const WorkerOptions options_;
-  ModelMap models_;
+  std::unique_ptr<ModelRegistry> registry_;
   JobQueue queue_;
   zmq::context_t context_;
 
@@ -58,6 +69,8 @@ class Worker {
   std::unique_ptr<ResultWriter> writer_;
   std::unique_ptr<BrokerLink> link_;
   std::vector<std::unique_ptr<Executor>> executors_;
+  std::mutex announce_mu_;                   // guards announce_ (a PUSH into the outbox)
+  std::unique_ptr<zmq::socket_t> announce_;  // null unless running
 };
 
 }  // namespace ferry::worker
