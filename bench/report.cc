@@ -1,0 +1,129 @@
+#include "report.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <sstream>
+
+namespace ferry::bench {
+namespace {
+
+std::string Number(double v) {
+  if (!std::isfinite(v)) return "null";
+  std::ostringstream out;
+  out.precision(6);
+  out << v;
+  return out.str();
+}
+
+}  // namespace
+
+void JsonObject::Add(const std::string& key, double value) { AddRaw(key, Number(value)); }
+void JsonObject::Add(const std::string& key, int64_t value) {
+  AddRaw(key, std::to_string(value));
+}
+void JsonObject::Add(const std::string& key, const std::string& value) {
+  AddRaw(key, JsonQuote(value));
+}
+void JsonObject::AddRaw(const std::string& key, std::string json) {
+  for (auto& field : fields_) {
+    if (field.first == key) {
+      field.second = std::move(json);
+      return;
+    }
+  }
+  fields_.emplace_back(key, std::move(json));
+}
+
+std::string JsonObject::Dump() const {
+  std::string out = "{";
+  for (size_t i = 0; i < fields_.size(); ++i) {
+    if (i) out += ", ";
+    out += JsonQuote(fields_[i].first) + ": " + fields_[i].second;
+  }
+  return out + "}";
+}
+
+std::string JsonQuote(const std::string& s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') {
+      out += '\\';
+      out += c;
+    } else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof(buf), "\\u%04x", c);
+      out += buf;
+    } else {
+      out += c;
+    }
+  }
+  return out + "\"";
+}
+
+double Percentile(const std::vector<double>& sorted, double p) {
+  if (sorted.empty()) return 0;
+  const double rank = std::ceil(p / 100.0 * static_cast<double>(sorted.size()));
+  const size_t i = static_cast<size_t>(std::max(1.0, rank)) - 1;
+  return sorted[std::min(i, sorted.size() - 1)];
+}
+
+void Summarize(const std::string& label, const std::vector<Sample>& samples, int64_t jobs,
+               int64_t failed, double seconds, bool stages, JsonObject* json) {
+  std::vector<double> lat;
+  lat.reserve(samples.size());
+  double batch_sum = 0, lat_sum = 0, weight = 0;
+  double st[5] = {0, 0, 0, 0, 0};
+  std::map<int64_t, int64_t> hist;
+  for (const Sample& s : samples) {
+    lat.push_back(s.latency_ms);
+    lat_sum += s.latency_ms;
+    batch_sum += static_cast<double>(s.batch_size);
+    weight += 1;
+    ++hist[s.batch_size];
+    st[0] += s.submit_us;
+    st[1] += s.queue_us;
+    st[2] += s.dispatch_us;
+    st[3] += s.compute_us;
+    st[4] += s.delivery_us;
+  }
+  std::sort(lat.begin(), lat.end());
+  const double n = std::max(1.0, weight);
+  const double throughput = seconds > 0 ? static_cast<double>(jobs) / seconds : 0;
+  json->Add("jobs", jobs);
+  json->Add("failed", failed);
+  json->Add("seconds", seconds);
+  json->Add("throughput", throughput);
+  json->Add("p50_ms", Percentile(lat, 50));
+  json->Add("p90_ms", Percentile(lat, 90));
+  json->Add("p95_ms", Percentile(lat, 95));
+  json->Add("p99_ms", Percentile(lat, 99));
+  json->Add("max_ms", lat.empty() ? 0.0 : lat.back());
+  json->Add("mean_ms", lat_sum / n);
+  json->Add("batch_size_mean", batch_sum / n);
+  std::string h = "{";
+  for (const auto& [b, count] : hist)
+    h += (h.size() > 1 ? ", " : "") + JsonQuote(std::to_string(b)) + ": " + std::to_string(count);
+  json->AddRaw("batch_sizes", h + "}");
+  std::printf("%s: %lld jobs, %lld failed, %.2f s: %.0f jobs/s; latency ms p50 %.3f p90 %.3f "
+              "p95 %.3f p99 %.3f max %.3f; mean batch %.1f\n",
+              label.c_str(), static_cast<long long>(jobs), static_cast<long long>(failed),
+              seconds, throughput, Percentile(lat, 50), Percentile(lat, 90), Percentile(lat, 95),
+              Percentile(lat, 99), lat.empty() ? 0.0 : lat.back(), batch_sum / n);
+  if (!stages) return;
+  const char* names[5] = {"submit", "queue", "dispatch", "compute", "delivery"};
+  const double total = std::max(1e-9, lat_sum * 1000.0);
+  std::string share = "{", mean = "{";
+  std::printf("  time share:");
+  for (int i = 0; i < 5; ++i) {
+    share += std::string(i ? ", " : "") + JsonQuote(names[i]) + ": " + Number(st[i] / total);
+    mean += std::string(i ? ", " : "") + JsonQuote(names[i]) + ": " + Number(st[i] / n);
+    std::printf(" %s %.0f%% (%.0f us)", names[i], 100 * st[i] / total, st[i] / n);
+  }
+  std::printf("\n");
+  json->AddRaw("share", share + "}");
+  json->AddRaw("stage_mean_us", mean + "}");
+}
+
+}  // namespace ferry::bench

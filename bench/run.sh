@@ -1,0 +1,288 @@
+#!/usr/bin/env bash
+# The Ferry benchmark suite (issue 5; see docs/performance.md).
+#
+#   bash bench/run.sh BUILD_DIR [--quick] [--out DIR] [--only NAME[,NAME...]] [--perf]
+#
+# Starts redis-server on a free port, makes the benchmark models, and for every scenario starts
+# a fresh ferry-broker and ferry-workers on free ports, runs ferry-bench, and stops them. Writes
+# one JSON file per run into DIR (default bench/results/<date>-cpu[-quick]) -- each with the exact
+# ferry-bench command, the fleet's command lines, the machine, and the CPU seconds every process
+# spent during the run -- plus machine.json and summary.txt, and prints one table.
+# Scenarios: tiny_closed tiny_light encoder resnet seed ceiling. The full suite takes ~10 min on
+# a 2-core machine; --quick is a ~1 minute smoke run (small job counts; numbers not meaningful).
+# --perf also samples the whole machine (perf record -a) during each measured run and writes
+# NAME.perf.txt: a flat profile by process, library and symbol.
+# On a shared machine the numbers move with other load: each JSON records `foreign_cpu_s`, the
+# CPU seconds used by processes outside the run, and fleet-vs-raw pairs are run in alternating
+# rounds so that their ratio is taken under the same conditions.
+set -euo pipefail
+
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+[ $# -ge 1 ] || { usage >&2; exit 2; }
+BUILD=$(cd "$1" && pwd); shift
+QUICK=0; OUT=""; ONLY=""; PERF=0
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1 ;;
+    --out) OUT=$2; shift ;;
+    --only) ONLY=$2; shift ;;
+    --perf) PERF=1 ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "run.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+HERE=$(cd "$(dirname "$0")" && pwd)
+BENCH=$BUILD/bench/ferry-bench
+BROKER=$BUILD/broker/ferry-broker
+WORKER=$BUILD/gpu-worker/ferry-worker
+MAKE_MODELS=$BUILD/gpu-worker/ferry-make-models
+for b in "$BENCH" "$BROKER" "$WORKER" "$MAKE_MODELS"; do
+  [ -x "$b" ] || { echo "run.sh: missing $b (build ferry-bench ferry-broker ferry-worker ferry-make-models)" >&2; exit 1; }
+done
+command -v redis-server >/dev/null || { echo "run.sh: redis-server not installed" >&2; exit 1; }
+if [ -z "$OUT" ]; then
+  OUT=$HERE/results/$(date +%Y-%m-%d)-cpu$([ $QUICK = 1 ] && echo -quick || true)
+fi
+mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
+WORK=$(mktemp -d /tmp/ferry-bench-XXXXXX)
+FLEET_PIDS=()
+REDIS_PID=""
+FAILED=()
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+stop_fleet() {
+  # Workers first (they drain and say BYE), then the broker.
+  local pids=("${FLEET_PIDS[@]}")
+  for ((i=${#pids[@]}-1; i>=0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  FLEET_PIDS=()
+  FLEET_CMD=""
+}
+cleanup() {
+  stop_fleet
+  [ -n "$REDIS_PID" ] && { kill -TERM "$REDIS_PID" 2>/dev/null || true; wait "$REDIS_PID" 2>/dev/null || true; }
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# CPU seconds the whole machine has been busy (all cores, everything but idle and iowait).
+busy_cpu() {
+  awk -v hz="$(getconf CLK_TCK)" '/^cpu / { print ($2 + $3 + $4 + $7 + $8 + $9) / hz }' /proc/stat
+}
+# CPU seconds (user + system) a process has used so far.
+cpu_of() {
+  awk -v hz="$(getconf CLK_TCK)" '{ sub(/^.*\) /, ""); print ($12 + $13) / hz }' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+
+# ---- machine ----------------------------------------------------------------------------------
+TORCH_VERSION=$(dpkg-query -W -f '${Version}' libtorch-dev 2>/dev/null || true)
+BLAS=$(update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | awk '/^Value:/ {print $2}' || true)
+OMP_ENV=$(env | grep -E '^(OMP_|GOMP_|OPENBLAS_|MKL_)' | sort | tr '\n' ' ' || true)
+MACHINE="nproc=$(nproc); $(lscpu | grep 'Model name' | sed 's/  */ /g'); libtorch ${TORCH_VERSION:-?}; BLAS ${BLAS:-?}; $(uname -sr)${OMP_ENV:+; env: $OMP_ENV}"
+GIT=$(cd "$HERE/.." && git rev-parse --short HEAD 2>/dev/null || echo ?)$(cd "$HERE/.." && git diff --quiet HEAD 2>/dev/null || echo +dirty)
+python3 - "$OUT/machine.json" "$MACHINE" "$GIT" "$QUICK" <<'PY'
+import json, sys
+json.dump({"machine": sys.argv[2], "git": sys.argv[3], "quick": sys.argv[4] == "1"},
+          open(sys.argv[1], "w"), indent=1)
+PY
+echo "run.sh: $MACHINE; git $GIT"
+echo "run.sh: results -> $OUT"
+
+# ---- models and redis -------------------------------------------------------------------------
+"$MAKE_MODELS" "$WORK/models" >/dev/null
+REDIS_PORT=$(free_port)
+redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$WORK" --save '' --appendonly no \
+  >"$WORK/redis.log" 2>&1 &
+REDIS_PID=$!
+for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
+REDIS="redis://127.0.0.1:$REDIS_PORT"
+
+# start_fleet N WORKER_FLAGS...: a fresh broker and N workers (each given WORKER_FLAGS).
+start_fleet() {
+  local n=$1; shift
+  FRONT="tcp://127.0.0.1:$(free_port)"; BACK="tcp://127.0.0.1:$(free_port)"
+  redis-cli -p "$REDIS_PORT" flushall >/dev/null
+  "$BROKER" --frontend "$FRONT" --backend "$BACK" --redis "$REDIS" --log-level warn \
+    >>"$WORK/broker.log" 2>&1 &
+  FLEET_PIDS=($!)
+  FLEET_CMD="ferry-broker --frontend $FRONT --backend $BACK --redis $REDIS; $n x ferry-worker $*"
+  for ((i=0; i<n; i++)); do
+    "$WORKER" --broker "$BACK" --redis "$REDIS" --log-level warn "$@" >>"$WORK/worker.log" 2>&1 &
+    FLEET_PIDS+=($!)
+  done
+}
+
+# bench NAME JOBS WARMUP FERRY_BENCH_FLAGS...: runs ferry-bench against the fleet (or --raw) and
+# writes $OUT/NAME.json with the command, the fleet, the machine and per-process CPU seconds.
+# Against a fleet the warmup is a separate ferry-bench run first (closed loop), so that the CPU
+# seconds sampled around the measured run cover it alone.
+bench() {
+  local name=$1 jobs=$2 warmup=$3; shift 3
+  local json=$OUT/$name.json
+  if [[ " $* " == *" --raw "* ]]; then
+    set -- "$@" --jobs "$jobs" --warmup "$warmup"
+  else
+    "$BENCH" "$@" --jobs "$warmup" --rate 0 >"$WORK/$name.warmup" 2>&1 || cat "$WORK/$name.warmup"
+    set -- "$@" --jobs "$jobs"
+  fi
+  local broker_pid=${FLEET_PIDS[0]:-}
+  local c_redis c_broker c_workers=0 pid
+  c_redis=$(cpu_of "$REDIS_PID"); c_broker=$([ -n "$broker_pid" ] && cpu_of "$broker_pid" || echo 0)
+  for pid in "${FLEET_PIDS[@]:1}"; do c_workers=$(echo "$c_workers + $(cpu_of "$pid")" | bc -l); done
+  local rc=0 perf_pid="" c_busy
+  if [ $PERF = 1 ]; then
+    perf record -a -F 999 -e cpu-clock -o "$WORK/$name.perf" >/dev/null 2>&1 &
+    perf_pid=$!
+    sleep 0.5
+  fi
+  c_busy=$(busy_cpu)
+  local t0; t0=$(date +%s.%N)
+  redis-cli -p "$REDIS_PORT" config resetstat >/dev/null
+  "$BENCH" --json "$json.tmp" --label "$name" "$@" >"$WORK/$name.out" 2>&1 || rc=$?
+  local d_busy wall
+  d_busy=$(echo "$(busy_cpu) - $c_busy" | bc -l)
+  wall=$(echo "$(date +%s.%N) - $t0" | bc -l)
+  redis-cli -p "$REDIS_PORT" info commandstats | tr -d '\r' | grep '^cmdstat_' >"$WORK/$name.redis" || true
+  if [ -n "$perf_pid" ]; then
+    kill -INT "$perf_pid"; wait "$perf_pid" 2>/dev/null || true
+    perf script -i "$WORK/$name.perf" -F comm,pid,tid,ip,sym,dso 2>/dev/null |
+      python3 "$HERE/perf_summary.py" >"$OUT/$name.perf.txt" || true
+    rm -f "$WORK/$name.perf"
+  fi
+  local d_redis d_broker d_workers=0
+  d_redis=$(echo "$(cpu_of "$REDIS_PID") - $c_redis" | bc -l)
+  d_broker=$([ -n "$broker_pid" ] && echo "$(cpu_of "$broker_pid") - $c_broker" | bc -l || echo 0)
+  for pid in "${FLEET_PIDS[@]:1}"; do d_workers=$(echo "$d_workers + $(cpu_of "$pid")" | bc -l); done
+  d_workers=$(echo "$d_workers - $c_workers" | bc -l)
+  cat "$WORK/$name.out"
+  [ "$rc" = 0 ] || FAILED+=("$name")
+  if [ ! -s "$json.tmp" ]; then echo "run.sh: $name failed (rc $rc)" >&2; return 0; fi
+  python3 - "$json.tmp" "$json" "$OUT/machine.json" "$BENCH $*" "${FLEET_CMD:-}" \
+      "$d_redis" "$d_broker" "$d_workers" "$rc" "$d_busy" "$(cat /proc/loadavg)" "$WORK/$name.redis" "$wall" <<'PY'
+import json, sys
+src, dst, machine, cmd, fleet, redis, broker, workers, rc, busy, loadavg, redis_stats, wall = sys.argv[1:]
+r = json.load(open(src))
+m = json.load(open(machine))
+r["command"] = cmd
+r["fleet"] = fleet
+r["machine"] = m["machine"]
+r["git"] = m["git"]
+r["exit_code"] = int(rc)
+r["loadavg_after"] = loadavg
+ours = r.get("process_cpu_s", 0.0)
+if r.get("mode") != "raw":
+    ours += float(redis) + float(broker) + float(workers)
+r["machine_busy_cpu_s"] = round(float(busy), 2)
+r["bench_wall_s"] = round(float(wall), 2)  # ferry-bench's whole run, startup included
+# CPU used by processes outside this run (other users of a shared machine), and per wall second
+r["foreign_cpu_s"] = round(max(0.0, float(busy) - ours), 2)
+r["foreign_cores"] = round(r["foreign_cpu_s"] / max(float(wall), 1e-9), 2)
+if r.get("mode") != "raw":
+    cpu = {"redis": float(redis), "broker": float(broker), "workers": float(workers),
+           "bench": r.get("bench_cpu_s", 0.0)}
+    r["cpu_s"] = cpu
+    jobs = max(1, r["jobs"])
+    r["cpu_us_per_job"] = {k: round(v * 1e6 / jobs, 2) for k, v in cpu.items()}
+    # Redis commands per job (warmup excluded), e.g. {"get": 1.4, "set": 1.0}
+    calls = {}
+    for line in open(redis_stats):
+        name, fields = line.strip()[len("cmdstat_"):].split(":", 1)
+        kv = dict(f.split("=", 1) for f in fields.split(","))
+        if name.split("|")[0] not in ("config", "info", "ping", "flushall"):
+            calls[name] = round(int(kv["calls"]) / jobs, 3)
+    r["redis_calls_per_job"] = calls
+json.dump(r, open(dst, "w"), indent=1)
+PY
+  rm -f "$json.tmp"
+}
+
+want() { [ -z "$ONLY" ] || [[ ",$ONLY," == *",$1,"* ]]; }
+q() { [ $QUICK = 1 ] && echo "$1" || echo "$2"; }   # q QUICK_VALUE FULL_VALUE
+M=$WORK/models
+
+# ---- tiny: Ferry's own overhead -----------------------------------------------------------------
+TINY_WORKER=(--model "tiny=$M/tiny.pt" --device cpu --max-batch 256 --instances 1 --threads 1)
+if want tiny_closed; then
+  echo "== tiny, closed loop, concurrency 1024: throughput"
+  start_fleet 1 "${TINY_WORKER[@]}"
+  bench tiny_closed "$(q 20000 300000)" "$(q 2000 20000)" --frontend "$FRONT" --redis "$REDIS" \
+    --wait-workers 1 --model tiny --shape 8 --concurrency 1024 --loaders 4
+  stop_fleet
+fi
+if want tiny_light; then
+  echo "== tiny, concurrency 1: light-load latency"
+  start_fleet 1 "${TINY_WORKER[@]}"
+  bench tiny_light "$(q 1000 10000)" 500 --frontend "$FRONT" --redis "$REDIS" \
+    --wait-workers 1 --model tiny --shape 8 --concurrency 1
+  stop_fleet
+fi
+
+# ---- encoder and resnet: fleet vs the model alone, same batch size, same 2-thread budget -------
+# Alternating rounds (raw, fleet, fleet, raw, ...) so each fleet/raw ratio is taken under the same
+# outside load. Two fleet layouts with the same budget: one executor with 2 intra-op threads
+# (fleet, what --raw --threads 2 does) and two executors with 1 thread each (fleet_i2).
+ROUNDS=$(q 1 3)
+ENC_T=64
+RES=224
+# pair NAME MODEL FILE SHAPE DTYPE JOBS WARMUP
+pair() {
+  local name=$1 model=$2 file=$3 shape=$4 dtype=$5 jobs=$6 warm=$7 r
+  for r in $(seq "$ROUNDS"); do
+    bench "${name}_raw_r$r" "$jobs" "$warm" --raw "$file" --batch 8 --device cpu --threads 2 \
+      --shape "$shape" --dtype "$dtype"
+    start_fleet 1 --model "$model=$file" --device cpu --max-batch 8 --instances 1 --threads 2
+    bench "${name}_fleet_r$r" "$jobs" "$warm" --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 \
+      --model "$model" --shape "$shape" --dtype "$dtype" --concurrency 24 --loaders 3 --submit-batch 8
+    stop_fleet
+    start_fleet 1 --model "$model=$file" --device cpu --max-batch 8 --instances 2 --threads 1
+    bench "${name}_fleet_i2_r$r" "$jobs" "$warm" --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 \
+      --model "$model" --shape "$shape" --dtype "$dtype" --concurrency 32 --loaders 4 --submit-batch 8
+    stop_fleet
+  done
+}
+if want encoder; then
+  echo "== encoder [${ENC_T},384]: fleet vs --raw at batch 8, 2 threads, $ROUNDS round(s)"
+  pair encoder encoder "$M/encoder.pt" "$ENC_T,384" float32 "$(q 160 480)" 48
+fi
+if want resnet; then
+  echo "== resnet-18 [3,${RES},${RES}]: fleet vs --raw at batch 8, 2 threads, $ROUNDS round(s)"
+  pair resnet resnet "$M/resnet.pt" "3,$RES,$RES" float32 "$(q 16 160)" 16
+  echo "== resnet-18, uint8 input [3,${RES},${RES}] converted in the model (4x fewer bytes per job)"
+  ROUNDS=1 pair resnet_u8 resnet_u8 "$M/resnet_u8.pt" "3,$RES,$RES" uint8 "$(q 16 160)" 16
+fi
+
+# ---- the seed scenario: 250 jobs/s open loop on the encoder, batching vs none -------------------
+# T=16: on 2 cores the encoder does ~500 jobs/s at batch 16 but ~220 at batch 1, so 250 jobs/s is
+# within reach only with batching (at T=64 even batch 16 tops out near 130 jobs/s).
+SEED_T=16
+if want seed; then
+  for mb in 16 1; do
+    echo "== seed: encoder [${SEED_T},384], open loop 250 jobs/s, --max-batch $mb"
+    start_fleet 1 --model "encoder=$M/encoder.pt" --device cpu --max-batch "$mb" --instances 1 --threads 2
+    bench "seed_maxbatch$mb" "$(q 500 2500)" 50 --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 \
+      --model encoder --shape "$SEED_T,384" --rate 250 --concurrency 8
+    stop_fleet
+  done
+fi
+
+# ---- broker dispatch ceiling: workers that compute nothing -------------------------------------
+if want ceiling; then
+  for n in 1 2 4 8; do
+    echo "== dispatch ceiling: null model, $n worker(s)"
+    start_fleet "$n" --model "null=$M/null.pt" --device cpu --max-batch 64 --instances 1 --threads 1
+    bench "ceiling_w$n" "$(q 10000 150000)" "$(q 1000 10000)" --frontend "$FRONT" --redis "$REDIS" \
+      --wait-workers "$n" --model null --shape 1 --concurrency 1024 --loaders 4
+    stop_fleet
+  done
+fi
+
+# ---- the table ----------------------------------------------------------------------------------
+python3 "$HERE/table.py" "$OUT" | tee "$OUT/summary.txt"
+if [ ${#FAILED[@]} -gt 0 ]; then
+  echo "run.sh: failed runs: ${FAILED[*]} (logs: rerun with --only)" >&2
+  exit 1
+fi

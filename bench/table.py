@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Prints the benchmark table from a bench/run.sh results directory (one JSON per run)."""
+import json
+import os
+import sys
+
+ORDER = ["tiny_closed", "tiny_light"] + [
+    f"{m}_{k}_r{r}" for m in ("encoder", "resnet", "resnet_u8") for r in range(1, 10)
+    for k in ("raw", "fleet", "fleet_i2")
+] + ["seed_maxbatch16", "seed_maxbatch1",
+     "ceiling_w1", "ceiling_w2", "ceiling_w4", "ceiling_w8"]
+
+
+def raw_of(name):
+    """The raw run a fleet run is compared with: encoder_fleet_i2_r2 -> encoder_raw_r2."""
+    if "_fleet" not in name:
+        return None
+    return name.replace("_fleet_i2", "_raw").replace("_fleet", "_raw")
+
+
+def main(out):
+    runs = {}
+    for f in sorted(os.listdir(out)):
+        if f.endswith(".json") and f != "machine.json":
+            runs[f[:-5]] = json.load(open(os.path.join(out, f)))
+    names = [n for n in ORDER if n in runs] + sorted(n for n in runs if n not in ORDER)
+    machine = json.load(open(os.path.join(out, "machine.json")))
+    print(f"machine: {machine['machine']}; git {machine['git']}")
+    head = (f"{'run':<17}{'mode':>7}{'jobs/s':>10}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"
+            f"{'max ms':>9}{'batch':>7}{'vs raw':>8}  cpu us/job broker/redis/workers/bench")
+    print(head)
+    print("-" * len(head))
+    ratios = {}
+    for n in names:
+        r = runs[n]
+        ratio = ""
+        raw = runs.get(raw_of(n) or "")
+        if raw and raw["throughput"] > 0:
+            x = r["throughput"] / raw["throughput"]
+            key = n.rsplit("_r", 1)[0].replace("_fleet", " fleet")
+            ratios.setdefault(key, []).append(x)
+            ratio = f"{100 * x:.0f}%"
+        cpu = r.get("cpu_us_per_job")
+        cpu_text = ("/".join(f"{cpu[k]:.0f}" for k in ("broker", "redis", "workers", "bench"))
+                    if cpu else "")
+        mode = r.get("mode", "")
+        if mode == "open":
+            mode = f"{r.get('rate', 0):.0f}/s"
+        elif mode == "closed":
+            mode = f"C={r.get('concurrency', '')}"
+        print(f"{n:<20}{mode:>7}{r['throughput']:>10.0f}{r['p50_ms']:>9.3f}{r.get('p95_ms', 0):>9.3f}"
+              f"{r['p99_ms']:>9.3f}{r['max_ms']:>9.2f}{r['batch_size_mean']:>7.1f}{ratio:>8}  {cpu_text}"
+              + ("" if r.get("failed", 0) == 0 else f"  FAILED {r['failed']}")
+              + (f"  [other load {r['foreign_cores']:.2f} cores]"
+                 if r.get("foreign_cores", 0) >= 0.1 else ""))
+    for model, xs in ratios.items():
+        xs = sorted(xs)
+        print(f"{model} / raw: median {100 * xs[len(xs) // 2]:.0f}% over {len(xs)} round(s)"
+              f" (min {100 * xs[0]:.0f}%, max {100 * xs[-1]:.0f}%)")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
