@@ -8,6 +8,7 @@
 #include "ferry/client.h"
 #include "ferry/protocol/flags.h"
 #include "npy.h"
+#include "ops_commands.h"
 #include "result_printer.h"
 #include "tensor_files.h"
 
@@ -25,6 +26,9 @@ constexpr const char* kTopUsage =
     "  get ID                 print the result of a job (or 'pending')\n"
     "  wait ID                wait for a job's result, then print it\n"
     "  stats                  print the broker's statistics as JSON\n"
+    "  status                 workers, queues and counters as tables\n"
+    "  top                    a refreshing view of the fleet with rates (q or Ctrl-C quits)\n"
+    "  up --model NAME=PATH   a local fleet: redis-server, broker, one worker per GPU\n"
     "\n"
     "global flags (every command): --frontend, --redis, --redis-prefix, --request-timeout-ms\n"
     "`ferry COMMAND --help` lists a command's flags.\n"
@@ -236,6 +240,9 @@ int RunCli(int argc, char** argv) {
   if (command == "get") return RunGetOrWait(args, /*wait=*/false);
   if (command == "wait") return RunGetOrWait(args, /*wait=*/true);
   if (command == "stats") return RunStats(args);
+  if (command == "status") return RunStatus(args);
+  if (command == "top") return RunTop(args);
+  if (command == "up") return RunUp(args);
   if (command == "help") {
     std::fputs(kTopUsage, stdout);
     return kExitOk;

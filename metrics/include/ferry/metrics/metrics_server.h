@@ -1,0 +1,69 @@
+#pragma once
+// MetricsServer: serves a Registry over HTTP on its own thread (cpp-httplib):
+//   GET /metrics  -> 200, Registry::Expose(), Content-Type text/plain; version=0.0.4
+//   GET /healthz  -> 200 "ok" (or 503 and the reason when options.health says so)
+// Anything else gets 404. The server only reads the registry; the process updates metrics from
+// its own threads as usual.
+//
+//   MetricsServerOptions options;
+//   options.port = metrics_port;  // --metrics-port
+//   std::unique_ptr<MetricsServer> server;
+//   FERRY_RETURN_IF_ERROR(MetricsServer::Start(&registry, options, &server));
+//   ...                       // server->port() is 0 when disabled (port 0)
+//   server->Stop();           // or let the destructor do it
+//
+// Thread-safety: Start/Stop/port from one owning thread; the callbacks run on the server's
+// threads and must be thread-safe.
+
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ferry/status.h"
+
+namespace ferry::metrics {
+
+class Registry;
+
+struct MetricsServerOptions {
+  // TCP port. 0 = disabled (Start succeeds, serves nothing). kAnyPort = pick a free one (tests).
+  int port = 0;
+  std::string bind_address = "0.0.0.0";
+  // Optional: called on a server thread for /healthz; return false and set *why for a 503.
+  std::function<bool(std::string* why)> health;
+  // Optional: called on a server thread before each /metrics render, e.g. to sample device
+  // memory. Must not touch state owned by another thread without synchronisation.
+  std::function<void()> before_scrape;
+};
+
+inline constexpr int kAnyPort = -1;
+
+class MetricsServer {
+ public:
+  // Binds, starts the server thread and returns once it accepts connections. Fails with
+  // unavailable when the port cannot be bound (in use, no permission), invalid_argument on a port
+  // out of range. `registry` must outlive the server.
+  static Status Start(const Registry* registry, const MetricsServerOptions& options,
+                      std::unique_ptr<MetricsServer>* out);
+
+  ~MetricsServer();  // Stop()
+  MetricsServer(const MetricsServer&) = delete;
+  MetricsServer& operator=(const MetricsServer&) = delete;
+
+  // Stops accepting, finishes the requests in progress and joins the threads. Idempotent.
+  void Stop();
+  // The bound port; 0 when disabled.
+  int port() const { return port_; }
+
+ private:
+  class Impl;
+  MetricsServer() = default;
+  std::unique_ptr<Impl> impl_;
+  int port_ = 0;
+};
+
+// GET http://HOST:PORT/PATH (plain HTTP only; for scraping /metrics in `ferry top` and tests).
+// Fails with unavailable when the server cannot be reached or answers non-200.
+Status HttpGet(const std::string& url, int timeout_ms, std::string* body);
+
+}  // namespace ferry::metrics

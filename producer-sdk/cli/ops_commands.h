@@ -1,0 +1,35 @@
+#pragma once
+// The operator commands of the `ferry` tool (see `ferry COMMAND --help`):
+//   ferry status   one-shot tables of the broker's workers, queues and counters
+//   ferry top      the same, refreshing, with rates over the interval (q or Ctrl-C quits)
+//   ferry up       a whole local fleet: redis-server, ferry-broker, one ferry-worker per GPU
+// Each takes argv without the command word and returns the exit code (commands.h).
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/client.h"
+#include "ferry/protocol/flags.h"
+
+namespace ferry::cli {
+
+int RunStatus(std::vector<char*>& args);
+int RunTop(std::vector<char*>& args);
+int RunUp(std::vector<char*>& args);
+
+// The flags status/top share with the other commands (--frontend, --redis, ...).
+struct BrokerFlags {
+  std::string frontend = "tcp://127.0.0.1:5555";
+  std::string redis = "redis://127.0.0.1:6379";
+  std::string redis_prefix = "ferry:";
+  int64_t request_timeout_ms = 5000;
+
+  void Register(protocol::FlagSet* f);
+  Status MakeClient(std::unique_ptr<client::Client>* out) const;
+};
+
+// Prints "ferry: <status>" to stderr and returns the matching exit code.
+int FailWith(const Status& s);
+
+}  // namespace ferry::cli

@@ -1,0 +1,280 @@
+// `ferry up`: the one-command local fleet.
+#include <limits.h>
+#include <signal.h>
+#include <stdlib.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "commands.h"
+#include "local_fleet.h"
+#include "ops_commands.h"
+
+namespace ferry::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using protocol::FlagSet;
+
+volatile sig_atomic_t g_up_stop = 0;
+void OnUpSignal(int) { g_up_stop = 1; }
+
+bool IsExecutable(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode) && access(path.c_str(), X_OK) == 0;
+}
+
+// --bin-dir, else next to this `ferry` (install: bin/; build tree: ../broker, ../gpu-worker),
+// else $PATH.
+Status FindBinary(const std::string& name, const std::string& bin_dir, std::string* out) {
+  std::vector<std::string> candidates;
+  if (!bin_dir.empty()) {  // a directory of binaries, or a build tree
+    for (const char* sub : {"", "/broker", "/gpu-worker"}) candidates.push_back(bin_dir + sub + "/" + name);
+  } else {
+    std::error_code ec;
+    fs::path self = fs::read_symlink("/proc/self/exe", ec).parent_path();
+    if (!ec) {
+      candidates.push_back((self / name).string());
+      candidates.push_back((self / ".." / "broker" / name).string());
+      candidates.push_back((self / ".." / "gpu-worker" / name).string());
+    }
+    const char* path = getenv("PATH");
+    std::string p = path ? path : "";
+    for (size_t start = 0; start <= p.size();) {
+      size_t end = p.find(':', start);
+      if (end == std::string::npos) end = p.size();
+      if (end > start) candidates.push_back(p.substr(start, end - start) + "/" + name);
+      start = end + 1;
+    }
+  }
+  for (const auto& c : candidates) {
+    if (IsExecutable(c)) {
+      *out = fs::weakly_canonical(c).string();
+      return Status::Ok();
+    }
+  }
+  return Status::NotFound(name + " not found" +
+                          (bin_dir.empty() ? " next to ferry or in $PATH" : " in " + bin_dir) +
+                          "; give --bin-dir");
+}
+
+// GPU ids: --gpus, else $CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`.
+std::vector<std::string> VisibleGpus(const std::string& gpus_flag) {
+  std::vector<std::string> out;
+  auto split = [&](const std::string& s) {
+    for (size_t start = 0; start < s.size();) {
+      size_t end = s.find(',', start);
+      if (end == std::string::npos) end = s.size();
+      if (end > start) out.push_back(s.substr(start, end - start));
+      start = end + 1;
+    }
+  };
+  if (!gpus_flag.empty()) {
+    if (gpus_flag != "none") split(gpus_flag);
+    return out;
+  }
+  if (const char* env = getenv("CUDA_VISIBLE_DEVICES"); env && *env) {
+    split(env);
+    return out;
+  }
+  FILE* p = popen("nvidia-smi -L 2>/dev/null", "r");
+  if (!p) return out;
+  char buf[512];
+  while (std::fgets(buf, sizeof(buf), p)) {
+    int index = -1;
+    if (std::sscanf(buf, "GPU %d:", &index) == 1) out.push_back(std::to_string(index));
+  }
+  pclose(p);
+  return out;
+}
+
+std::string Hostname() {
+  char buf[HOST_NAME_MAX + 1] = {};
+  gethostname(buf, sizeof(buf) - 1);
+  return buf;
+}
+
+}  // namespace
+
+int RunUp(std::vector<char*>& args) {
+  LocalFleetOptions o;
+  std::string bin_dir, models_file, gpus, log_dir, env_file;
+  int64_t cpu_workers = 0, frontend_port = 5555, backend_port = 5556, max_batch = 32;
+  int64_t metrics_port_base = 0, ready_timeout_ms = 120000, drain_timeout_ms = 30000;
+  FlagSet flags(
+      "ferry up",
+      "Starts a local fleet: redis-server (unless --redis), ferry-broker, and one ferry-worker\n"
+      "per visible GPU (nvidia-smi -L / $CUDA_VISIBLE_DEVICES; each worker sees one GPU through\n"
+      "CUDA_VISIBLE_DEVICES) or --cpu-workers N on the CPU. Prints the endpoints once every\n"
+      "worker registered. Ctrl-C or SIGTERM drains: workers first (SIGTERM, wait), then the\n"
+      "broker, then redis-server; exits 0. Binaries come from --bin-dir, next to ferry, or $PATH.");
+  flags.Repeated("model", &o.models, "a model for every worker, NAME=PATH.pt");
+  flags.String("models", &models_file,
+               "a model repository file, passed to every worker as --models (docs/models.md)");
+  flags.Int("cpu-workers", &cpu_workers, "run N CPU workers instead of one per GPU");
+  flags.String("gpus", &gpus, "GPU ids to use, e.g. 0,2 (default: all visible; none = CPU)");
+  flags.Int("max-batch", &max_batch, "--max-batch of every worker");
+  flags.String("redis", &o.redis_url, "use this Redis (redis://HOST:PORT) instead of starting one");
+  flags.String("redis-server", &o.redis_server_bin, "the redis-server binary to start");
+  flags.String("redis-prefix", &o.redis_prefix, "prefix of Ferry's Redis keys");
+  flags.String("bind", &o.bind_host, "address the broker binds (0.0.0.0 = all interfaces)");
+  flags.Int("frontend-port", &frontend_port, "the broker's producer port (0 = a free port)");
+  flags.Int("backend-port", &backend_port, "the broker's worker port (0 = a free port)");
+  flags.Int("metrics-port-base", &metrics_port_base,
+            "> 0: broker --metrics-port BASE, worker i BASE+1+i (0 = no metrics flags)");
+  flags.Repeated("broker-arg", &o.broker_args, "an extra ferry-broker flag, e.g. "
+                                               "--broker-arg=--log-level=debug");
+  flags.Repeated("worker-arg", &o.worker_args, "an extra ferry-worker flag, e.g. "
+                                               "--worker-arg=--instances=2");
+  flags.String("bin-dir", &bin_dir, "directory holding ferry-broker and ferry-worker (or a build "
+                                    "tree: DIR/broker, DIR/gpu-worker)");
+  flags.String("log-dir", &log_dir, "keep logs (and redis data) here (default: a temp dir, "
+                                    "removed on exit)");
+  flags.String("env-file", &env_file, "write FERRY_FRONTEND=, FERRY_REDIS=, ... here when ready");
+  flags.Int("ready-timeout-ms", &ready_timeout_ms, "how long to wait for the workers to register");
+  flags.Int("drain-timeout-ms", &drain_timeout_ms, "per stage of the shutdown, then SIGKILL");
+  Status parsed = flags.Parse(static_cast<int>(args.size()), args.data());
+  if (int rc = protocol::HandleFlagResult(flags, parsed); rc >= 0) return rc;
+  if (!flags.positional().empty()) {
+    std::fprintf(stderr, "ferry up takes no arguments\n\n%s", flags.Usage().c_str());
+    return kExitUsage;
+  }
+  if (!models_file.empty()) {
+    std::error_code ec;
+    if (!fs::is_regular_file(models_file, ec)) {
+      std::fprintf(stderr, "ferry up: no such --models file: %s\n", models_file.c_str());
+      return kExitUsage;
+    }
+    o.worker_args.insert(o.worker_args.begin(),
+                         {"--models", fs::absolute(models_file).string()});
+  }
+  if (o.models.empty() && models_file.empty()) {
+    std::fprintf(stderr, "ferry up needs --model NAME=PATH or --models FILE\n\n%s",
+                 flags.Usage().c_str());
+    return kExitUsage;
+  }
+  o.frontend_port = static_cast<int>(frontend_port);
+  o.backend_port = static_cast<int>(backend_port);
+  o.metrics_port_base = static_cast<int>(metrics_port_base);
+  if (Status s = FindBinary("ferry-broker", bin_dir, &o.broker_bin); !s.ok()) return FailWith(s);
+  if (Status s = FindBinary("ferry-worker", bin_dir, &o.worker_bin); !s.ok()) return FailWith(s);
+
+  // Workers: one per GPU, or CPU workers sharing the cores.
+  std::vector<std::string> gpu_ids = cpu_workers > 0 ? std::vector<std::string>{} : VisibleGpus(gpus);
+  if (cpu_workers == 0 && gpu_ids.empty()) {
+    std::printf("ferry up: no GPU visible; starting 1 CPU worker (--cpu-workers N for more)\n");
+    cpu_workers = 1;
+  }
+  std::string host = Hostname();
+  for (const auto& id : gpu_ids) {
+    o.workers.push_back({"gpu " + id + " (cuda:0 with CUDA_VISIBLE_DEVICES=" + id + ")",
+                         {"--device", "cuda:0", "--name", host + ":gpu" + id,
+                          "--max-batch", std::to_string(max_batch)},
+                         id});
+  }
+  unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  for (int64_t i = 0; i < cpu_workers; ++i) {
+    int64_t threads = std::max<int64_t>(1, cores / cpu_workers);
+    o.workers.push_back({"cpu " + std::to_string(i),
+                         {"--device", "cpu", "--threads", std::to_string(threads),
+                          "--max-batch", std::to_string(max_batch)},
+                         ""});
+  }
+
+  bool temp_logs = log_dir.empty();
+  if (temp_logs) {
+    std::string tmpl = (fs::temp_directory_path() / "ferry-up-XXXXXX").string();
+    if (!mkdtemp(tmpl.data())) return FailWith(Status::Internal("mkdtemp failed"));
+    log_dir = tmpl;
+  } else {
+    std::error_code ec;
+    fs::create_directories(log_dir, ec);
+  }
+  o.log_dir = fs::absolute(log_dir).string();
+
+  // Signals before the children exist, so an early Ctrl-C still drains.
+  g_up_stop = 0;
+  struct sigaction sa {};
+  sa.sa_handler = OnUpSignal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGHUP, &sa, nullptr);
+
+  int rc = kExitOk;
+  {
+    std::unique_ptr<LocalFleet> fleet;
+    Status s = LocalFleet::Start(o, &fleet);
+    if (!s.ok()) {
+      rc = FailWith(s);
+    } else {
+      std::printf("ferry up: starting\n%s", fleet->Describe().c_str());
+      std::fflush(stdout);
+      // Waits for the workers, but a signal during the wait still drains.
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ready_timeout_ms);
+      Status ready = Status::Timeout("interrupted");
+      while (!g_up_stop && std::chrono::steady_clock::now() < deadline) {
+        ready = fleet->WaitReady(500, 1000);
+        if (ready.ok() || ready.code() != codes::kTimeout) break;
+      }
+      if (!ready.ok() && ready.code() != codes::kTimeout) {
+        rc = FailWith(ready);
+      } else if (!g_up_stop) {
+        if (!ready.ok())
+          std::printf("ferry up: warning: %s; going on\n", ready.message().c_str());
+        std::printf(
+            "ferry up: ready\n"
+            "  frontend  %s   (producers: ferry submit --frontend %s --redis %s ...)\n"
+            "  backend   %s   (more workers: ferry-worker --broker %s --redis %s ...)\n"
+            "  redis     %s%s\n",
+            fleet->frontend().c_str(), fleet->frontend().c_str(), fleet->redis_url().c_str(),
+            fleet->backend().c_str(), fleet->backend().c_str(), fleet->redis_url().c_str(),
+            fleet->redis_url().c_str(), fleet->started_redis() ? " (started here)" : "");
+        if (o.metrics_port_base > 0)
+          std::printf("  metrics   http://127.0.0.1:%d/metrics (broker), ports %d.. (workers)\n",
+                      o.metrics_port_base, o.metrics_port_base + 1);
+        std::printf("  logs      %s\nferry up: Ctrl-C to drain and stop\n", o.log_dir.c_str());
+        std::fflush(stdout);
+        if (!env_file.empty()) {
+          std::ofstream env(env_file + ".tmp");
+          env << "FERRY_FRONTEND=" << fleet->frontend() << "\nFERRY_BACKEND=" << fleet->backend()
+              << "\nFERRY_REDIS=" << fleet->redis_url() << "\nFERRY_LOG_DIR=" << o.log_dir << "\n";
+          if (o.metrics_port_base > 0)
+            env << "FERRY_BROKER_METRICS=http://127.0.0.1:" << o.metrics_port_base << "/metrics\n";
+          env.close();
+          fs::rename(env_file + ".tmp", env_file);
+        }
+      }
+      while (!g_up_stop && rc == kExitOk) {
+        std::string events;
+        Status alive = fleet->Check(&events);
+        if (!events.empty()) std::fprintf(stderr, "ferry up: %s", events.c_str());
+        if (!alive.ok()) rc = FailWith(alive);
+        else std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      }
+      std::printf("ferry up: draining (workers, then the broker%s)\n",
+                  fleet->started_redis() ? ", then redis" : "");
+      std::fflush(stdout);
+      bool clean = fleet->Drain(static_cast<int>(drain_timeout_ms));
+      std::printf("ferry up: stopped%s\n", clean ? "" : " (some processes had to be killed)");
+    }
+  }
+  if (temp_logs && rc == kExitOk) {
+    std::error_code ec;
+    fs::remove_all(log_dir, ec);
+  } else if (temp_logs) {
+    std::fprintf(stderr, "ferry up: logs kept in %s\n", log_dir.c_str());
+  }
+  if (!env_file.empty()) {
+    std::error_code ec;
+    fs::remove(env_file, ec);
+  }
+  return rc;
+}
+
+}  // namespace ferry::cli

@@ -1,0 +1,116 @@
+// `ferry status`/`top` rendering from canned STATS JSON and canned /metrics scrapes.
+#include <gtest/gtest.h>
+
+#include "ferry/metrics/names.h"
+#include "ferry/metrics/registry.h"
+#include "fleet_view.h"
+#include "json.h"
+
+namespace ferry::cli {
+namespace {
+
+const char* kStats = R"({"workers": [
+  {"id": "h:2:cuda:1", "device": "cuda:1", "host": "h", "pid": 2, "models": ["tiny", "big"],
+   "capacity": 64, "credit": 60, "in_flight": 4, "last_seen_ms": 250},
+  {"id": "h:1:cuda:0", "device": "cuda:0", "host": "h", "pid": 1, "models": ["tiny"],
+   "capacity": 64, "credit": 64, "in_flight": 0, "last_seen_ms": 1500}],
+ "queues": {"tiny": 12, "big": 0}, "pending": 16,
+ "counters": {"accepted": 100, "rejected": 2, "finished": 84, "requeued": 1, "chunks": 9,
+              "dispatched": 90, "poisoned": 0}, "rid": 7})";
+
+TEST(FleetView, ParsesStatsJson) {
+  FleetStats s;
+  ASSERT_TRUE(ParseFleetStats(kStats, &s).ok());
+  ASSERT_EQ(s.workers.size(), 2u);
+  EXPECT_EQ(s.workers[0].id, "h:1:cuda:0");  // sorted by id
+  EXPECT_EQ(s.workers[1].models, (std::vector<std::string>{"tiny", "big"}));
+  EXPECT_EQ(s.workers[1].in_flight, 4);
+  EXPECT_EQ(s.queues.at("tiny"), 12);
+  EXPECT_EQ(s.pending, 16);
+  EXPECT_EQ(s.counters.at("finished"), 84);
+  EXPECT_EQ(ParseFleetStats("[1,2]", &s).code(), "malformed");
+  EXPECT_EQ(ParseFleetStats("{\"workers\": [", &s).code(), "malformed");
+}
+
+TEST(FleetView, StatusTables) {
+  FleetStats s;
+  ASSERT_TRUE(ParseFleetStats(kStats, &s).ok());
+  std::string out = FormatStatus(s, "tcp://b:5555");
+  EXPECT_NE(out.find("broker tcp://b:5555: 2 worker(s), 16 job(s) pending"), std::string::npos);
+  EXPECT_NE(out.find("WORKER"), std::string::npos);
+  EXPECT_NE(out.find("tiny,big"), std::string::npos);
+  EXPECT_NE(out.find("1.5s ago"), std::string::npos);
+  EXPECT_NE(out.find("250ms ago"), std::string::npos);
+  EXPECT_NE(out.find("accepted 100  rejected 2  finished 84"), std::string::npos) << out;
+  EXPECT_NE(out.find("poisoned 0"), std::string::npos);  // counters the broker added later
+  FleetStats empty;
+  out = FormatStatus(empty, "x");
+  EXPECT_NE(out.find("no workers connected"), std::string::npos);
+}
+
+TEST(FleetView, TopRatesFromCounterDeltasAndMetrics) {
+  FleetStats before, after;
+  ASSERT_TRUE(ParseFleetStats(kStats, &before).ok());
+  after = before;
+  after.counters["finished"] += 50;
+  after.counters["accepted"] += 20;
+  after.queues["tiny"] = 2;
+
+  // Two scrapes of a worker and a broker, 2 s apart.
+  namespace n = metrics::names;
+  metrics::Registry broker, worker;
+  auto* latency = broker.Histogram(n::kJobLatency, "l", n::LatencyBuckets(), {{"model", "tiny"}});
+  broker.Gauge(n::kQueueOldestAge, "a", {{"model", "tiny"}})->Set(0.75);
+  worker.Gauge(n::kWorkerInfo, "i", {{"worker", "h:1:cuda:0"}, {"device", "cuda:0"}})->Set(1);
+  worker.Gauge(n::kExecutors, "e")->Set(2);
+  auto* busy = worker.Counter(n::kExecutorBusy, "b", {{"executor", "0"}});
+  auto* batches = worker.Counter(n::kBatches, "b", {{"model", "tiny"}});
+  for (int i = 0; i < 1000; ++i) latency->Observe(5);  // old history: must not count
+  auto scrape = [](const std::string& url, const metrics::Registry& r) {
+    Scrape s;
+    s.url = url;
+    s.ok = metrics::ParseText(r.Expose(), &s.parsed).ok();
+    return s;
+  };
+  std::vector<Scrape> t0 = {scrape("b", broker), scrape("w", worker)};
+  for (int i = 0; i < 98; ++i) latency->Observe(0.02);
+  for (int i = 0; i < 2; ++i) latency->Observe(0.2);
+  busy->Add(1.0);
+  batches->Inc(10);
+  Scrape dead;
+  dead.url = "x";
+  dead.error = "unavailable: refused";
+  std::vector<Scrape> t1 = {scrape("b", broker), scrape("w", worker), dead};
+
+  IntervalMetrics m = ComputeIntervalMetrics(t0, t1, 2.0);
+  EXPECT_GT(m.p50_s, 0.01);
+  EXPECT_LE(m.p50_s, 0.025);
+  EXPECT_GT(m.p99_s, 0.1);
+  EXPECT_LE(m.p99_s, 0.25);
+  EXPECT_DOUBLE_EQ(m.busy_percent.at("h:1:cuda:0"), 25.0);  // 1 s of 2 executors x 2 s
+  EXPECT_DOUBLE_EQ(m.batches_per_s.at("h:1:cuda:0"), 5.0);
+  EXPECT_DOUBLE_EQ(m.oldest_age_s.at("tiny"), 0.75);
+  ASSERT_EQ(m.errors.size(), 1u);
+
+  std::string out = FormatTop(before, after, 2.0, m, "tcp://b:5555");
+  EXPECT_NE(out.find("finished 25.0/s  accepted 10.0/s"), std::string::npos) << out;
+  EXPECT_NE(out.find("p50 1"), std::string::npos) << out;  // 10-25 ms
+  EXPECT_NE(out.find("-10"), std::string::npos) << out;    // queue change
+  EXPECT_NE(out.find("0.75 s"), std::string::npos) << out;
+  EXPECT_NE(out.find("25 "), std::string::npos) << out;    // busy %
+  EXPECT_NE(out.find("metrics: x: unavailable"), std::string::npos) << out;
+}
+
+TEST(FleetView, JsonReader) {
+  JsonValue v;
+  ASSERT_TRUE(ParseJson(R"({"a": [1, -2.5e1, true, null, "x\"\u00e9\n"], "b": {}})", &v).ok());
+  EXPECT_EQ(v["a"].array.size(), 5u);
+  EXPECT_EQ(v["a"].array[1].number, -25);
+  EXPECT_EQ(v["a"].array[4].string, "x\"\xc3\xa9\n");
+  EXPECT_EQ(v["missing"]["deeper"].type, JsonValue::Type::kNull);
+  EXPECT_FALSE(ParseJson("{\"a\": }", &v).ok());
+  EXPECT_FALSE(ParseJson("{} x", &v).ok());
+}
+
+}  // namespace
+}  // namespace ferry::cli

@@ -1,0 +1,188 @@
+// The operator commands against real processes: `ferry status` and `ferry top` against a live
+// redis-server + ferry-broker (no worker needed), and `ferry up` running a job end to end and
+// draining on SIGTERM.
+#include <signal.h>
+
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <map>
+#include <sstream>
+
+#include "ferry/client.h"
+#include "ferry/metrics/metrics_server.h"
+#include "ferry/metrics/names.h"
+#include "ferry/metrics/registry.h"
+#include "fleet.h"
+#include "process.h"
+
+namespace ferry::testutil {
+namespace {
+
+using std::chrono::seconds;
+
+// Runs `ferry ARGS...` to completion; returns its exit code and output.
+int RunCli(const TempDir& dir, const std::vector<std::string>& args, std::string* output) {
+  static int n = 0;
+  std::vector<std::string> argv = {CliBin()};
+  argv.insert(argv.end(), args.begin(), args.end());
+  Process p(argv, dir.path() + "/cli" + std::to_string(n++) + ".log");
+  int rc = p.Wait(seconds(60));
+  *output = p.Log();
+  return rc;
+}
+
+int Count(const std::string& haystack, const std::string& needle) {
+  int n = 0;
+  for (size_t at = haystack.find(needle); at != std::string::npos;
+       at = haystack.find(needle, at + 1))
+    ++n;
+  return n;
+}
+
+class LiveBroker : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    frontend_ = "tcp://127.0.0.1:" + std::to_string(FreePort());
+    broker_ = std::make_unique<Process>(
+        std::vector<std::string>{BrokerBin(), "--frontend", frontend_, "--backend",
+                                 "tcp://127.0.0.1:" + std::to_string(FreePort()), "--redis",
+                                 redis_.url()},
+        dir_.path() + "/broker.log");
+    ASSERT_TRUE(WaitFor([&] { return CountWorkers(frontend_) == 0; }, seconds(20)))
+        << broker_->Log();
+  }
+  TempDir dir_;
+  RedisServer redis_;
+  std::string frontend_;
+  std::unique_ptr<Process> broker_;
+};
+
+TEST_F(LiveBroker, StatusShowsTablesAndCountersMove) {
+  std::string out;
+  ASSERT_EQ(RunCli(dir_, {"status", "--frontend", frontend_}, &out), 0) << out;
+  EXPECT_NE(out.find("0 worker(s), 0 job(s) pending"), std::string::npos) << out;
+  EXPECT_NE(out.find("no workers connected"), std::string::npos) << out;
+  EXPECT_NE(out.find("accepted 0  rejected 0  finished 0"), std::string::npos) << out;
+
+  // Three jobs for a model nobody serves: rejected, and `status` says so.
+  client::ClientOptions o;
+  o.frontend = frontend_;
+  o.redis = redis_.url();
+  std::unique_ptr<client::Client> c;
+  ASSERT_TRUE(client::Client::Create(o, &c).ok());
+  for (int i = 0; i < 3; ++i) {
+    client::Job job;
+    job.model = "nosuch";
+    job.inputs.push_back(Tensor::From<float>({1, 2}, {2}, DType::kFloat32));
+    EXPECT_EQ(c->Submit(job, nullptr).code(), codes::kUnknownModel);
+  }
+  ASSERT_EQ(RunCli(dir_, {"status", "--frontend", frontend_}, &out), 0) << out;
+  EXPECT_NE(out.find("accepted 0  rejected 3  finished 0"), std::string::npos) << out;
+}
+
+TEST_F(LiveBroker, StatusFailsCleanlyWithoutABroker) {
+  std::string out;
+  std::string nobody = "tcp://127.0.0.1:" + std::to_string(FreePort());
+  EXPECT_EQ(RunCli(dir_, {"status", "--frontend", nobody, "--request-timeout-ms", "300"}, &out), 3)
+      << out;
+  EXPECT_NE(out.find("unavailable"), std::string::npos) << out;
+}
+
+// `top` without a tty: N frames, then exit 0. A /metrics endpoint in this process stands in for
+// the broker's: each scrape adds latency observations, so every interval has a p50/p99.
+TEST_F(LiveBroker, TopPrintsFramesWithRatesAndPercentiles) {
+  metrics::Registry registry;
+  namespace n = metrics::names;
+  auto* latency = registry.Histogram(n::kJobLatency, n::kJobLatencyHelp, n::LatencyBuckets(),
+                                     {{n::kLabelModel, "tiny"}});
+  metrics::MetricsServerOptions mo;
+  mo.port = metrics::kAnyPort;
+  mo.bind_address = "127.0.0.1";
+  mo.before_scrape = [latency] {
+    for (int i = 0; i < 10; ++i) latency->Observe(0.02);
+  };
+  std::unique_ptr<metrics::MetricsServer> server;
+  ASSERT_TRUE(metrics::MetricsServer::Start(&registry, mo, &server).ok());
+  std::string url = "http://127.0.0.1:" + std::to_string(server->port()) + "/metrics";
+
+  std::string out;
+  ASSERT_EQ(RunCli(dir_, {"top", "--frontend", frontend_, "--iterations", "3", "--interval-ms",
+                          "100", "--metrics", url}, &out), 0) << out;
+  EXPECT_EQ(Count(out, "ferry top  broker " + frontend_), 3) << out;
+  EXPECT_EQ(Count(out, "throughput  finished 0.0/s"), 3) << out;
+  EXPECT_EQ(Count(out, "p50 -"), 0) << out;
+  EXPECT_NE(out.find(" ms  p99 "), std::string::npos) << out;
+  EXPECT_EQ(out.find("\033["), std::string::npos) << "no escape codes without a tty";
+}
+
+std::map<std::string, std::string> ReadEnvFile(const std::string& path) {
+  std::map<std::string, std::string> env;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) {
+    size_t eq = line.find('=');
+    if (eq != std::string::npos) env[line.substr(0, eq)] = line.substr(eq + 1);
+  }
+  return env;
+}
+
+// `ferry up` finds ferry-broker/ferry-worker next to itself (the build tree), starts redis, the
+// broker and a CPU worker; a job runs through it; SIGTERM drains everything and it exits 0.
+TEST(FerryUp, StartsRunsAJobAndDrainsOnSigterm) {
+  if (WorkerBin().empty()) GTEST_SKIP() << "built without ferry-worker (no libtorch)";
+  TempDir dir;
+  std::string env_file = dir.path() + "/fleet.env";
+  Process up({CliBin(), "up", "--cpu-workers", "1", "--model", "tiny=" + ModelPath("tiny"),
+              "--frontend-port", "0", "--backend-port", "0", "--log-dir", dir.path() + "/logs",
+              "--env-file", env_file, "--max-batch", "8"},
+             dir.path() + "/up.log");
+  ASSERT_TRUE(WaitFor([&] { return ReadEnvFile(env_file).count("FERRY_REDIS") > 0; },
+                      seconds(90)))
+      << up.Log();
+  auto env = ReadEnvFile(env_file);
+  EXPECT_NE(up.Log().find("ferry up: ready"), std::string::npos) << up.Log();
+
+  // A job through the fleet, with the CLI.
+  std::ofstream(dir.path() + "/x.f32", std::ios::binary)
+      .write(std::string(8 * sizeof(float), '\0').data(), 8 * sizeof(float));
+  std::string out;
+  ASSERT_EQ(RunCli(dir, {"submit", "--model", "tiny", "--input", dir.path() + "/x.f32",
+                         "--shape", "8", "--wait", "--frontend", env["FERRY_FRONTEND"],
+                         "--redis", env["FERRY_REDIS"]}, &out), 0) << out << up.Log();
+  EXPECT_NE(out.find("done"), std::string::npos) << out;
+  ASSERT_EQ(RunCli(dir, {"status", "--frontend", env["FERRY_FRONTEND"]}, &out), 0) << out;
+  EXPECT_NE(out.find("1 worker(s)"), std::string::npos) << out;
+  EXPECT_NE(out.find("finished 1"), std::string::npos) << out;
+
+  up.Signal(SIGTERM);
+  EXPECT_EQ(up.Wait(seconds(60)), 0) << up.Log();
+  std::string log = up.Log();
+  EXPECT_NE(log.find("draining (workers, then the broker, then redis)"), std::string::npos) << log;
+  EXPECT_NE(log.find("ferry up: stopped\n"), std::string::npos) << log;  // nothing SIGKILLed
+  // Every child it started is gone.
+  std::istringstream lines(log);
+  std::string line;
+  int children = 0;
+  while (std::getline(lines, line)) {
+    size_t at = line.find(" pid ");
+    if (at == std::string::npos) continue;
+    pid_t pid = std::stoi(line.substr(at + 5));
+    ++children;
+    EXPECT_NE(kill(pid, 0), 0) << "pid " << pid << " still runs";
+  }
+  EXPECT_EQ(children, 3) << log;  // redis, broker, worker
+  EXPECT_FALSE(WaitFor([&] { return !ReadEnvFile(env_file).empty(); }, std::chrono::milliseconds(1)));
+}
+
+TEST(FerryUp, UsageErrors) {
+  TempDir dir;
+  std::string out;
+  EXPECT_EQ(RunCli(dir, {"up"}, &out), 2) << out;
+  EXPECT_NE(out.find("needs --model"), std::string::npos) << out;
+  EXPECT_EQ(RunCli(dir, {"up", "--model", "m=x.pt", "--bin-dir", dir.path()}, &out), 1) << out;
+  EXPECT_NE(out.find("ferry-broker not found"), std::string::npos) << out;
+}
+
+}  // namespace
+}  // namespace ferry::testutil
