@@ -138,12 +138,29 @@ Scheduler::PriorityQueue::iterator Scheduler::OldestLevel(PriorityQueue& pq) {
   return best;
 }
 
-Scheduler::PriorityQueue* Scheduler::BestQueueFor(const WorkerState& w, std::string* model) {
+bool WorkerState::IsWarm(const std::string& model) const {
+  if (!hello.resident) return true;
+  for (const auto& m : *hello.resident) {
+    if (m == model) return true;
+  }
+  return false;
+}
+
+bool Scheduler::WarmSomewhere(const std::string& model) const {
+  for (const auto& [id, w] : workers_) {
+    if (w.max_batch.count(model) && w.IsWarm(model)) return true;
+  }
+  return false;
+}
+
+Scheduler::PriorityQueue* Scheduler::BestQueueFor(const WorkerState& w, bool warm_only,
+                                                  std::string* model) {
   PriorityQueue* best = nullptr;
   const Job* best_head = nullptr;
   for (const auto& [name, max_batch] : w.max_batch) {
     auto it = queues_.find(name);
     if (it == queues_.end() || it->second.empty()) continue;
+    if (warm_only && !w.IsWarm(name) && WarmSomewhere(name)) continue;
     const Job* head = it->second.begin()->second.front();
     if (!best_head || head->priority > best_head->priority ||
         (head->priority == best_head->priority && head->seq < best_head->seq)) {
@@ -157,33 +174,36 @@ Scheduler::PriorityQueue* Scheduler::BestQueueFor(const WorkerState& w, std::str
 
 bool Scheduler::NextChunk(Chunk* out) {
   out->jobs.clear();
-  for (auto lru_it = lru_.begin(); lru_it != lru_.end(); ++lru_it) {
-    WorkerState& w = workers_.at(*lru_it);
-    int64_t credit = w.credit();
-    if (credit <= 0) continue;
-    std::string model;
-    PriorityQueue* pq = BestQueueFor(w, &model);
-    if (!pq) continue;
-    int64_t take = std::min(credit, w.max_batch[model]);
-    // Every aging_every-th chunk of a model serves the oldest jobs, whatever their priority.
-    const bool aging = aging_every_ > 0 && ++chunks_by_model_[model] % aging_every_ == 0;
-    while (take > 0 && !pq->empty()) {
-      auto level = aging ? OldestLevel(*pq) : pq->begin();
-      Job* job = level->second.front();
-      level->second.pop_front();
-      if (level->second.empty()) pq->erase(level);
-      job->phase = JobPhase::kDispatched;
-      job->worker = w.routing_id;
-      w.in_flight.insert(job->id);
-      out->jobs.push_back(job);
-      --take;
+  // Pass 1: warm placements only; pass 2: any worker with credit (a cold load).
+  for (const bool warm_only : {true, false}) {
+    for (auto lru_it = lru_.begin(); lru_it != lru_.end(); ++lru_it) {
+      WorkerState& w = workers_.at(*lru_it);
+      int64_t credit = w.credit();
+      if (credit <= 0) continue;
+      std::string model;
+      PriorityQueue* pq = BestQueueFor(w, warm_only, &model);
+      if (!pq) continue;
+      int64_t take = std::min(credit, w.max_batch[model]);
+      // Every aging_every-th chunk of a model serves the oldest jobs, whatever their priority.
+      const bool aging = aging_every_ > 0 && ++chunks_by_model_[model] % aging_every_ == 0;
+      while (take > 0 && !pq->empty()) {
+        auto level = aging ? OldestLevel(*pq) : pq->begin();
+        Job* job = level->second.front();
+        level->second.pop_front();
+        if (level->second.empty()) pq->erase(level);
+        job->phase = JobPhase::kDispatched;
+        job->worker = w.routing_id;
+        w.in_flight.insert(job->id);
+        out->jobs.push_back(job);
+        --take;
+      }
+      depth_[model] -= out->jobs.size();
+      out->worker = w.routing_id;
+      lru_.splice(lru_.end(), lru_, lru_it);  // now the most recently served
+      ++counters_.chunks;
+      counters_.dispatched += static_cast<int64_t>(out->jobs.size());
+      return true;
     }
-    depth_[model] -= out->jobs.size();
-    out->worker = w.routing_id;
-    lru_.splice(lru_.end(), lru_, lru_it);  // now the most recently served
-    ++counters_.chunks;
-    counters_.dispatched += static_cast<int64_t>(out->jobs.size());
-    return true;
   }
   return false;
 }

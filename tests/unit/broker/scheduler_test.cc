@@ -88,6 +88,39 @@ TEST(Scheduler, WorkersOnlyGetModelsTheyServe) {
   EXPECT_FALSE(s.KnowsModel("c"));
 }
 
+protocol::WorkerHello WithResident(protocol::WorkerHello h, std::vector<std::string> resident) {
+  h.resident = std::move(resident);
+  return h;
+}
+
+TEST(Scheduler, PrefersAWorkerWithTheModelWarm) {
+  Scheduler s;
+  // Both serve a and b; "cold" is first in LRU order but has only b loaded.
+  s.AddWorker("cold", WithResident(Hello("cold", 4, {{"a", 4}, {"b", 4}}), {"b"}), 0);
+  s.AddWorker("warm", WithResident(Hello("warm", 4, {{"a", 4}, {"b", 4}}), {"a"}), 0);
+  for (int i = 0; i < 4; ++i) ASSERT_TRUE(s.Add(MakeJob("a" + std::to_string(i), "a")).ok());
+  Chunk c;
+  ASSERT_TRUE(s.NextChunk(&c));
+  EXPECT_EQ(c.worker, "warm");
+  EXPECT_EQ(c.jobs.size(), 4u);
+  // The warm worker is full: more jobs of a spill over to the cold one rather than wait.
+  for (int i = 4; i < 6; ++i) ASSERT_TRUE(s.Add(MakeJob("a" + std::to_string(i), "a")).ok());
+  ASSERT_TRUE(s.NextChunk(&c));
+  EXPECT_EQ(c.worker, "cold");
+  EXPECT_EQ(c.jobs.size(), 2u);
+}
+
+TEST(Scheduler, AModelWarmNowhereIsLoadedByPriorityAndAge) {
+  Scheduler s;
+  // One worker, a is warm, c is not warm anywhere: c's older job is not starved by a's.
+  s.AddWorker("w", WithResident(Hello("w", 1, {{"a", 1}, {"c", 1}}), {"a"}), 0);
+  ASSERT_TRUE(s.Add(MakeJob("c0", "c")).ok());
+  ASSERT_TRUE(s.Add(MakeJob("a0", "a")).ok());
+  Chunk c;
+  ASSERT_TRUE(s.NextChunk(&c));
+  EXPECT_EQ(Ids(c), (std::vector<std::string>{"c0"}));
+}
+
 TEST(Scheduler, HigherPriorityFirstFifoWithin) {
   Scheduler s;
   ASSERT_TRUE(s.Add(MakeJob("low1", "m", 0)).ok());

@@ -8,6 +8,12 @@
 // min(credit, that model's max_batch) jobs, highest priority first, FIFO within a priority.
 // Credit comes back one per job when the worker reports it DONE.
 //
+// Warm workers first: a model goes to a worker that has it resident (READY "resident"), so that
+// workers under a memory budget do not thrash loading and evicting. A worker takes a model it
+// does not have warm only when no worker with credit has it warm (load spills over to cold
+// workers once the warm ones are full) or when no worker has it warm at all (someone must load
+// it; it then competes by priority and age like any other model).
+//
 // Starvation: strict priority alone could starve low priorities forever under sustained
 // high-priority load, so every `aging_every`-th chunk of a model is taken oldest-first across all
 // priorities. Low priorities therefore get at least 1/aging_every of the dispatches while they
@@ -36,6 +42,8 @@ struct WorkerState {
   std::set<std::string> in_flight;           // job ids
   int64_t last_seen_us = 0;                  // monotonic
   int64_t credit() const { return hello.capacity - static_cast<int64_t>(in_flight.size()); }
+  // True when the worker has the model loaded and warm (a READY without "resident": all).
+  bool IsWarm(const std::string& model) const;
 };
 
 struct Chunk {
@@ -107,7 +115,9 @@ class Scheduler {
   using PriorityQueue = std::map<int64_t, std::deque<Job*>, std::greater<int64_t>>;
   void Enqueue(Job* job, bool front);
   // The queued job a worker should serve next (highest priority, then oldest), or null.
-  PriorityQueue* BestQueueFor(const WorkerState& w, std::string* model);
+  // With `warm_only`, only models eligible without a cold load: warm on `w`, or warm nowhere.
+  PriorityQueue* BestQueueFor(const WorkerState& w, bool warm_only, std::string* model);
+  bool WarmSomewhere(const std::string& model) const;
 
   // The queue level holding the oldest job (lowest seq), for aging.
   static PriorityQueue::iterator OldestLevel(PriorityQueue& pq);
