@@ -25,6 +25,7 @@ constexpr const char* kTopUsage =
     "  submit --model NAME --input FILE [--input FILE ...]   submit one job, print its id\n"
     "  get ID                 print the result of a job (or 'pending')\n"
     "  wait ID                wait for a job's result, then print it\n"
+    "  cancel ID [ID ...]     cancel jobs: queued ones end 'cancelled' at once\n"
     "  stats                  print the broker's statistics as JSON\n"
     "  status                 workers, queues and counters as tables\n"
     "  top                    a refreshing view of the fleet with rates (q or Ctrl-C quits)\n"
@@ -191,6 +192,29 @@ int RunGetOrWait(std::vector<char*>& args, bool wait) {
   return PrintResult(r, out_dir);
 }
 
+// `cancel ID [ID ...]`: one line per id; exit 1 when some id was not pending.
+int RunCancel(std::vector<char*>& args) {
+  GlobalFlags global;
+  FlagSet flags("ferry cancel ID [ID ...]",
+                "Cancels jobs. Prints one line per id: cancelled (it was queued; its result is\n"
+                "now 'cancelled'), running (on a worker; dropped there unless its batch has\n"
+                "started) or not_found (unknown, finished or expired).");
+  global.Register(&flags);
+  if (int rc = ParseFlags(&flags, args); rc >= 0) return rc;
+  if (flags.positional().empty()) {
+    std::fprintf(stderr, "ferry cancel needs at least one job id\n\n%s", flags.Usage().c_str());
+    return kExitUsage;
+  }
+  std::unique_ptr<client::Client> c;
+  if (Status s = global.MakeClient(&c); !s.ok()) return Fail(s);
+  client::CancelReport report;
+  if (Status s = c->CancelMany(flags.positional(), &report); !s.ok()) return Fail(s);
+  for (const auto& id : report.cancelled) std::printf("cancelled %s\n", id.c_str());
+  for (const auto& id : report.running) std::printf("running %s\n", id.c_str());
+  for (const auto& id : report.not_found) std::printf("not_found %s\n", id.c_str());
+  return report.not_found.empty() ? kExitOk : kExitFailed;
+}
+
 int RunStats(std::vector<char*>& args) {
   GlobalFlags global;
   FlagSet flags("ferry stats", "Prints the broker's statistics (workers, queues) as JSON.");
@@ -239,6 +263,7 @@ int RunCli(int argc, char** argv) {
   if (command == "submit") return RunSubmit(args);
   if (command == "get") return RunGetOrWait(args, /*wait=*/false);
   if (command == "wait") return RunGetOrWait(args, /*wait=*/true);
+  if (command == "cancel") return RunCancel(args);
   if (command == "stats") return RunStats(args);
   if (command == "status") return RunStatus(args);
   if (command == "top") return RunTop(args);

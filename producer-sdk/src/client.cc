@@ -85,6 +85,7 @@ class Client::Impl {
   Status SubmitMany(const std::vector<const Job*>& jobs, std::vector<SubmitOutcome>* outcomes);
   Status Wait(const std::string& id, int timeout_ms, Result* out);
   Status Stats(std::string* json);
+  Status Cancel(const std::vector<std::string>& ids, CancelReport* report);
   Status Poll(const std::string& id, Result* out) {
     if (!protocol::IsValidJobId(id))
       return Status::InvalidArgument("job id \"" + id + "\" is not a valid Ferry id");
@@ -229,6 +230,27 @@ Status Client::Impl::Stats(std::string* json) {
   return Status::Ok();
 }
 
+Status Client::Impl::Cancel(const std::vector<std::string>& ids, CancelReport* report) {
+  *report = CancelReport();
+  for (const auto& id : ids) {
+    if (!protocol::IsValidJobId(id))
+      return Status::InvalidArgument("job id \"" + id + "\" is not a valid Ferry id");
+  }
+  if (ids.empty()) return Status::Ok();
+  int64_t rid = frontend_->NextRid();
+  FrontendConnection::Reply reply;
+  FERRY_RETURN_IF_ERROR(frontend_->Call(rid, protocol::kCancel, protocol::EncodeIds(ids, rid),
+                                        options_.request_timeout_ms, &reply));
+  msgpack::object_handle body;
+  FERRY_RETURN_IF_ERROR(CheckReply(reply, protocol::kCancelled, &body));
+  protocol::Cancelled c;
+  FERRY_RETURN_IF_ERROR(protocol::DecodeCancelled(body.get(), &c));
+  report->cancelled = std::move(c.ids);
+  report->running = std::move(c.running);
+  report->not_found = std::move(c.not_found);
+  return Status::Ok();
+}
+
 // ---- Client: thin forwarding -----------------------------------------------------------------
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -268,5 +290,17 @@ Status Client::Wait(const std::string& id, int timeout_ms, Result* out) {
 }
 
 Status Client::Stats(std::string* json) { return impl_->Stats(json); }
+
+Status Client::CancelMany(const std::vector<std::string>& ids, CancelReport* report) {
+  return impl_->Cancel(ids, report);
+}
+
+Status Client::Cancel(const std::string& id) {
+  CancelReport report;
+  FERRY_RETURN_IF_ERROR(impl_->Cancel({id}, &report));
+  if (report.cancelled.empty() && report.running.empty())
+    return Status::NotFound("job \"" + id + "\" is not pending at the broker");
+  return Status::Ok();
+}
 
 }  // namespace ferry::client

@@ -26,6 +26,10 @@
 //   timeout           Wait() ran out of time
 //   malformed, internal   a bug or a peer speaking another protocol version
 //
+// Cancellation: Cancel(id) asks the broker to drop a job. A queued job gets the final result
+// "cancelled" at once; a job already sent to a worker is dropped there if its batch has not
+// started (then it too ends "cancelled"), else it runs and its result stands.
+//
 // Thread-safety: a Client is safe to share: any number of threads may call any method at once
 // (one background thread owns the socket; Redis connections come from a small pool). Create the
 // Client before and destroy it after all those calls. Ferry's value types (Job, Result, Tensor,
@@ -73,6 +77,13 @@ struct SubmitOutcome {
   Status status;   // ok: accepted. Else the rejection: code + message.
 };
 
+// What the broker did with the ids of one Cancel call.
+struct CancelReport {
+  std::vector<std::string> cancelled;  // were queued: their result is now "cancelled"
+  std::vector<std::string> running;    // were on a worker: dropped there if not started yet
+  std::vector<std::string> not_found;  // not pending: unknown, already finished, or expired
+};
+
 class Client {
  public:
   // Makes a client and starts its I/O thread. Fails with invalid_argument on bad options (an
@@ -114,6 +125,13 @@ class Client {
   // for jobs submitted through this client; otherwise re-checks Redis every 50 ms, backing off
   // to every 1 s.
   Status Wait(const std::string& id, int timeout_ms, Result* out);
+
+  // Cancels jobs (one CANCEL message, one round trip) and says what happened to each id.
+  // Errors: invalid_argument (a bad id; nothing is sent), unavailable (no answer in time).
+  Status CancelMany(const std::vector<std::string>& ids, CancelReport* report);
+  // Cancels one job: ok when it was queued or running (see CancelReport), not_found when the
+  // broker does not hold it (unknown, finished or expired).
+  Status Cancel(const std::string& id);
 
   // Asks the broker for its statistics (workers, queue depth per model, counters) and stores
   // them as a JSON object in *json. Fails with unavailable when the broker does not answer.

@@ -1,0 +1,506 @@
+// Reliability on real processes (docs/reliability.md): whichever single process dies -- a worker,
+// the broker, Redis with AOF -- every job the broker accepted ends with exactly one final result
+// in Redis; poison jobs fail instead of killing the fleet; workers drain; queues are bounded;
+// deadlines, cancellation and priorities hold.
+//
+// The `tiny` model's weights are fixed (ferry-make-models), so its expected outputs are computed
+// here by hand: y[j] = sum_i x[i] * W[i][j] + b[j], W[i][j] = 0.01*(i*8+j) - 0.3, b[j] = 0.1*j.
+// `slow` spins int(x) chained matmuls (about a millisecond each): a job that takes a while.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ferry/client.h"
+#include "ferry/protocol/redis.h"
+#include "fleet.h"
+#include "process.h"
+
+namespace ferry {
+namespace {
+
+using client::Client;
+using client::ClientOptions;
+using client::Job;
+using client::SubmitOutcome;
+using testutil::Fleet;
+using testutil::FleetOptions;
+using testutil::WaitFor;
+
+std::vector<float> TinyInput(uint32_t seed) {
+  std::vector<float> x(8);
+  for (int i = 0; i < 8; ++i) x[i] = static_cast<float>((seed * 31 + i * 7) % 97) / 50.0f - 1.0f;
+  return x;
+}
+
+std::vector<float> TinyExpected(const std::vector<float>& x) {
+  std::vector<float> y(8);
+  for (int j = 0; j < 8; ++j) {
+    double acc = 0.1 * j;
+    for (int i = 0; i < 8; ++i) acc += x[i] * (0.01 * (i * 8 + j) - 0.3);
+    y[j] = static_cast<float>(acc);
+  }
+  return y;
+}
+
+Job TinyJob(const std::string& id, uint32_t seed) {
+  Job j;
+  j.id = id;
+  j.model = "tiny";
+  j.inputs.push_back(Tensor::From<float>(TinyInput(seed), {8}, DType::kFloat32));
+  return j;
+}
+
+Job SlowJob(const std::string& id, float spins, int64_t priority = 0) {
+  Job j;
+  j.id = id;
+  j.model = "slow";
+  j.priority = priority;
+  j.inputs.push_back(Tensor::From<float>({spins}, {1}, DType::kFloat32));
+  return j;
+}
+
+std::unique_ptr<Client> MakeClient(Fleet& fleet, int request_timeout_ms = 5000) {
+  ClientOptions o;
+  o.frontend = fleet.frontend();
+  o.redis = fleet.redis().url();
+  o.request_timeout_ms = request_timeout_ms;
+  std::unique_ptr<Client> c;
+  EXPECT_TRUE(Client::Create(o, &c).ok());
+  return c;
+}
+
+// Submits until every job is accepted: retryable rejections (queue_full, unavailable) are
+// retried with the same ids, and a `duplicate` on a retry means an earlier try got in.
+void SubmitUntilAccepted(Client& c, const std::vector<Job>& jobs,
+                         const std::chrono::seconds limit = std::chrono::seconds(90)) {
+  std::vector<Job> todo = jobs;
+  std::set<std::string> tried;
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  while (!todo.empty()) {
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline) << todo.size() << " never accepted";
+    std::vector<SubmitOutcome> outcomes;
+    c.SubmitMany(todo, &outcomes);
+    std::vector<Job> again;
+    for (size_t i = 0; i < todo.size(); ++i) {
+      const Status& s = outcomes.at(i).status;
+      const bool retried = tried.count(todo[i].id) != 0;
+      if (s.ok() || (retried && s.code() == codes::kDuplicate)) continue;
+      ASSERT_TRUE(s.retryable()) << todo[i].id << ": " << s.ToString();
+      again.push_back(todo[i]);
+      tried.insert(todo[i].id);
+    }
+    todo.swap(again);
+    if (!todo.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
+// Waits for every id's result; returns them by id.
+std::map<std::string, Result> WaitAll(Client& c, const std::vector<std::string>& ids,
+                                      int timeout_ms = 120000) {
+  std::map<std::string, Result> out;
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  for (const auto& id : ids) {
+    Result r;
+    while (true) {
+      const int left = static_cast<int>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                            deadline - std::chrono::steady_clock::now())
+                                            .count());
+      Status s = c.Wait(id, std::max(left, 0), &r);
+      if (s.ok() || s.code() != codes::kUnavailable || left <= 0) break;  // Redis restarting
+    }
+    out[id] = r;
+  }
+  return out;
+}
+
+int64_t CountResultKeys(Fleet& fleet) {
+  std::unique_ptr<protocol::RedisClient> redis;
+  protocol::RedisEndpoint ep;
+  ep.port = fleet.redis().port();
+  if (!protocol::RedisClient::Connect(ep, 2000, &redis).ok()) return -1;
+  int64_t n = 0;
+  std::string cursor = "0";
+  do {
+    protocol::RedisReply r;
+    if (!redis->Command({"SCAN", cursor, "MATCH", "ferry:result:*", "COUNT", "1000"}, &r).ok())
+      return -1;
+    cursor = r.elements.at(0).str;
+    n += static_cast<int64_t>(r.elements.at(1).elements.size());
+  } while (cursor != "0");
+  return n;
+}
+
+// Resident set size of a process, from /proc.
+int64_t RssBytes(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (f >> key) {
+    if (key == "VmRSS:") {
+      int64_t kb = 0;
+      f >> kb;
+      return kb * 1024;
+    }
+  }
+  return -1;
+}
+
+void ExpectTinyDone(const std::map<std::string, Result>& results,
+                    const std::map<std::string, uint32_t>& seeds, const std::string& logs) {
+  size_t wrong = 0;
+  for (const auto& [id, seed] : seeds) {
+    const Result& r = results.at(id);
+    if (r.state != JobState::kDone) {
+      ADD_FAILURE() << id << ": " << JobStateName(r.state) << " " << r.error.ToString();
+      if (++wrong > 5) break;
+      continue;
+    }
+    const std::vector<float> y = r.outputs.at(0).As<float>();
+    const std::vector<float> want = TinyExpected(TinyInput(seed));
+    ASSERT_EQ(y.size(), want.size()) << id;
+    for (size_t j = 0; j < y.size(); ++j) ASSERT_NEAR(y[j], want[j], 1e-4) << id << "[" << j << "]";
+  }
+  EXPECT_EQ(wrong, 0u) << logs.substr(logs.size() > 20000 ? logs.size() - 20000 : 0);
+}
+
+// Fast failure detection for tests: a peer silent for 300 ms is presumed dead.
+const std::vector<std::string> kFastHeartbeats = {"--heartbeat-ms", "100", "--liveness", "3"};
+
+std::vector<std::string> Concat(std::vector<std::string> a, const std::vector<std::string>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+TEST(Reliability, ChaosKillsWorkersEverySecondAndTheBrokerOnceNoJobIsLost) {
+  FleetOptions fo;
+  fo.workers = 3;
+  fo.max_batch = 16;
+  // Workers die far more often here than in life: allow more attempts than the default so that
+  // this test is about loss, not poisoning (which has its own test).
+  fo.broker_args = Concat(kFastHeartbeats, {"--max-attempts", "50"});
+  fo.worker_args = kFastHeartbeats;
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(3)) << fleet.Logs();
+  auto c = MakeClient(fleet, 1000);
+
+  constexpr int kJobs = 6000, kPerBatch = 100;
+  std::map<std::string, uint32_t> seeds;
+  std::vector<std::string> ids;
+  for (int i = 0; i < kJobs; ++i) {
+    ids.push_back("chaos-" + std::to_string(i));
+    seeds[ids.back()] = static_cast<uint32_t>(i);
+  }
+  std::atomic<bool> producing{true};
+  std::thread producer([&] {
+    for (int b = 0; b < kJobs / kPerBatch; ++b) {
+      std::vector<Job> jobs;
+      for (int i = b * kPerBatch; i < (b + 1) * kPerBatch; ++i)
+        jobs.push_back(TinyJob(ids[i], seeds[ids[i]]));
+      SubmitUntilAccepted(*c, jobs);
+      std::this_thread::sleep_for(std::chrono::milliseconds(120));
+    }
+    producing = false;
+  });
+  std::mt19937 rng(7);
+  int kills = 0;
+  bool broker_killed = false;
+  const auto start = std::chrono::steady_clock::now();
+  while (producing) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(900 + rng() % 200));
+    if (!producing) break;
+    const size_t victim = rng() % fleet.worker_count();
+    fleet.worker(victim).Signal(SIGKILL);
+    fleet.worker(victim).Wait();
+    fleet.StartWorker(victim);
+    ++kills;
+    if (!broker_killed && std::chrono::steady_clock::now() - start > std::chrono::seconds(4)) {
+      fleet.broker().Signal(SIGKILL);
+      fleet.broker().Wait();
+      fleet.StartBroker();
+      broker_killed = true;
+    }
+  }
+  producer.join();
+  EXPECT_GE(kills, 5);
+  EXPECT_TRUE(broker_killed);
+
+  const auto results = WaitAll(*c, ids);
+  ExpectTinyDone(results, seeds, fleet.Logs());
+  // Exactly one result per job: one key per id, and nothing else was written.
+  EXPECT_EQ(CountResultKeys(fleet), kJobs);
+  int64_t rerun = 0;
+  for (const auto& [id, r] : results) rerun += r.attempt > 1 ? 1 : 0;
+  std::printf("chaos: %d worker kills, %lld job(s) finished on a later attempt\n", kills,
+              static_cast<long long>(rerun));
+}
+
+TEST(Reliability, PoisonJobFailsAfterMaxAttemptsAndTheFleetKeepsServing) {
+  FleetOptions fo;
+  fo.workers = 1;
+  fo.models = {"slow"};
+  fo.max_batch = 1;
+  fo.broker_args = Concat(kFastHeartbeats, {"--max-attempts", "3"});
+  fo.worker_args = Concat(kFastHeartbeats, {"--instances", "1"});
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet);
+  std::string id;
+  ASSERT_TRUE(c->Submit(SlowJob("poison", 1e6f), &id).ok());  // would run for many minutes
+  // Each time the job runs, its worker dies (as a job that crashes the process would do).
+  for (int attempt = 1; attempt <= 3; ++attempt) {
+    ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // dispatched and running
+    fleet.worker(0).Signal(SIGKILL);
+    fleet.worker(0).Wait();
+    fleet.StartWorker(0);
+  }
+  Result r;
+  ASSERT_TRUE(c->Wait("poison", 30000, &r).ok()) << fleet.Logs();
+  EXPECT_EQ(r.state, JobState::kFailed);
+  EXPECT_EQ(r.error.code(), codes::kPoisoned) << r.error.ToString();
+  EXPECT_EQ(r.attempt, 3);
+  // The fleet is alive: an ordinary job still runs.
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  ASSERT_TRUE(c->Submit(SlowJob("after-poison", 1), &id).ok());
+  ASSERT_TRUE(c->Wait("after-poison", 30000, &r).ok()) << fleet.Logs();
+  EXPECT_EQ(r.state, JobState::kDone) << r.error.ToString();
+}
+
+TEST(Reliability, WorkerDrainsUnderLoadAndExitsZero) {
+  FleetOptions fo;
+  fo.workers = 2;
+  fo.models = {"tiny", "slow"};
+  fo.max_batch = 4;
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(2)) << fleet.Logs();
+  auto c = MakeClient(fleet);
+  std::vector<Job> jobs;
+  std::vector<std::string> ids;
+  for (int i = 0; i < 200; ++i) {
+    jobs.push_back(SlowJob("drain-" + std::to_string(i), 5));  // ~5 ms each: a backlog
+    ids.push_back(jobs.back().id);
+  }
+  SubmitUntilAccepted(*c, jobs);
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  fleet.worker(0).Signal(SIGTERM);
+  EXPECT_EQ(fleet.worker(0).Wait(std::chrono::seconds(60)), 0) << fleet.worker(0).Log();
+  EXPECT_NE(fleet.worker(0).Log().find("drained"), std::string::npos);
+  const auto results = WaitAll(*c, ids, 60000);
+  for (const auto& [id, r] : results)
+    EXPECT_EQ(r.state, JobState::kDone) << id << " " << r.error.ToString();
+  EXPECT_EQ(CountResultKeys(fleet), 200);
+  EXPECT_TRUE(fleet.WaitForWorkers(1, std::chrono::seconds(10))) << "BYE removes the worker";
+}
+
+TEST(Reliability, RedisStoppedAndRestartedWithAofLosesNothing) {
+  FleetOptions fo;
+  fo.workers = 2;
+  fo.redis_append_only = true;
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(2)) << fleet.Logs();
+  auto c = MakeClient(fleet, 1000);
+  constexpr int kJobs = 3000, kPerBatch = 100;
+  std::map<std::string, uint32_t> seeds;
+  std::vector<std::string> ids;
+  for (int i = 0; i < kJobs; ++i) {
+    ids.push_back("aof-" + std::to_string(i));
+    seeds[ids.back()] = static_cast<uint32_t>(i);
+  }
+  std::atomic<int> batches{0};
+  std::thread producer([&] {
+    for (int b = 0; b < kJobs / kPerBatch; ++b) {
+      std::vector<Job> jobs;
+      for (int i = b * kPerBatch; i < (b + 1) * kPerBatch; ++i)
+        jobs.push_back(TinyJob(ids[i], seeds[ids[i]]));
+      SubmitUntilAccepted(*c, jobs);  // `unavailable` while Redis is down: retried
+      ++batches;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+  ASSERT_TRUE(WaitFor([&] { return batches.load() >= 8; }));
+  fleet.redis().Stop();
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  fleet.redis().Restart();
+  producer.join();
+  const auto results = WaitAll(*c, ids);
+  ExpectTinyDone(results, seeds, fleet.Logs());
+  EXPECT_EQ(CountResultKeys(fleet), kJobs);
+  EXPECT_NE(fleet.broker().Log().find("unavailable"), std::string::npos)
+      << "the broker noticed the outage";
+}
+
+TEST(Reliability, OverloadIsRejectedWithQueueFullAndBrokerMemoryStaysBounded) {
+  FleetOptions fo;
+  fo.workers = 1;
+  fo.models = {"null"};
+  fo.broker_args = Concat(kFastHeartbeats, {"--max-queue", "200"});
+  fo.worker_args = kFastHeartbeats;
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  // Freeze the only worker: the broker drops it, the model stays known, nothing drains.
+  fleet.worker(0).Signal(SIGSTOP);
+  ASSERT_TRUE(fleet.WaitForWorkers(0)) << fleet.Logs();
+  auto c = MakeClient(fleet);
+  const int64_t rss_before = RssBytes(fleet.broker().pid());
+  // 10x the queue bound, 64 KiB each: 128 MiB offered, 12.5 MiB can be kept.
+  std::vector<float> payload(16384, 0.25f);
+  int accepted = 0, queue_full = 0;
+  std::vector<std::string> accepted_ids;
+  for (int b = 0; b < 20; ++b) {
+    std::vector<Job> jobs;
+    for (int i = 0; i < 100; ++i) {
+      Job j;
+      j.id = "over-" + std::to_string(b * 100 + i);
+      j.model = "null";
+      j.inputs.push_back(Tensor::From<float>(payload, {16384}, DType::kFloat32));
+      jobs.push_back(std::move(j));
+    }
+    std::vector<SubmitOutcome> outcomes;
+    ASSERT_TRUE(c->SubmitMany(jobs, &outcomes).ok());
+    for (const auto& o : outcomes) {
+      if (o.status.ok()) {
+        ++accepted;
+        accepted_ids.push_back(o.id);
+      } else {
+        ASSERT_EQ(o.status.code(), codes::kQueueFull) << o.status.ToString();
+        ASSERT_TRUE(o.status.retryable());
+        ++queue_full;
+      }
+    }
+  }
+  EXPECT_EQ(accepted, 200);
+  EXPECT_EQ(queue_full, 1800);
+  const int64_t rss_after = RssBytes(fleet.broker().pid());
+  ASSERT_GT(rss_before, 0);
+  // What it keeps is 200 x 64 KiB (x2 with the journal's copy in flight); far below 128 MiB.
+  EXPECT_LT(rss_after - rss_before, 48ll << 20) << rss_before << " -> " << rss_after;
+  // Thaw the worker: it reconnects, and every accepted job completes.
+  fleet.worker(0).Signal(SIGCONT);
+  const auto results = WaitAll(*c, accepted_ids, 60000);
+  for (const auto& [id, r] : results) EXPECT_EQ(r.state, JobState::kDone) << id;
+}
+
+// One slow executor and a worker holding at most two jobs (max batch 1 x (1 instance + 1)):
+// the rest wait at the broker, where deadlines, cancellation and priorities act.
+FleetOptions OneSlowLane() {
+  FleetOptions fo;
+  fo.workers = 1;
+  fo.models = {"slow"};
+  fo.max_batch = 1;
+  fo.worker_args = {"--instances", "1"};
+  return fo;
+}
+
+TEST(Reliability, JobNotStartedWithinItsTimeoutExpiresAndNeverRuns) {
+  Fleet fleet(OneSlowLane());
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet);
+  std::string id;
+  ASSERT_TRUE(c->Submit(SlowJob("blocker", 3000), &id).ok());  // seconds
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    Job j = SlowJob("short-deadline-" + std::to_string(i), 1);
+    j.timeout_ms = 200;
+    ASSERT_TRUE(c->Submit(j, &id).ok());
+    ids.push_back(id);
+  }
+  Job patient = SlowJob("patient", 1);
+  patient.timeout_ms = 60000;
+  ASSERT_TRUE(c->Submit(patient, &id).ok());
+  for (const auto& [i, r] : WaitAll(*c, ids, 30000)) {
+    EXPECT_EQ(r.state, JobState::kExpired) << i;
+    EXPECT_EQ(r.error.code(), codes::kExpired) << i;
+    EXPECT_EQ(r.timing_us.count("compute_start"), 0u) << i << " never reached the model";
+  }
+  Result r;
+  ASSERT_TRUE(c->Wait("patient", 30000, &r).ok());
+  EXPECT_EQ(r.state, JobState::kDone);
+  ASSERT_TRUE(c->Wait("blocker", 30000, &r).ok());
+  EXPECT_EQ(r.state, JobState::kDone);
+}
+
+TEST(Reliability, CancelQueuedAndDispatchedJobs) {
+  Fleet fleet(OneSlowLane());
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet);
+  std::string id;
+  ASSERT_TRUE(c->Submit(SlowJob("running", 4000), &id).ok());  // seconds on the executor
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(c->Submit(SlowJob("victim-" + std::to_string(i), 1), &id).ok());
+    ids.push_back(id);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // victim-0 reaches the worker
+  client::CancelReport report;
+  std::vector<std::string> to_cancel = ids;
+  to_cancel.push_back("never-submitted");
+  ASSERT_TRUE(c->CancelMany(to_cancel, &report).ok());
+  EXPECT_EQ(report.running, std::vector<std::string>({"victim-0"}));
+  EXPECT_EQ(report.cancelled,
+            std::vector<std::string>({"victim-1", "victim-2", "victim-3", "victim-4"}));
+  EXPECT_EQ(report.not_found, std::vector<std::string>({"never-submitted"}));
+  for (const auto& [i, r] : WaitAll(*c, ids, 30000)) {
+    EXPECT_EQ(r.state, JobState::kCancelled) << i << " " << JobStateName(r.state);
+    EXPECT_EQ(r.timing_us.count("compute_start"), 0u) << i;
+  }
+  Result r;
+  ASSERT_TRUE(c->Wait("running", 30000, &r).ok());
+  EXPECT_EQ(r.state, JobState::kDone) << "a job whose batch started runs to the end";
+  EXPECT_EQ(c->Cancel("running").code(), codes::kNotFound);
+  // The CLI says the same.
+  testutil::TempDir dir;
+  const std::string cmd = testutil::CliBin() + " cancel --frontend " + fleet.frontend() +
+                          " --redis " + fleet.redis().url() + " running > " + dir.path() +
+                          "/out.txt 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 1);
+  std::ifstream out(dir.path() + "/out.txt");
+  std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "not_found running\n");
+}
+
+TEST(Reliability, HigherPriorityRunsFirstFifoWithin) {
+  Fleet fleet(OneSlowLane());
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet);
+  std::string id;
+  ASSERT_TRUE(c->Submit(SlowJob("blocker", 1000), &id).ok());
+  ASSERT_TRUE(c->Submit(SlowJob("filler", 1), &id).ok());  // the worker's second slot
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  // Interleaved low and high: all wait at the broker.
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    for (int64_t p : {0, 5}) {
+      ASSERT_TRUE(c->Submit(SlowJob("p" + std::to_string(p) + "-" + std::to_string(i), 1, p), &id)
+                      .ok());
+      ids.push_back(id);
+    }
+  }
+  std::vector<std::pair<int64_t, std::string>> by_start;
+  for (const auto& [i, r] : WaitAll(*c, ids, 30000)) {
+    ASSERT_EQ(r.state, JobState::kDone) << i;
+    by_start.emplace_back(r.timing_us.at("compute_start"), i);
+  }
+  std::sort(by_start.begin(), by_start.end());
+  std::vector<std::string> order;
+  for (const auto& [t, i] : by_start) order.push_back(i);
+  EXPECT_EQ(order, std::vector<std::string>({"p5-0", "p5-1", "p5-2", "p0-0", "p0-1", "p0-2"}));
+}
+
+}  // namespace
+}  // namespace ferry
