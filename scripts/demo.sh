@@ -1,53 +1,57 @@
 #!/usr/bin/env bash
-# `make demo`: a whole local fleet on free ports -- redis-server, ferry-broker, two ferry-workers
-# -- a few thousand jobs through the SDK, some results, a throughput/latency line, clean shutdown.
+# `make demo`: a whole local fleet started by `ferry up` -- redis-server, ferry-broker, two CPU
+# ferry-workers (one per GPU on a GPU machine) on free ports -- a few thousand jobs through the
+# SDK, some results, a throughput/latency line, a cancelled job, and a clean drain.
 set -euo pipefail
 BUILD=${1:-build}
 JOBS=${JOBS:-3000}
 WORK=$(mktemp -d /tmp/ferry-demo-XXXXXX)
-PIDS=()
+FERRY="$BUILD/producer-sdk/ferry"
+UP_PID=""
 
-free_port() {
-  /usr/bin/python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
 cleanup() {
-  # Workers and broker drain on SIGTERM; redis last.
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  for pid in "${PIDS[@]}"; do wait "$pid" 2>/dev/null || true; done
-  [ -n "${REDIS_PID:-}" ] && { kill -TERM "$REDIS_PID" 2>/dev/null || true; wait "$REDIS_PID" 2>/dev/null || true; }
+  # `ferry up` drains on SIGTERM: workers first, then the broker, then redis-server.
+  if [ -n "$UP_PID" ]; then
+    kill -TERM "$UP_PID" 2>/dev/null || true
+    wait "$UP_PID" 2>/dev/null || true
+  fi
   rm -rf "$WORK"
 }
 trap cleanup EXIT
 
-REDIS_PORT=$(free_port); FRONT_PORT=$(free_port); BACK_PORT=$(free_port)
 echo "demo: models -> $WORK/models"
 "$BUILD/gpu-worker/ferry-make-models" "$WORK/models" >/dev/null
 
-redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$WORK" --save '' --appendonly no \
-  >"$WORK/redis.log" 2>&1 &
-REDIS_PID=$!
-for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
-REDIS="redis://127.0.0.1:$REDIS_PORT"
+GPU_FLAGS=(--cpu-workers 2)
+if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then GPU_FLAGS=(); fi
+"$FERRY" up --bin-dir "$BUILD" --model "tiny=$WORK/models/tiny.pt" --model "slow=$WORK/models/slow.pt" \
+  "${GPU_FLAGS[@]}" --frontend-port 0 --backend-port 0 --worker-arg=--threads=1 \
+  --env-file "$WORK/fleet.env" --log-dir "$WORK/logs" &
+UP_PID=$!
+for _ in $(seq 1200); do [ -f "$WORK/fleet.env" ] && break; sleep 0.1; done
+[ -f "$WORK/fleet.env" ] || { echo "demo: the fleet did not come up"; exit 1; }
+# shellcheck disable=SC1091
+source "$WORK/fleet.env"
 
-"$BUILD/broker/ferry-broker" --frontend "tcp://127.0.0.1:$FRONT_PORT" \
-  --backend "tcp://127.0.0.1:$BACK_PORT" --redis "$REDIS" >"$WORK/broker.log" 2>&1 &
-PIDS+=($!)
-for i in 1 2; do
-  "$BUILD/gpu-worker/ferry-worker" --broker "tcp://127.0.0.1:$BACK_PORT" --redis "$REDIS" \
-    --model "tiny=$WORK/models/tiny.pt" --device cpu --max-batch 32 --threads 1 \
-    >"$WORK/worker$i.log" 2>&1 &
-  PIDS+=($!)
-done
-echo "demo: redis :$REDIS_PORT, broker :$FRONT_PORT/:$BACK_PORT, 2 workers; waiting for them"
-for _ in $(seq 200); do
-  n=$("$BUILD/producer-sdk/ferry" stats --frontend "tcp://127.0.0.1:$FRONT_PORT" 2>/dev/null |
-      grep -o '"device"' | wc -l || true)
-  [ "${n:-0}" -ge 2 ] && break
-  sleep 0.1
-done
 echo "demo: submitting $JOBS jobs (model tiny: y = x @ W + b on 8 floats) through the SDK"
-"$BUILD/bench/ferry-bench" --frontend "tcp://127.0.0.1:$FRONT_PORT" --redis "$REDIS" \
+"$BUILD/bench/ferry-bench" --frontend "$FERRY_FRONTEND" --redis "$FERRY_REDIS" \
   --model tiny --shape 8 --dtype float32 --jobs "$JOBS" --concurrency 32 --print-results 5
-echo "demo: fleet stats:"
-"$BUILD/producer-sdk/ferry" stats --frontend "tcp://127.0.0.1:$FRONT_PORT"
-echo "demo: shutting down"
+
+echo "demo: one job from the CLI, and a cancelled one"
+/usr/bin/python3 - "$WORK/x.npy" <<'EOF'
+import sys
+import numpy as np
+np.save(sys.argv[1], np.arange(8, dtype=np.float32))
+np.save(sys.argv[1].replace("x.npy", "spin.npy"), np.array([3000], dtype=np.float32))
+EOF
+"$FERRY" submit --frontend "$FERRY_FRONTEND" --redis "$FERRY_REDIS" --model tiny \
+  --input "$WORK/x.npy" --wait
+for i in 1 2 3; do
+  "$FERRY" submit --frontend "$FERRY_FRONTEND" --redis "$FERRY_REDIS" --model slow \
+    --input "$WORK/spin.npy" --id "demo-slow-$i" >/dev/null
+done
+"$FERRY" cancel --frontend "$FERRY_FRONTEND" --redis "$FERRY_REDIS" demo-slow-1 demo-slow-2 demo-slow-3 || true
+
+echo "demo: fleet status:"
+"$FERRY" status --frontend "$FERRY_FRONTEND" || true
+echo "demo: shutting down (ferry up drains workers, then the broker, then redis)"

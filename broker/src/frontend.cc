@@ -141,7 +141,8 @@ void Broker::Impl::HandleCancel(protocol::Message& m, const msgpack::object& bod
     if (!job) {
       reply.not_found.push_back(id);
     } else if (job->phase == JobPhase::kQueued) {
-      final_results.Add(scheduler.Take(id), codes::kCancelled, codes::kCancelled, "cancelled by request");
+      final_results.Add(scheduler.Take(id), codes::kCancelled, codes::kCancelled,
+                        "cancelled by request");
       ++scheduler.mutable_counters().cancelled;
       reply.ids.push_back(id);
     } else {
@@ -163,7 +164,7 @@ void Broker::Impl::HandleStats(protocol::Message& m, int64_t rid) {
   protocol::PackString(pk, "workers");
   pk.pack_array(static_cast<uint32_t>(scheduler.workers().size()));
   for (const auto& [routing_id, w] : scheduler.workers()) {
-    pk.pack_map(9);
+    pk.pack_map(10);
     protocol::PackString(pk, "id");
     protocol::PackString(pk, w.hello.worker);
     protocol::PackString(pk, "device");
@@ -175,6 +176,12 @@ void Broker::Impl::HandleStats(protocol::Message& m, int64_t rid) {
     protocol::PackString(pk, "models");
     pk.pack_array(static_cast<uint32_t>(w.max_batch.size()));
     for (const auto& [name, mb] : w.max_batch) protocol::PackString(pk, name);
+    protocol::PackString(pk, "resident");  // all models when the worker did not say
+    std::vector<std::string> resident;
+    for (const auto& [name, mb] : w.max_batch)
+      if (w.IsWarm(name)) resident.push_back(name);
+    pk.pack_array(static_cast<uint32_t>(resident.size()));
+    for (const auto& name : resident) protocol::PackString(pk, name);
     protocol::PackString(pk, "capacity");
     pk.pack_int64(w.hello.capacity);
     protocol::PackString(pk, "credit");

@@ -120,7 +120,7 @@ int RunSubmit(std::vector<char*>& args) {
   flags.Repeated("shape", &shapes, "shape of raw --input files, e.g. 1,8 (default: 1-D)");
   flags.String("id", &id, "the job id (default: a new UUID)");
   flags.Int("priority", &priority, "higher runs first");
-  flags.Int("timeout-ms", &timeout_ms, "the broker expires the job after this long (0 = never)");
+  flags.Int("timeout-ms", &timeout_ms, "expire the job if not started within this long (0 = never)");
   flags.Int("result-ttl-s", &result_ttl_s, "keep the result this long (0 = broker default)");
   flags.Bool("wait", &wait, "wait for the result and print it");
   flags.Int("wait-timeout-ms", &wait_timeout_ms, "with --wait: give up after this long");

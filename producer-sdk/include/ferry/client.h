@@ -67,7 +67,7 @@ struct Job {
   std::string model;   // a model some worker serves
   std::vector<Tensor> inputs;
   int64_t priority = 0;      // higher runs first
-  int64_t timeout_ms = 0;    // 0: none; else the broker expires the job if not done in time
+  int64_t timeout_ms = 0;    // 0: none; else the job expires if not started in time
   int64_t result_ttl_s = 0;  // 0: the broker's default (3600 s)
 };
 
