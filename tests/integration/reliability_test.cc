@@ -161,6 +161,17 @@ int64_t RssBytes(pid_t pid) {
   return -1;
 }
 
+// The in_flight count the broker's STATS reports for the worker process `pid` (-1: not listed).
+int64_t InFlightOf(Client& c, pid_t pid) {
+  std::string json;
+  if (!c.Stats(&json).ok()) return -1;
+  size_t at = json.find("\"pid\":" + std::to_string(pid) + ",");
+  if (at == std::string::npos) return -1;
+  at = json.find("\"in_flight\":", at);
+  if (at == std::string::npos) return -1;
+  return std::strtoll(json.c_str() + at + 12, nullptr, 10);
+}
+
 void ExpectTinyDone(const std::map<std::string, Result>& results,
                     const std::map<std::string, uint32_t>& seeds, const std::string& logs) {
   size_t wrong = 0;
@@ -264,8 +275,10 @@ TEST(Reliability, PoisonJobFailsAfterMaxAttemptsAndTheFleetKeepsServing) {
   ASSERT_TRUE(c->Submit(SlowJob("poison", 1e6f), &id).ok());  // would run for many minutes
   // Each time the job runs, its worker dies (as a job that crashes the process would do).
   for (int attempt = 1; attempt <= 3; ++attempt) {
-    ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // dispatched and running
+    const pid_t pid = fleet.worker(0).pid();
+    ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, pid) == 1; }, std::chrono::seconds(60)))
+        << "attempt " << attempt << ": the job never reached worker " << pid << "\n"
+        << fleet.Logs();
     fleet.worker(0).Signal(SIGKILL);
     fleet.worker(0).Wait();
     fleet.StartWorker(0);
@@ -446,7 +459,8 @@ TEST(Reliability, CancelQueuedAndDispatchedJobs) {
     ASSERT_TRUE(c->Submit(SlowJob("victim-" + std::to_string(i), 1), &id).ok());
     ids.push_back(id);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // victim-0 reaches the worker
+  const pid_t pid = fleet.worker(0).pid();
+  ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, pid) == 2; })) << "victim-0 is on the worker";
   client::CancelReport report;
   std::vector<std::string> to_cancel = ids;
   to_cancel.push_back("never-submitted");
@@ -479,9 +493,10 @@ TEST(Reliability, HigherPriorityRunsFirstFifoWithin) {
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
   auto c = MakeClient(fleet);
   std::string id;
-  ASSERT_TRUE(c->Submit(SlowJob("blocker", 1000), &id).ok());
+  ASSERT_TRUE(c->Submit(SlowJob("blocker", 3000), &id).ok());  // seconds
   ASSERT_TRUE(c->Submit(SlowJob("filler", 1), &id).ok());  // the worker's second slot
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const pid_t pid = fleet.worker(0).pid();
+  ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, pid) == 2; })) << fleet.Logs();
   // Interleaved low and high: all wait at the broker.
   std::vector<std::string> ids;
   for (int i = 0; i < 3; ++i) {
