@@ -3,6 +3,7 @@
 // resnet.pt's logits and resnet_u8.pt against resnet.pt on the same pixels, null.pt's identity.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -152,10 +153,13 @@ TEST_F(MakeModelsTest, ResNetU8MatchesResNetOnNormalizedPixels) {
   EXPECT_EQ(a[0].outputs.at(0).shape, std::vector<int64_t>({1000}));
   auto x = AsFloats(a[0].outputs[0]), y = AsFloats(b[0].outputs[0]);
   ASSERT_EQ(x.size(), y.size());
-  double norm = 0;
+  // 18 layers of float rounding (whose order depends on the BLAS threads): compare against the
+  // scale of the logits, not each logit's own magnitude.
+  double norm = 0, scale = 1;
+  for (float v : x) scale = std::max(scale, static_cast<double>(std::fabs(v)));
   for (size_t i = 0; i < x.size(); ++i) {
     EXPECT_TRUE(std::isfinite(x[i]));
-    EXPECT_NEAR(x[i], y[i], 1e-3 * (1 + std::fabs(x[i])));
+    EXPECT_NEAR(x[i], y[i], 1e-3 * scale) << i;
     norm += std::fabs(x[i]);
   }
   EXPECT_GT(norm, 0);  // not all zeros
