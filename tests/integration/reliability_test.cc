@@ -130,6 +130,28 @@ std::map<std::string, Result> WaitAll(Client& c, const std::vector<std::string>&
   return out;
 }
 
+// Every key under the prefix that has no expiry (TTL -1), e.g. a journal that still holds jobs.
+std::vector<std::string> KeysWithoutExpiry(Fleet& fleet) {
+  std::vector<std::string> out;
+  std::unique_ptr<protocol::RedisClient> redis;
+  protocol::RedisEndpoint ep;
+  ep.port = fleet.redis().port();
+  if (!protocol::RedisClient::Connect(ep, 2000, &redis).ok()) return {"(no redis)"};
+  std::string cursor = "0";
+  do {
+    protocol::RedisReply r;
+    if (!redis->Command({"SCAN", cursor, "MATCH", "ferry:*", "COUNT", "1000"}, &r).ok())
+      return {"(scan failed)"};
+    cursor = r.elements.at(0).str;
+    for (const auto& key : r.elements.at(1).elements) {
+      protocol::RedisReply ttl;
+      if (redis->Command({"TTL", key.str}, &ttl).ok() && ttl.integer == -1)
+        out.push_back(key.str);
+    }
+  } while (cursor != "0");
+  return out;
+}
+
 int64_t CountResultKeys(Fleet& fleet) {
   std::unique_ptr<protocol::RedisClient> redis;
   protocol::RedisEndpoint ep;
@@ -255,6 +277,10 @@ TEST(Reliability, ChaosKillsWorkersEverySecondAndTheBrokerOnceNoJobIsLost) {
   ExpectTinyDone(results, seeds, fleet.Logs());
   // Exactly one result per job: one key per id, and nothing else was written.
   EXPECT_EQ(CountResultKeys(fleet), kJobs);
+  // Nothing is left behind: the journal empties as jobs finish, every other key expires.
+  EXPECT_TRUE(WaitFor([&] { return KeysWithoutExpiry(fleet).empty(); }))
+      << KeysWithoutExpiry(fleet).size() << " key(s) without expiry, first: "
+      << KeysWithoutExpiry(fleet).front();
   int64_t rerun = 0;
   for (const auto& [id, r] : results) rerun += r.attempt > 1 ? 1 : 0;
   std::printf("chaos: %d worker kills, %lld job(s) finished on a later attempt\n", kills,
@@ -319,6 +345,31 @@ TEST(Reliability, WorkerDrainsUnderLoadAndExitsZero) {
     EXPECT_EQ(r.state, JobState::kDone) << id << " " << r.error.ToString();
   EXPECT_EQ(CountResultKeys(fleet), 200);
   EXPECT_TRUE(fleet.WaitForWorkers(1, std::chrono::seconds(10))) << "BYE removes the worker";
+}
+
+TEST(Reliability, BrokerSigtermKeepsQueuedJobsForTheNextBroker) {
+  FleetOptions fo;
+  fo.workers = 1;
+  fo.models = {"slow"};
+  fo.max_batch = 1;
+  fo.broker_args = kFastHeartbeats;
+  fo.worker_args = Concat(kFastHeartbeats, {"--instances", "1"});
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet, 1000);
+  std::vector<Job> jobs = {SlowJob("sig-blocker", 1500)};
+  for (int i = 0; i < 5; ++i) jobs.push_back(SlowJob("sig-" + std::to_string(i), 1));
+  SubmitUntilAccepted(*c, jobs);
+  // Stop the broker while most jobs wait in its queue: it stops, keeps them journaled, exits 0.
+  fleet.broker().Signal(SIGTERM);
+  EXPECT_EQ(fleet.broker().Wait(std::chrono::seconds(30)), 0) << fleet.broker().Log();
+  EXPECT_NE(fleet.broker().Log().find("stay in the journal"), std::string::npos);
+  fleet.StartBroker();
+  std::vector<std::string> ids;
+  for (const auto& j : jobs) ids.push_back(j.id);
+  for (const auto& [id, r] : WaitAll(*c, ids, 60000))
+    EXPECT_EQ(r.state, JobState::kDone) << id << " " << r.error.ToString() << fleet.Logs();
+  EXPECT_EQ(CountResultKeys(fleet), 6);
 }
 
 TEST(Reliability, RedisStoppedAndRestartedWithAofLosesNothing) {
