@@ -56,7 +56,10 @@ int64_t AllocatedBytes(int device_index) {
         c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device_index));
     return static_cast<int64_t>(stats.allocated_bytes[0].current);  // [0]: StatType::AGGREGATE
   } catch (const std::exception&) {
-    return -1;
+    // Before the first CUDA allocation the caching allocator is not initialised and throws:
+    // nothing is allocated yet on a device that exists.
+    return device_index >= 0 && device_index < static_cast<int>(c10::cuda::device_count()) ? 0
+                                                                                         : -1;
   }
 }
 

@@ -90,8 +90,12 @@ bool CollectOutputs(const c10::IValue& v, std::vector<at::Tensor>* out) {
 
 
 bool IsOutOfMemory(std::string_view message) {
-  return message.find("out of memory") != std::string_view::npos ||
-         message.find("OutOfMemory") != std::string_view::npos;
+  // CUDA's caching allocator, and cuBLAS/cuDNN running out of workspace.
+  for (std::string_view needle :
+       {"out of memory", "OutOfMemory", "ALLOC_FAILED", "NOT_ENOUGH_MEMORY"}) {
+    if (message.find(needle) != std::string_view::npos) return true;
+  }
+  return false;
 }
 
 // Checks that every job has the first job's signature, up to the padded dimension.
@@ -221,9 +225,13 @@ Status Model::Create(const ModelConfig& config, std::unique_ptr<Model>* out) {
     if (dev.is_cuda()) {
       if (!torch::cuda::is_available())
         return Status::InvalidArgument("device " + device + ": libtorch sees no CUDA device");
-      if (dev.has_index() && static_cast<size_t>(dev.index()) >= torch::cuda::device_count())
+      if (dev.has_index() &&
+          static_cast<int64_t>(dev.index()) >= static_cast<int64_t>(torch::cuda::device_count()))
         return Status::InvalidArgument("device " + device + " does not exist");
       index = dev.has_index() ? dev.index() : 0;
+      // A bare "cuda" means device 0 here, as in the executor (libtorch would read it as "the
+      // current device", which the executors' stream guards change).
+      dev = c10::Device(c10::DeviceType::CUDA, static_cast<c10::DeviceIndex>(index));
     } else if (config.half) {
       return Status::InvalidArgument("model \"" + config.name +
                                      "\": half precision needs a CUDA device");
@@ -248,6 +256,9 @@ Status Model::Create(const ModelConfig& config, std::unique_ptr<Model>* out) {
       }
       impl->conversions.push_back(std::move(conv));
     }
+    // The weights were loaded and converted on the default stream; executors run on their own
+    // streams, which do not wait for it.
+    if (index >= 0) torch::cuda::synchronize(index);
     out->reset(new Model(config, std::move(impl)));
     (*out)->parameter_bytes_ = params;
     (*out)->memory_bytes_ = before >= 0 && after >= 0 ? std::max(params, after - before) : params;

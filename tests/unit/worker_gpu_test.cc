@@ -130,7 +130,7 @@ TEST_F(GpuTest, ExecutorsWithTheirOwnStreamsAgree) {
     });
   }
   for (auto& t : threads) t.join();
-  for (int e = 0; e < 4; ++e) ExpectClose(want, got[e], 0.0);
+  for (int e = 0; e < 4; ++e) ExpectClose(want, got[e], 1e-6);
 }
 
 TEST_F(GpuTest, AllocatorMeasuresTheModel) {
