@@ -1,6 +1,7 @@
 // The worker's batch path, in-process, on real TorchScript models defined here: stacking,
 // sub-batches by shape, failing jobs isolated by halving, tuple/list outputs, every dtype.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <torch/script.h>
 
 #include <cmath>
@@ -18,6 +19,12 @@
 
 namespace ferry::worker {
 namespace {
+
+// Per process: ctest runs each test as its own process, in parallel.
+std::filesystem::path BatcherDir() {
+  return std::filesystem::path(::testing::TempDir()) /
+         ("ferry_worker_batcher_" + std::to_string(getpid()));
+}
 
 // A job whose inputs live in `inputs` (kept alive through Job::chunk, like a CHUNK message).
 Job MakeJob(const std::string& id, const std::string& model, std::vector<Tensor> inputs) {
@@ -46,7 +53,7 @@ class BatcherTest : public ::testing::Test {
   // Defines, saves and loads a TorchScript module.
   std::unique_ptr<Model> Load(const std::string& name, const std::string& source,
                               const std::function<void(torch::jit::Module&)>& setup = {}) {
-    const auto dir = std::filesystem::path(::testing::TempDir()) / "ferry_worker_batcher";
+    const auto dir = BatcherDir();
     std::filesystem::create_directories(dir);
     const std::string path = (dir / (name + ".pt")).string();
     torch::jit::Module m("Test_" + name);
@@ -285,8 +292,7 @@ TEST_F(BatcherTest, ExecutorFailsJobsOfAnUnknownModel) {
   ASSERT_TRUE(Linear());  // saves linear.pt
   ModelConfig config;
   config.name = "linear";
-  config.path = (std::filesystem::path(::testing::TempDir()) / "ferry_worker_batcher" / "linear.pt")
-                    .string();
+  config.path = (BatcherDir() / "linear.pt").string();
   config.device = "cpu";
   config.max_batch = 32;
   ModelRegistry registry(ModelRegistry::Options{}, {config});

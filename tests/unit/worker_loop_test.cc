@@ -123,7 +123,9 @@ class WorkerLoopTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!redis_.Start()) GTEST_SKIP() << "redis-server not available";
-    models_ = (std::filesystem::path(::testing::TempDir()) / "ferry_worker_loop").string();
+    models_ = (std::filesystem::path(::testing::TempDir()) /
+               ("ferry_worker_loop_" + std::to_string(getpid())))
+                  .string();  // per process: ctest runs these tests in parallel
     const std::string cmd = std::string(FERRY_MAKE_MODELS) + " " + models_ + " > /dev/null";
     ASSERT_EQ(std::system(cmd.c_str()), 0);
     router_.bind("tcp://127.0.0.1:*");

@@ -2,6 +2,7 @@
 // tiny.pt against its closed-form weights, multi.pt's two outputs, encoder.pt batched vs alone,
 // resnet.pt's logits and resnet_u8.pt against resnet.pt on the same pixels, null.pt's identity.
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -38,7 +39,10 @@ std::vector<float> AsFloats(const protocol::TensorRef& r) {
 class MakeModelsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    dir_ = (std::filesystem::path(::testing::TempDir()) / "ferry_make_models").string();
+    // Per process: ctest runs each test of this suite as its own process, in parallel.
+    dir_ = (std::filesystem::path(::testing::TempDir()) /
+            ("ferry_make_models_" + std::to_string(getpid())))
+               .string();
     std::filesystem::remove_all(dir_);
     const std::string cmd = std::string(FERRY_MAKE_MODELS) + " " + dir_ + " > /dev/null";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
