@@ -54,6 +54,8 @@ void Broker::Impl::HandleBackend(protocol::Message& m) {
     s = protocol::GetStringArray(oh.get(), "ids", &ids);
     int64_t duplicates = 0;
     if (s.ok()) s = protocol::GetInt(oh.get(), "duplicates", &duplicates, 0);
+    protocol::DoneStatuses not_done;
+    if (s.ok()) s = protocol::DecodeDoneStatuses(oh.get(), &not_done);
     if (!s.ok()) {
       spdlog::warn("bad DONE from worker: {}", s.message());
       return;
@@ -63,7 +65,9 @@ void Broker::Impl::HandleBackend(protocol::Message& m) {
       spdlog::info("{} duplicate result(s) suppressed (an earlier result of the job won)",
                    duplicates);
     }
-    Finish(scheduler.Complete(worker, ids));
+    auto finished = scheduler.Complete(worker, ids);
+    telemetry.OnDone(finished, not_done, duplicates, protocol::NowMicros());
+    Finish(std::move(finished));
   } else if (m.command == protocol::kBye) {
     DropWorker(worker, "said BYE");
   } else if (m.command != protocol::kHeartbeat) {
@@ -85,6 +89,7 @@ void Broker::Impl::DropWorker(const std::string& routing_id, const char* why) {
   auto requeued = scheduler.RemoveWorker(routing_id);
   if (requeued.empty()) spdlog::info("worker {} removed ({})", name, why);
   else spdlog::warn("worker {} removed ({}); {} job(s) requeued", name, why, requeued.size());
+  telemetry.OnRequeued(requeued);
   for (Job* job : requeued) {
     if (job->attempt <= options.max_attempts) continue;
     std::string message = "the workers running this job died " +
@@ -92,6 +97,7 @@ void Broker::Impl::DropWorker(const std::string& routing_id, const char* why) {
                           std::to_string(options.max_attempts) + " attempts";
     spdlog::warn("job {} poisoned: {}", job->id, message);
     ++scheduler.mutable_counters().poisoned;
+    telemetry.OnBrokerFinished(*job, codes::kPoisoned);
     const std::string id = job->id;
     auto taken = scheduler.Take(id);
     taken->attempt -= 1;  // the attempts actually made

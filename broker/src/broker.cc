@@ -39,6 +39,7 @@ Status Broker::Impl::Init() {
     return Status::Unavailable(std::string("bind: ") + e.what());
   }
   if (options.journal) FERRY_RETURN_IF_ERROR(Restore());
+  FERRY_RETURN_IF_ERROR(StartMetricsServer());
   return Status::Ok();
 }
 
@@ -70,6 +71,7 @@ void Broker::Impl::Dispatch() {
                                j->result_ttl_s, j->submitted_us, now, j->deadline_us);
     }
     protocol::SendTo(backend, chunk.worker, protocol::kChunk, protocol::ToMessage(std::move(buf)));
+    telemetry.OnChunk(chunk, now);
   }
 }
 
@@ -80,6 +82,7 @@ void Broker::Impl::ExpireJobs() {
                expired.front()->id);
   scheduler.mutable_counters().expired += static_cast<int64_t>(expired.size());
   for (auto& job : expired) {
+    telemetry.OnBrokerFinished(*job, codes::kExpired);
     std::string message = "not started within timeout_ms=" + std::to_string(job->timeout_ms);
     final_results.Add(std::move(job), codes::kExpired, codes::kExpired, std::move(message));
   }
@@ -122,6 +125,9 @@ std::string Broker::frontend_endpoint() const {
 std::string Broker::backend_endpoint() const {
   return impl_->backend.get(zmq::sockopt::last_endpoint);
 }
+int Broker::metrics_port() const {
+  return impl_->metrics_server ? impl_->metrics_server->port() : 0;
+}
 
 Status Broker::Run() {
   Impl& d = *impl_;
@@ -161,6 +167,7 @@ Status Broker::Run() {
     d.Dispatch();
     d.FlushFinalResults();
     d.Heartbeat(protocol::MonotonicMicros());
+    d.telemetry.Refresh(d.scheduler, protocol::MonotonicMicros());
   }
   // Drain: what was read is answered, what is owed to Redis is written (best effort).
   d.CommitAndReply();

@@ -12,10 +12,13 @@
 #include "ferry/broker/final_results.h"
 #include "ferry/broker/journal.h"
 #include "ferry/broker/scheduler.h"
+#include "ferry/metrics/metrics_server.h"
+#include "ferry/metrics/registry.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/redis.h"
 #include "ferry/protocol/wire.h"
+#include "broker_metrics.h"
 
 namespace ferry::broker {
 
@@ -40,8 +43,14 @@ struct Broker::Impl {
   };
   std::vector<PendingReply> pending_replies;
 
+  // Metrics (broker_metrics.h): kept by hooks in the handlers, served by metrics_server.
+  metrics::Registry metrics_registry;
+  BrokerMetrics telemetry{&metrics_registry};
+  std::unique_ptr<metrics::MetricsServer> metrics_server;
+
   Status Init();
   Status Restore();
+  Status StartMetricsServer();  // broker_metrics.cc
 
   // frontend.cc
   void HandleFrontend(protocol::Message& m);

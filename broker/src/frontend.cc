@@ -85,9 +85,9 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
     job->submitted_us = now;
     job->deadline_us = in.timeout_ms > 0 ? now + in.timeout_ms * 1000 : 0;
     job->producer = producer;
-    msgpack::sbuffer raw;
-    msgpack::pack(raw, *in.inputs_obj);
-    job->inputs_raw.assign(raw.data(), raw.size());
+    size_t hint = 16;  // the msgpack framing is a few dozen bytes per tensor
+    for (const auto& t : in.inputs) hint += t.size + 64;
+    protocol::PackObjectInto(*in.inputs_obj, hint, &job->inputs_raw);  // one copy
     scheduler.Add(std::move(job));
     if (options.journal) journal.Stage(*scheduler.Find(in.id));
     reply.accepted.ids.push_back(in.id);
@@ -120,6 +120,7 @@ void Broker::Impl::CommitAndReply() {
     }
   }
   for (auto& reply : pending_replies) {
+    telemetry.OnReply(reply.accepted, scheduler);
     protocol::SendMessage(frontend, &reply.envelope, protocol::kAccepted,
                           protocol::EncodeAccepted(reply.accepted));
   }
@@ -141,6 +142,7 @@ void Broker::Impl::HandleCancel(protocol::Message& m, const msgpack::object& bod
     if (!job) {
       reply.not_found.push_back(id);
     } else if (job->phase == JobPhase::kQueued) {
+      telemetry.OnBrokerFinished(*job, codes::kCancelled);
       final_results.Add(scheduler.Take(id), codes::kCancelled, codes::kCancelled,
                         "cancelled by request");
       ++scheduler.mutable_counters().cancelled;

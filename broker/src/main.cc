@@ -6,6 +6,7 @@
 
 #include "ferry/broker/broker.h"
 #include "ferry/protocol/flags.h"
+#include "ferry/protocol/logging.h"
 
 namespace {
 ferry::broker::Broker* g_broker = nullptr;
@@ -41,10 +42,24 @@ int main(int argc, char** argv) {
   flags.Bool("no-journal", &no_journal,
              "do not journal accepted jobs in Redis (faster; a broker crash loses queued jobs)");
   flags.Int("redis-timeout-ms", &o.redis_timeout_ms, "timeout of each Redis round trip");
+  int64_t metrics_port = 0;
+  flags.Int("metrics-port", &metrics_port,
+            "serve Prometheus /metrics and /healthz on this port (0 = off; 9450 in deploy/)");
+  bool log_json = false;
+  flags.Bool("log-json", &log_json, "log one JSON object per line");
   flags.String("log-level", &log_level, "trace, debug, info, warn, error");
   int rc = ferry::protocol::HandleFlagResult(flags, flags.Parse(argc, argv));
   if (rc >= 0) return rc;
-  spdlog::set_level(spdlog::level::from_str(log_level));
+  if (metrics_port < 0 || metrics_port > 65535) {
+    std::fprintf(stderr, "ferry-broker: --metrics-port must be 0..65535\n");
+    return 2;
+  }
+  ferry::Status ls = ferry::logging::Configure(log_level, log_json, "broker");
+  if (!ls.ok()) {
+    std::fprintf(stderr, "ferry-broker: --log-level: %s\n", ls.message().c_str());
+    return 2;
+  }
+  o.metrics_port = static_cast<int>(metrics_port);
   o.journal = !no_journal;
 
   std::unique_ptr<ferry::broker::Broker> broker;

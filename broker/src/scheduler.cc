@@ -208,6 +208,18 @@ bool Scheduler::NextChunk(Chunk* out) {
   return false;
 }
 
+int64_t Scheduler::OldestQueuedSubmittedUs(const std::string& model) const {
+  auto it = queues_.find(model);
+  if (it == queues_.end()) return 0;
+  // Each priority level is in seq order (a requeued job goes back to the front with its old
+  // seq), so the oldest job is one of the levels' fronts.
+  const Job* oldest = nullptr;
+  for (const auto& [priority, level] : it->second) {
+    if (!level.empty() && (!oldest || level.front()->seq < oldest->seq)) oldest = level.front();
+  }
+  return oldest ? oldest->submitted_us : 0;
+}
+
 size_t Scheduler::QueueDepth(const std::string& model) const {
   auto it = depth_.find(model);
   return it == depth_.end() ? 0 : it->second;

@@ -170,7 +170,7 @@ void BrokerLink::Loop() {
     }
   }
   if (!held_done_.empty())
-    Send(protocol::kDone, protocol::EncodeDone(held_done_, held_duplicates_));
+    Send(protocol::kDone, protocol::EncodeDone(held_done_, held_duplicates_, held_not_done_));
   if (Writable()) Send(protocol::kBye, protocol::EncodeEmpty());
   spdlog::info("worker {}: drained after {} chunk(s), {} job(s); BYE sent",
                options_.hello.worker, chunks_, jobs_);
@@ -273,6 +273,8 @@ void BrokerLink::HandleOutbox(protocol::Message* m) {
   Status s = protocol::UnpackMap(m->body.data(), m->body.size(), &oh);
   if (s.ok()) s = protocol::GetStringArray(oh.get(), "ids", &ids);
   if (s.ok()) s = protocol::GetInt(oh.get(), "duplicates", &duplicates, 0);
+  protocol::DoneStatuses not_done;
+  if (s.ok()) s = protocol::DecodeDoneStatuses(oh.get(), &not_done);
   if (!s.ok()) {
     spdlog::error("internal: bad DONE from the result writer: {}", s.message());
     return;
@@ -281,6 +283,7 @@ void BrokerLink::HandleOutbox(protocol::Message* m) {
   if (draining_) {
     held_done_.insert(held_done_.end(), ids.begin(), ids.end());
     held_duplicates_ += duplicates;
+    held_not_done_.insert(held_not_done_.end(), not_done.begin(), not_done.end());
   } else {
     Send(protocol::kDone, std::move(m->body));
   }

@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "ferry/protocol/util.h"
+#include "worker_metrics.h"
 
 namespace ferry::worker {
 
@@ -40,18 +41,26 @@ std::vector<JobResult> Executor::RunBatch(std::vector<Job> jobs) {
   std::vector<JobResult> results;
   if (jobs.empty()) return results;
   const std::string model_name = jobs.front().entry.model;
+  const int64_t acquire_start = protocol::MonotonicMicros();
   ModelRegistry::Lease lease;
   Status s = registry_->Acquire(model_name, &lease, stream_.get());
   if (!s.ok()) {
     for (auto& job : jobs) results.push_back(FailedResult(std::move(job), s));
     spdlog::warn("executor {}: model {}: {} job(s) failed: {}", options_.index, model_name,
                  results.size(), s.ToString().substr(0, 300));
+    if (options_.metrics != nullptr)
+      options_.metrics->OnBatch(options_.index, model_name, results.size(), -1,
+                                (protocol::MonotonicMicros() - acquire_start) / 1e6);
     return results;
   }
   const int64_t start = protocol::MonotonicMicros();
   const size_t n = jobs.size();
   results = batcher_.Run(lease.model(), std::move(jobs), lease.limit());
   lease.Reset();
+  const int64_t end = protocol::MonotonicMicros();
+  if (options_.metrics != nullptr)
+    options_.metrics->OnBatch(options_.index, model_name, n, (end - start) / 1e6,
+                              (end - acquire_start) / 1e6);
   size_t failed = 0;
   for (const auto& r : results) failed += r.status.ok() ? 0 : 1;
   ++batches_;
@@ -65,8 +74,9 @@ std::vector<JobResult> Executor::RunBatch(std::vector<Job> jobs) {
                  options_.index, model_name, n, failed, bad->job.entry.id,
                  bad->status.ToString().substr(0, 300));
   } else {
-    spdlog::debug("executor {}: model {} batch of {} in {} us", options_.index, model_name, n,
-                  protocol::MonotonicMicros() - start);
+    spdlog::debug("executor {}: batch {}.{} worker {} device {} model {} size {} in {} us",
+                  options_.index, options_.index, batches_, options_.worker, options_.device,
+                  model_name, n, end - start);
   }
   return results;
 }

@@ -1,6 +1,7 @@
 // ferry-worker: parse flags, Create (load the models), Run until SIGTERM/SIGINT has drained.
 #include <pthread.h>
 #include <signal.h>
+#include <unistd.h>
 #include <spdlog/spdlog.h>
 
 #include <atomic>
@@ -10,10 +11,28 @@
 #include <memory>
 #include <thread>
 
+#include "ferry/protocol/logging.h"
 #include "ferry/worker/options.h"
 #include "ferry/worker/worker.h"
 
+namespace {
+
+// CPU inference: OpenMP threads that spin in their barriers fight the worker's own I/O and result
+// threads (and, on a small host, the broker and Redis) for cores; with a passive wait policy the
+// fleet keeps up with the model run alone (docs/performance.md). libgomp reads OMP_WAIT_POLICY
+// once, when it is loaded -- before main() -- so setting it here takes a re-exec. An explicit
+// OMP_WAIT_POLICY (e.g. ACTIVE) is left alone. Irrelevant to CUDA kernels.
+void ReexecWithPassiveOpenMp(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  if (setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
+  execv("/proc/self/exe", argv);  // returns only on failure: go on with the default policy
+  std::fprintf(stderr, "ferry-worker: could not re-exec with OMP_WAIT_POLICY=PASSIVE\n");
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
+  ReexecWithPassiveOpenMp(argv);
   using ferry::worker::Worker;
   ferry::worker::WorkerOptions options;
   bool help = false;
@@ -27,7 +46,7 @@ int main(int argc, char** argv) {
     std::fputs(usage.c_str(), stdout);
     return 0;
   }
-  spdlog::set_level(spdlog::level::from_str(options.log_level));
+  ferry::logging::Configure(options.log_level, options.log_json, "worker");  // level checked
 
   // SIGINT/SIGTERM are blocked in every thread (they inherit the mask) and taken by sigtimedwait
   // below, so that a signal becomes an orderly drain instead of a handler racing the threads.

@@ -68,6 +68,10 @@ Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help,
   flags.Int("liveness", &o.liveness,
             "heartbeats the broker may miss before the worker reconnects and re-announces");
   flags.Int("result-ttl-s", &o.result_ttl_s, "expiry of results whose job sets none");
+  flags.Int("metrics-port", &o.metrics_port,
+            "serve Prometheus /metrics and /healthz on this port (0 = off; 9460 + GPU index "
+            "in deploy/)");
+  flags.Bool("log-json", &o.log_json, "log one JSON object per line");
   flags.String("log-level", &o.log_level, "trace, debug, info, warn, error or critical");
   Status s = flags.Parse(argc, argv);
   *usage = flags.Usage();
@@ -112,6 +116,8 @@ Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help,
   if (o.liveness < 1 || o.liveness > 1000)
     return Status::InvalidArgument("--liveness must be 1..1000");
   if (o.result_ttl_s < 1) return Status::InvalidArgument("--result-ttl-s must be >= 1");
+  if (o.metrics_port < 0 || o.metrics_port > 65535)
+    return Status::InvalidArgument("--metrics-port must be 0..65535");
   static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};
   bool level_ok = false;
   for (const char* l : kLevels) level_ok = level_ok || o.log_level == l;

@@ -8,6 +8,7 @@
 
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/wire.h"
+#include "worker_metrics.h"
 
 namespace ferry::worker {
 namespace {
@@ -119,6 +120,7 @@ void ResultWriter::Loop() {
       spdlog::info("result writer: {} of {} result(s) already had a final result (first wins)",
                    duplicates, batch.size());
     }
+    if (options_.metrics != nullptr) options_.metrics->OnWritten(batch, duplicates);
     if (push) SendDone(*push, batch, duplicates);
   }
 }
@@ -190,6 +192,7 @@ bool ResultWriter::Write(std::vector<JobResult>* results, int64_t* duplicates) {
                      packed.size(), attempt);
       return true;
     }
+    if (options_.metrics != nullptr) options_.metrics->OnWriteError();
     if (IsPowerOfTwo(attempt)) {
       spdlog::warn("result writer: {} results not written (attempt {}): {}; retrying",
                    packed.size(), attempt, s.ToString());
@@ -203,9 +206,13 @@ void ResultWriter::SendDone(zmq::socket_t& push, const std::vector<JobResult>& r
                             int64_t duplicates) {
   std::vector<std::string> ids;
   ids.reserve(results.size());
-  for (const auto& r : results) ids.push_back(r.job.entry.id);
+  protocol::DoneStatuses not_done;  // for the broker's ferry_jobs_finished_total{status}
+  for (const auto& r : results) {
+    ids.push_back(r.job.entry.id);
+    if (!r.status.ok()) not_done.emplace_back(r.job.entry.id, ResultStatus(r.status));
+  }
   Status s = protocol::SendMessage(push, nullptr, protocol::kDone,
-                                   protocol::EncodeDone(ids, duplicates));
+                                   protocol::EncodeDone(ids, duplicates, not_done));
   if (!s.ok()) {
     spdlog::error("result writer: cannot hand {} DONE ids to the I/O thread: {}", ids.size(),
                   s.ToString());

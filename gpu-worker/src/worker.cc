@@ -5,7 +5,10 @@
 
 #include <cstdint>
 
+#include "ferry/metrics/metrics_server.h"
+#include "ferry/metrics/registry.h"
 #include "ferry/protocol/util.h"
+#include "worker_metrics.h"
 
 namespace ferry::worker {
 
@@ -28,8 +31,12 @@ Status Worker::Create(WorkerOptions options, std::unique_ptr<Worker>* out) {
 Worker::Worker(WorkerOptions options, std::unique_ptr<ModelRegistry> registry)
     : options_(std::move(options)),
       registry_(std::move(registry)),
+      metrics_registry_(std::make_unique<metrics::Registry>()),
+      metrics_(std::make_unique<WorkerMetrics>(metrics_registry_.get(), options_, registry_.get())),
       queue_(static_cast<size_t>(options_.capacity())),
       context_(1) {}
+
+int Worker::metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
 
 Worker::~Worker() {
   // Normally Run() has already drained and joined everything; this is the error path.
@@ -45,6 +52,7 @@ Worker::~Worker() {
     announce_.reset();
   }
   writer_.reset();
+  metrics_server_.reset();
 }
 
 protocol::WorkerHello Worker::Hello() const {
@@ -82,12 +90,26 @@ Status Worker::Run() {
   const std::string outbox = "inproc://ferry-worker-outbox-" +
                              std::to_string(reinterpret_cast<uintptr_t>(this));
 
+  if (options_.metrics_port != 0 && !metrics_server_) {
+    metrics::MetricsServerOptions mo;
+    mo.port = options_.metrics_port < 0 ? metrics::kAnyPort : static_cast<int>(options_.metrics_port);
+    WorkerMetrics* m = metrics_.get();
+    mo.before_scrape = [m] { m->Sample(); };  // thread-safe reads: registry and allocator
+    Status s = metrics::MetricsServer::Start(metrics_registry_.get(), mo, &metrics_server_);
+    if (!s.ok())
+      return Status(s.code(), "--metrics-port " + std::to_string(options_.metrics_port) + ": " +
+                                  s.message());
+    spdlog::info("worker {}: metrics on http://0.0.0.0:{}/metrics", options_.name,
+                 metrics_server_->port());
+  }
+
   ResultWriter::Options wopts;
   wopts.redis = redis;
   wopts.prefix = options_.redis_prefix;
   wopts.default_ttl_s = options_.result_ttl_s;
   wopts.worker_name = options_.name;
   wopts.outbox_address = outbox;
+  wopts.metrics = metrics_.get();
 
   BrokerLink::Options lopts;
   lopts.endpoint = options_.broker;
@@ -118,6 +140,8 @@ Status Worker::Run() {
     eopts.device = options_.device;
     eopts.threads = static_cast<int>(options_.threads);
     eopts.default_max_batch = static_cast<size_t>(options_.max_batch);
+    eopts.worker = options_.name;
+    eopts.metrics = metrics_.get();
     executors_.push_back(std::make_unique<Executor>(eopts, registry_.get(), &queue_, writer_.get()));
     executors_.back()->Start();
   }

@@ -144,10 +144,11 @@ zmq::message_t EncodeIds(const std::vector<std::string>& ids, int64_t rid) {
   return ToMessage(std::move(buf));
 }
 
-zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicates) {
+zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicates,
+                          const DoneStatuses& not_done) {
   msgpack::sbuffer buf;
   Packer pk(buf);
-  pk.pack_map(duplicates > 0 ? 2 : 1);
+  pk.pack_map(1 + (duplicates > 0 ? 1 : 0) + (not_done.empty() ? 0 : 1));
   PackKey(pk, "ids");
   pk.pack_array(static_cast<uint32_t>(ids.size()));
   for (const auto& id : ids) PackString(pk, id);
@@ -155,7 +156,31 @@ zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicate
     PackKey(pk, "duplicates");
     pk.pack_int64(duplicates);
   }
+  if (!not_done.empty()) {
+    PackKey(pk, "not_done");
+    pk.pack_map(static_cast<uint32_t>(not_done.size()));
+    for (const auto& [id, status] : not_done) {
+      PackString(pk, id);
+      PackString(pk, status);
+    }
+  }
   return ToMessage(std::move(buf));
+}
+
+Status DecodeDoneStatuses(const msgpack::object& body, DoneStatuses* out) {
+  out->clear();
+  const msgpack::object* m = Find(body, "not_done");
+  if (m == nullptr || m->type == msgpack::type::NIL) return Status::Ok();
+  if (m->type != msgpack::type::MAP) return Status::InvalidArgument("\"not_done\" must be a map");
+  out->reserve(m->via.map.size);
+  for (uint32_t i = 0; i < m->via.map.size; ++i) {
+    const auto& kv = m->via.map.ptr[i];
+    if (kv.key.type != msgpack::type::STR || kv.val.type != msgpack::type::STR)
+      return Status::InvalidArgument("\"not_done\" must map ids to status strings");
+    out->emplace_back(std::string(kv.key.via.str.ptr, kv.key.via.str.size),
+                      std::string(kv.val.via.str.ptr, kv.val.via.str.size));
+  }
+  return Status::Ok();
 }
 
 zmq::message_t EncodeCancelled(const Cancelled& c) {
@@ -247,6 +272,20 @@ Status DecodeHello(const msgpack::object& body, WorkerHello* out) {
     out->resident = std::move(resident);
   }
   return Status::Ok();
+}
+
+namespace {
+struct StringAppender {
+  std::string* s;
+  void write(const char* p, size_t len) { s->append(p, len); }
+};
+}  // namespace
+
+void PackObjectInto(const msgpack::object& o, size_t size_hint, std::string* out) {
+  out->clear();
+  out->reserve(size_hint);
+  StringAppender appender{out};
+  msgpack::pack(appender, o);
 }
 
 void PackChunkEntry(Packer& pk, std::string_view id, std::string_view model,

@@ -121,6 +121,25 @@ TEST(Scheduler, AModelWarmNowhereIsLoadedByPriorityAndAge) {
   EXPECT_EQ(Ids(c), (std::vector<std::string>{"c0"}));
 }
 
+TEST(Scheduler, OldestQueuedIsTheEarliestSubmittedAcrossPriorities) {
+  Scheduler s;
+  EXPECT_EQ(s.OldestQueuedSubmittedUs("m"), 0);
+  auto job = [](const std::string& id, int64_t priority, int64_t submitted) {
+    auto j = MakeJob(id, "m", priority);
+    j->submitted_us = submitted;
+    return j;
+  };
+  ASSERT_TRUE(s.Add(job("old-low", 0, 100)).ok());
+  ASSERT_TRUE(s.Add(job("new-high", 5, 200)).ok());
+  EXPECT_EQ(s.OldestQueuedSubmittedUs("m"), 100);
+  s.AddWorker("w", Hello("w", 1, {{"m", 1}}), 0);
+  Chunk c;
+  ASSERT_TRUE(s.NextChunk(&c));  // takes new-high
+  EXPECT_EQ(s.OldestQueuedSubmittedUs("m"), 100);
+  ASSERT_TRUE(s.Take("old-low"));
+  EXPECT_EQ(s.OldestQueuedSubmittedUs("m"), 0);
+}
+
 TEST(Scheduler, HigherPriorityFirstFifoWithin) {
   Scheduler s;
   ASSERT_TRUE(s.Add(MakeJob("low1", "m", 0)).ok());

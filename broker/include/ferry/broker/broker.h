@@ -36,6 +36,7 @@ struct BrokerOptions {
   int64_t aging_every = 8;                 // every Nth chunk of a model is served oldest-first
   bool journal = true;                     // journal accepted jobs in Redis (--no-journal)
   int64_t redis_timeout_ms = 1000;
+  int metrics_port = 0;  // serve /metrics and /healthz here; 0 = off, -1 = any free port
 };
 
 class Broker {
@@ -52,6 +53,8 @@ class Broker {
   // The endpoints actually bound (resolves port 0 / wildcards), for tests and logs.
   std::string frontend_endpoint() const;
   std::string backend_endpoint() const;
+  // The port /metrics is served on; 0 when off.
+  int metrics_port() const;
 
  private:
   struct Impl;

@@ -104,6 +104,8 @@ class Scheduler {
   bool NextChunk(Chunk* out);
 
   size_t QueueDepth(const std::string& model) const;
+  // `submitted_us` of the model's oldest queued job (0 when none is queued).
+  int64_t OldestQueuedSubmittedUs(const std::string& model) const;
   std::map<std::string, size_t> QueueDepths() const;
   const std::unordered_map<std::string, WorkerState>& workers() const { return workers_; }
   const std::set<std::string>& known_models() const { return known_models_; }

@@ -101,6 +101,7 @@ class BrokerLink {
   bool broker_silent_ = false;          // loop thread only; for one log line per silence
   std::vector<std::string> held_done_;  // loop thread only; DONE ids held while draining
   int64_t held_duplicates_ = 0;         // loop thread only; their duplicates count
+  protocol::DoneStatuses held_not_done_;  // loop thread only; their non-"done" statuses
   int64_t reconnect_interval_us_ = 0;  // loop thread only; current backoff
   int64_t next_reconnect_us_ = 0;      // loop thread only; wall clock
   int64_t reconnects_ = 0;

@@ -26,6 +26,8 @@
 
 namespace ferry::worker {
 
+class WorkerMetrics;  // src/worker_metrics.h
+
 class Executor {
  public:
   struct Options {
@@ -33,6 +35,8 @@ class Executor {
     std::string device = "cpu";  // the worker's device: a CUDA device gets a stream per executor
     int threads = 0;             // intra-op torch threads for this thread (0: leave as is)
     size_t default_max_batch = 32;  // for jobs of models the registry does not know
+    std::string worker;             // the worker's name, for logs
+    WorkerMetrics* metrics = nullptr;  // optional; must outlive the executor
   };
 
   // Everything passed in must outlive the executor; `queue` and `writer` may be null when only

@@ -33,6 +33,8 @@ struct WorkerOptions {
   int64_t liveness = 3;  // a broker silent for heartbeat_ms * liveness is presumed dead
   int64_t result_ttl_s = protocol::kDefaultResultTtlS;  // for jobs whose result_ttl_s is 0
   std::string log_level = "info";
+  bool log_json = false;    // --log-json: one JSON object per log line
+  int64_t metrics_port = 0;  // serve /metrics and /healthz here; 0 = off, -1 = any free port
 
   // Jobs the worker can hold at once (its credit): the largest max batch of its models times
   // (instances + 1), so the broker sends the next chunk while the current ones compute.

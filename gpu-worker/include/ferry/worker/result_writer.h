@@ -31,6 +31,8 @@
 
 namespace ferry::worker {
 
+class WorkerMetrics;  // src/worker_metrics.h
+
 class ResultWriter {
  public:
   struct Options {
@@ -42,6 +44,7 @@ class ResultWriter {
     int redis_timeout_ms = 2000;
     int backoff_initial_ms = 50;
     int backoff_max_ms = 2000;
+    WorkerMetrics* metrics = nullptr;  // optional; must outlive the writer
   };
 
   // `context` must outlive the writer.

@@ -33,7 +33,14 @@
 #include "ferry/worker/options.h"
 #include "ferry/worker/result_writer.h"
 
+namespace ferry::metrics {
+class MetricsServer;
+class Registry;
+}  // namespace ferry::metrics
+
 namespace ferry::worker {
+
+class WorkerMetrics;  // src/worker_metrics.h
 
 class Worker {
  public:
@@ -53,6 +60,8 @@ class Worker {
   ModelRegistry& registry() { return *registry_; }
   // What READY says now: every model, the resident ones, capacity, identity.
   protocol::WorkerHello Hello() const;
+  // The port /metrics is served on while running; 0 when off.
+  int metrics_port() const;
 
  private:
   Worker(WorkerOptions options, std::unique_ptr<ModelRegistry> registry);
@@ -61,6 +70,9 @@ class Worker {
 
   const WorkerOptions options_;
   std::unique_ptr<ModelRegistry> registry_;
+  std::unique_ptr<metrics::Registry> metrics_registry_;
+  std::unique_ptr<WorkerMetrics> metrics_;
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;  // started by Run with a port
   JobQueue queue_;
   zmq::context_t context_;
 

@@ -56,7 +56,13 @@ Status DecodeError(const msgpack::object& body, Status* out);
 zmq::message_t EncodeIds(const std::vector<std::string>& ids, int64_t rid = 0);
 // DONE {"ids": [...], "duplicates": n}: n of those ids already had a final result in Redis
 // (fencing: the first result wins); "duplicates" is left out when 0.
-zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicates);
+// "not_done" {id: status} (left out when empty) gives the final status of those ids whose
+// result is not "done" ("failed", "expired", "cancelled"), for the broker's metrics.
+using DoneStatuses = std::vector<std::pair<std::string, std::string>>;  // id, status
+zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicates,
+                          const DoneStatuses& not_done = {});
+// Reads DONE's optional "not_done" map into *out (cleared first; empty when absent).
+Status DecodeDoneStatuses(const msgpack::object& body, DoneStatuses* out);
 
 // ---- CANCEL {"ids": [...], "rid"?} -> CANCELLED {"ids", "running", "not_found", "rid"?} ------
 struct Cancelled {
@@ -108,6 +114,10 @@ void PackChunkEntry(Packer& pk, std::string_view id, std::string_view model,
                     int64_t result_ttl_s, int64_t submitted_us, int64_t dispatched_us,
                     int64_t deadline_us = 0);
 Status DecodeChunkEntry(const msgpack::object& o, ChunkJob* out);
+// Re-encodes `o` (e.g. a received job's "inputs") straight into *out, replacing it, after
+// reserving `size_hint` bytes (e.g. the tensor bytes plus ~64 per tensor): the bytes are copied
+// once, with no intermediate buffer.
+void PackObjectInto(const msgpack::object& o, size_t size_hint, std::string* out);
 
 // ---- Result record (Redis value) ------------------------------------------------------------
 struct ResultRecord {
