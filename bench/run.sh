@@ -8,7 +8,7 @@
 # one JSON file per run into DIR (default bench/results/<date>-cpu[-quick]) -- each with the exact
 # ferry-bench command, the fleet's command lines, the machine, and the CPU seconds every process
 # spent during the run -- plus machine.json and summary.txt, and prints one table.
-# Scenarios: tiny_closed tiny_light encoder resnet seed ceiling. The full suite takes ~10 min on
+# Scenarios: tiny_closed tiny_light encoder resnet seed ceiling bytes. The full suite takes ~10 min on
 # a 2-core machine; --quick is a ~1 minute smoke run (small job counts; numbers not meaningful).
 # --perf also samples the whole machine (perf record -a) during each measured run and writes
 # NAME.perf.txt: a flat profile by process, library and symbol.
@@ -278,6 +278,16 @@ if want ceiling; then
       --wait-workers "$n" --model null --shape 1 --concurrency 1024 --loaders 4
     stop_fleet
   done
+fi
+
+# ---- bytes: what a big job costs the broker (null model: no compute, 602 KB float32 inputs) ----
+# Read cpu us/job of the broker: it receives, queues and forwards every input byte.
+if want bytes; then
+  echo "== bytes: null model, [3,224,224] float32 jobs (602 KB each): broker CPU per job"
+  start_fleet 1 --model "null=$M/null.pt" --device cpu --max-batch 8 --instances 1 --threads 1
+  bench bytes "$(q 100 400)" 16 --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 \
+    --model null --shape 3,224,224 --concurrency 16 --loaders 2 --submit-batch 8
+  stop_fleet
 fi
 
 # ---- the table ----------------------------------------------------------------------------------

@@ -9,15 +9,13 @@
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/util.h"
 #include "ferry/protocol/wire.h"
-#include "finish_notices.h"
 #include "frontend_connection.h"
 #include "result_store.h"
+#include "result_tracker.h"
 
 namespace ferry::client {
 namespace {
 
-constexpr auto kFirstRecheck = std::chrono::milliseconds(50);
-constexpr auto kMaxRecheck = std::chrono::milliseconds(1000);
 constexpr size_t kMaxTensorBytes = (size_t{1} << 31) - 1;  // one msgpack bin
 constexpr size_t kMaxMessageBytes = size_t{32} << 20;      // per SUBMIT message
 
@@ -73,17 +71,20 @@ class Client::Impl {
  public:
   Impl(const ClientOptions& options, protocol::RedisEndpoint redis)
       : options_(options),
-        results_(std::move(redis), options.redis_prefix, options.request_timeout_ms) {}
+        results_(std::move(redis), options.redis_prefix, options.request_timeout_ms),
+        tracker_(&results_) {}
 
   Status Start() {
     return FrontendConnection::Create(
-        options_.frontend, [this](const std::vector<std::string>& ids) { notices_.Notify(ids); },
+        options_.frontend, [this](const std::vector<std::string>& ids) { tracker_.Notify(ids); },
         &frontend_);
   }
 
   // Jobs by pointer so that Submit(job) need not copy the job's tensors.
   Status SubmitMany(const std::vector<const Job*>& jobs, std::vector<SubmitOutcome>* outcomes);
-  Status Wait(const std::string& id, int timeout_ms, Result* out);
+  Status Wait(const std::string& id, int timeout_ms, Result* out) {
+    return tracker_.Wait(id, timeout_ms, out);
+  }
   Status Stats(std::string* json);
   Status Cancel(const std::vector<std::string>& ids, CancelReport* report);
   Status Poll(const std::string& id, Result* out) {
@@ -98,8 +99,8 @@ class Client::Impl {
                    std::vector<SubmitOutcome>* outcomes);
 
   const ClientOptions options_;
-  FinishNotices notices_;  // outlives frontend_, whose I/O thread calls into it
   ResultStore results_;
+  ResultTracker tracker_;  // outlives frontend_, whose I/O thread calls into it
   std::unique_ptr<FrontendConnection> frontend_;
 };
 
@@ -159,6 +160,13 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
   protocol::PackString(pk, "rid");
   pk.pack_int64(rid);
 
+  // Track before sending: the FINISHED notice may reach the I/O thread before this thread sees
+  // ACCEPTED.
+  std::vector<std::string> ids;
+  ids.reserve(part.size());
+  for (size_t i : part) ids.push_back((*outcomes)[i].id);
+  tracker_.Track(ids);
+
   FrontendConnection::Reply reply;
   msgpack::object_handle body;
   protocol::Accepted accepted;
@@ -168,45 +176,22 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
   if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
   if (!s.ok()) {
     for (size_t i : part) (*outcomes)[i].status = s;
+    tracker_.Untrack(ids);  // maybe accepted: Wait then reads before sleeping
     return s;
   }
   std::unordered_map<std::string_view, Status> verdicts;
   for (const auto& id : accepted.ids) verdicts.emplace(id, Status::Ok());
   for (const auto& r : accepted.rejected) verdicts[r.id] = Status(r.code, r.message);
+  std::vector<std::string> not_accepted;
   for (size_t i : part) {
     auto it = verdicts.find((*outcomes)[i].id);
     (*outcomes)[i].status = it != verdicts.end()
                                 ? it->second
                                 : Status::Internal("the broker did not report on this job");
+    if (!(*outcomes)[i].status.ok()) not_accepted.push_back((*outcomes)[i].id);
   }
+  if (!not_accepted.empty()) tracker_.Untrack(not_accepted);
   return Status::Ok();
-}
-
-Status Client::Impl::Wait(const std::string& id, int timeout_ms, Result* out) {
-  using Clock = std::chrono::steady_clock;
-  const bool forever = timeout_ms < 0;
-  const Clock::time_point deadline =
-      Clock::now() + std::chrono::milliseconds(std::max(0, timeout_ms));
-  auto recheck = std::chrono::duration_cast<Clock::duration>(kFirstRecheck);
-  // Register before the first read, so a FINISHED arriving between read and sleep counts.
-  std::unique_ptr<FinishNotices::Registration> reg = notices_.Register(id);
-  while (true) {
-    uint64_t generation = reg->Generation();
-    Status s = Poll(id, out);
-    // Redis unreachable: keep trying until the deadline (it may be restarting).
-    if (!s.ok() && s.code() != codes::kUnavailable) return s;
-    if (s.ok() && out->state != JobState::kPending) return s;
-    Clock::time_point now = Clock::now();
-    if (!forever && now >= deadline) {
-      if (!s.ok()) return s;
-      return Status::Timeout("no result for job \"" + id + "\" within " +
-                             std::to_string(timeout_ms) + " ms");
-    }
-    Clock::time_point until = now + recheck;
-    if (!forever) until = std::min(until, deadline);
-    reg->SleepUntil(generation, until);
-    recheck = std::min<Clock::duration>(recheck * 2, kMaxRecheck);
-  }
 }
 
 Status Client::Impl::Stats(std::string* json) {

@@ -312,5 +312,104 @@ TEST_F(ClientSubmitTest, FinishedNoticeWakesWait) {
   EXPECT_LT(returned - written, milliseconds(500)) << "woke by the re-check, not by FINISHED";
 }
 
+// How many times Redis has run `command` (INFO commandstats).
+int64_t CommandCalls(client_test::RedisProcess& redis, const std::string& command) {
+  protocol::RedisReply reply;
+  auto c = redis.Connect();
+  if (!c->Command({"INFO", "commandstats"}, &reply).ok()) return -1;
+  const std::string key = "cmdstat_" + command + ":calls=";
+  size_t at = reply.str.find(key);
+  return at == std::string::npos ? 0 : std::stoll(reply.str.substr(at + key.size()));
+}
+
+void WriteDone(client_test::RedisProcess& redis, const std::string& id, int64_t batch_size) {
+  protocol::ResultRecord r;
+  r.id = id;
+  r.status = "done";
+  r.batch_size = batch_size;
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  protocol::PackResult(pk, r);
+  protocol::RedisReply reply;
+  auto c = redis.Connect();
+  ASSERT_TRUE(c->Command({"SET", protocol::Keys("test:").Result(id),
+                          std::string_view(buf.data(), buf.size())}, &reply).ok());
+}
+
+// One FINISHED naming many of this client's jobs: their results come back in one batched read
+// (MGET) shared by all the Waits, not one GET per Wait -- each Wait still gets its own result.
+TEST_F(ClientSubmitTest, OneFinishedNoticeIsReadInOneRoundTripForAllWaiters) {
+  client_test::RedisProcess redis;
+  ASSERT_TRUE(redis.ok());
+  options_.redis = redis.url();
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  constexpr int kJobs = 20;
+  std::vector<Job> jobs;
+  for (int i = 0; i < kJobs; ++i) jobs.push_back(MakeJob("m", "batch-" + std::to_string(i)));
+  std::vector<SubmitOutcome> outcomes;
+  ASSERT_TRUE(client->SubmitMany(jobs, &outcomes).ok());
+  std::vector<std::string> ids;
+  for (int i = 0; i < kJobs; ++i) {
+    ASSERT_TRUE(outcomes[i].status.ok()) << outcomes[i].status.ToString();
+    ids.push_back(outcomes[i].id);
+    WriteDone(redis, ids.back(), 100 + i);  // batch_size tells the results apart
+  }
+  const int64_t gets_before = CommandCalls(redis, "get");
+  const int64_t mgets_before = CommandCalls(redis, "mget");
+  broker.Finish(ids);
+
+  // Half the jobs have a waiting thread each (two threads share job 0); the rest are waited
+  // for afterwards, one after another.
+  std::vector<Result> results(kJobs);
+  std::vector<Status> statuses(kJobs);
+  Result shared;
+  Status shared_status;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kJobs / 2; ++i)
+    threads.emplace_back([&, i] { statuses[i] = client->Wait(ids[i], 10000, &results[i]); });
+  threads.emplace_back([&] { shared_status = client->Wait(ids[0], 10000, &shared); });
+  for (auto& th : threads) th.join();
+  for (int i = kJobs / 2; i < kJobs; ++i) statuses[i] = client->Wait(ids[i], 10000, &results[i]);
+
+  for (int i = 0; i < kJobs; ++i) {
+    ASSERT_TRUE(statuses[i].ok()) << i << ": " << statuses[i].ToString();
+    EXPECT_EQ(results[i].state, JobState::kDone);
+    EXPECT_EQ(results[i].id, ids[i]);
+    EXPECT_EQ(results[i].batch_size, 100 + i);
+  }
+  ASSERT_TRUE(shared_status.ok()) << shared_status.ToString();
+  EXPECT_EQ(shared.batch_size, 100);
+  const int64_t reads = CommandCalls(redis, "get") - gets_before +
+                        CommandCalls(redis, "mget") - mgets_before;
+  EXPECT_GE(CommandCalls(redis, "mget") - mgets_before, 1);
+  EXPECT_LT(reads, kJobs / 2) << "results were read one by one, not batched";
+}
+
+// A job this client submitted whose FINISHED notice is lost (e.g. a broker restart) is still
+// found by the slow re-check.
+TEST_F(ClientSubmitTest, LostNoticeIsCoveredByTheRecheck) {
+  client_test::RedisProcess redis;
+  ASSERT_TRUE(redis.ok());
+  options_.redis = redis.url();
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::string id;
+  ASSERT_TRUE(client->Submit(MakeJob("m", "lost-1"), &id).ok());
+  WriteDone(redis, id, 7);  // and no FINISHED
+  Result result;
+  Status s = client->Wait(id, 10000, &result);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(result.state, JobState::kDone);
+  EXPECT_EQ(result.batch_size, 7);
+  // Wait(…, 0) still checks once, also for a job of ours with no notice.
+  std::string id2;
+  ASSERT_TRUE(client->Submit(MakeJob("m", "lost-2"), &id2).ok());
+  WriteDone(redis, id2, 8);
+  s = client->Wait(id2, 0, &result);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(result.batch_size, 8);
+}
+
 }  // namespace
 }  // namespace ferry::client

@@ -16,7 +16,9 @@
 // Jobs travel to the broker's frontend over ZeroMQ (SUBMIT -> ACCEPTED); results are read from
 // Redis (<prefix>result:<id>), where workers write them. Wait() does not busy-poll: the broker
 // tells this client (FINISHED) when a job it submitted has its result, and a slow re-check covers
-// notices that were lost (a broker restart) or jobs submitted by another process.
+// notices that were lost (a broker restart) or jobs submitted by another process. The results a
+// FINISHED notice names are read together (one Redis MGET) and kept for their Wait calls, so a
+// busy producer makes about one Redis round trip per notice, not one per job.
 //
 // Errors: every method returns a ferry::Status; nothing throws. Codes (ferry::codes):
 //   invalid_argument  the caller's input is wrong (bad id, empty model, tensor size mismatch)
@@ -123,7 +125,8 @@ class Client {
   // runs out (out->state is then kPending); unavailable when Redis stayed unreachable until the
   // deadline; other Poll errors at once. Wakes as soon as the broker's FINISHED notice arrives
   // for jobs submitted through this client; otherwise re-checks Redis every 50 ms, backing off
-  // to every 1 s.
+  // to every 1 s. For a job this client submitted whose notice has not come yet the first check
+  // is the 50 ms one (the notice says when to read), except with timeout_ms == 0.
   Status Wait(const std::string& id, int timeout_ms, Result* out);
 
   // Cancels jobs (one CANCEL message, one round trip) and says what happened to each id.

@@ -1,0 +1,98 @@
+#pragma once
+// ResultTracker: Wait() without a Redis round trip per job.
+//
+// The broker sends this client FINISHED (a list of ids) when results it submitted are in Redis.
+// The tracker turns those notices into batched reads:
+//   - Track(ids) before a SUBMIT is sent marks the ids as ours, so a FINISHED arriving before
+//     the submitter even sees ACCEPTED is not lost, and so Wait() on an id of ours that has no
+//     notice yet skips the speculative first GET (the notice will say when to read).
+//   - Notify(ids) (the I/O thread, FINISHED) marks tracked or waited-on ids "finished" and
+//     queues them as ready; it never touches Redis.
+//   - The first Wait() that needs a finished id claims every ready id (up to kMaxBatchRead) and
+//     reads them all with one MGET, outside the lock; results for the other ids are held for
+//     their waiters (now or later), who then return without touching Redis.
+//   - The safety net is unchanged: an id with no notice is re-read with a GET every 50 ms,
+//     backing off to 1 s (lost notices after a broker restart; ids submitted elsewhere).
+//
+// Bounds: at most kMaxTracked ids are tracked without a waiter (beyond that Wait falls back to
+// a first GET); held results of ids nobody waits on are capped at kMaxHeldBytes (beyond that
+// the id's Wait does its own GET); entries nobody waits on are dropped kTrackTtl after their
+// last change (e.g. jobs submitted and never waited for).
+//
+// Thread-safety: all methods are safe to call concurrently; one mutex guards the state, and no
+// Redis call is made while holding it.
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "ferry/result.h"
+#include "ferry/status.h"
+#include "result_store.h"
+
+namespace ferry::client {
+
+class ResultTracker {
+ public:
+  static constexpr size_t kMaxTracked = 65536;
+  static constexpr size_t kMaxBatchRead = 1024;
+  static constexpr size_t kMaxHeldBytes = size_t{64} << 20;
+  static constexpr std::chrono::seconds kTrackTtl{60};
+
+  explicit ResultTracker(ResultStore* store) : store_(store) {}
+
+  // Marks ids as submitted by this client (call before sending them).
+  void Track(const std::vector<std::string>& ids);
+  // Forgets ids that were not accepted (rejected, or the SUBMIT got no answer).
+  void Untrack(const std::vector<std::string>& ids);
+  // FINISHED: the results of `ids` are in Redis. Called on the I/O thread; never blocks on I/O.
+  void Notify(const std::vector<std::string>& ids);
+  // Client::Wait's contract (see client.h); `id` is already validated.
+  Status Wait(const std::string& id, int timeout_ms, Result* out);
+
+  // For tests: ids with an entry (tracked, waited on, or holding a result).
+  size_t Entries() const;
+
+ private:
+  enum class State {
+    kUnknown,    // a waiter's id with no notice (not ours, or tracking was full)
+    kSubmitted,  // ours, no notice yet
+    kFinished,   // noticed, queued in ready_, not read yet
+    kReading,    // in some waiter's MGET
+    kHeld,       // read: `result` holds it
+    kNoticed,    // noticed but not held (read failed or over the byte cap): waiter GETs
+  };
+  struct Entry {
+    State state = State::kUnknown;
+    int waiters = 0;
+    uint64_t generation = 0;  // bumped on every state change; waiters sleep on it
+    size_t held_bytes = 0;
+    Result result;
+    std::chrono::steady_clock::time_point touched;
+    std::condition_variable cv;
+  };
+  using EntryMap = std::unordered_map<std::string, std::unique_ptr<Entry>>;
+
+  // Reads the ready ids (id first), stores the results. Called and returns with `lock` held.
+  Status ReadReady(const std::string& id, std::unique_lock<std::mutex>& lock);
+  void SetState(Entry* e, State s);
+  // A waiter of `it` is done; drops the entry when nothing else needs it.
+  void Leave(EntryMap::iterator it);
+  void Erase(EntryMap::iterator it);
+  void MaybeSweep(std::chrono::steady_clock::time_point now);
+
+  ResultStore* const store_;
+  mutable std::mutex mu_;
+  EntryMap entries_;               // guarded by mu_
+  std::deque<std::string> ready_;  // guarded by mu_: ids in kFinished (plus stale names)
+  size_t held_bytes_ = 0;          // guarded by mu_: results held for nobody yet
+  std::chrono::steady_clock::time_point last_sweep_;  // guarded by mu_
+};
+
+}  // namespace ferry::client
