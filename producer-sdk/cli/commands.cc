@@ -13,6 +13,14 @@
 #include "tensor_files.h"
 
 namespace ferry::cli {
+
+int ExitFor(const Status& s) {
+  if (s.ok()) return kExitOk;
+  if (s.code() == codes::kInvalidArgument) return kExitUsage;
+  if (s.code() == codes::kTimeout || s.retryable()) return kExitUnavailable;
+  return kExitFailed;
+}
+
 namespace {
 
 using protocol::FlagSet;
@@ -37,39 +45,11 @@ constexpr const char* kTopUsage =
     "exit codes: 0 done/ok, 1 failed/expired/cancelled/rejected, 2 usage or bad input,\n"
     "            3 timeout/unavailable/queue full, 4 no result yet (get)\n";
 
-struct GlobalFlags {
-  std::string frontend = "tcp://127.0.0.1:5555";
-  std::string redis = "redis://127.0.0.1:6379";
-  std::string redis_prefix = "ferry:";
-  int64_t request_timeout_ms = 5000;
+// --frontend, --redis, --redis-prefix, --request-timeout-ms (ops_commands.h).
+using GlobalFlags = BrokerFlags;
 
-  void Register(FlagSet* f) {
-    f->String("frontend", &frontend, "the broker's frontend endpoint");
-    f->String("redis", &redis, "Redis holding the results, redis://HOST:PORT[/DB]");
-    f->String("redis-prefix", &redis_prefix, "prefix of Ferry's Redis keys");
-    f->Int("request-timeout-ms", &request_timeout_ms, "how long to wait for the broker's answer");
-  }
-  Status MakeClient(std::unique_ptr<client::Client>* out) const {
-    client::ClientOptions o;
-    o.frontend = frontend;
-    o.redis = redis;
-    o.redis_prefix = redis_prefix;
-    o.request_timeout_ms = static_cast<int>(request_timeout_ms);
-    return client::Client::Create(o, out);
-  }
-};
 
-int ExitFor(const Status& s) {
-  if (s.ok()) return kExitOk;
-  if (s.code() == codes::kInvalidArgument) return kExitUsage;
-  if (s.code() == codes::kTimeout || s.retryable()) return kExitUnavailable;
-  return kExitFailed;
-}
-
-int Fail(const Status& s) {
-  std::fprintf(stderr, "ferry: %s\n", s.ToString().c_str());
-  return ExitFor(s);
-}
+int Fail(const Status& s) { return FailWith(s); }
 
 // Parses flags; returns -1 to go on, else the exit code.
 int ParseFlags(FlagSet* flags, std::vector<char*>& args) {

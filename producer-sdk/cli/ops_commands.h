@@ -29,7 +29,9 @@ struct BrokerFlags {
   Status MakeClient(std::unique_ptr<client::Client>* out) const;
 };
 
-// Prints "ferry: <status>" to stderr and returns the matching exit code.
+// The exit code for a Status (commands.h lists them).
+int ExitFor(const Status& s);
+// Prints "ferry: <status>" to stderr and returns ExitFor(s).
 int FailWith(const Status& s);
 
 }  // namespace ferry::cli

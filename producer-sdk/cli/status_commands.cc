@@ -102,9 +102,7 @@ Status BrokerFlags::MakeClient(std::unique_ptr<client::Client>* out) const {
 
 int FailWith(const Status& s) {
   std::fprintf(stderr, "ferry: %s\n", s.ToString().c_str());
-  if (s.code() == codes::kInvalidArgument) return kExitUsage;
-  if (s.code() == codes::kTimeout || s.retryable()) return kExitUnavailable;
-  return kExitFailed;
+  return ExitFor(s);
 }
 
 int RunStatus(std::vector<char*>& args) {
