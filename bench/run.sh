@@ -106,10 +106,11 @@ start_fleet() {
   local n=$1; shift
   FRONT="tcp://127.0.0.1:$(free_port)"; BACK="tcp://127.0.0.1:$(free_port)"
   redis-cli -p "$REDIS_PORT" flushall >/dev/null
+  # shellcheck disable=SC2086  # FERRY_BROKER_FLAGS: extra broker flags, e.g. --no-journal
   "$BROKER" --frontend "$FRONT" --backend "$BACK" --redis "$REDIS" --log-level warn \
-    >>"$WORK/broker.log" 2>&1 &
+    ${FERRY_BROKER_FLAGS:-} >>"$WORK/broker.log" 2>&1 &
   FLEET_PIDS=($!)
-  FLEET_CMD="ferry-broker --frontend $FRONT --backend $BACK --redis $REDIS; $n x ferry-worker $*"
+  FLEET_CMD="ferry-broker --frontend $FRONT --backend $BACK --redis $REDIS ${FERRY_BROKER_FLAGS:-}; $n x ferry-worker $*"
   for ((i=0; i<n; i++)); do
     "$WORKER" --broker "$BACK" --redis "$REDIS" --log-level warn "$@" >>"$WORK/worker.log" 2>&1 &
     FLEET_PIDS+=($!)
