@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "worker_test_models.h"
 #include "ferry/worker/batcher.h"
 #include "ferry/worker/executor.h"
 #include "ferry/worker/model.h"
@@ -26,17 +27,7 @@ std::filesystem::path BatcherDir() {
          ("ferry_worker_batcher_" + std::to_string(getpid()));
 }
 
-// A job whose inputs live in `inputs` (kept alive through Job::chunk, like a CHUNK message).
-Job MakeJob(const std::string& id, const std::string& model, std::vector<Tensor> inputs) {
-  auto owned = std::make_shared<std::vector<Tensor>>(std::move(inputs));
-  Job job;
-  job.entry.id = id;
-  job.entry.model = model;
-  for (const Tensor& t : *owned)
-    job.entry.inputs.push_back({t.dtype, t.shape, t.data.data(), t.data.size()});
-  job.chunk = owned;
-  return job;
-}
+using testmodels::MakeJob;
 
 Tensor Floats(std::vector<float> v, std::vector<int64_t> shape) {
   return Tensor::From<float>(v, std::move(shape), DType::kFloat32);

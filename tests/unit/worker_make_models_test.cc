@@ -13,28 +13,16 @@
 #include <random>
 #include <string>
 
+#include "worker_test_models.h"
 #include "ferry/worker/batcher.h"
 #include "ferry/worker/model.h"
 
 namespace ferry::worker {
 namespace {
 
-Job MakeJob(const std::string& id, const std::string& model, std::vector<Tensor> inputs) {
-  auto owned = std::make_shared<std::vector<Tensor>>(std::move(inputs));
-  Job job;
-  job.entry.id = id;
-  job.entry.model = model;
-  for (const Tensor& t : *owned)
-    job.entry.inputs.push_back({t.dtype, t.shape, t.data.data(), t.data.size()});
-  job.chunk = owned;
-  return job;
-}
+using testmodels::MakeJob;
 
-std::vector<float> AsFloats(const protocol::TensorRef& r) {
-  std::vector<float> out(r.size / sizeof(float));
-  if (!out.empty()) std::memcpy(out.data(), r.data, r.size);
-  return out;
-}
+std::vector<float> AsFloats(const protocol::TensorRef& r) { return testmodels::Values<float>(r); }
 
 class MakeModelsTest : public ::testing::Test {
  protected:
