@@ -8,24 +8,10 @@
 
 #include <chrono>
 
+#include "ferry/torch_convert.h"
+
 namespace ferry::bench {
 namespace {
-
-bool ToScalarType(DType d, c10::ScalarType* out) {
-  switch (d) {
-    case DType::kFloat32: *out = c10::kFloat; return true;
-    case DType::kFloat16: *out = c10::kHalf; return true;
-    case DType::kBFloat16: *out = c10::kBFloat16; return true;
-    case DType::kFloat64: *out = c10::kDouble; return true;
-    case DType::kInt64: *out = c10::kLong; return true;
-    case DType::kInt32: *out = c10::kInt; return true;
-    case DType::kInt16: *out = c10::kShort; return true;
-    case DType::kInt8: *out = c10::kChar; return true;
-    case DType::kUInt8: *out = c10::kByte; return true;
-    case DType::kBool: *out = c10::kBool; return true;
-  }
-  return false;
-}
 
 void CollectOutputs(const c10::IValue& v, std::vector<at::Tensor>* out) {
   if (v.isTensor()) {
@@ -52,7 +38,7 @@ Status RunRaw(const RawOptions& o, std::vector<Sample>* samples, int64_t* jobs_d
   *seconds = 0;
   if (o.batch < 1) return Status::InvalidArgument("--batch must be >= 1");
   c10::ScalarType st;
-  if (!ToScalarType(o.dtype, &st)) return Status::InvalidArgument("unsupported dtype");
+  if (!ToTorchDType(o.dtype, &st)) return Status::InvalidArgument("unsupported dtype");
   try {
     if (o.threads > 0) at::set_num_threads(static_cast<int>(o.threads));
     c10::Device device(o.device);

@@ -7,47 +7,19 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <stdexcept>
+
+#include "ferry/torch_convert.h"
 
 namespace ferry::testutil {
 namespace {
 
-torch::ScalarType ToTorch(DType d) {
-  switch (d) {
-    case DType::kFloat32: return torch::kFloat32;
-    case DType::kFloat16: return torch::kFloat16;
-    case DType::kBFloat16: return torch::kBFloat16;
-    case DType::kFloat64: return torch::kFloat64;
-    case DType::kInt64: return torch::kInt64;
-    case DType::kInt32: return torch::kInt32;
-    case DType::kInt16: return torch::kInt16;
-    case DType::kInt8: return torch::kInt8;
-    case DType::kUInt8: return torch::kUInt8;
-    case DType::kBool: return torch::kBool;
-  }
-  return torch::kFloat32;
-}
-
-DType FromTorch(torch::ScalarType t) {
-  switch (t) {
-    case torch::kFloat16: return DType::kFloat16;
-    case torch::kBFloat16: return DType::kBFloat16;
-    case torch::kFloat64: return DType::kFloat64;
-    case torch::kInt64: return DType::kInt64;
-    case torch::kInt32: return DType::kInt32;
-    case torch::kInt16: return DType::kInt16;
-    case torch::kInt8: return DType::kInt8;
-    case torch::kUInt8: return DType::kUInt8;
-    case torch::kBool: return DType::kBool;
-    default: return DType::kFloat32;
-  }
-}
-
-Tensor FromTorchTensor(const torch::Tensor& t) {
-  torch::Tensor c = t.contiguous().cpu();
+// A model output (with its batch dimension of 1) as a job's result tensor (without it).
+Tensor Unbatched(const torch::Tensor& t) {
   Tensor out;
-  out.dtype = FromTorch(c.scalar_type());
-  out.shape.assign(c.sizes().begin() + 1, c.sizes().end());
-  out.data.assign(static_cast<const char*>(c.data_ptr()), c.numel() * c.element_size());
+  Status s = FromTorch(t, &out);
+  if (!s.ok()) throw std::runtime_error("reference output: " + s.ToString());
+  out.shape.erase(out.shape.begin());
   return out;
 }
 
@@ -66,20 +38,19 @@ std::vector<Tensor> RunReference(const std::string& model_path, const std::vecto
   torch::NoGradGuard no_grad;
   std::vector<torch::jit::IValue> args;
   for (const auto& in : inputs) {
-    std::vector<int64_t> shape = {1};
-    shape.insert(shape.end(), in.shape.begin(), in.shape.end());
-    auto t = torch::empty(shape, torch::TensorOptions().dtype(ToTorch(in.dtype)));
-    std::memcpy(t.data_ptr(), in.data.data(), in.data.size());
-    args.emplace_back(t);
+    torch::Tensor t;
+    Status s = ToTorch(in, &t);
+    if (!s.ok()) throw std::runtime_error("reference input: " + s.ToString());
+    args.emplace_back(t.unsqueeze(0));
   }
   auto out = it->second.forward(args);
   std::vector<Tensor> result;
   if (out.isTensor()) {
-    result.push_back(FromTorchTensor(out.toTensor()));
+    result.push_back(Unbatched(out.toTensor()));
   } else if (out.isTuple()) {
-    for (const auto& e : out.toTuple()->elements()) result.push_back(FromTorchTensor(e.toTensor()));
+    for (const auto& e : out.toTuple()->elements()) result.push_back(Unbatched(e.toTensor()));
   } else if (out.isList()) {
-    for (const auto& e : out.toList()) result.push_back(FromTorchTensor(e.get().toTensor()));
+    for (const auto& e : out.toList()) result.push_back(Unbatched(e.get().toTensor()));
   }
   return result;
 }

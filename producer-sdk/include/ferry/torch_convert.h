@@ -24,8 +24,8 @@
 
 namespace ferry {
 
-namespace torch_convert_detail {
-inline bool ToScalarType(DType d, c10::ScalarType* out) {
+// The torch dtype of a Ferry dtype; false for none (cannot happen for a valid DType).
+inline bool ToTorchDType(DType d, c10::ScalarType* out) {
   switch (d) {
     case DType::kFloat32: *out = torch::kFloat32; return true;
     case DType::kFloat16: *out = torch::kFloat16; return true;
@@ -40,25 +40,25 @@ inline bool ToScalarType(DType d, c10::ScalarType* out) {
   }
   return false;
 }
-inline bool FromScalarType(c10::ScalarType s, DType* out) {
+// The Ferry dtype of a torch dtype; false for dtypes Ferry does not carry (complex, ...).
+inline bool FromTorchDType(c10::ScalarType s, DType* out) {
   for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64,
                   DType::kInt64, DType::kInt32, DType::kInt16, DType::kInt8, DType::kUInt8,
                   DType::kBool}) {
     c10::ScalarType st = torch::kFloat32;
-    if (ToScalarType(d, &st) && st == s) {
+    if (ToTorchDType(d, &st) && st == s) {
       *out = d;
       return true;
     }
   }
   return false;
 }
-}  // namespace torch_convert_detail
 
 // Copies `in` into a new contiguous CPU torch::Tensor. invalid_argument when the data size
 // does not match dtype and shape.
 inline Status ToTorch(const Tensor& in, torch::Tensor* out) {
   c10::ScalarType st = torch::kFloat32;
-  if (!torch_convert_detail::ToScalarType(in.dtype, &st))
+  if (!ToTorchDType(in.dtype, &st))
     return Status::InvalidArgument("unknown ferry dtype");
   int64_t numel = in.numel();
   if (numel < 0 || in.data.size() != static_cast<uint64_t>(numel) * ItemSize(in.dtype))
@@ -78,7 +78,7 @@ inline Status ToTorch(const Tensor& in, torch::Tensor* out) {
 inline Status FromTorch(const torch::Tensor& in, Tensor* out) {
   if (!in.defined()) return Status::InvalidArgument("FromTorch: undefined tensor");
   DType dtype = DType::kFloat32;
-  if (!torch_convert_detail::FromScalarType(in.scalar_type(), &dtype)) {
+  if (!FromTorchDType(in.scalar_type(), &dtype)) {
     return Status::InvalidArgument(std::string("FromTorch: unsupported dtype ") +
                                    c10::toString(in.scalar_type()));
   }
