@@ -56,6 +56,8 @@ void Broker::Impl::HandleBackend(protocol::Message& m) {
     if (s.ok()) s = protocol::GetInt(oh.get(), "duplicates", &duplicates, 0);
     protocol::DoneStatuses not_done;
     if (s.ok()) s = protocol::DecodeDoneStatuses(oh.get(), &not_done);
+    protocol::InlineResults results;  // views into m.body, alive until Finish returns
+    if (s.ok()) s = protocol::DecodeInlineResults(oh.get(), &results);
     if (!s.ok()) {
       spdlog::warn("bad DONE from worker: {}", s.message());
       return;
@@ -67,7 +69,7 @@ void Broker::Impl::HandleBackend(protocol::Message& m) {
     }
     auto finished = scheduler.Complete(worker, ids);
     telemetry.OnDone(finished, not_done, duplicates, protocol::NowMicros());
-    Finish(std::move(finished));
+    Finish(std::move(finished), results);
   } else if (m.command == protocol::kBye) {
     DropWorker(worker, "said BYE");
   } else if (m.command != protocol::kHeartbeat) {
@@ -75,12 +77,14 @@ void Broker::Impl::HandleBackend(protocol::Message& m) {
   }
 }
 
-void Broker::Impl::Finish(std::vector<std::unique_ptr<Job>> jobs) {
+void Broker::Impl::Finish(std::vector<std::unique_ptr<Job>> jobs,
+                          const protocol::InlineResults& results) {
   if (jobs.empty()) return;
   if (options.journal) {
-    for (const auto& j : jobs) journal.Forget(j->id);
+    const int64_t now_mono = protocol::MonotonicMicros();
+    for (const auto& j : jobs) journal.Forget(j->id, now_mono);
   }
-  NotifyFinished(jobs);
+  NotifyFinished(jobs, results);
 }
 
 void Broker::Impl::DropWorker(const std::string& routing_id, const char* why) {

@@ -137,14 +137,18 @@ Status Broker::Run() {
                              {d.frontend.handle(), 0, ZMQ_POLLIN, 0}};
   protocol::Message m;
   while (!stop_.load(std::memory_order_relaxed)) {
+    // Journal removals wait for a ride with the next write, but not longer than a few ms.
+    const int timeout_ms = !d.final_results.empty() ? 20 : d.journal.removals() > 0 ? 5 : 100;
+    int ready = 0;
     try {
-      zmq::poll(items, 2, std::chrono::milliseconds(d.final_results.empty() ? 100 : 20));
+      ready = zmq::poll(items, 2, std::chrono::milliseconds(timeout_ms));
     } catch (const zmq::error_t& e) {
       if (e.num() == EINTR) continue;
       return Status::Internal(std::string("poll: ") + e.what());
     }
-    // Workers first: their DONEs free credit for the producers' new jobs.
-    for (int i = 0; i < kMaxMessagesPerTurn; ++i) {
+    // Workers first: their DONEs free credit for the producers' new jobs. Only sockets that
+    // poll reported readable are read (each empty read costs libzmq system calls).
+    for (int i = 0; (items[0].revents & ZMQ_POLLIN) && i < kMaxMessagesPerTurn; ++i) {
       Status s = protocol::RecvMessage(d.backend, /*router=*/true, &m);
       if (s.code() == codes::kUnavailable) break;
       if (!s.ok()) {
@@ -153,7 +157,7 @@ Status Broker::Run() {
       }
       d.HandleBackend(m);
     }
-    for (int i = 0; i < kMaxMessagesPerTurn; ++i) {
+    for (int i = 0; (items[1].revents & ZMQ_POLLIN) && i < kMaxMessagesPerTurn; ++i) {
       Status s = protocol::RecvMessage(d.frontend, /*router=*/true, &m);
       if (s.code() == codes::kUnavailable) break;
       if (!s.ok()) {
@@ -163,14 +167,17 @@ Status Broker::Run() {
       d.HandleFrontend(m);
     }
     d.ExpireJobs();
-    d.CommitAndReply();
+    // Dispatch before the journal round trip: the worker starts on this turn's jobs while the
+    // broker waits for Redis. ACCEPTED still waits for the journal, and a DONE cannot overtake
+    // it (it is read on a later turn, after CommitAndReply).
     d.Dispatch();
+    d.CommitAndReply(/*quiet=*/ready == 0);
     d.FlushFinalResults();
     d.Heartbeat(protocol::MonotonicMicros());
     d.telemetry.Refresh(d.scheduler, protocol::MonotonicMicros());
   }
   // Drain: what was read is answered, what is owed to Redis is written (best effort).
-  d.CommitAndReply();
+  d.CommitAndReply(/*quiet=*/true);
   d.FlushFinalResults();
   if (d.options.journal && !d.journal.idle()) d.journal.Commit();
   spdlog::info("broker stopped; {} job(s) pending{}", d.scheduler.pending(),

@@ -58,16 +58,20 @@ struct Broker::Impl {
   void HandleCancel(protocol::Message& m, const msgpack::object& body, int64_t rid);
   void HandleStats(protocol::Message& m, int64_t rid);
   // Commits the journal and sends the held ACCEPTED replies (rejecting with `unavailable` the
-  // jobs the journal could not keep).
-  void CommitAndReply();
+  // jobs the journal could not keep). Removals alone are committed only when due (see
+  // journal.h) or when `quiet` (this loop turn read nothing).
+  void CommitAndReply(bool quiet);
   void ReplyError(protocol::Message& m, int64_t rid, std::string_view code,
                   std::string_view message);
-  void NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs);
+  // FINISHED to each job's producer, with the inline results of the jobs that asked for them.
+  void NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs,
+                      const protocol::InlineResults& results);
 
   // backend.cc
   void HandleBackend(protocol::Message& m);
   void DropWorker(const std::string& routing_id, const char* why);
-  void Finish(std::vector<std::unique_ptr<Job>> jobs);  // journal removal + FINISHED
+  // Journal removal + FINISHED (carrying `results`, the DONE's inline results, if any).
+  void Finish(std::vector<std::unique_ptr<Job>> jobs, const protocol::InlineResults& results = {});
 
   // broker.cc
   void Dispatch();

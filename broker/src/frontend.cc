@@ -1,6 +1,9 @@
 // Producer-facing handlers: SUBMIT, CANCEL, STATS, and the replies.
 #include <spdlog/spdlog.h>
 
+#include <string_view>
+#include <unordered_map>
+
 #include "broker_impl.h"
 #include "ferry/protocol/util.h"
 
@@ -64,6 +67,10 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
     ReplyError(m, rid, codes::kMalformed, "SUBMIT needs \"jobs\": an array of job maps");
     return;
   }
+  const msgpack::object* inline_flag = protocol::Find(body, "inline_results");
+  const bool inline_results = inline_flag != nullptr &&
+                              inline_flag->type == msgpack::type::BOOLEAN &&
+                              inline_flag->via.boolean;
   PendingReply reply;
   reply.accepted.rid = rid;
   const std::string producer = m.envelope.empty() ? "" : Str(m.envelope[0]);
@@ -85,6 +92,7 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
     job->submitted_us = now;
     job->deadline_us = in.timeout_ms > 0 ? now + in.timeout_ms * 1000 : 0;
     job->producer = producer;
+    job->inline_result = inline_results;
     size_t hint = 16;  // the msgpack framing is a few dozen bytes per tensor
     for (const auto& t : in.inputs) hint += t.size + 64;
     protocol::PackObjectInto(*in.inputs_obj, hint, &job->inputs_raw);  // one copy
@@ -97,12 +105,21 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
   pending_replies.push_back(std::move(reply));
 }
 
-void Broker::Impl::CommitAndReply() {
-  if (options.journal && !journal.idle()) {
+void Broker::Impl::CommitAndReply(bool quiet) {
+  constexpr int64_t kRemovalDelayUs = 5000;       // removals wait at most this for a ride
+  constexpr size_t kMaxDeferredRemovals = 4096;   // or until this many have piled up
+  const bool removals_due =
+      quiet || journal.removals() >= kMaxDeferredRemovals ||
+      (journal.removals() > 0 &&
+       protocol::MonotonicMicros() - journal.oldest_removal_us() >= kRemovalDelayUs);
+  if (options.journal && (journal.has_writes() || (removals_due && !journal.idle()))) {
     const bool had_jobs = journal.has_staged();
     Status s = journal.Commit();
     if (!s.ok() && had_jobs) {
-      // Nothing of this turn was dispatched yet: take the jobs back and say why.
+      // This turn's jobs are not durable: take them back and say why. Some may already be on a
+      // worker (Dispatch runs before the commit so that the worker starts while the journal
+      // write is in flight); that worker still runs them and its result lands in Redis, which a
+      // retry with the same id then finds (the retry's own result is fenced as a duplicate).
       spdlog::warn("journal write failed ({}); rejecting this turn's jobs as unavailable",
                    s.message());
       int64_t n = 0;
@@ -222,13 +239,29 @@ void Broker::Impl::HandleStats(protocol::Message& m, int64_t rid) {
                         protocol::ToMessage(std::move(buf)));
 }
 
-void Broker::Impl::NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs) {
-  std::map<std::string, std::vector<std::string>> by_producer;
-  for (const auto& j : jobs) {
-    if (!j->producer.empty()) by_producer[j->producer].push_back(j->id);
+void Broker::Impl::NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs,
+                                  const protocol::InlineResults& results) {
+  std::unordered_map<std::string_view, std::string_view> record_of;
+  if (!results.empty()) {
+    record_of.reserve(results.size());
+    for (const auto& [id, record] : results) record_of.emplace(id, record);
   }
-  for (auto& [producer, ids] : by_producer)
-    protocol::SendTo(frontend, producer, protocol::kFinished, protocol::EncodeIds(ids));
+  struct Notice {
+    std::vector<std::string> ids;
+    protocol::InlineResults results;
+  };
+  std::map<std::string_view, Notice> by_producer;
+  for (const auto& j : jobs) {
+    if (j->producer.empty()) continue;
+    Notice& n = by_producer[j->producer];
+    n.ids.push_back(j->id);
+    if (!j->inline_result || record_of.empty()) continue;
+    if (auto it = record_of.find(j->id); it != record_of.end())
+      n.results.emplace_back(j->id, it->second);
+  }
+  for (auto& [producer, n] : by_producer)
+    protocol::SendTo(frontend, producer, protocol::kFinished,
+                     protocol::EncodeFinished(n.ids, n.results));
 }
 
 }  // namespace ferry::broker

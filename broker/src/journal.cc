@@ -59,7 +59,10 @@ Status Journal::Decode(const std::string& bytes, Job* out) {
 }
 
 void Journal::Stage(const Job& job) { staged_.emplace_back(job.id, Encode(job)); }
-void Journal::Forget(const std::string& id) { forgotten_.push_back(id); }
+void Journal::Forget(const std::string& id, int64_t now_mono_us) {
+  if (forgotten_.empty()) oldest_forget_us_ = now_mono_us;
+  forgotten_.push_back(id);
+}
 void Journal::NoteModel(const std::string& model) { models_.push_back(model); }
 
 Status Journal::Commit() {
@@ -89,6 +92,7 @@ Status Journal::Commit() {
   staged_.clear();
   if (s.ok()) {
     forgotten_.clear();
+    oldest_forget_us_ = 0;
     models_.clear();
   }
   return s;

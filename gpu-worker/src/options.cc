@@ -68,6 +68,9 @@ Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help,
   flags.Int("liveness", &o.liveness,
             "heartbeats the broker may miss before the worker reconnects and re-announces");
   flags.Int("result-ttl-s", &o.result_ttl_s, "expiry of results whose job sets none");
+  flags.Int("inline-result-bytes", &o.inline_result_bytes,
+            "results up to this many bytes also travel in DONE, for the broker to hand to "
+            "their producer in FINISHED (saves the producer a Redis read); 0 = never");
   flags.Int("metrics-port", &o.metrics_port,
             "serve Prometheus /metrics and /healthz on this port (0 = off; 9460 + GPU index "
             "in deploy/)");
@@ -116,6 +119,8 @@ Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help,
   if (o.liveness < 1 || o.liveness > 1000)
     return Status::InvalidArgument("--liveness must be 1..1000");
   if (o.result_ttl_s < 1) return Status::InvalidArgument("--result-ttl-s must be >= 1");
+  if (o.inline_result_bytes < 0 || o.inline_result_bytes > (int64_t{64} << 20))
+    return Status::InvalidArgument("--inline-result-bytes must be 0..67108864");
   if (o.metrics_port < 0 || o.metrics_port > 65535)
     return Status::InvalidArgument("--metrics-port must be 0..65535");
   static const char* kLevels[] = {"trace", "debug", "info", "warn", "error", "critical", "off"};

@@ -13,13 +13,6 @@
 namespace ferry::worker {
 namespace {
 
-// One SET command's arguments, packed once and reused on every retry.
-struct PackedResult {
-  std::string key;
-  std::string value;
-  std::string ttl;
-};
-
 bool IsPowerOfTwo(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 
 // The result's "status" for a job's final Status.
@@ -105,7 +98,8 @@ void ResultWriter::Loop() {
       in_flight_ = batch.size();
     }
     int64_t duplicates = 0;
-    const bool written = Write(&batch, &duplicates);
+    std::vector<PackedResult> packed;
+    const bool written = Write(&batch, &packed, &duplicates);
     {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_ = 0;
@@ -121,7 +115,7 @@ void ResultWriter::Loop() {
                    duplicates, batch.size());
     }
     if (options_.metrics != nullptr) options_.metrics->OnWritten(batch, duplicates);
-    if (push) SendDone(*push, batch, duplicates);
+    if (push) SendDone(*push, batch, packed, duplicates);
   }
 }
 
@@ -130,10 +124,12 @@ int64_t ResultWriter::duplicates() const {
   return duplicates_;
 }
 
-bool ResultWriter::Write(std::vector<JobResult>* results, int64_t* duplicates) {
+bool ResultWriter::Write(std::vector<JobResult>* results, std::vector<PackedResult>* out,
+                         int64_t* duplicates) {
   *duplicates = 0;
   // Pack once; the outputs' memory (the batch tensors) is released right after.
-  std::vector<PackedResult> packed;
+  std::vector<PackedResult>& packed = *out;
+  packed.clear();
   packed.reserve(results->size());
   const int64_t finished = protocol::NowMicros();
   for (JobResult& r : *results) {
@@ -162,7 +158,7 @@ bool ResultWriter::Write(std::vector<JobResult>* results, int64_t* duplicates) {
     protocol::PackResult(pk, rec);
     const int64_t ttl = e.result_ttl_s > 0 ? e.result_ttl_s : options_.default_ttl_s;
     packed.push_back({keys_.Result(e.id), std::string(buf.data(), buf.size()),
-                      std::to_string(ttl)});
+                      std::to_string(ttl), false});
     r.outputs.clear();
     r.outputs_owner.reset();
   }
@@ -184,7 +180,13 @@ bool ResultWriter::Write(std::vector<JobResult>* results, int64_t* duplicates) {
         if (reply.type == protocol::RedisReply::Type::kNil) ++nil;
       }
       // On a retry a nil may be our own earlier write that got through: count first tries only.
-      if (s.ok() && attempt == 1) *duplicates = nil;
+      if (s.ok() && attempt == 1) {
+        *duplicates = nil;
+        if (replies.size() == packed.size()) {
+          for (size_t i = 0; i < packed.size(); ++i)
+            packed[i].stored = replies[i].type == protocol::RedisReply::Type::kStatus;
+        }
+      }
     }
     if (s.ok()) {
       if (attempt > 1)
@@ -203,16 +205,21 @@ bool ResultWriter::Write(std::vector<JobResult>* results, int64_t* duplicates) {
 }
 
 void ResultWriter::SendDone(zmq::socket_t& push, const std::vector<JobResult>& results,
-                            int64_t duplicates) {
+                            const std::vector<PackedResult>& packed, int64_t duplicates) {
   std::vector<std::string> ids;
   ids.reserve(results.size());
   protocol::DoneStatuses not_done;  // for the broker's ferry_jobs_finished_total{status}
-  for (const auto& r : results) {
+  protocol::InlineResults inline_results;
+  for (size_t i = 0; i < results.size(); ++i) {
+    const JobResult& r = results[i];
     ids.push_back(r.job.entry.id);
     if (!r.status.ok()) not_done.emplace_back(r.job.entry.id, ResultStatus(r.status));
+    if (i < packed.size() && packed[i].stored &&
+        packed[i].value.size() <= options_.inline_result_bytes)
+      inline_results.emplace_back(r.job.entry.id, packed[i].value);
   }
   Status s = protocol::SendMessage(push, nullptr, protocol::kDone,
-                                   protocol::EncodeDone(ids, duplicates, not_done));
+                                   protocol::EncodeDone(ids, duplicates, not_done, inline_results));
   if (!s.ok()) {
     spdlog::error("result writer: cannot hand {} DONE ids to the I/O thread: {}", ids.size(),
                   s.ToString());

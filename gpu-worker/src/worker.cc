@@ -107,6 +107,7 @@ Status Worker::Run() {
   wopts.redis = redis;
   wopts.prefix = options_.redis_prefix;
   wopts.default_ttl_s = options_.result_ttl_s;
+  wopts.inline_result_bytes = static_cast<size_t>(options_.inline_result_bytes);
   wopts.worker_name = options_.name;
   wopts.outbox_address = outbox;
   wopts.metrics = metrics_.get();

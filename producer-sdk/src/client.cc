@@ -76,7 +76,10 @@ class Client::Impl {
 
   Status Start() {
     return FrontendConnection::Create(
-        options_.frontend, [this](const std::vector<std::string>& ids) { tracker_.Notify(ids); },
+        options_.frontend,
+        [this](const std::vector<std::string>& ids, const protocol::InlineResults& records) {
+          tracker_.Notify(ids, records);
+        },
         &frontend_);
   }
 
@@ -149,7 +152,10 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
   int64_t rid = frontend_->NextRid();
   msgpack::sbuffer buf;
   protocol::Packer pk(buf);
-  pk.pack_map(2);
+  pk.pack_map(3);
+  // Small results come back inside FINISHED: Wait then needs no Redis read for them.
+  protocol::PackString(pk, "inline_results");
+  pk.pack_true();
   protocol::PackString(pk, "jobs");
   pk.pack_array(static_cast<uint32_t>(part.size()));
   for (size_t i : part) {

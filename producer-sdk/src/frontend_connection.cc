@@ -105,13 +105,16 @@ void FrontendConnection::Run() {
       if (e.num() == ETERM) break;
       continue;  // EINTR
     }
+    bool woken = false;
     if (items[1].revents & ZMQ_POLLIN) {
       uint64_t count;
       ssize_t n = read(wake_fd_, &count, sizeof(count));
       (void)n;
+      woken = true;
     }
     if (items[0].revents & ZMQ_POLLIN) ReceiveAll();
-    if (items[0].revents & ZMQ_POLLOUT) SendQueued();
+    // A caller woke us with a request: send it now if the socket takes it (no second poll).
+    if ((items[0].revents & ZMQ_POLLOUT) || woken) SendQueued();
   }
   try {
     socket_.close();
@@ -121,6 +124,13 @@ void FrontendConnection::Run() {
 
 void FrontendConnection::SendQueued() {
   while (!stop_) {
+    // Only while the socket takes a message without blocking (no broker connected, or the
+    // high-water mark reached: the next poll waits for POLLOUT).
+    try {
+      if (!(socket_.get(zmq::sockopt::events) & ZMQ_POLLOUT)) return;
+    } catch (const zmq::error_t&) {
+      return;
+    }
     Outgoing next;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -130,11 +140,6 @@ void FrontendConnection::SendQueued() {
     }
     // A failed send leaves the caller to time out: the broker is unreachable either way.
     (void)protocol::SendMessage(socket_, nullptr, next.command, std::move(next.body));
-    try {
-      if (!(socket_.get(zmq::sockopt::events) & ZMQ_POLLOUT)) return;
-    } catch (const zmq::error_t&) {
-      return;
-    }
   }
 }
 
@@ -155,8 +160,10 @@ void FrontendConnection::Dispatch(std::string command, zmq::message_t body) {
     if (!protocol::UnpackMap(body.data(), body.size(), &oh).ok()) return;
     if (command == protocol::kFinished) {
       std::vector<std::string> ids;
+      protocol::InlineResults records;  // a malformed "results" map: just the ids
+      if (!protocol::DecodeInlineResults(oh.get(), &records).ok()) records.clear();
       if (protocol::GetStringArray(oh.get(), "ids", &ids).ok() && on_finished_)
-        on_finished_(ids);
+        on_finished_(ids, records);
       return;
     }
     // Replies without a rid (an ERROR for a message the broker could not decode) cannot be

@@ -27,6 +27,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "ferry/protocol/messages.h"
 #include "ferry/status.h"
 
 namespace ferry::client {
@@ -37,8 +38,10 @@ class FrontendConnection {
     std::string command;   // e.g. ACCEPTED, STATS, ERROR
     zmq::message_t body;   // msgpack map bytes (unpack with protocol::UnpackMap)
   };
-  // Called on the I/O thread with the ids of each FINISHED message. Must not block.
-  using FinishedFn = std::function<void(const std::vector<std::string>& ids)>;
+  // Called on the I/O thread with the ids of each FINISHED message and its inline results
+  // (views valid during the call only). Must not block.
+  using FinishedFn = std::function<void(const std::vector<std::string>& ids,
+                                        const protocol::InlineResults& records)>;
 
   // Connects (asynchronously: no broker needs to be up) and starts the I/O thread.
   // invalid_argument when ZeroMQ rejects the endpoint.

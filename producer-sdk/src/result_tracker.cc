@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "ferry/protocol/messages.h"
+
 namespace ferry::client {
 namespace {
 
@@ -63,8 +65,21 @@ void ResultTracker::Untrack(const std::vector<std::string>& ids) {
   }
 }
 
-void ResultTracker::Notify(const std::vector<std::string>& ids) {
+void ResultTracker::Notify(
+    const std::vector<std::string>& ids,
+    const std::vector<std::pair<std::string_view, std::string_view>>& records) {
   std::lock_guard<std::mutex> lock(mu_);
+  for (const auto& [id, record] : records) {
+    auto it = entries_.find(std::string(id));
+    if (it == entries_.end()) continue;
+    Entry* e = it->second.get();
+    if (e->state == State::kReading || e->state == State::kHeld) continue;
+    if (e->waiters == 0 && held_bytes_ + record.size() > kMaxHeldBytes) continue;  // read later
+    e->raw.assign(record.data(), record.size());
+    e->held_bytes = record.size();
+    held_bytes_ += e->held_bytes;
+    SetState(e, State::kHeld);  // a stale name in ready_ is skipped (not kFinished)
+  }
   for (const auto& id : ids) {
     auto it = entries_.find(id);
     if (it == entries_.end()) continue;  // neither ours nor waited on: drop
@@ -156,6 +171,13 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out) {
   Status last = Status::Ok();
   while (true) {
     if (e->state == State::kFinished) last = ReadReady(id, lock);
+    if (e->state == State::kHeld && !e->raw.empty()) {
+      // An inline record (small: decoding it under the lock is cheaper than a hand-off).
+      Status d = protocol::DecodeResult(e->raw.data(), e->raw.size(), &e->result);
+      e->raw.clear();
+      e->raw.shrink_to_fit();
+      if (!d.ok()) SetState(e, State::kNoticed);  // not usable: read Redis below
+    }
     if (e->state == State::kHeld) {
       if (e->waiters > 1)
         *out = e->result;

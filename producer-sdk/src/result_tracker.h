@@ -7,7 +7,9 @@
 //     the submitter even sees ACCEPTED is not lost, and so Wait() on an id of ours that has no
 //     notice yet skips the speculative first GET (the notice will say when to read).
 //   - Notify(ids) (the I/O thread, FINISHED) marks tracked or waited-on ids "finished" and
-//     queues them as ready; it never touches Redis.
+//     queues them as ready; it never touches Redis. Results that came inside the FINISHED
+//     (inline records: the same bytes as in Redis) are held at once instead: their Wait
+//     decodes them and never reads Redis.
 //   - The first Wait() that needs a finished id claims every ready id (up to kMaxBatchRead) and
 //     reads them all with one MGET, outside the lock; results for the other ids are held for
 //     their waiters (now or later), who then return without touching Redis.
@@ -29,7 +31,9 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "ferry/result.h"
@@ -51,8 +55,10 @@ class ResultTracker {
   void Track(const std::vector<std::string>& ids);
   // Forgets ids that were not accepted (rejected, or the SUBMIT got no answer).
   void Untrack(const std::vector<std::string>& ids);
-  // FINISHED: the results of `ids` are in Redis. Called on the I/O thread; never blocks on I/O.
-  void Notify(const std::vector<std::string>& ids);
+  // FINISHED: the results of `ids` are in Redis; `records` holds some of them inline (id, the
+  // result record's bytes). Called on the I/O thread; never blocks on I/O.
+  void Notify(const std::vector<std::string>& ids,
+              const std::vector<std::pair<std::string_view, std::string_view>>& records = {});
   // Client::Wait's contract (see client.h); `id` is already validated.
   Status Wait(const std::string& id, int timeout_ms, Result* out);
 
@@ -65,7 +71,7 @@ class ResultTracker {
     kSubmitted,  // ours, no notice yet
     kFinished,   // noticed, queued in ready_, not read yet
     kReading,    // in some waiter's MGET
-    kHeld,       // read: `result` holds it
+    kHeld,       // read: `result` holds it (or `raw`, an inline record not decoded yet)
     kNoticed,    // noticed but not held (read failed or over the byte cap): waiter GETs
   };
   struct Entry {
@@ -74,6 +80,7 @@ class ResultTracker {
     uint64_t generation = 0;  // bumped on every state change; waiters sleep on it
     size_t held_bytes = 0;
     Result result;
+    std::string raw;  // kHeld from an inline record: decoded by the first Wait
     std::chrono::steady_clock::time_point touched;
     std::condition_variable cv;
   };

@@ -144,11 +144,24 @@ zmq::message_t EncodeIds(const std::vector<std::string>& ids, int64_t rid) {
   return ToMessage(std::move(buf));
 }
 
+namespace {
+void PackInlineResults(Packer& pk, const InlineResults& results) {
+  PackKey(pk, "results");
+  pk.pack_map(static_cast<uint32_t>(results.size()));
+  for (const auto& [id, record] : results) {
+    PackString(pk, id);
+    pk.pack_bin(static_cast<uint32_t>(record.size()));
+    pk.pack_bin_body(record.data(), static_cast<uint32_t>(record.size()));
+  }
+}
+}  // namespace
+
 zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicates,
-                          const DoneStatuses& not_done) {
+                          const DoneStatuses& not_done, const InlineResults& results) {
   msgpack::sbuffer buf;
   Packer pk(buf);
-  pk.pack_map(1 + (duplicates > 0 ? 1 : 0) + (not_done.empty() ? 0 : 1));
+  pk.pack_map(1 + (duplicates > 0 ? 1 : 0) + (not_done.empty() ? 0 : 1) +
+              (results.empty() ? 0 : 1));
   PackKey(pk, "ids");
   pk.pack_array(static_cast<uint32_t>(ids.size()));
   for (const auto& id : ids) PackString(pk, id);
@@ -164,7 +177,34 @@ zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicate
       PackString(pk, status);
     }
   }
+  if (!results.empty()) PackInlineResults(pk, results);
   return ToMessage(std::move(buf));
+}
+
+zmq::message_t EncodeFinished(const std::vector<std::string>& ids, const InlineResults& results) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_map(results.empty() ? 1 : 2);
+  PackKey(pk, "ids");
+  pk.pack_array(static_cast<uint32_t>(ids.size()));
+  for (const auto& id : ids) PackString(pk, id);
+  if (!results.empty()) PackInlineResults(pk, results);
+  return ToMessage(std::move(buf));
+}
+
+Status DecodeInlineResults(const msgpack::object& body, InlineResults* out) {
+  out->clear();
+  const msgpack::object* m = Find(body, "results");
+  if (m == nullptr || m->type == msgpack::type::NIL) return Status::Ok();
+  if (m->type != msgpack::type::MAP) return Status::InvalidArgument("\"results\" must be a map");
+  out->reserve(m->via.map.size);
+  for (uint32_t i = 0; i < m->via.map.size; ++i) {
+    const auto& kv = m->via.map.ptr[i];
+    if (kv.key.type != msgpack::type::STR || kv.val.type != msgpack::type::BIN)
+      return Status::InvalidArgument("\"results\" must map ids to binary result records");
+    out->emplace_back(AsStringView(kv.key), AsStringView(kv.val));
+  }
+  return Status::Ok();
 }
 
 Status DecodeDoneStatuses(const msgpack::object& body, DoneStatuses* out) {

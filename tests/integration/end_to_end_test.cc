@@ -2,6 +2,7 @@
 // on free ports, ZeroMQ over TCP, TorchScript models, and the producer SDK.
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <map>
 #include <set>
 #include <thread>
@@ -10,6 +11,7 @@
 #include "ferry/client.h"
 #include "ferry/protocol/codec.h"
 #include "ferry/protocol/messages.h"
+#include "ferry/protocol/redis.h"
 #include "ferry/protocol/wire.h"
 #include "fleet.h"
 #include "reference.h"
@@ -96,6 +98,68 @@ TEST_F(EndToEnd, ResultsEqualDirectModelCallsAndBatchesForm) {
   }
   EXPECT_GT(max_batch, 1) << "no batch larger than 1 formed under load";
   EXPECT_EQ(workers.size(), 2u) << "both workers should take work";
+}
+
+// Redis reads (GET + MGET) served so far, from INFO commandstats.
+int64_t RedisReads(Fleet& fleet) {
+  std::unique_ptr<protocol::RedisClient> redis;
+  protocol::RedisEndpoint ep;
+  ep.port = fleet.redis().port();
+  if (!protocol::RedisClient::Connect(ep, 2000, &redis).ok()) return -1;
+  protocol::RedisReply info;
+  if (!redis->Command({"INFO", "commandstats"}, &info).ok()) return -1;
+  int64_t reads = 0;
+  for (const char* cmd : {"cmdstat_get:calls=", "cmdstat_mget:calls="}) {
+    size_t at = info.str.find(cmd);
+    if (at != std::string::npos) reads += std::stoll(info.str.substr(at + std::strlen(cmd)));
+  }
+  return reads;
+}
+
+// Small results travel back inside FINISHED (worker DONE -> broker -> producer): Wait returns
+// them without reading Redis, and they are exactly what Redis holds. With the worker's
+// --inline-result-bytes 0 the same jobs are read from Redis and give the same results.
+TEST_F(EndToEnd, SmallResultsComeInsideFinishedAndEqualTheRecordsInRedis) {
+  for (const bool inline_on : {true, false}) {
+    FleetOptions o;
+    o.workers = 1;
+    if (!inline_on) o.worker_args = {"--inline-result-bytes", "0"};
+    StartFleet(o);
+    std::vector<Job> jobs;
+    for (uint32_t i = 0; i < 200; ++i) jobs.push_back(TinyJob(1000 + i));
+    const int64_t reads_before = RedisReads(*fleet_);
+    std::vector<Result> results;
+    std::vector<std::string> ids;
+    for (const Job& j : jobs) {  // one at a time: each Wait starts before its FINISHED
+      std::string id;
+      ASSERT_TRUE(client_->Submit(j, &id).ok());
+      Result r;
+      ASSERT_TRUE(client_->Wait(id, 60000, &r).ok()) << fleet_->Logs();
+      ids.push_back(id);
+      results.push_back(std::move(r));
+    }
+    const int64_t reads = RedisReads(*fleet_) - reads_before;
+    if (inline_on) {
+      // Only the SDK's safety-net re-check (a job slower than 50 ms on a loaded machine) reads.
+      EXPECT_LT(reads, 20) << "results were read from Redis, not taken from FINISHED";
+    } else {
+      EXPECT_GE(reads, 1) << "without inline results the SDK must read Redis";
+    }
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      ASSERT_EQ(results[i].state, JobState::kDone) << results[i].error.ToString();
+      auto expected = testutil::RunReference(testutil::ModelPath("tiny"), jobs[i].inputs);
+      ASSERT_EQ(results[i].outputs.size(), 1u);
+      EXPECT_LT(testutil::MaxAbsDiff(results[i].outputs[0], expected[0]), 1e-5) << i;
+      Result stored;  // the record in Redis, read directly
+      ASSERT_TRUE(client_->Poll(ids[i], &stored).ok());
+      ASSERT_EQ(stored.state, JobState::kDone);
+      EXPECT_EQ(stored.outputs.at(0).data, results[i].outputs[0].data) << i;
+      EXPECT_EQ(stored.timing_us, results[i].timing_us) << i;
+      EXPECT_EQ(stored.worker, results[i].worker);
+    }
+    client_.reset();
+    fleet_.reset();
+  }
 }
 
 TEST_F(EndToEnd, UnknownModelAndInvalidJobsAreRejectedOthersAccepted) {

@@ -41,12 +41,15 @@ class ScriptedFrontend {
     stop_ = true;
     thread_.join();
   }
-  // Sends FINISHED {"ids": ids} to the producer that last submitted.
-  void Finish(std::vector<std::string> ids) {
+  // Sends FINISHED {"ids": ids, "results"?: records} to the producer that last submitted.
+  void Finish(std::vector<std::string> ids,
+              std::vector<std::pair<std::string, std::string>> records = {}) {
     std::lock_guard<std::mutex> lock(mu_);
-    to_finish_.push_back(std::move(ids));
+    to_finish_.push_back({std::move(ids), std::move(records)});
   }
   int submits() const { return submits_; }
+  // Whether the last SUBMIT asked for inline results ("inline_results": true).
+  bool asked_inline() const { return asked_inline_; }
   int jobs_seen() const { return jobs_seen_; }
   void set_error_reply(bool on) { error_reply_ = on; }
 
@@ -57,8 +60,11 @@ class ScriptedFrontend {
       zmq::poll(&item, 1, milliseconds(10));
       {
         std::lock_guard<std::mutex> lock(mu_);
-        for (auto& ids : to_finish_)
-          protocol::SendTo(socket_, producer_, protocol::kFinished, protocol::EncodeIds(ids));
+        for (auto& [ids, records] : to_finish_) {
+          protocol::InlineResults views(records.begin(), records.end());
+          protocol::SendTo(socket_, producer_, protocol::kFinished,
+                           protocol::EncodeFinished(ids, views));
+        }
         to_finish_.clear();
       }
       protocol::Message m;
@@ -73,6 +79,8 @@ class ScriptedFrontend {
                          protocol::EncodeError(rid, codes::kMalformed, "scripted error"));
       } else if (m.command == protocol::kSubmit) {
         ++submits_;
+        const msgpack::object* flag = protocol::Find(oh.get(), "inline_results");
+        asked_inline_ = flag && flag->type == msgpack::type::BOOLEAN && flag->via.boolean;
         {
           std::lock_guard<std::mutex> lock(mu_);
           producer_ = peer;
@@ -114,9 +122,14 @@ class ScriptedFrontend {
   std::atomic<int> submits_{0};
   std::atomic<int> jobs_seen_{0};
   std::atomic<bool> error_reply_{false};
+  std::atomic<bool> asked_inline_{false};
   std::mutex mu_;
   std::string producer_;                          // guarded by mu_
-  std::vector<std::vector<std::string>> to_finish_;  // guarded by mu_
+  struct Notice {
+    std::vector<std::string> ids;
+    std::vector<std::pair<std::string, std::string>> records;
+  };
+  std::vector<Notice> to_finish_;  // guarded by mu_
 };
 
 class ClientSubmitTest : public ::testing::Test {
@@ -384,6 +397,81 @@ TEST_F(ClientSubmitTest, OneFinishedNoticeIsReadInOneRoundTripForAllWaiters) {
                         CommandCalls(redis, "mget") - mgets_before;
   EXPECT_GE(CommandCalls(redis, "mget") - mgets_before, 1);
   EXPECT_LT(reads, kJobs / 2) << "results were read one by one, not batched";
+}
+
+// Results that come inside FINISHED are returned by Wait without any Redis read; a FINISHED
+// that names an id without its record still leads to a read of that one (from Redis).
+TEST_F(ClientSubmitTest, InlineResultsInFinishedNeedNoRedisRead) {
+  client_test::RedisProcess redis;
+  ASSERT_TRUE(redis.ok());
+  options_.redis = redis.url();
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::vector<SubmitOutcome> outcomes;
+  ASSERT_TRUE(client->SubmitMany({MakeJob("m", "inl-1"), MakeJob("m", "inl-2"),
+                                  MakeJob("m", "inl-3")}, &outcomes).ok());
+  EXPECT_TRUE(broker.asked_inline()) << "the SDK asks for inline results";
+  std::vector<std::string> ids;
+  for (const auto& o : outcomes) {
+    ASSERT_TRUE(o.status.ok()) << o.status.ToString();
+    ids.push_back(o.id);
+  }
+  // Records for the first two are only inline (never written to Redis here: a read would find
+  // nothing); the third is only in Redis.
+  std::vector<std::pair<std::string, std::string>> records;
+  for (int i = 0; i < 2; ++i) {
+    Tensor out = Tensor::From<float>({1.5f * (i + 1)}, {1}, DType::kFloat32);
+    protocol::ResultRecord r;
+    r.id = ids[i];
+    r.status = "done";
+    r.model = "m";
+    r.worker = "w";
+    r.outputs.push_back(
+        protocol::TensorRef{out.dtype, out.shape, out.data.data(), out.data.size()});
+    r.batch_size = 40 + i;
+    msgpack::sbuffer buf;
+    protocol::Packer pk(buf);
+    protocol::PackResult(pk, r);
+    records.emplace_back(ids[i], std::string(buf.data(), buf.size()));
+  }
+  WriteDone(redis, ids[2], 42);
+  const int64_t reads_before = CommandCalls(redis, "get") + CommandCalls(redis, "mget");
+  broker.Finish(ids, records);
+
+  Result r0, r1;
+  ASSERT_TRUE(client->Wait(ids[0], 10000, &r0).ok());
+  ASSERT_TRUE(client->Wait(ids[1], 10000, &r1).ok());
+  EXPECT_EQ(r0.state, JobState::kDone);
+  EXPECT_EQ(r0.id, ids[0]);
+  EXPECT_EQ(r0.batch_size, 40);
+  ASSERT_EQ(r0.outputs.size(), 1u);
+  EXPECT_EQ(r0.outputs[0].As<float>(), (std::vector<float>{1.5f}));
+  EXPECT_EQ(r1.batch_size, 41);
+  EXPECT_EQ(r1.outputs[0].As<float>(), (std::vector<float>{3.0f}));
+  EXPECT_EQ(CommandCalls(redis, "get") + CommandCalls(redis, "mget"), reads_before)
+      << "inline results were read from Redis";
+
+  Result r2;
+  ASSERT_TRUE(client->Wait(ids[2], 10000, &r2).ok());
+  EXPECT_EQ(r2.batch_size, 42);
+  EXPECT_GT(CommandCalls(redis, "get") + CommandCalls(redis, "mget"), reads_before);
+}
+
+// A garbled inline record is not trusted: Wait falls back to the record in Redis.
+TEST_F(ClientSubmitTest, UndecodableInlineRecordFallsBackToRedis) {
+  client_test::RedisProcess redis;
+  ASSERT_TRUE(redis.ok());
+  options_.redis = redis.url();
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::string id;
+  ASSERT_TRUE(client->Submit(MakeJob("m", "garbled-1"), &id).ok());
+  WriteDone(redis, id, 9);
+  broker.Finish({id}, {{id, "not a msgpack result record"}});
+  Result result;
+  ASSERT_TRUE(client->Wait(id, 10000, &result).ok());
+  EXPECT_EQ(result.state, JobState::kDone);
+  EXPECT_EQ(result.batch_size, 9);
 }
 
 // A job this client submitted whose FINISHED notice is lost (e.g. a broker restart) is still

@@ -161,6 +161,66 @@ TEST(Accepted, RoundTrip) {
   EXPECT_EQ(b.rejected[0].code, "unknown_model");
 }
 
+// DONE and FINISHED carry small results inline as the exact record bytes; decoding gives views
+// of those bytes, and a message without "results" decodes to none.
+TEST(InlineResults, DoneAndFinishedRoundTripTheRecordBytes) {
+  const std::string rec_a("\x83\xa2id\xa1a binary \x00 bytes", 22);
+  const std::string rec_b = "second record";
+  const InlineResults in = {{"a", rec_a}, {"b", rec_b}};
+
+  zmq::message_t done = EncodeDone({"a", "b", "c"}, 1, {{"c", "failed"}}, in);
+  msgpack::object_handle oh;
+  ASSERT_TRUE(UnpackMap(done.data(), done.size(), &oh).ok());
+  std::vector<std::string> ids;
+  ASSERT_TRUE(GetStringArray(oh.get(), "ids", &ids).ok());
+  EXPECT_EQ(ids, (std::vector<std::string>{"a", "b", "c"}));
+  InlineResults out;
+  ASSERT_TRUE(DecodeInlineResults(oh.get(), &out).ok());
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(out[0].first, "a");
+  EXPECT_EQ(out[0].second, rec_a);
+  EXPECT_EQ(out[1].first, "b");
+  EXPECT_EQ(out[1].second, rec_b);
+  DoneStatuses not_done;
+  ASSERT_TRUE(DecodeDoneStatuses(oh.get(), &not_done).ok());
+  ASSERT_EQ(not_done.size(), 1u);
+
+  zmq::message_t fin = EncodeFinished({"a", "z"}, {{"a", rec_a}});
+  ASSERT_TRUE(UnpackMap(fin.data(), fin.size(), &oh).ok());
+  ASSERT_TRUE(GetStringArray(oh.get(), "ids", &ids).ok());
+  EXPECT_EQ(ids, (std::vector<std::string>{"a", "z"}));
+  ASSERT_TRUE(DecodeInlineResults(oh.get(), &out).ok());
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_EQ(out[0].second, rec_a);
+
+  // Without results: no "results" key at all, and nothing decoded.
+  zmq::message_t plain = EncodeFinished({"a"}, {});
+  ASSERT_TRUE(UnpackMap(plain.data(), plain.size(), &oh).ok());
+  EXPECT_EQ(Find(oh.get(), "results"), nullptr);
+  out = {{"stale", "x"}};
+  ASSERT_TRUE(DecodeInlineResults(oh.get(), &out).ok());
+  EXPECT_TRUE(out.empty());
+}
+
+TEST(InlineResults, RejectsResultsThatAreNotAMapOfBinaries) {
+  for (int variant = 0; variant < 2; ++variant) {
+    msgpack::sbuffer buf;
+    Packer pk(buf);
+    pk.pack_map(1);
+    PackString(pk, "results");
+    if (variant == 0) {
+      pk.pack_array(0);  // not a map
+    } else {
+      pk.pack_map(1);  // a string record instead of bin
+      PackString(pk, "a");
+      PackString(pk, "not binary");
+    }
+    msgpack::object_handle oh = Unpacked(buf);
+    InlineResults out;
+    EXPECT_EQ(DecodeInlineResults(oh.get(), &out).code(), codes::kInvalidArgument) << variant;
+  }
+}
+
 TEST(Result, DoneAndFailedRoundTrip) {
   Tensor out = Tensor::From<int64_t>({7, 8}, {2}, DType::kInt64);
   ResultRecord r;

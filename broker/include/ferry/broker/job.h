@@ -20,6 +20,7 @@ struct Job {
   int64_t seq = 0;           // acceptance order (FIFO within a priority)
   std::string inputs_raw;    // the msgpack "inputs" array, forwarded to workers as is
   std::string producer;      // routing id of the producer connection (for FINISHED notices)
+  bool inline_result = false;  // the producer asked for small results inside FINISHED
   JobPhase phase = JobPhase::kQueued;
   std::string worker;        // routing id of the worker holding it, when dispatched
 };

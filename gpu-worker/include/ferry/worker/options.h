@@ -32,6 +32,7 @@ struct WorkerOptions {
   int64_t heartbeat_ms = 1000;
   int64_t liveness = 3;  // a broker silent for heartbeat_ms * liveness is presumed dead
   int64_t result_ttl_s = protocol::kDefaultResultTtlS;  // for jobs whose result_ttl_s is 0
+  int64_t inline_result_bytes = 16384;  // results up to this size also ride in DONE; 0 = none
   std::string log_level = "info";
   bool log_json = false;    // --log-json: one JSON object per log line
   int64_t metrics_port = 0;  // serve /metrics and /healthz here; 0 = off, -1 = any free port

@@ -11,7 +11,10 @@
 // writer keeps the results and retries the whole round trip with backoff (50 ms doubling to
 // 2 s) until it works. Only then does it hand the ids to the I/O thread -- a [command, body]
 // message on a PUSH socket connected to `outbox_address` (an inproc PULL the I/O thread binds)
-// -- which sends them to the broker as DONE. So DONE always follows the write.
+// -- which sends them to the broker as DONE. So DONE always follows the write. Records of at
+// most `inline_result_bytes` that this write stored (SET NX answered OK at the first try) also
+// travel inside the DONE ("results"), for the broker to hand to producers that asked for them:
+// the same bytes as in Redis, so a producer never sees a result that Redis does not hold.
 //
 // Thread-safety: Submit/pending may be called from any thread. Start/Stop from one owner.
 
@@ -44,6 +47,7 @@ class ResultWriter {
     int redis_timeout_ms = 2000;
     int backoff_initial_ms = 50;
     int backoff_max_ms = 2000;
+    size_t inline_result_bytes = 16384;  // records up to this size ride in DONE; 0 = none
     WorkerMetrics* metrics = nullptr;  // optional; must outlive the writer
   };
 
@@ -70,11 +74,20 @@ class ResultWriter {
 
  private:
   void Loop();
-  // Packs and writes `results`, retrying until Redis accepts them or the writer is aborted.
-  // Returns false only on abort.
+  // One SET command's arguments, packed once and reused on every retry.
+  struct PackedResult {
+    std::string key;
+    std::string value;  // the result record
+    std::string ttl;
+    bool stored = false;  // SET NX stored it at the first try (it is the job's result)
+  };
+  // Packs and writes `results` (into *packed), retrying until Redis accepts them or the writer
+  // is aborted. Returns false only on abort.
   // `duplicates` gets how many ids already had a final result (SET NX answered nil).
-  bool Write(std::vector<JobResult>* results, int64_t* duplicates);
-  void SendDone(zmq::socket_t& push, const std::vector<JobResult>& results, int64_t duplicates);
+  bool Write(std::vector<JobResult>* results, std::vector<PackedResult>* packed,
+             int64_t* duplicates);
+  void SendDone(zmq::socket_t& push, const std::vector<JobResult>& results,
+                const std::vector<PackedResult>& packed, int64_t duplicates);
   // Sleeps up to `ms` or until aborted; returns false when aborted.
   bool Backoff(int ms);
 

@@ -59,10 +59,19 @@ zmq::message_t EncodeIds(const std::vector<std::string>& ids, int64_t rid = 0);
 // "not_done" {id: status} (left out when empty) gives the final status of those ids whose
 // result is not "done" ("failed", "expired", "cancelled"), for the broker's metrics.
 using DoneStatuses = std::vector<std::pair<std::string, std::string>>;  // id, status
+// "results" {id: bin} (DONE and FINISHED; left out when empty): small results inline, each the
+// exact bytes of the job's Redis result record, so that the submitting producer can return them
+// without reading Redis. Only results this writer's SET NX actually stored are inlined.
+using InlineResults = std::vector<std::pair<std::string_view, std::string_view>>;  // id, record
 zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicates,
-                          const DoneStatuses& not_done = {});
+                          const DoneStatuses& not_done = {}, const InlineResults& results = {});
 // Reads DONE's optional "not_done" map into *out (cleared first; empty when absent).
 Status DecodeDoneStatuses(const msgpack::object& body, DoneStatuses* out);
+// FINISHED {"ids": [...], "results"?: {id: bin}}.
+zmq::message_t EncodeFinished(const std::vector<std::string>& ids, const InlineResults& results);
+// Reads the optional "results" map of DONE or FINISHED into *out (cleared first). The views
+// point into `body`'s buffer.
+Status DecodeInlineResults(const msgpack::object& body, InlineResults* out);
 
 // ---- CANCEL {"ids": [...], "rid"?} -> CANCELLED {"ids", "running", "not_found", "rid"?} ------
 struct Cancelled {
