@@ -3,7 +3,7 @@ BUILD ?= build
 BUILD_TYPE ?= RelWithDebInfo
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test unit integration demo clean
+.PHONY: all deps configure build test unit integration demo cuda-check clean
 
 all: build
 
@@ -28,6 +28,11 @@ integration: build
 
 demo: build
 	bash scripts/demo.sh $(BUILD)
+
+# Compiles and links the worker's CUDA path against Debian's CUDA libtorch 2.6 (no GPU needed;
+# downloads ~1.2 GB of .debs into /tmp the first time). Not part of `make test`.
+cuda-check:
+	bash scripts/check-cuda-build.sh
 
 clean:
 	rm -rf $(BUILD)
