@@ -71,22 +71,22 @@ class Client::Impl {
  public:
   Impl(const ClientOptions& options, protocol::RedisEndpoint redis)
       : options_(options),
-        results_(std::move(redis), options.redis_prefix, options.request_timeout_ms),
-        tracker_(&results_) {}
+        results_(std::move(redis), options.redis_prefix, options.request_timeout_ms) {}
 
   Status Start() {
-    return FrontendConnection::Create(
-        options_.frontend,
+    FERRY_RETURN_IF_ERROR(FrontendConnection::Create(options_.frontend, &frontend_));
+    // Waits park on the connection, which lets a waiting thread read the socket itself.
+    tracker_ = std::make_unique<ResultTracker>(&results_, frontend_.get());
+    return frontend_->Start(
         [this](const std::vector<std::string>& ids, const protocol::InlineResults& records) {
-          tracker_.Notify(ids, records);
-        },
-        &frontend_);
+          tracker_->Notify(ids, records);
+        });
   }
 
   // Jobs by pointer so that Submit(job) need not copy the job's tensors.
   Status SubmitMany(const std::vector<const Job*>& jobs, std::vector<SubmitOutcome>* outcomes);
   Status Wait(const std::string& id, int timeout_ms, Result* out) {
-    return tracker_.Wait(id, timeout_ms, out);
+    return tracker_->Wait(id, timeout_ms, out);
   }
   Status Stats(std::string* json);
   Status Cancel(const std::vector<std::string>& ids, CancelReport* report);
@@ -103,7 +103,8 @@ class Client::Impl {
 
   const ClientOptions options_;
   ResultStore results_;
-  ResultTracker tracker_;  // outlives frontend_, whose I/O thread calls into it
+  // Destroyed after frontend_, whose background thread calls into it; unused by then.
+  std::unique_ptr<ResultTracker> tracker_;
   std::unique_ptr<FrontendConnection> frontend_;
 };
 
@@ -166,12 +167,12 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
   protocol::PackString(pk, "rid");
   pk.pack_int64(rid);
 
-  // Track before sending: the FINISHED notice may reach the I/O thread before this thread sees
+  // Track before sending: the FINISHED notice may be dispatched before this thread sees
   // ACCEPTED.
   std::vector<std::string> ids;
   ids.reserve(part.size());
   for (size_t i : part) ids.push_back((*outcomes)[i].id);
-  tracker_.Track(ids);
+  tracker_->Track(ids);
 
   FrontendConnection::Reply reply;
   msgpack::object_handle body;
@@ -182,7 +183,7 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
   if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
   if (!s.ok()) {
     for (size_t i : part) (*outcomes)[i].status = s;
-    tracker_.Untrack(ids);  // maybe accepted: Wait then reads before sleeping
+    tracker_->Untrack(ids);  // maybe accepted: Wait then reads before sleeping
     return s;
   }
   std::unordered_map<std::string_view, Status> verdicts;
@@ -196,7 +197,7 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
                                 : Status::Internal("the broker did not report on this job");
     if (!(*outcomes)[i].status.ok()) not_accepted.push_back((*outcomes)[i].id);
   }
-  if (!not_accepted.empty()) tracker_.Untrack(not_accepted);
+  if (!not_accepted.empty()) tracker_->Untrack(not_accepted);
   return Status::Ok();
 }
 

@@ -12,118 +12,246 @@
 
 namespace ferry::client {
 
-FrontendConnection::FrontendConnection(std::string endpoint, FinishedFn on_finished)
-    : endpoint_(std::move(endpoint)), on_finished_(std::move(on_finished)) {}
+FrontendConnection::FrontendConnection(std::string endpoint) : endpoint_(std::move(endpoint)) {}
 
-Status FrontendConnection::Create(const std::string& endpoint, FinishedFn on_finished,
+Status FrontendConnection::Create(const std::string& endpoint,
                                   std::unique_ptr<FrontendConnection>* out) {
   std::unique_ptr<FrontendConnection> c;
   try {
-    c.reset(new FrontendConnection(endpoint, std::move(on_finished)));
+    c.reset(new FrontendConnection(endpoint));
     c->wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     if (c->wake_fd_ < 0) return Status::Internal(std::string("eventfd: ") + std::strerror(errno));
     c->socket_ = zmq::socket_t(c->context_, zmq::socket_type::dealer);
     c->socket_.set(zmq::sockopt::linger, 0);
     c->socket_.set(zmq::sockopt::immediate, 1);
-    // Safety net only: the I/O thread sends after poll reports POLLOUT, so sends do not block.
+    // Safety net only: the driver sends after poll reports POLLOUT, so sends do not block.
     c->socket_.set(zmq::sockopt::sndtimeo, 100);
     try {
       c->socket_.connect(endpoint);
     } catch (const zmq::error_t& e) {
       return Status::InvalidArgument("frontend endpoint \"" + endpoint + "\": " + e.what());
     }
-    c->thread_ = std::thread([p = c.get()] { p->Run(); });
-  } catch (const std::exception& e) {  // zmq::error_t, std::system_error
+  } catch (const std::exception& e) {  // zmq::error_t
     return Status::Internal(std::string("starting the frontend connection: ") + e.what());
   }
   *out = std::move(c);
   return Status::Ok();
 }
 
+Status FrontendConnection::Start(FinishedFn on_finished) {
+  on_finished_ = std::move(on_finished);
+  try {
+    background_ = std::thread([this] { BackgroundLoop(); });
+  } catch (const std::system_error& e) {
+    return Status::Internal(std::string("starting the frontend connection: ") + e.what());
+  }
+  return Status::Ok();
+}
+
 FrontendConnection::~FrontendConnection() {
-  stop_ = true;
-  Wake();
-  if (thread_.joinable()) thread_.join();
-  FailAllPending();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+    // Pending calls get unavailable (an empty reply).
+    for (auto& [rid, p] : pending_) SignalLocked(p.waiter);
+    pending_.clear();
+    outbox_.clear();
+    while (parked_head_) {
+      Waiter* w = parked_head_;
+      Unpark(w);
+      w->cv.notify_one();
+    }
+  }
+  background_cv_.notify_all();
+  WakeDriver();
+  if (background_.joinable()) background_.join();
   if (wake_fd_ >= 0) close(wake_fd_);
   // socket_ closes (linger 0) before context_ terminates: members are destroyed in reverse.
 }
 
-void FrontendConnection::Wake() {
+void FrontendConnection::WakeDriver() {
   uint64_t one = 1;
   ssize_t n = write(wake_fd_, &one, sizeof(one));
-  (void)n;  // EAGAIN means the counter is already non-zero: the thread wakes anyway
+  (void)n;  // EAGAIN means the counter is already non-zero: the driver wakes anyway
 }
+
+// ---- parking ---------------------------------------------------------------------------------
+
+void FrontendConnection::Park(Waiter* w) {
+  w->parked = true;
+  w->next_parked = nullptr;
+  w->prev_parked = parked_tail_;
+  (parked_tail_ ? parked_tail_->next_parked : parked_head_) = w;
+  parked_tail_ = w;
+}
+
+void FrontendConnection::Unpark(Waiter* w) {
+  (w->prev_parked ? w->prev_parked->next_parked : parked_head_) = w->next_parked;
+  (w->next_parked ? w->next_parked->prev_parked : parked_tail_) = w->prev_parked;
+  w->prev_parked = w->next_parked = nullptr;
+  w->parked = false;
+}
+
+void FrontendConnection::ReleaseDriver() {
+  driver_ = Driver::kNone;
+  driver_waiter_ = nullptr;
+  if (Waiter* next = parked_head_) {
+    Unpark(next);
+    next->cv.notify_one();  // it finds the socket free and drives
+  }
+}
+
+void FrontendConnection::SignalLocked(Waiter* w) {
+  w->signaled.store(true, std::memory_order_release);
+  if (w->parked) {
+    Unpark(w);
+    w->cv.notify_one();
+  } else if (driver_ == Driver::kCaller && driver_waiter_ == w &&
+             driver_thread_ != std::this_thread::get_id()) {
+    WakeDriver();  // it sleeps in poll: let it see the signal
+  }
+}
+
+void FrontendConnection::Signal(Waiter* w) {
+  std::lock_guard<std::mutex> lock(mu_);
+  SignalLocked(w);
+}
+
+bool FrontendConnection::Await(Waiter* w, Clock::time_point deadline) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return AwaitLocked(w, deadline, /*wake_driver=*/false, lock);
+}
+
+bool FrontendConnection::AwaitLocked(Waiter* w, Clock::time_point deadline, bool wake_driver,
+                                     std::unique_lock<std::mutex>& lock) {
+  while (!w->signaled.load(std::memory_order_acquire)) {
+    if (stop_) return false;
+    if (Clock::now() >= deadline) return false;
+    if (driver_ == Driver::kNone) {
+      driver_ = Driver::kCaller;
+      driver_thread_ = std::this_thread::get_id();
+      driver_waiter_ = w;
+      lock.unlock();
+      Drive([w] { return w->signaled.load(std::memory_order_acquire); }, deadline);
+      lock.lock();
+      caller_released_ = Clock::now();
+      ReleaseDriver();
+      continue;
+    }
+    if (driver_ == Driver::kBackground) {
+      // Take the socket over: the background thread yields and hands it to the oldest parked
+      // caller; from then on callers keep it while they keep blocking.
+      background_yield_ = true;
+      WakeDriver();
+    } else if (wake_driver) {
+      WakeDriver();  // another caller drives: it sends our request
+      wake_driver = false;
+    }
+    Park(w);
+    w->cv.wait_until(lock, deadline);
+    if (w->parked) Unpark(w);  // timed out (Signal and ReleaseDriver unpark)
+  }
+  return true;
+}
+
+// ---- calls -----------------------------------------------------------------------------------
 
 Status FrontendConnection::Call(int64_t rid, std::string_view command, zmq::message_t body,
                                 int timeout_ms, Reply* reply) {
-  auto pending = std::make_shared<Pending>();
-  std::future<Reply> future = pending->promise.get_future();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (stop_) return Status::Unavailable("client is shutting down");
-    pending_[rid] = pending;
-    outbox_.push_back(Outgoing{rid, std::string(command), std::move(body)});
-  }
-  Wake();
-  if (future.wait_for(std::chrono::milliseconds(std::max(timeout_ms, 0))) !=
-      std::future_status::ready) {
-    bool taken_by_io_thread;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      taken_by_io_thread = pending_.erase(rid) == 0;
+  const Clock::time_point deadline =
+      Clock::now() + std::chrono::milliseconds(std::max(timeout_ms, 0));
+  Waiter w;
+  std::unique_lock<std::mutex> lock(mu_);
+  if (stop_) return Status::Unavailable("client is shutting down");
+  *reply = Reply();
+  pending_[rid] = Pending{&w, reply};
+  outbox_.push_back(Outgoing{rid, std::string(command), std::move(body)});
+  if (!AwaitLocked(&w, deadline, /*wake_driver=*/true, lock)) {
+    // The reply is delivered under mu_: if it is still pending, it did not come.
+    if (pending_.erase(rid) == 1) {
       auto it = std::find_if(outbox_.begin(), outbox_.end(),
                              [rid](const Outgoing& o) { return o.rid == rid; });
       if (it != outbox_.end()) outbox_.erase(it);
-    }
-    // The reply raced the timeout and is being handed over right now: take it.
-    if (!taken_by_io_thread) {
+      if (stop_) return Status::Unavailable("client is shutting down");
       return Status::Unavailable("broker at " + endpoint_ + " did not answer " +
                                  std::string(command) + " within " + std::to_string(timeout_ms) +
                                  " ms (is ferry-broker running and reachable?)");
     }
   }
-  *reply = future.get();
   if (reply->command.empty()) return Status::Unavailable("client is shutting down");
   return Status::Ok();
 }
 
-void FrontendConnection::Run() {
+// ---- driving the socket ----------------------------------------------------------------------
+
+template <typename Until>
+void FrontendConnection::Drive(Until until, Clock::time_point deadline) {
+  const bool forever = deadline == Clock::time_point::max();
   while (!stop_) {
+    SendQueued();
+    if (until()) return;
     bool want_out;
     {
       std::lock_guard<std::mutex> lock(mu_);
       want_out = !outbox_.empty();
     }
+    long timeout_ms = -1;
+    if (!forever) {
+      const auto left = deadline - Clock::now();
+      if (left <= Clock::duration::zero()) return;
+      // Round up: poll's unit is the millisecond.
+      timeout_ms = static_cast<long>(
+          std::chrono::ceil<std::chrono::milliseconds>(left).count());
+    }
     zmq_pollitem_t items[2] = {
         {socket_.handle(), 0, static_cast<short>(ZMQ_POLLIN | (want_out ? ZMQ_POLLOUT : 0)), 0},
         {nullptr, wake_fd_, ZMQ_POLLIN, 0},
     };
-    try {
-      zmq::poll(items, 2, std::chrono::milliseconds(-1));
-    } catch (const zmq::error_t& e) {
-      if (e.num() == ETERM) break;
+    if (zmq_poll(items, 2, timeout_ms) < 0) {
+      if (zmq_errno() == ETERM) return;
       continue;  // EINTR
     }
-    bool woken = false;
     if (items[1].revents & ZMQ_POLLIN) {
       uint64_t count;
       ssize_t n = read(wake_fd_, &count, sizeof(count));
       (void)n;
-      woken = true;
     }
     if (items[0].revents & ZMQ_POLLIN) ReceiveAll();
-    // A caller woke us with a request: send it now if the socket takes it (no second poll).
-    if ((items[0].revents & ZMQ_POLLOUT) || woken) SendQueued();
+    if (until()) {
+      SendQueued();  // what other callers queued meanwhile goes out before the socket is left
+      return;
+    }
   }
-  try {
-    socket_.close();
-  } catch (const zmq::error_t&) {
+}
+
+void FrontendConnection::BackgroundLoop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  while (!stop_) {
+    // Callers drive while they block; the socket is taken only after they left it idle.
+    const Clock::time_point idle_until = caller_released_ + kIdleHandback;
+    if (driver_ != Driver::kNone || Clock::now() < idle_until) {
+      background_cv_.wait_until(lock, driver_ != Driver::kNone
+                                          ? Clock::now() + kIdleHandback
+                                          : idle_until);
+      continue;
+    }
+    driver_ = Driver::kBackground;
+    driver_thread_ = std::this_thread::get_id();
+    background_yield_ = false;
+    lock.unlock();
+    Drive([this] { return background_yield_.load(); }, Clock::time_point::max());
+    lock.lock();
+    ReleaseDriver();
   }
 }
 
 void FrontendConnection::SendQueued() {
   while (!stop_) {
+    Outgoing next;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (outbox_.empty()) return;
+    }
     // Only while the socket takes a message without blocking (no broker connected, or the
     // high-water mark reached: the next poll waits for POLLOUT).
     try {
@@ -131,7 +259,6 @@ void FrontendConnection::SendQueued() {
     } catch (const zmq::error_t&) {
       return;
     }
-    Outgoing next;
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (outbox_.empty()) return;
@@ -170,25 +297,13 @@ void FrontendConnection::Dispatch(std::string command, zmq::message_t body) {
     // matched; their caller times out.
     if (!protocol::GetInt(oh.get(), "rid", &rid, 0).ok() || rid == 0) return;
   }
-  std::shared_ptr<Pending> pending;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    auto it = pending_.find(rid);
-    if (it == pending_.end()) return;  // its caller gave up
-    pending = std::move(it->second);
-    pending_.erase(it);
-  }
-  pending->promise.set_value(Reply{std::move(command), std::move(body)});
-}
-
-void FrontendConnection::FailAllPending() {
-  std::unordered_map<int64_t, std::shared_ptr<Pending>> pending;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    pending.swap(pending_);
-    outbox_.clear();
-  }
-  for (auto& [rid, p] : pending) p->promise.set_value(Reply{});
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = pending_.find(rid);
+  if (it == pending_.end()) return;  // its caller gave up
+  *it->second.reply = Reply{std::move(command), std::move(body)};
+  Waiter* w = it->second.waiter;
+  pending_.erase(it);
+  SignalLocked(w);
 }
 
 }  // namespace ferry::client

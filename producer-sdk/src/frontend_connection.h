@@ -1,23 +1,33 @@
 #pragma once
-// FrontendConnection: the producer's one DEALER socket to the broker's frontend ROUTER, owned by
-// one background I/O thread (ZeroMQ sockets must not be shared between threads).
+// FrontendConnection: the producer's one DEALER socket to the broker's frontend ROUTER.
 //
-// Callers hand requests to the I/O thread through a mutex-guarded outbox and an eventfd that
-// wakes its zmq::poll; each request carries a request id ("rid") that the broker echoes, and the
-// caller waits on a future matched by that rid. Unsolicited FINISHED notices go to a callback.
-// The I/O thread never touches Redis and never blocks on anything but zmq::poll.
+// A ZeroMQ socket must be used by one thread at a time, so the socket has a *driver*: the one
+// thread that may send on it, poll it and receive from it. Leader/follower: a caller that
+// blocks (Call waiting for its reply, or ResultTracker::Wait through Await) becomes the driver
+// when nobody else is; it sends what is queued, receives, and dispatches every reply and
+// FINISHED notice -- its own and other callers' -- until its own arrives, then passes the role
+// to another blocked caller (if any). Other callers queue their requests in an outbox, wake the
+// driver through an eventfd, and sleep until signaled. At light load a request, its reply and
+// its FINISHED notice therefore never wake another thread of this process.
+//
+// A background thread drives the socket while no caller has for kIdleHandback, so replies and
+// notices that nobody is waiting for yet are still read (nothing is lost before that either:
+// ZeroMQ queues them). A caller that needs the socket while that thread drives asks it to yield.
+//
+// Each request carries a request id ("rid") that the broker echoes; replies are matched by it.
+// Unsolicited FINISHED notices go to a callback, on whichever thread drives.
 //
 // The socket is ZMQ_IMMEDIATE: while no broker is connected nothing is queued, so a request
 // that timed out is never delivered to a broker that comes up later (it is dropped from the
 // outbox when its caller gives up). Linger is 0: destruction never waits for the network.
 //
-// Thread-safety: NextRid and Call may be called from any number of threads at once.
+// Thread-safety: NextRid, Call, Await and Signal may be called from any number of threads.
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
-#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,25 +39,31 @@
 
 #include "ferry/protocol/messages.h"
 #include "ferry/status.h"
+#include "waiter.h"
 
 namespace ferry::client {
 
-class FrontendConnection {
+class FrontendConnection : public Parking {
  public:
+  // How long the socket may go undriven by callers before the background thread takes it.
+  static constexpr std::chrono::milliseconds kIdleHandback{5};
+
   struct Reply {
     std::string command;   // e.g. ACCEPTED, STATS, ERROR
     zmq::message_t body;   // msgpack map bytes (unpack with protocol::UnpackMap)
   };
-  // Called on the I/O thread with the ids of each FINISHED message and its inline results
-  // (views valid during the call only). Must not block.
+  // Called on the driving thread with the ids of each FINISHED message and its inline results
+  // (views valid during the call only). Must not block, and must not call Await.
   using FinishedFn = std::function<void(const std::vector<std::string>& ids,
                                         const protocol::InlineResults& records)>;
 
-  // Connects (asynchronously: no broker needs to be up) and starts the I/O thread.
-  // invalid_argument when ZeroMQ rejects the endpoint.
-  static Status Create(const std::string& endpoint, FinishedFn on_finished,
-                       std::unique_ptr<FrontendConnection>* out);
-  ~FrontendConnection();  // stops and joins the I/O thread; pending calls get unavailable
+  // Connects (asynchronously: no broker needs to be up). invalid_argument when ZeroMQ rejects
+  // the endpoint. Nothing is read until Start.
+  static Status Create(const std::string& endpoint, std::unique_ptr<FrontendConnection>* out);
+  ~FrontendConnection() override;  // stops the background thread; pending calls get unavailable
+
+  // Starts the background thread; `on_finished` receives FINISHED notices from now on.
+  Status Start(FinishedFn on_finished);
 
   // A fresh request id (never 0) to put in the body as "rid".
   int64_t NextRid() { return next_rid_.fetch_add(1) + 1; }
@@ -57,36 +73,59 @@ class FrontendConnection {
   Status Call(int64_t rid, std::string_view command, zmq::message_t body, int timeout_ms,
               Reply* reply);
 
+  // Parking: a blocked caller drives the socket while nobody else does.
+  bool Await(Waiter* w, Clock::time_point deadline) override;
+  void Signal(Waiter* w) override;
+
  private:
+  enum class Driver { kNone, kBackground, kCaller };
   struct Outgoing {
     int64_t rid;
     std::string command;
     zmq::message_t body;
   };
   struct Pending {
-    std::promise<Reply> promise;
+    Waiter* waiter;
+    Reply* reply;  // filled under mu_ before the waiter is signaled; left empty at shutdown
   };
 
-  FrontendConnection(std::string endpoint, FinishedFn on_finished);
-  void Wake();
-  void Run();           // the I/O thread's loop
-  void ReceiveAll();    // drains the socket
-  void SendQueued();    // sends while the socket takes messages
+  explicit FrontendConnection(std::string endpoint);
+  void WakeDriver();
+  void BackgroundLoop();
+  // Runs the socket on this thread (the driver) until `until()` says stop or `deadline`.
+  template <typename Until>
+  void Drive(Until until, Clock::time_point deadline);
+  // The rest run with mu_ held.
+  bool AwaitLocked(Waiter* w, Clock::time_point deadline, bool wake_driver,
+                   std::unique_lock<std::mutex>& lock);
+  void SignalLocked(Waiter* w);
+  void Park(Waiter* w);
+  void Unpark(Waiter* w);
+  void ReleaseDriver();  // the socket is free: lets the longest-parked caller take it
+  void ReceiveAll();  // drains the socket
+  void SendQueued();  // sends while the socket takes messages
   void Dispatch(std::string command, zmq::message_t body);
-  void FailAllPending();
 
   const std::string endpoint_;
-  const FinishedFn on_finished_;
+  FinishedFn on_finished_;  // set by Start, before the first drive
   zmq::context_t context_{1};
-  zmq::socket_t socket_;  // I/O thread only (after Create)
+  zmq::socket_t socket_;  // the driver only
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> next_rid_{0};
-  std::thread thread_;
+  std::thread background_;
 
   std::mutex mu_;
-  std::deque<Outgoing> outbox_;                                     // guarded by mu_
-  std::unordered_map<int64_t, std::shared_ptr<Pending>> pending_;  // by rid; guarded by mu_
+  Driver driver_ = Driver::kNone;                        // guarded by mu_
+  std::thread::id driver_thread_;                        // guarded by mu_
+  Waiter* driver_waiter_ = nullptr;                      // guarded by mu_: a driving caller's
+  std::atomic<bool> background_yield_{false};            // a caller wants the socket
+  Clock::time_point caller_released_;                    // guarded by mu_
+  std::condition_variable background_cv_;                // the background thread parks here
+  Waiter* parked_head_ = nullptr;                        // guarded by mu_: callers asleep,
+  Waiter* parked_tail_ = nullptr;                        //   oldest first
+  std::deque<Outgoing> outbox_;                          // guarded by mu_
+  std::unordered_map<int64_t, Pending> pending_;         // by rid; guarded by mu_
 };
 
 }  // namespace ferry::client

@@ -16,9 +16,8 @@ constexpr auto kSweepEvery = std::chrono::seconds(5);
 
 void ResultTracker::SetState(Entry* e, State s) {
   e->state = s;
-  ++e->generation;
   e->touched = Clock::now();
-  if (e->waiters > 0) e->cv.notify_all();
+  for (Waiter* w : e->waiters) parking_->Signal(w);
 }
 
 void ResultTracker::Erase(EntryMap::iterator it) {
@@ -26,9 +25,10 @@ void ResultTracker::Erase(EntryMap::iterator it) {
   entries_.erase(it);
 }
 
-void ResultTracker::Leave(EntryMap::iterator it) {
+void ResultTracker::Leave(EntryMap::iterator it, Waiter* w) {
   Entry* e = it->second.get();
-  if (--e->waiters > 0) return;
+  e->waiters.erase(std::find(e->waiters.begin(), e->waiters.end(), w));
+  if (!e->waiters.empty()) return;
   // Keep what a later Wait can still use: an id of ours not read yet. A held result was
   // delivered (consumed); unknown/noticed ids are re-read by a later Wait anyway.
   if (e->state == State::kSubmitted || e->state == State::kFinished ||
@@ -58,7 +58,7 @@ void ResultTracker::Untrack(const std::vector<std::string>& ids) {
   for (const auto& id : ids) {
     auto it = entries_.find(id);
     if (it == entries_.end() || it->second->state != State::kSubmitted) continue;
-    if (it->second->waiters == 0)
+    if (it->second->waiters.empty())
       Erase(it);
     else
       SetState(it->second.get(), State::kUnknown);
@@ -74,7 +74,7 @@ void ResultTracker::Notify(
     if (it == entries_.end()) continue;
     Entry* e = it->second.get();
     if (e->state == State::kReading || e->state == State::kHeld) continue;
-    if (e->waiters == 0 && held_bytes_ + record.size() > kMaxHeldBytes) continue;  // read later
+    if (e->waiters.empty() && held_bytes_ + record.size() > kMaxHeldBytes) continue;  // read later
     e->raw.assign(record.data(), record.size());
     e->held_bytes = record.size();
     held_bytes_ += e->held_bytes;
@@ -98,7 +98,7 @@ void ResultTracker::MaybeSweep(Clock::time_point now) {
   last_sweep_ = now;
   for (auto it = entries_.begin(); it != entries_.end();) {
     const Entry& e = *it->second;
-    if (e.waiters == 0 && e.state != State::kReading && now - e.touched > kTrackTtl) {
+    if (e.waiters.empty() && e.state != State::kReading && now - e.touched > kTrackTtl) {
       held_bytes_ -= e.held_bytes;
       it = entries_.erase(it);
     } else {
@@ -135,7 +135,7 @@ Status ResultTracker::ReadReady(const std::string& id, std::unique_lock<std::mut
     if (it == entries_.end() || it->second->state != State::kReading) continue;
     Entry* e = it->second.get();
     const bool usable = s.ok() && reads[i].status.ok() && reads[i].result.state != JobState::kPending;
-    if (usable && (e->waiters > 0 || held_bytes_ + reads[i].bytes <= kMaxHeldBytes)) {
+    if (usable && (!e->waiters.empty() || held_bytes_ + reads[i].bytes <= kMaxHeldBytes)) {
       e->result = std::move(reads[i].result);
       e->held_bytes = reads[i].bytes;
       held_bytes_ += e->held_bytes;
@@ -160,7 +160,8 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out) {
     it->second->touched = start;
   }
   Entry* e = it->second.get();  // stable: entries with waiters are never erased
-  ++e->waiters;
+  Waiter self;
+  e->waiters.push_back(&self);
   // Ours and not finished yet: the FINISHED notice says when to read, so skip the first GET
   // (unless the caller asked for exactly one check).
   Clock::time_point next_read = start;
@@ -170,6 +171,8 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out) {
   }
   Status last = Status::Ok();
   while (true) {
+    // Cleared under mu_ before the state is looked at: a change after this signals again.
+    self.signaled.store(false, std::memory_order_relaxed);
     if (e->state == State::kFinished) last = ReadReady(id, lock);
     if (e->state == State::kHeld && !e->raw.empty()) {
       // An inline record (small: decoding it under the lock is cheaper than a hand-off).
@@ -179,11 +182,11 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out) {
       if (!d.ok()) SetState(e, State::kNoticed);  // not usable: read Redis below
     }
     if (e->state == State::kHeld) {
-      if (e->waiters > 1)
+      if (e->waiters.size() > 1)
         *out = e->result;
       else
         *out = std::move(e->result);
-      Leave(entries_.find(id));
+      Leave(entries_.find(id), &self);
       return Status::Ok();
     }
     Clock::time_point now = Clock::now();
@@ -195,20 +198,20 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out) {
       lock.lock();
       if (e->state == State::kHeld || e->state == State::kFinished) continue;  // raced a notice
       if (s.ok() && r.state != JobState::kPending) {
-        if (e->waiters > 1) {  // the others get it too
+        if (e->waiters.size() > 1) {  // the others get it too
           e->result = r;
           SetState(e, State::kHeld);
         } else {
           e->state = State::kUnknown;  // delivered: nothing left to track for this id
         }
         *out = std::move(r);
-        Leave(entries_.find(id));
+        Leave(entries_.find(id), &self);
         return s;
       }
       // Redis unreachable: keep trying until the deadline (it may be restarting).
       if (!s.ok() && s.code() != codes::kUnavailable) {
         *out = std::move(r);
-        Leave(entries_.find(id));
+        Leave(entries_.find(id), &self);
         return s;
       }
       if (e->state == State::kNoticed) SetState(e, State::kUnknown);
@@ -220,7 +223,7 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out) {
     if (!forever && now >= deadline) {
       *out = Result();
       out->id = id;
-      Leave(entries_.find(id));
+      Leave(entries_.find(id), &self);
       if (!last.ok()) return last;
       return Status::Timeout("no result for job \"" + id + "\" within " +
                              std::to_string(timeout_ms) + " ms");
@@ -229,8 +232,9 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out) {
     Clock::time_point until =
         e->state == State::kReading ? now + kMaxRecheck : next_read;
     if (!forever) until = std::min(until, deadline);
-    const uint64_t generation = e->generation;
-    e->cv.wait_until(lock, until, [&] { return e->generation != generation; });
+    lock.unlock();
+    parking_->Await(&self, until);  // may drive the socket: FINISHED notices land meanwhile
+    lock.lock();
   }
 }
 

@@ -6,7 +6,7 @@
 //   - Track(ids) before a SUBMIT is sent marks the ids as ours, so a FINISHED arriving before
 //     the submitter even sees ACCEPTED is not lost, and so Wait() on an id of ours that has no
 //     notice yet skips the speculative first GET (the notice will say when to read).
-//   - Notify(ids) (the I/O thread, FINISHED) marks tracked or waited-on ids "finished" and
+//   - Notify(ids) (whichever thread drives the socket, FINISHED) marks tracked or waited-on ids "finished" and
 //     queues them as ready; it never touches Redis. Results that came inside the FINISHED
 //     (inline records: the same bytes as in Redis) are held at once instead: their Wait
 //     decodes them and never reads Redis.
@@ -21,11 +21,15 @@
 // the id's Wait does its own GET); entries nobody waits on are dropped kTrackTtl after their
 // last change (e.g. jobs submitted and never waited for).
 //
+// Waiting: a Wait blocks through the Parking (the FrontendConnection), which lets the waiting
+// thread drive the broker socket itself while nobody else does -- so at light load the FINISHED
+// notice is received, dispatched and consumed on the waiting thread, with no other thread woken.
+//
 // Thread-safety: all methods are safe to call concurrently; one mutex guards the state, and no
-// Redis call is made while holding it.
+// Redis call is made while holding it, nor is the Parking awaited (lock order: mu_, then the
+// Parking's own lock through Signal).
 
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -39,6 +43,7 @@
 #include "ferry/result.h"
 #include "ferry/status.h"
 #include "result_store.h"
+#include "waiter.h"
 
 namespace ferry::client {
 
@@ -49,14 +54,15 @@ class ResultTracker {
   static constexpr size_t kMaxHeldBytes = size_t{64} << 20;
   static constexpr std::chrono::seconds kTrackTtl{60};
 
-  explicit ResultTracker(ResultStore* store) : store_(store) {}
+  // Both must outlive the tracker.
+  ResultTracker(ResultStore* store, Parking* parking) : store_(store), parking_(parking) {}
 
   // Marks ids as submitted by this client (call before sending them).
   void Track(const std::vector<std::string>& ids);
   // Forgets ids that were not accepted (rejected, or the SUBMIT got no answer).
   void Untrack(const std::vector<std::string>& ids);
   // FINISHED: the results of `ids` are in Redis; `records` holds some of them inline (id, the
-  // result record's bytes). Called on the I/O thread; never blocks on I/O.
+  // result record's bytes). Called by the socket's driver; never blocks on I/O.
   void Notify(const std::vector<std::string>& ids,
               const std::vector<std::pair<std::string_view, std::string_view>>& records = {});
   // Client::Wait's contract (see client.h); `id` is already validated.
@@ -76,25 +82,24 @@ class ResultTracker {
   };
   struct Entry {
     State state = State::kUnknown;
-    int waiters = 0;
-    uint64_t generation = 0;  // bumped on every state change; waiters sleep on it
+    std::vector<Waiter*> waiters;  // signaled on every state change
     size_t held_bytes = 0;
     Result result;
     std::string raw;  // kHeld from an inline record: decoded by the first Wait
     std::chrono::steady_clock::time_point touched;
-    std::condition_variable cv;
   };
   using EntryMap = std::unordered_map<std::string, std::unique_ptr<Entry>>;
 
   // Reads the ready ids (id first), stores the results. Called and returns with `lock` held.
   Status ReadReady(const std::string& id, std::unique_lock<std::mutex>& lock);
   void SetState(Entry* e, State s);
-  // A waiter of `it` is done; drops the entry when nothing else needs it.
-  void Leave(EntryMap::iterator it);
+  // Waiter `w` of `it` is done; drops the entry when nothing else needs it.
+  void Leave(EntryMap::iterator it, Waiter* w);
   void Erase(EntryMap::iterator it);
   void MaybeSweep(std::chrono::steady_clock::time_point now);
 
   ResultStore* const store_;
+  Parking* const parking_;
   mutable std::mutex mu_;
   EntryMap entries_;               // guarded by mu_
   std::deque<std::string> ready_;  // guarded by mu_: ids in kFinished (plus stale names)

@@ -1,11 +1,13 @@
 // Client::Submit/SubmitMany/Stats over real ZeroMQ sockets: against no broker at all, and against
 // a scripted frontend peer (a real ROUTER socket speaking wire protocol v1 through the protocol
 // library) that accepts model "m", rejects other models, answers STATS and sends FINISHED.
+// The FrontendConnection tests check its leader/follower driving directly.
 
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <mutex>
 #include <thread>
 
@@ -14,6 +16,7 @@
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/wire.h"
+#include "frontend_connection.h"  // producer-sdk/src: the connection's own tests
 
 namespace ferry::client {
 namespace {
@@ -52,6 +55,9 @@ class ScriptedFrontend {
   bool asked_inline() const { return asked_inline_; }
   int jobs_seen() const { return jobs_seen_; }
   void set_error_reply(bool on) { error_reply_ = on; }
+  // Answers every accepted job at once: FINISHED right after ACCEPTED, with an inline "done"
+  // record whose one output is the job's first input (an echo).
+  void set_echo(bool on) { echo_ = on; }
 
  private:
   void Run() {
@@ -87,6 +93,7 @@ class ScriptedFrontend {
         }
         protocol::Accepted a;
         a.rid = rid;
+        std::vector<std::pair<std::string, std::string>> echoes;
         const msgpack::object* jobs = protocol::Find(oh.get(), "jobs");
         for (uint32_t i = 0; jobs && i < jobs->via.array.size; ++i) {
           ++jobs_seen_;
@@ -95,8 +102,24 @@ class ScriptedFrontend {
           if (s.ok() && job.model != "m") s = Status(codes::kUnknownModel, "no worker serves it");
           if (s.ok()) a.ids.push_back(job.id);
           else a.rejected.push_back({job.id, s.code(), s.message()});
+          if (s.ok() && echo_ && !job.inputs.empty()) {
+            protocol::ResultRecord r;
+            r.id = job.id;
+            r.status = "done";
+            r.model = job.model;
+            r.outputs.push_back(job.inputs[0]);
+            msgpack::sbuffer buf;
+            protocol::Packer pk(buf);
+            protocol::PackResult(pk, r);
+            echoes.emplace_back(job.id, std::string(buf.data(), buf.size()));
+          }
         }
         protocol::SendTo(socket_, peer, protocol::kAccepted, protocol::EncodeAccepted(a));
+        if (!echoes.empty()) {
+          protocol::InlineResults views(echoes.begin(), echoes.end());
+          protocol::SendTo(socket_, peer, protocol::kFinished,
+                           protocol::EncodeFinished(a.ids, views));
+        }
       } else if (m.command == protocol::kStats) {
         msgpack::sbuffer buf;
         protocol::Packer pk(buf);
@@ -123,6 +146,7 @@ class ScriptedFrontend {
   std::atomic<int> jobs_seen_{0};
   std::atomic<bool> error_reply_{false};
   std::atomic<bool> asked_inline_{false};
+  std::atomic<bool> echo_{false};
   std::mutex mu_;
   std::string producer_;                          // guarded by mu_
   struct Notice {
@@ -497,6 +521,130 @@ TEST_F(ClientSubmitTest, LostNoticeIsCoveredByTheRecheck) {
   s = client->Wait(id2, 0, &result);
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(result.batch_size, 8);
+}
+
+// Leader/follower: many threads submit and wait at once through one client. Each reply and
+// notice is dispatched by whichever thread drives the socket, and every thread gets its own
+// results (the scripted broker echoes each job's input back as its output).
+TEST_F(ClientSubmitTest, ManyThreadsSubmitAndWaitThroughOneConnection) {
+  ScriptedFrontend broker(port_);
+  broker.set_echo(true);
+  auto client = MakeClient();
+  constexpr int kThreads = 8, kJobsEach = 40;
+  std::atomic<int> good{0};
+  std::vector<std::string> failures;
+  std::mutex failures_mu;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int k = 0; k < kJobsEach; ++k) {
+        const float tag = static_cast<float>(t * 1000 + k);
+        Job job = MakeJob("m");
+        job.inputs[0] = Tensor::From<float>({tag, -tag}, {2}, DType::kFloat32);
+        std::string id;
+        Status s = client->Submit(job, &id);
+        Result r;
+        if (s.ok()) s = client->Wait(id, 10000, &r);
+        const bool echoed = s.ok() && r.state == JobState::kDone && r.id == id &&
+                            r.outputs.size() == 1 &&
+                            r.outputs[0].As<float>() == std::vector<float>{tag, -tag};
+        if (echoed) {
+          ++good;
+        } else {
+          std::lock_guard<std::mutex> lock(failures_mu);
+          failures.push_back("thread " + std::to_string(t) + " job " + std::to_string(k) +
+                             ": " + s.ToString());
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(good.load(), kThreads * kJobsEach);
+  for (size_t i = 0; i < failures.size() && i < 5; ++i) ADD_FAILURE() << failures[i];
+}
+
+// Each connection test gets its own port (a scripted broker bound to it).
+class FrontendConnectionTest : public ClientSubmitTest {};
+
+// Nobody waits: the background thread still reads the socket and hands FINISHED notices over.
+TEST_F(FrontendConnectionTest, BackgroundThreadReadsWhileNoCallerWaits) {
+  ScriptedFrontend broker(port_);
+  std::unique_ptr<FrontendConnection> conn;
+  ASSERT_TRUE(FrontendConnection::Create(options_.frontend, &conn).ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> noticed;
+  ASSERT_TRUE(conn->Start([&](const std::vector<std::string>& ids,
+                              const protocol::InlineResults&) {
+                    std::lock_guard<std::mutex> lock(mu);
+                    noticed.insert(noticed.end(), ids.begin(), ids.end());
+                    cv.notify_all();
+                  }).ok());
+  // One SUBMIT, so that the scripted broker knows where to send FINISHED.
+  FrontendConnection::Reply reply;
+  const int64_t rid = conn->NextRid();
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  pk.pack_map(2);
+  protocol::PackString(pk, "jobs");
+  pk.pack_array(0);
+  protocol::PackString(pk, "rid");
+  pk.pack_int64(rid);
+  ASSERT_TRUE(conn->Call(rid, protocol::kSubmit, protocol::ToMessage(std::move(buf)), 5000,
+                         &reply).ok());
+  EXPECT_EQ(reply.command, protocol::kAccepted);
+  broker.Finish({"bg-1", "bg-2"});
+  // This thread only sleeps on its own condition variable: no Call, no Await.
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return noticed.size() == 2; }))
+      << "FINISHED was not read while no caller waited";
+  EXPECT_EQ(noticed, (std::vector<std::string>{"bg-1", "bg-2"}));
+}
+
+// A caller that drives the socket for its own long wait also sends another caller's request and
+// hands it the reply: the second call completes while the first is still waiting.
+TEST_F(FrontendConnectionTest, DrivingCallerServesAnotherCallersRequest) {
+  ScriptedFrontend broker(port_);
+  std::unique_ptr<FrontendConnection> conn;
+  ASSERT_TRUE(FrontendConnection::Create(options_.frontend, &conn).ok());
+  ASSERT_TRUE(conn->Start(nullptr).ok());
+  std::atomic<bool> first_returned{false};
+  Waiter never_signaled;
+  std::thread first([&] {
+    // Takes the socket (the background thread yields) and keeps it for 3 s.
+    EXPECT_FALSE(conn->Await(&never_signaled, Clock::now() + std::chrono::seconds(3)));
+    first_returned = true;
+  });
+  std::this_thread::sleep_for(milliseconds(100));  // let it take the socket (not required)
+  FrontendConnection::Reply reply;
+  const int64_t rid = conn->NextRid();
+  Status s = conn->Call(rid, protocol::kStats, protocol::EncodeEmpty(rid), 20000, &reply);
+  const bool first_still_waiting = !first_returned;
+  first.join();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(reply.command, protocol::kStats);
+  EXPECT_TRUE(first_still_waiting) << "the reply waited for the driving caller to leave";
+}
+
+// Signal from another thread ends a wait, whether the waiter drives the socket or sleeps.
+TEST_F(FrontendConnectionTest, SignalFromAnotherThreadEndsAwait) {
+  ScriptedFrontend broker(port_);
+  std::unique_ptr<FrontendConnection> conn;
+  ASSERT_TRUE(FrontendConnection::Create(options_.frontend, &conn).ok());
+  ASSERT_TRUE(conn->Start(nullptr).ok());
+  Waiter a, b;
+  std::atomic<int> ended{0};
+  auto wait = [&](Waiter* w) {
+    if (conn->Await(w, Clock::now() + std::chrono::seconds(60))) ++ended;
+  };
+  std::thread ta(wait, &a), tb(wait, &b);  // one drives, the other sleeps
+  std::this_thread::sleep_for(milliseconds(100));
+  conn->Signal(&a);
+  conn->Signal(&b);
+  ta.join();
+  tb.join();
+  EXPECT_EQ(ended.load(), 2);
+  EXPECT_TRUE(a.signaled && b.signaled);
 }
 
 }  // namespace

@@ -88,13 +88,13 @@ struct CancelReport {
 
 class Client {
  public:
-  // Makes a client and starts its I/O thread. Fails with invalid_argument on bad options (an
+  // Makes a client and starts its background I/O thread. Fails with invalid_argument on bad options (an
   // endpoint ZeroMQ cannot parse, a bad Redis URL). Does NOT wait for the broker or Redis: both
   // are connected lazily and reconnected after failures, so a service may start first.
   // On success stores the client in *out (the caller owns it).
   static Status Create(const ClientOptions& options, std::unique_ptr<Client>* out);
 
-  // Stops and joins the I/O thread; unsent requests are dropped. No other call may be running.
+  // Stops and joins the background I/O thread; unsent requests are dropped. No other call may be running.
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
