@@ -164,7 +164,8 @@ TEST(Accepted, RoundTrip) {
 // DONE and FINISHED carry small results inline as the exact record bytes; decoding gives views
 // of those bytes, and a message without "results" decodes to none.
 TEST(InlineResults, DoneAndFinishedRoundTripTheRecordBytes) {
-  const std::string rec_a("\x83\xa2id\xa1a binary \x00 bytes", 22);
+  static const char kRecA[] = "\x83\xa2id\xa1" "a binary \x00 bytes";
+  const std::string rec_a(kRecA, sizeof(kRecA) - 1);  // with its NUL
   const std::string rec_b = "second record";
   const InlineResults in = {{"a", rec_a}, {"b", rec_b}};
 

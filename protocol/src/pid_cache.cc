@@ -1,0 +1,36 @@
+// getpid() with a cache, linked into Ferry's daemons (ferry-broker, ferry-worker) only.
+//
+// libzmq calls getpid() in every mailbox operation -- each send that wakes a pipe, each poll of a
+// socket's state, each receive that finds nothing -- to notice that it runs in a forked child
+// (signaler.cpp). glibc stopped caching getpid() in 2.25, so each of those is a system call: about
+// 50 per job at light load across the broker and a worker, which on a virtual machine where a
+// system call costs ~1 µs is ~10 % of the end-to-end latency (docs/performance.md, step 6).
+//
+// A definition in the executable interposes the C library's for every shared library the process
+// loads (ELF symbol lookup searches the executable first). The cache is cleared in a forked child
+// (pthread_atfork), so libzmq's fork detection keeps working; exec starts a fresh image. The SDK
+// does not do this: it is a library, and the process it lives in belongs to the producer.
+
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+
+namespace {
+
+std::atomic<pid_t> g_pid{0};
+
+void ForgetPidInChild() { g_pid.store(0, std::memory_order_relaxed); }
+
+}  // namespace
+
+extern "C" pid_t getpid(void) noexcept {
+  pid_t pid = g_pid.load(std::memory_order_relaxed);
+  if (pid != 0) return pid;
+  static const int registered = pthread_atfork(nullptr, nullptr, ForgetPidInChild);
+  (void)registered;
+  pid = static_cast<pid_t>(syscall(SYS_getpid));
+  g_pid.store(pid, std::memory_order_relaxed);
+  return pid;
+}
