@@ -139,12 +139,10 @@ Status Broker::Run() {
   while (!stop_.load(std::memory_order_relaxed)) {
     // Journal removals wait for a ride with the next write, but not longer than a few ms.
     const int timeout_ms = !d.final_results.empty() ? 20 : d.journal.removals() > 0 ? 5 : 100;
-    int ready = 0;
-    try {
-      ready = zmq::poll(items, 2, std::chrono::milliseconds(timeout_ms));
-    } catch (const zmq::error_t& e) {
-      if (e.num() == EINTR) continue;
-      return Status::Internal(std::string("poll: ") + e.what());
+    const int ready = protocol::PollSockets(items, 2, timeout_ms);
+    if (ready < 0) {
+      if (zmq_errno() == EINTR) continue;
+      return Status::Internal(std::string("poll: ") + zmq_strerror(zmq_errno()));
     }
     // Workers first: their DONEs free credit for the producers' new jobs. Only sockets that
     // poll reported readable are read (each empty read costs libzmq system calls).

@@ -125,13 +125,11 @@ void BrokerLink::Loop() {
     const int64_t now = protocol::MonotonicMicros();
     int64_t wait_ms = std::clamp<int64_t>((next_heartbeat - now + 999) / 1000, 0, kMaxPollMs);
     if (may_finish) wait_ms = 0;
-    std::vector<zmq::pollitem_t> items = {{dealer_->handle(), 0, ZMQ_POLLIN, 0},
-                                          {outbox_->handle(), 0, ZMQ_POLLIN, 0}};
-    try {
-      zmq::poll(items, std::chrono::milliseconds(wait_ms));
-    } catch (const zmq::error_t& e) {
-      if (e.num() == ETERM) break;
-      if (e.num() != EINTR) spdlog::error("poll: {}", e.what());
+    zmq_pollitem_t items[] = {{dealer_->handle(), 0, ZMQ_POLLIN, 0},
+                              {outbox_->handle(), 0, ZMQ_POLLIN, 0}};
+    if (protocol::PollSockets(items, 2, static_cast<long>(wait_ms)) < 0) {
+      if (zmq_errno() == ETERM) break;
+      if (zmq_errno() != EINTR) spdlog::error("poll: {}", zmq_strerror(zmq_errno()));
       continue;
     }
     if (may_finish && !(items[0].revents & ZMQ_POLLIN)) break;

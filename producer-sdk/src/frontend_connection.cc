@@ -207,7 +207,7 @@ void FrontendConnection::Drive(Until until, Clock::time_point deadline) {
         {socket_.handle(), 0, static_cast<short>(ZMQ_POLLIN | (want_out ? ZMQ_POLLOUT : 0)), 0},
         {nullptr, wake_fd_, ZMQ_POLLIN, 0},
     };
-    if (zmq_poll(items, 2, timeout_ms) < 0) {
+    if (protocol::PollSockets(items, 2, timeout_ms) < 0) {
       if (zmq_errno() == ETERM) return;
       continue;  // EINTR
     }

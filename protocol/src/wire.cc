@@ -1,6 +1,62 @@
 #include "ferry/protocol/wire.h"
 
+#include <poll.h>
+
+#include <cerrno>
+
 namespace ferry::protocol {
+
+int PollSockets(zmq_pollitem_t* items, int n, long timeout_ms) {
+  constexpr int kMaxItems = 8;
+  if (n < 0 || n > kMaxItems) {
+    errno = EINVAL;
+    return -1;
+  }
+  // A ZeroMQ socket's readiness, from ZMQ_EVENTS (which also processes its pending commands).
+  auto socket_events = [](zmq_pollitem_t& item) {
+    uint32_t events = 0;
+    size_t size = sizeof(events);
+    if (zmq_getsockopt(item.socket, ZMQ_EVENTS, &events, &size) != 0) return false;
+    item.revents = static_cast<short>(events & item.events & (ZMQ_POLLIN | ZMQ_POLLOUT));
+    return true;
+  };
+  int ready = 0;
+  for (int i = 0; i < n; ++i) {
+    items[i].revents = 0;
+    if (!items[i].socket) continue;
+    if (!socket_events(items[i])) return -1;
+    if (items[i].revents) ++ready;
+  }
+  if (ready > 0 || timeout_ms == 0) return ready;
+
+  pollfd fds[kMaxItems];
+  for (int i = 0; i < n; ++i) {
+    if (items[i].socket) {
+      size_t size = sizeof(fds[i].fd);
+      if (zmq_getsockopt(items[i].socket, ZMQ_FD, &fds[i].fd, &size) != 0) return -1;
+      fds[i].events = POLLIN;  // the socket's notification fd: "its state may have changed"
+    } else {
+      fds[i].fd = items[i].fd;
+      fds[i].events = static_cast<short>(((items[i].events & ZMQ_POLLIN) ? POLLIN : 0) |
+                                         ((items[i].events & ZMQ_POLLOUT) ? POLLOUT : 0));
+    }
+    fds[i].revents = 0;
+  }
+  const int rc = poll(fds, static_cast<nfds_t>(n), timeout_ms < 0 ? -1 : static_cast<int>(timeout_ms));
+  if (rc <= 0) return rc;  // timeout, or -1 with errno (EINTR)
+  for (int i = 0; i < n; ++i) {
+    if (!fds[i].revents) continue;
+    if (items[i].socket) {
+      if (!socket_events(items[i])) return -1;
+    } else {
+      items[i].revents = static_cast<short>(((fds[i].revents & POLLIN) ? ZMQ_POLLIN : 0) |
+                                            ((fds[i].revents & POLLOUT) ? ZMQ_POLLOUT : 0) |
+                                            ((fds[i].revents & (POLLERR | POLLHUP)) ? ZMQ_POLLERR : 0));
+    }
+    if (items[i].revents) ++ready;
+  }
+  return ready;
+}
 
 Status RecvMessage(zmq::socket_t& socket, bool router, Message* out, bool dont_wait) {
   out->envelope.clear();
