@@ -95,6 +95,7 @@ void FrontendConnection::Unpark(Waiter* w) {
 void FrontendConnection::ReleaseDriver() {
   driver_ = Driver::kNone;
   driver_waiter_ = nullptr;
+  offered_to_ = parked_head_;
   if (Waiter* next = parked_head_) {
     Unpark(next);
     next->cv.notify_one();  // it finds the socket free and drives
@@ -124,10 +125,20 @@ bool FrontendConnection::Await(Waiter* w, Clock::time_point deadline) {
 
 bool FrontendConnection::AwaitLocked(Waiter* w, Clock::time_point deadline, bool wake_driver,
                                      std::unique_lock<std::mutex>& lock) {
+  // Leaving while the socket is free and others sleep (this waiter was handed the socket but was
+  // signaled or timed out first): hand it on, or they would wait for the background thread.
+  auto leave = [this, w](bool result) {
+    if (offered_to_ == w) {
+      offered_to_ = nullptr;
+      if (driver_ == Driver::kNone && parked_head_ != nullptr) ReleaseDriver();
+    }
+    return result;
+  };
   while (!w->signaled.load(std::memory_order_acquire)) {
     if (stop_) return false;
-    if (Clock::now() >= deadline) return false;
+    if (Clock::now() >= deadline) return leave(false);
     if (driver_ == Driver::kNone) {
+      offered_to_ = nullptr;
       driver_ = Driver::kCaller;
       driver_thread_ = std::this_thread::get_id();
       driver_waiter_ = w;
@@ -151,7 +162,7 @@ bool FrontendConnection::AwaitLocked(Waiter* w, Clock::time_point deadline, bool
     w->cv.wait_until(lock, deadline);
     if (w->parked) Unpark(w);  // timed out (Signal and ReleaseDriver unpark)
   }
-  return true;
+  return leave(true);
 }
 
 // ---- calls -----------------------------------------------------------------------------------
@@ -236,6 +247,7 @@ void FrontendConnection::BackgroundLoop() {
       continue;
     }
     driver_ = Driver::kBackground;
+    offered_to_ = nullptr;
     driver_thread_ = std::this_thread::get_id();
     background_yield_ = false;
     lock.unlock();

@@ -119,6 +119,7 @@ class FrontendConnection : public Parking {
   Driver driver_ = Driver::kNone;                        // guarded by mu_
   std::thread::id driver_thread_;                        // guarded by mu_
   Waiter* driver_waiter_ = nullptr;                      // guarded by mu_: a driving caller's
+  Waiter* offered_to_ = nullptr;                         // guarded by mu_: woken to drive next
   std::atomic<bool> background_yield_{false};            // a caller wants the socket
   Clock::time_point caller_released_;                    // guarded by mu_
   std::condition_variable background_cv_;                // the background thread parks here
