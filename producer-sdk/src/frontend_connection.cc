@@ -135,7 +135,7 @@ bool FrontendConnection::AwaitLocked(Waiter* w, Clock::time_point deadline, bool
     return result;
   };
   while (!w->signaled.load(std::memory_order_acquire)) {
-    if (stop_) return false;
+    if (stop_) return leave(false);
     if (Clock::now() >= deadline) return leave(false);
     if (driver_ == Driver::kNone) {
       offered_to_ = nullptr;
@@ -238,12 +238,14 @@ void FrontendConnection::Drive(Until until, Clock::time_point deadline) {
 void FrontendConnection::BackgroundLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    // Callers drive while they block; the socket is taken only after they left it idle.
+    // Callers drive while they block; the socket is taken only after they left it idle, and
+    // never while a caller sleeps or has just been handed it.
+    const Clock::time_point now = Clock::now();
     const Clock::time_point idle_until = caller_released_ + kIdleHandback;
-    if (driver_ != Driver::kNone || Clock::now() < idle_until) {
-      background_cv_.wait_until(lock, driver_ != Driver::kNone
-                                          ? Clock::now() + kIdleHandback
-                                          : idle_until);
+    const bool callers_have_it =
+        driver_ != Driver::kNone || offered_to_ != nullptr || parked_head_ != nullptr;
+    if (callers_have_it || now < idle_until) {
+      background_cv_.wait_until(lock, callers_have_it ? now + kIdleHandback : idle_until);
       continue;
     }
     driver_ = Driver::kBackground;
@@ -253,6 +255,12 @@ void FrontendConnection::BackgroundLoop() {
     lock.unlock();
     Drive([this] { return background_yield_.load(); }, Clock::time_point::max());
     lock.lock();
+    // Yielded to a caller: callers are active, so stay away for kIdleHandback (taking the
+    // socket back at once would make the two take it from each other in a loop).
+    if (background_yield_) {
+      caller_released_ = Clock::now();
+      ++background_yields_;
+    }
     ReleaseDriver();
   }
 }

@@ -73,6 +73,9 @@ class FrontendConnection : public Parking {
   Status Call(int64_t rid, std::string_view command, zmq::message_t body, int timeout_ms,
               Reply* reply);
 
+  // How many times the background thread has handed the socket to a caller (for tests).
+  int64_t background_yields() const { return background_yields_.load(); }
+
   // Parking: a blocked caller drives the socket while nobody else does.
   bool Await(Waiter* w, Clock::time_point deadline) override;
   void Signal(Waiter* w) override;
@@ -121,6 +124,7 @@ class FrontendConnection : public Parking {
   Waiter* driver_waiter_ = nullptr;                      // guarded by mu_: a driving caller's
   Waiter* offered_to_ = nullptr;                         // guarded by mu_: woken to drive next
   std::atomic<bool> background_yield_{false};            // a caller wants the socket
+  std::atomic<int64_t> background_yields_{0};
   Clock::time_point caller_released_;                    // guarded by mu_
   std::condition_variable background_cv_;                // the background thread parks here
   Waiter* parked_head_ = nullptr;                        // guarded by mu_: callers asleep,

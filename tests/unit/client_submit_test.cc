@@ -626,6 +626,28 @@ TEST_F(FrontendConnectionTest, DrivingCallerServesAnotherCallersRequest) {
   EXPECT_TRUE(first_still_waiting) << "the reply waited for the driving caller to leave";
 }
 
+// A caller that finds the background thread driving takes the socket with one hand-over: the
+// background thread does not take it back at once (the two would pass it to and fro). Calls are
+// spaced beyond kIdleHandback, so the background thread drives between them.
+TEST_F(FrontendConnectionTest, BackgroundThreadYieldsOncePerIdleCaller) {
+  ScriptedFrontend broker(port_);
+  std::unique_ptr<FrontendConnection> conn;
+  ASSERT_TRUE(FrontendConnection::Create(options_.frontend, &conn).ok());
+  ASSERT_TRUE(conn->Start(nullptr).ok());
+  constexpr int kCalls = 20;
+  for (int i = 0; i < kCalls; ++i) {
+    std::this_thread::sleep_for(FrontendConnection::kIdleHandback * 3);
+    FrontendConnection::Reply reply;
+    const int64_t rid = conn->NextRid();
+    ASSERT_TRUE(
+        conn->Call(rid, protocol::kStats, protocol::EncodeEmpty(rid), 20000, &reply).ok());
+  }
+  // One hand-over per call; a second one only when this thread slept through the whole idle
+  // period between being woken and taking the socket.
+  EXPECT_GE(conn->background_yields(), 1);
+  EXPECT_LE(conn->background_yields(), 2 * kCalls);
+}
+
 // Signal from another thread ends a wait, whether the waiter drives the socket or sleeps.
 TEST_F(FrontendConnectionTest, SignalFromAnotherThreadEndsAwait) {
   ScriptedFrontend broker(port_);
