@@ -1,0 +1,68 @@
+#!/usr/bin/env bash
+# Paired light-load comparison of two builds (docs/performance.md, step 6).
+#
+#   bash bench/ab_light.sh BASE_BUILD NEW_BUILD [ROUNDS=8] [JOBS=3000]
+#
+# Starts two fleets side by side (each: redis-server, ferry-broker, one ferry-worker serving
+# `tiny`, on free ports), then alternates `ferry-bench --concurrency 1` runs between them, so each
+# pair of p50s is taken within the same few seconds of outside load. Prints every pair and the
+# median of new/base. Each build needs ferry-bench, ferry-broker and ferry-worker; the models come
+# from NEW_BUILD's ferry-make-models.
+set -uo pipefail
+[ $# -ge 2 ] || { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+BASE=$(cd "$1" && pwd); NEW=$(cd "$2" && pwd); ROUNDS=${3:-8}; JOBS=${4:-3000}
+WORK=$(mktemp -d /tmp/ferry-ab-XXXXXX)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  sleep 0.5
+  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+"$NEW/gpu-worker/ferry-make-models" "$WORK/models" >/dev/null
+# start_fleet BUILD NAME: sets FRONTEND_<NAME> and REDIS_<NAME>
+start_fleet() {
+  local build=$1 name=$2 rport fport bport
+  rport=$(free_port); fport=$(free_port); bport=$(free_port)
+  mkdir -p "$WORK/$name"
+  redis-server --port "$rport" --dir "$WORK/$name" --save '' --appendonly no >/dev/null 2>&1 &
+  PIDS+=($!)
+  for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.05; done
+  "$build/broker/ferry-broker" --frontend "tcp://127.0.0.1:$fport" --backend "tcp://127.0.0.1:$bport" \
+    --redis "redis://127.0.0.1:$rport" --log-level warn >"$WORK/$name/broker.log" 2>&1 &
+  PIDS+=($!)
+  "$build/gpu-worker/ferry-worker" --model "tiny=$WORK/models/tiny.pt" --device cpu --max-batch 256 \
+    --instances 1 --threads 1 --broker "tcp://127.0.0.1:$bport" --redis "redis://127.0.0.1:$rport" \
+    --log-level warn >"$WORK/$name/worker.log" 2>&1 &
+  PIDS+=($!)
+  printf -v "FRONTEND_$name" '%s' "tcp://127.0.0.1:$fport"
+  printf -v "REDIS_$name" '%s' "redis://127.0.0.1:$rport"
+}
+start_fleet "$BASE" base
+start_fleet "$NEW" new
+p50() {  # p50 BUILD FRONTEND REDIS
+  "$1/bench/ferry-bench" --frontend "$2" --redis "$3" --wait-workers 1 --model tiny --shape 8 \
+    --concurrency 1 --jobs "$JOBS" 2>&1 | sed -n 's/.*latency ms p50 \([0-9.]*\).*/\1/p'
+}
+echo "round  base_p50_ms  new_p50_ms  ratio"
+: >"$WORK/pairs"
+for r in $(seq "$ROUNDS"); do
+  b=$(p50 "$BASE" "$FRONTEND_base" "$REDIS_base")
+  n=$(p50 "$NEW" "$FRONTEND_new" "$REDIS_new")
+  if [ -z "$b" ] || [ -z "$n" ]; then echo "ab_light.sh: a run failed (logs in $WORK)" >&2; trap - EXIT; exit 1; fi
+  echo "$b $n" >>"$WORK/pairs"
+  awk -v r="$r" -v b="$b" -v n="$n" 'BEGIN { printf "%5d  %11.3f  %10.3f  %5.2f\n", r, b, n, n / b }'
+done
+python3 - "$WORK/pairs" <<'PY'
+import statistics, sys
+pairs = [tuple(map(float, l.split())) for l in open(sys.argv[1])]
+ratios = [n / b for b, n in pairs]
+print("median p50: base %.3f ms, new %.3f ms; new/base per pair: median %.2f (%.2f-%.2f)" % (
+    statistics.median(b for b, _ in pairs), statistics.median(n for _, n in pairs),
+    statistics.median(ratios), min(ratios), max(ratios)))
+PY
