@@ -36,11 +36,22 @@ ResultWriter::~ResultWriter() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  if (!queue_.empty())
-    spdlog::error("result writer: {} results abandoned unwritten", queue_.size());
+  size_t abandoned = queue_.size();
+  for (const auto& b : retry_) abandoned += b.results.size();
+  if (abandoned > 0) spdlog::error("result writer: {} results abandoned unwritten", abandoned);
 }
 
-void ResultWriter::Start() { thread_ = std::thread([this] { Loop(); }); }
+void ResultWriter::Start() {
+  try {
+    push_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::push);
+    push_->set(zmq::sockopt::linger, 0);
+    push_->connect(options_.outbox_address);
+  } catch (const zmq::error_t& e) {
+    spdlog::critical("result writer: cannot connect to {}: {}", options_.outbox_address, e.what());
+    push_.reset();
+  }
+  thread_ = std::thread([this] { Loop(); });
+}
 
 void ResultWriter::Submit(std::vector<JobResult> results) {
   if (results.empty()) return;
@@ -49,6 +60,45 @@ void ResultWriter::Submit(std::vector<JobResult> results) {
     for (auto& r : results) queue_.push_back(std::move(r));
   }
   cv_.notify_all();
+}
+
+void ResultWriter::WriteOrSubmit(std::vector<JobResult> results) {
+  if (results.empty()) return;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const bool idle = !writing_ && queue_.empty() && retry_.empty() && !stopping_ && client_ &&
+                      push_;
+    if (idle) {
+      writing_ = true;
+      in_flight_ += results.size();
+    } else {
+      for (auto& r : results) queue_.push_back(std::move(r));
+    }
+    if (!idle) {
+      cv_.notify_all();
+      return;
+    }
+  }
+  std::vector<PackedResult> packed = Pack(&results);
+  int64_t duplicates = 0;
+  const Status s = WriteOnce(&packed, /*first_try=*/true, &duplicates);
+  if (s.ok()) {
+    Report(results, packed, duplicates, /*by_caller=*/true);
+  } else {
+    if (options_.metrics != nullptr) options_.metrics->OnWriteError();
+    spdlog::warn("result writer: {} results not written ({}); the writer thread retries",
+                 packed.size(), s.ToString());
+  }
+  bool wake_writer;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    in_flight_ -= results.size();
+    writing_ = false;
+    if (!s.ok()) retry_.push_back({std::move(results), std::move(packed)});
+    // Wake the writer thread only if it has something to do (a wake-up costs a context switch).
+    wake_writer = stopping_ || !queue_.empty() || !retry_.empty();
+  }
+  if (wake_writer) cv_.notify_all();
 }
 
 void ResultWriter::Stop() {
@@ -62,12 +112,24 @@ void ResultWriter::Stop() {
 
 size_t ResultWriter::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return queue_.size() + in_flight_;
+  size_t n = queue_.size() + in_flight_;
+  for (const auto& b : retry_) n += b.results.size();
+  return n;
 }
 
 int64_t ResultWriter::written() const {
   std::lock_guard<std::mutex> lock(mu_);
   return written_;
+}
+
+int64_t ResultWriter::written_by_callers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return written_by_callers_;
+}
+
+int64_t ResultWriter::duplicates() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return duplicates_;
 }
 
 bool ResultWriter::Backoff(int ms) {
@@ -76,60 +138,57 @@ bool ResultWriter::Backoff(int ms) {
 }
 
 void ResultWriter::Loop() {
-  std::unique_ptr<zmq::socket_t> push;
-  try {
-    push = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::push);
-    push->set(zmq::sockopt::linger, 0);
-    push->connect(options_.outbox_address);
-  } catch (const zmq::error_t& e) {
-    spdlog::critical("result writer: cannot connect to {}: {}", options_.outbox_address, e.what());
-    push.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = true;
   }
   // Connect early so that a wrong --redis shows in the log at start; writes retry anyway.
   Status s = protocol::RedisClient::Connect(options_.redis, options_.redis_timeout_ms, &client_);
   if (!s.ok()) spdlog::warn("result writer: {}; will retry when there are results", s.message());
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    writing_ = false;
+  }
   while (true) {
     std::vector<JobResult> batch;
+    std::vector<PackedResult> packed;
+    int64_t first_attempt = 1;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty() || aborted_) break;
-      batch.swap(queue_);
-      in_flight_ = batch.size();
+      cv_.wait(lock, [this] {
+        return !writing_ && (stopping_ || !queue_.empty() || !retry_.empty());
+      });
+      if (aborted_ || (queue_.empty() && retry_.empty())) break;
+      writing_ = true;
+      if (!retry_.empty()) {  // a caller's failed try: already packed, its first try spent
+        batch = std::move(retry_.front().results);
+        packed = std::move(retry_.front().packed);
+        retry_.erase(retry_.begin());
+        first_attempt = 2;
+      } else {
+        batch.swap(queue_);
+      }
+      in_flight_ += batch.size();
     }
+    if (first_attempt == 1) packed = Pack(&batch);
     int64_t duplicates = 0;
-    std::vector<PackedResult> packed;
-    const bool written = Write(&batch, &packed, &duplicates);
+    const bool written = WriteWithRetries(&packed, first_attempt, &duplicates);
+    if (written) Report(batch, packed, duplicates, /*by_caller=*/false);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      in_flight_ = 0;
-      if (written) written_ += static_cast<int64_t>(batch.size());
-      duplicates_ += duplicates;
+      in_flight_ -= batch.size();
+      writing_ = false;
     }
     if (!written) {
       spdlog::error("result writer: aborted with {} results unwritten", batch.size());
       break;
     }
-    if (duplicates > 0) {
-      spdlog::info("result writer: {} of {} result(s) already had a final result (first wins)",
-                   duplicates, batch.size());
-    }
-    if (options_.metrics != nullptr) options_.metrics->OnWritten(batch, duplicates);
-    if (push) SendDone(*push, batch, packed, duplicates);
   }
 }
 
-int64_t ResultWriter::duplicates() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return duplicates_;
-}
-
-bool ResultWriter::Write(std::vector<JobResult>* results, std::vector<PackedResult>* out,
-                         int64_t* duplicates) {
-  *duplicates = 0;
+std::vector<ResultWriter::PackedResult> ResultWriter::Pack(std::vector<JobResult>* results) const {
   // Pack once; the outputs' memory (the batch tensors) is released right after.
-  std::vector<PackedResult>& packed = *out;
-  packed.clear();
+  std::vector<PackedResult> packed;
   packed.reserve(results->size());
   const int64_t finished = protocol::NowMicros();
   for (JobResult& r : *results) {
@@ -162,49 +221,79 @@ bool ResultWriter::Write(std::vector<JobResult>* results, std::vector<PackedResu
     r.outputs.clear();
     r.outputs_owner.reset();
   }
+  return packed;
+}
 
+Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try,
+                               int64_t* duplicates) {
+  if (!client_) {
+    FERRY_RETURN_IF_ERROR(
+        protocol::RedisClient::Connect(options_.redis, options_.redis_timeout_ms, &client_));
+  }
+  for (const auto& p : *packed) client_->Append({"SET", p.key, p.value, "EX", p.ttl, "NX"});
+  std::vector<protocol::RedisReply> replies;
+  Status s = client_->Flush(&replies);
+  int64_t nil = 0;
+  for (const auto& reply : replies) {
+    if (s.ok() && reply.type == protocol::RedisReply::Type::kError)
+      s = Status::Internal("redis: " + reply.str);
+    if (reply.type == protocol::RedisReply::Type::kNil) ++nil;
+  }
+  // On a retry a nil may be our own earlier write that got through: count first tries only.
+  if (s.ok() && first_try) {
+    *duplicates = nil;
+    if (replies.size() == packed->size()) {
+      for (size_t i = 0; i < packed->size(); ++i)
+        (*packed)[i].stored = replies[i].type == protocol::RedisReply::Type::kStatus;
+    }
+  }
+  return s;
+}
+
+bool ResultWriter::WriteWithRetries(std::vector<PackedResult>* packed, int64_t attempt,
+                                    int64_t* duplicates) {
+  *duplicates = 0;
   int backoff_ms = options_.backoff_initial_ms;
-  for (int64_t attempt = 1;; ++attempt) {
-    Status s;
-    if (!client_) {
-      s = protocol::RedisClient::Connect(options_.redis, options_.redis_timeout_ms, &client_);
-    }
-    if (s.ok()) {
-      for (const auto& p : packed) client_->Append({"SET", p.key, p.value, "EX", p.ttl, "NX"});
-      std::vector<protocol::RedisReply> replies;
-      s = client_->Flush(&replies);
-      int64_t nil = 0;
-      for (const auto& reply : replies) {
-        if (s.ok() && reply.type == protocol::RedisReply::Type::kError)
-          s = Status::Internal("redis: " + reply.str);
-        if (reply.type == protocol::RedisReply::Type::kNil) ++nil;
-      }
-      // On a retry a nil may be our own earlier write that got through: count first tries only.
-      if (s.ok() && attempt == 1) {
-        *duplicates = nil;
-        if (replies.size() == packed.size()) {
-          for (size_t i = 0; i < packed.size(); ++i)
-            packed[i].stored = replies[i].type == protocol::RedisReply::Type::kStatus;
-        }
-      }
-    }
+  if (attempt > 1) {  // a caller's try just failed: pause as after any failed try
+    if (!Backoff(backoff_ms)) return false;
+    backoff_ms = std::min(backoff_ms * 2, options_.backoff_max_ms);
+  }
+  for (;; ++attempt) {
+    const Status s = WriteOnce(packed, attempt == 1, duplicates);
     if (s.ok()) {
       if (attempt > 1)
         spdlog::info("result writer: redis back, wrote {} results after {} attempts",
-                     packed.size(), attempt);
+                     packed->size(), attempt);
       return true;
     }
     if (options_.metrics != nullptr) options_.metrics->OnWriteError();
     if (IsPowerOfTwo(attempt)) {
       spdlog::warn("result writer: {} results not written (attempt {}): {}; retrying",
-                   packed.size(), attempt, s.ToString());
+                   packed->size(), attempt, s.ToString());
     }
     if (!Backoff(backoff_ms)) return false;
     backoff_ms = std::min(backoff_ms * 2, options_.backoff_max_ms);
   }
 }
 
-void ResultWriter::SendDone(zmq::socket_t& push, const std::vector<JobResult>& results,
+void ResultWriter::Report(const std::vector<JobResult>& results,
+                          const std::vector<PackedResult>& packed, int64_t duplicates,
+                          bool by_caller) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    written_ += static_cast<int64_t>(results.size());
+    if (by_caller) written_by_callers_ += static_cast<int64_t>(results.size());
+    duplicates_ += duplicates;
+  }
+  if (duplicates > 0) {
+    spdlog::info("result writer: {} of {} result(s) already had a final result (first wins)",
+                 duplicates, results.size());
+  }
+  if (options_.metrics != nullptr) options_.metrics->OnWritten(results, duplicates);
+  if (push_) SendDone(results, packed, duplicates);
+}
+
+void ResultWriter::SendDone(const std::vector<JobResult>& results,
                             const std::vector<PackedResult>& packed, int64_t duplicates) {
   std::vector<std::string> ids;
   ids.reserve(results.size());
@@ -218,7 +307,7 @@ void ResultWriter::SendDone(zmq::socket_t& push, const std::vector<JobResult>& r
         packed[i].value.size() <= options_.inline_result_bytes)
       inline_results.emplace_back(r.job.entry.id, packed[i].value);
   }
-  Status s = protocol::SendMessage(push, nullptr, protocol::kDone,
+  Status s = protocol::SendMessage(*push_, nullptr, protocol::kDone,
                                    protocol::EncodeDone(ids, duplicates, not_done, inline_results));
   if (!s.ok()) {
     spdlog::error("result writer: cannot hand {} DONE ids to the I/O thread: {}", ids.size(),

@@ -1,6 +1,7 @@
 # Worker unit tests: the batch path on real TorchScript models, the engine (padding, conversion,
 # out-of-memory halving, warmup, concurrent executors), the model registry (memory budget, LRU),
-# the repository file, the local job queue, the flags, the model generator, and one in-process
+# the repository file, the local job queue, the flags, the model generator, the result writer
+# (both write paths, against a real redis-server), and one in-process
 # worker against a real redis-server and a test-side ROUTER standing in for the broker.
 # Included from tests/unit/CMakeLists.txt; needs the ferry_worker and ferry-make-models targets
 # (only defined when libtorch is found).
@@ -14,10 +15,11 @@ if(TARGET ferry_worker AND TARGET ferry-make-models)
     ${CMAKE_CURRENT_LIST_DIR}/worker_make_models_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/worker_options_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/worker_registry_test.cc
+    ${CMAKE_CURRENT_LIST_DIR}/worker_result_writer_test.cc
     ${CMAKE_CURRENT_LIST_DIR}/worker_test_models.cc)
   # Only worker_batcher_test.cc and worker_test_models.cc include libtorch (they define models).
   target_link_libraries(ferry_worker_unit_tests PRIVATE
-    ferry::worker ${TORCH_LIBRARIES} GTest::gtest_main)
+    ferry::worker ferry_testutil ${TORCH_LIBRARIES} GTest::gtest_main)
   target_compile_options(ferry_worker_unit_tests PRIVATE -Wall -Wextra)
   target_compile_definitions(ferry_worker_unit_tests PRIVATE
     FERRY_MAKE_MODELS="$<TARGET_FILE:ferry-make-models>")

@@ -16,7 +16,15 @@
 // travel inside the DONE ("results"), for the broker to hand to producers that asked for them:
 // the same bytes as in Redis, so a producer never sees a result that Redis does not hold.
 //
-// Thread-safety: Submit/pending may be called from any thread. Start/Stop from one owner.
+// Caller-runs when idle: WriteOrSubmit does the same write on the calling thread (an executor
+// with no next batch waiting) when nothing is queued or being written, instead of waking the
+// writer thread -- at light load that saves a thread hand-off per batch. Whoever writes holds the
+// "writing" role (the Redis connection and the PUSH socket); if the first try on the caller's
+// thread fails, the packed results go to the writer thread, which retries them as above. So the
+// guarantees are the same on both paths: DONE follows the write, first result wins.
+//
+// Thread-safety: Submit/WriteOrSubmit/pending may be called from any thread. Start/Stop from one
+// owner.
 
 #include <condition_variable>
 #include <cstdint>
@@ -62,6 +70,10 @@ class ResultWriter {
   void Start();
   // Queues results for the next round trip. Never blocks on Redis.
   void Submit(std::vector<JobResult> results);
+  // Writes `results` on the calling thread (one round trip, then DONE to the outbox) when the
+  // writer is idle and connected; otherwise, or when that one try fails, queues them as Submit
+  // does. Blocks for at most one Redis round trip (bounded by redis_timeout_ms).
+  void WriteOrSubmit(std::vector<JobResult> results);
   // Writes and reports everything submitted so far, then joins. Blocks while Redis is down.
   void Stop();
 
@@ -71,6 +83,8 @@ class ResultWriter {
   int64_t written() const;
   // Results that lost the race: another final result was already in Redis (all time).
   int64_t duplicates() const;
+  // Of written(), those written on a caller's thread by WriteOrSubmit (all time).
+  int64_t written_by_callers() const;
 
  private:
   void Loop();
@@ -81,13 +95,25 @@ class ResultWriter {
     std::string ttl;
     bool stored = false;  // SET NX stored it at the first try (it is the job's result)
   };
-  // Packs and writes `results` (into *packed), retrying until Redis accepts them or the writer
-  // is aborted. Returns false only on abort.
-  // `duplicates` gets how many ids already had a final result (SET NX answered nil).
-  bool Write(std::vector<JobResult>* results, std::vector<PackedResult>* packed,
-             int64_t* duplicates);
-  void SendDone(zmq::socket_t& push, const std::vector<JobResult>& results,
-                const std::vector<PackedResult>& packed, int64_t duplicates);
+  // Results packed for Redis, waiting for the writer thread's retries (a caller's try failed).
+  struct PackedBatch {
+    std::vector<JobResult> results;
+    std::vector<PackedResult> packed;
+  };
+  // Packs each result into its SET arguments (and releases the outputs' memory).
+  std::vector<PackedResult> Pack(std::vector<JobResult>* results) const;
+  // One pipelined round trip of SET NX for `packed`. On the first try (`first_try`) records
+  // which were stored and counts the nils in *duplicates. Needs the writing role.
+  Status WriteOnce(std::vector<PackedResult>* packed, bool first_try, int64_t* duplicates);
+  // Writes `packed`, retrying with backoff until Redis accepts it or the writer is aborted
+  // (returns false only then). `attempt` is the first try's number (2 after a caller's failed
+  // try, so that its nils are not counted as duplicates).
+  bool WriteWithRetries(std::vector<PackedResult>* packed, int64_t attempt, int64_t* duplicates);
+  // Counts the written batch and hands its ids to the I/O thread. Needs the writing role.
+  void Report(const std::vector<JobResult>& results, const std::vector<PackedResult>& packed,
+              int64_t duplicates, bool by_caller);
+  void SendDone(const std::vector<JobResult>& results, const std::vector<PackedResult>& packed,
+                int64_t duplicates);
   // Sleeps up to `ms` or until aborted; returns false when aborted.
   bool Backoff(int ms);
 
@@ -98,12 +124,18 @@ class ResultWriter {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<JobResult> queue_;
-  size_t in_flight_ = 0;  // taken by the thread, not yet written
+  std::vector<PackedBatch> retry_;  // a caller's failed try, for the writer thread
+  size_t in_flight_ = 0;  // taken by a writer (thread or caller), not yet written
   int64_t written_ = 0;
+  int64_t written_by_callers_ = 0;
   int64_t duplicates_ = 0;
   bool stopping_ = false;
   bool aborted_ = false;
-  std::unique_ptr<protocol::RedisClient> client_;  // writer thread only; null until connected
+  // The writing role: whoever set it (the writer thread or one caller) alone uses client_ and
+  // push_; taking and releasing it under mu_ orders their use across threads.
+  bool writing_ = false;
+  std::unique_ptr<protocol::RedisClient> client_;  // null until connected
+  std::unique_ptr<zmq::socket_t> push_;            // to the outbox; null if it could not connect
   std::thread thread_;
 };
 

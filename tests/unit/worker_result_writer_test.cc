@@ -1,0 +1,195 @@
+// ResultWriter against a real redis-server and a real inproc outbox: both write paths (the
+// writer thread, and WriteOrSubmit on the caller's thread when the writer is idle) store each
+// result once with SET NX and report it in DONE only after the write.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+
+#include "ferry/protocol/codec.h"
+#include "ferry/protocol/keys.h"
+#include "ferry/protocol/redis.h"
+#include "ferry/protocol/wire.h"
+#include "ferry/worker/result_writer.h"
+#include "process.h"  // testutil: RedisServer
+
+namespace ferry::worker {
+namespace {
+
+constexpr char kOutbox[] = "inproc://result-writer-test";
+
+struct Done {
+  std::vector<std::string> ids;
+  int64_t duplicates = 0;
+  std::vector<std::pair<std::string, std::string>> inline_results;
+};
+
+JobResult MakeResult(const std::string& id) {
+  JobResult r;
+  r.job.entry.id = id;
+  r.job.entry.model = "tiny";
+  r.job.entry.attempt = 1;
+  r.status = Status::Ok();  // "done" with no outputs
+  r.batch_size = 1;
+  return r;
+}
+
+std::vector<JobResult> One(const std::string& id) {
+  std::vector<JobResult> v;
+  v.push_back(MakeResult(id));
+  return v;
+}
+
+class ResultWriterTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    outbox_.set(zmq::sockopt::rcvtimeo, 10000);
+    outbox_.bind(kOutbox);
+    ASSERT_TRUE(protocol::ParseRedisUrl(redis_.url(), &endpoint_).ok());
+    ASSERT_TRUE(protocol::RedisClient::Connect(endpoint_, 2000, &client_).ok());
+    ResultWriter::Options o;
+    o.redis = endpoint_;
+    o.worker_name = "test-worker";
+    o.outbox_address = kOutbox;
+    o.backoff_initial_ms = 20;
+    o.backoff_max_ms = 100;
+    writer_ = std::make_unique<ResultWriter>(&context_, o);
+    writer_->Start();
+  }
+  void TearDown() override {
+    if (writer_) writer_->Stop();
+  }
+
+  // The next DONE the writer handed to the outbox.
+  Done NextDone() {
+    Done d;
+    protocol::Message m;
+    Status s = protocol::RecvMessage(outbox_, /*router=*/false, &m, /*dont_wait=*/false);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    if (!s.ok()) return d;
+    EXPECT_EQ(m.command, "DONE");
+    msgpack::object_handle oh;
+    EXPECT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+    EXPECT_TRUE(protocol::GetStringArray(oh.get(), "ids", &d.ids).ok());
+    EXPECT_TRUE(protocol::GetInt(oh.get(), "duplicates", &d.duplicates, 0).ok());
+    protocol::InlineResults views;
+    EXPECT_TRUE(protocol::DecodeInlineResults(oh.get(), &views).ok());
+    for (const auto& [id, record] : views) d.inline_results.emplace_back(id, record);
+    return d;
+  }
+
+  // The stored record of `id`, or "" when absent.
+  std::string Stored(const std::string& id) {
+    std::string value;
+    bool found = false;
+    EXPECT_TRUE(client_->Get(keys_.Result(id), &value, &found).ok());
+    return found ? value : "";
+  }
+
+  // Submits through the writer thread and waits for its DONE: the writer is then connected.
+  void WarmUp() {
+    writer_->Submit(One("warm-up"));
+    ASSERT_EQ(NextDone().ids, std::vector<std::string>{"warm-up"});
+  }
+
+  testutil::RedisServer redis_;
+  protocol::RedisEndpoint endpoint_;
+  std::unique_ptr<protocol::RedisClient> client_;
+  protocol::Keys keys_{std::string(protocol::kDefaultPrefix)};
+  zmq::context_t context_{1};
+  zmq::socket_t outbox_{context_, zmq::socket_type::pull};
+  std::unique_ptr<ResultWriter> writer_;
+};
+
+TEST_F(ResultWriterTest, IdleWriterLetsTheCallerWriteBeforeItReturns) {
+  WarmUp();
+  EXPECT_EQ(writer_->written_by_callers(), 0);
+  writer_->WriteOrSubmit(One("job-1"));
+  // Written on this thread: the record is in Redis as the call returns, no waiting.
+  const std::string record = Stored("job-1");
+  ASSERT_FALSE(record.empty());
+  EXPECT_EQ(writer_->written_by_callers(), 1);
+  EXPECT_EQ(writer_->written(), 2);
+  EXPECT_EQ(writer_->pending(), 0u);
+  Result decoded;
+  ASSERT_TRUE(protocol::DecodeResult(record.data(), record.size(), &decoded).ok());
+  EXPECT_EQ(decoded.id, "job-1");
+  EXPECT_EQ(decoded.state, JobState::kDone);
+  EXPECT_EQ(decoded.worker, "test-worker");
+  // DONE follows, carrying the very bytes Redis holds.
+  Done d = NextDone();
+  EXPECT_EQ(d.ids, std::vector<std::string>{"job-1"});
+  EXPECT_EQ(d.duplicates, 0);
+  ASSERT_EQ(d.inline_results.size(), 1u);
+  EXPECT_EQ(d.inline_results[0].second, record);
+}
+
+TEST_F(ResultWriterTest, CallerWriteKeepsTheFirstResultAndReportsTheDuplicate) {
+  WarmUp();
+  protocol::RedisReply reply;
+  ASSERT_TRUE(client_->Command({"SET", keys_.Result("job-2"), "earlier"}, &reply).ok());
+  writer_->WriteOrSubmit(One("job-2"));
+  EXPECT_EQ(Stored("job-2"), "earlier");
+  EXPECT_EQ(writer_->duplicates(), 1);
+  Done d = NextDone();
+  EXPECT_EQ(d.ids, std::vector<std::string>{"job-2"});
+  EXPECT_EQ(d.duplicates, 1);
+  EXPECT_TRUE(d.inline_results.empty());  // never inline a result Redis does not hold
+}
+
+TEST_F(ResultWriterTest, CallersFailedTryIsRetriedByTheWriterThreadAndDoneFollowsTheWrite) {
+  WarmUp();
+  redis_.Stop();
+  writer_->WriteOrSubmit(One("job-3"));  // the one try fails; the writer thread takes over
+  EXPECT_EQ(writer_->written_by_callers(), 0);
+  EXPECT_EQ(writer_->pending(), 1u);
+  // No DONE while Redis is down.
+  zmq::message_t part;
+  outbox_.set(zmq::sockopt::rcvtimeo, 300);
+  EXPECT_FALSE(outbox_.recv(part).has_value());
+  outbox_.set(zmq::sockopt::rcvtimeo, 10000);
+  redis_.Restart();
+  Done d = NextDone();
+  EXPECT_EQ(d.ids, std::vector<std::string>{"job-3"});
+  ASSERT_TRUE(protocol::RedisClient::Connect(endpoint_, 2000, &client_).ok());
+  EXPECT_FALSE(Stored("job-3").empty());
+  EXPECT_EQ(writer_->written(), 2);
+  EXPECT_EQ(writer_->pending(), 0u);
+}
+
+TEST_F(ResultWriterTest, ManyCallersAndTheThreadEachWriteEveryResultOnce) {
+  WarmUp();
+  constexpr int kThreads = 4, kPerThread = 50;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([this, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const std::string id = "t" + std::to_string(t) + "-" + std::to_string(i);
+        if (i % 2) writer_->WriteOrSubmit(One(id));
+        else writer_->Submit(One(id));
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::map<std::string, int> reported;
+  while (static_cast<int>(reported.size()) < kThreads * kPerThread) {
+    Done d = NextDone();
+    if (d.ids.empty()) break;  // timed out (the expectation in NextDone failed)
+    for (const auto& id : d.ids) ++reported[id];
+  }
+  ASSERT_EQ(static_cast<int>(reported.size()), kThreads * kPerThread);
+  for (const auto& [id, n] : reported) {
+    EXPECT_EQ(n, 1) << id;
+    EXPECT_FALSE(Stored(id).empty()) << id;
+  }
+  EXPECT_EQ(writer_->written(), 1 + kThreads * kPerThread);
+  EXPECT_EQ(writer_->duplicates(), 0);
+}
+
+}  // namespace
+}  // namespace ferry::worker
