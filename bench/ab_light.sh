@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # Paired light-load comparison of two builds (docs/performance.md, step 6).
 #
-#   bash bench/ab_light.sh BASE_BUILD NEW_BUILD [ROUNDS=8] [JOBS=3000]
+#   bash bench/ab_light.sh BASE_BUILD NEW_BUILD [ROUNDS=8] [JOBS=3000] [CONCURRENCY=1]
 #
 # Starts two fleets side by side (each: redis-server, ferry-broker, one ferry-worker serving
 # `tiny`, on free ports), then alternates `ferry-bench --concurrency 1` runs between them, so each
 # pair of p50s is taken within the same few seconds of outside load. Prints every pair and the
-# median of new/base. Each build needs ferry-bench, ferry-broker and ferry-worker; the models come
-# from NEW_BUILD's ferry-make-models.
+# median of new/base. With CONCURRENCY > 1 it compares throughput (jobs/s) instead of p50. Each
+# build needs ferry-bench, ferry-broker and ferry-worker; the models come from NEW_BUILD's
+# ferry-make-models.
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
-BASE=$(cd "$1" && pwd); NEW=$(cd "$2" && pwd); ROUNDS=${3:-8}; JOBS=${4:-3000}
+[ $# -ge 2 ] || { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+BASE=$(cd "$1" && pwd); NEW=$(cd "$2" && pwd); ROUNDS=${3:-8}; JOBS=${4:-3000}; CONC=${5:-1}
 WORK=$(mktemp -d /tmp/ferry-ab-XXXXXX)
 PIDS=()
 cleanup() {
@@ -45,24 +46,30 @@ start_fleet() {
 }
 start_fleet "$BASE" base
 start_fleet "$NEW" new
-p50() {  # p50 BUILD FRONTEND REDIS
+# measure BUILD FRONTEND REDIS: p50 in ms at concurrency 1, else throughput in jobs/s
+measure() {
   "$1/bench/ferry-bench" --frontend "$2" --redis "$3" --wait-workers 1 --model tiny --shape 8 \
-    --concurrency 1 --jobs "$JOBS" 2>&1 | sed -n 's/.*latency ms p50 \([0-9.]*\).*/\1/p'
+    --concurrency "$CONC" --jobs "$JOBS" 2>&1 | if [ "$CONC" = 1 ]; then
+      sed -n 's/.*latency ms p50 \([0-9.]*\).*/\1/p'
+    else
+      sed -n 's/.* \([0-9][0-9]*\) jobs\/s.*/\1/p'
+    fi
 }
-echo "round  base_p50_ms  new_p50_ms  ratio"
+if [ "$CONC" = 1 ]; then WHAT=p50_ms; else WHAT=jobs_s; fi
+echo "round  base_$WHAT  new_$WHAT  ratio"
 : >"$WORK/pairs"
 for r in $(seq "$ROUNDS"); do
-  b=$(p50 "$BASE" "$FRONTEND_base" "$REDIS_base")
-  n=$(p50 "$NEW" "$FRONTEND_new" "$REDIS_new")
+  b=$(measure "$BASE" "$FRONTEND_base" "$REDIS_base")
+  n=$(measure "$NEW" "$FRONTEND_new" "$REDIS_new")
   if [ -z "$b" ] || [ -z "$n" ]; then echo "ab_light.sh: a run failed (logs in $WORK)" >&2; trap - EXIT; exit 1; fi
   echo "$b $n" >>"$WORK/pairs"
   awk -v r="$r" -v b="$b" -v n="$n" 'BEGIN { printf "%5d  %11.3f  %10.3f  %5.2f\n", r, b, n, n / b }'
 done
-python3 - "$WORK/pairs" <<'PY'
+python3 - "$WORK/pairs" "$WHAT" <<'PY'
 import statistics, sys
 pairs = [tuple(map(float, l.split())) for l in open(sys.argv[1])]
 ratios = [n / b for b, n in pairs]
-print("median p50: base %.3f ms, new %.3f ms; new/base per pair: median %.2f (%.2f-%.2f)" % (
-    statistics.median(b for b, _ in pairs), statistics.median(n for _, n in pairs),
+print("median %s: base %.3f, new %.3f; new/base per pair: median %.2f (%.2f-%.2f)" % (
+    sys.argv[2], statistics.median(b for b, _ in pairs), statistics.median(n for _, n in pairs),
     statistics.median(ratios), min(ratios), max(ratios)))
 PY

@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Per-thread cost of one light-load job (docs/performance.md, step 7).
+#
+#   bash bench/thread_profile.sh BUILD_DIR [JOBS=4000] [-- EXTRA_WORKER_FLAGS...]
+#
+# Starts redis-server, ferry-broker and one ferry-worker serving `tiny` (on free ports), warms up,
+# then runs `ferry-bench --concurrency 1 --jobs JOBS` and prints, for every thread of redis, the
+# broker and the worker that did work, its CPU time and voluntary context switches (wake-ups)
+# per job, read from /proc before and after the run. BUILD_DIR needs ferry-bench, ferry-broker,
+# ferry-worker and ferry-make-models.
+set -uo pipefail
+[ $# -ge 1 ] || { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+B=$(cd "$1" && pwd); JOBS=${2:-4000}; shift $(( $# >= 2 ? 2 : 1 )); [ "${1:-}" = "--" ] && shift
+W=$(mktemp -d /tmp/ferry-threads-XXXXXX)
+PIDS=()
+cleanup() {
+  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$W"
+}
+trap cleanup EXIT
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+R=$(free_port); F=$(free_port); K=$(free_port)
+"$B/gpu-worker/ferry-make-models" "$W/models" >/dev/null
+redis-server --port "$R" --dir "$W" --save '' --appendonly no >/dev/null 2>&1 & PIDS+=($!)
+RP=$!
+for _ in $(seq 100); do redis-cli -p "$R" ping >/dev/null 2>&1 && break; sleep 0.05; done
+"$B/broker/ferry-broker" --frontend "tcp://127.0.0.1:$F" --backend "tcp://127.0.0.1:$K" \
+  --redis "redis://127.0.0.1:$R" --log-level warn >"$W/broker.log" 2>&1 & PIDS+=($!)
+BP=$!
+# The worker re-executes itself once (allocator settings): find it by its command line.
+"$B/gpu-worker/ferry-worker" --model "tiny=$W/models/tiny.pt" --device cpu --max-batch 256 \
+  --instances 1 --threads 1 --broker "tcp://127.0.0.1:$K" --redis "redis://127.0.0.1:$R" \
+  --log-level warn "$@" >"$W/worker.log" 2>&1 & PIDS+=($!)
+bench() {
+  "$B/bench/ferry-bench" --frontend "tcp://127.0.0.1:$F" --redis "redis://127.0.0.1:$R" \
+    --wait-workers 1 --model tiny --shape 8 --concurrency 1 --jobs "$1"
+}
+bench 500 >/dev/null 2>&1 || { echo "thread_profile.sh: warm-up run failed (logs in $W)" >&2; trap - EXIT; exit 1; }
+WP=$(pgrep -f "ferry-worker.*127.0.0.1:$K" | head -1)
+snapshot() {
+  for p in $RP $BP $WP; do
+    for t in /proc/"$p"/task/*; do
+      printf '%s/%s %s %s %s\n' "$p" "${t##*/}" "$(tr ' ' _ <"$t/comm")" \
+        "$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "$t/stat")" \
+        "$(awk '/^voluntary_ctxt_switches/ { print $2 }' "$t/status")"
+    done
+  done | sort
+}
+snapshot >"$W/before"
+bench "$JOBS" 2>&1 | grep -E 'latency|time share'
+snapshot >"$W/after"
+echo "process/thread        name            cpu_us/job  wakeups/job"
+join "$W/before" "$W/after" | awk -v jobs="$JOBS" -v hz="$(getconf CLK_TCK)" '{
+  cpu = ($6 - $3) / hz * 1e6 / jobs; cs = ($7 - $4) / jobs
+  if (cpu > 0.5 || cs > 0.05) printf "%-21s %-15s %10.1f  %11.2f\n", $1, $2, cpu, cs }'
