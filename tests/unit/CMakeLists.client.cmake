@@ -8,10 +8,11 @@ include(GoogleTest)
 
 add_executable(client_unit_tests
   ${CMAKE_CURRENT_LIST_DIR}/client_cli_test.cc
+  ${CMAKE_CURRENT_LIST_DIR}/client_frontend_connection_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/client_poll_wait_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/client_submit_test.cc)
 target_link_libraries(client_unit_tests PRIVATE ferry::client ferry_cli GTest::gtest_main)
-# client_submit_test.cc also tests the SDK's internal FrontendConnection.
+# client_frontend_connection_test.cc tests the SDK's internal FrontendConnection.
 target_include_directories(client_unit_tests PRIVATE ${PROJECT_SOURCE_DIR}/producer-sdk/src)
 target_link_libraries(client_unit_tests PRIVATE PkgConfig::ZMQ)
 gtest_discover_tests(client_unit_tests TEST_PREFIX "client." PROPERTIES LABELS unit)

@@ -1,7 +1,7 @@
-// Client::Submit/SubmitMany/Stats over real ZeroMQ sockets: against no broker at all, and against
-// a scripted frontend peer (a real ROUTER socket speaking wire protocol v1 through the protocol
-// library) that accepts model "m", rejects other models, answers STATS and sends FINISHED.
-// The FrontendConnection tests check its leader/follower driving directly.
+// Client::Submit/SubmitMany/Stats/Wait over real ZeroMQ sockets: against no broker at all, and
+// against a scripted frontend peer (client_scripted_frontend.h) that accepts model "m", rejects
+// other models, answers STATS and sends FINISHED. The SDK's FrontendConnection is tested on its
+// own in client_frontend_connection_test.cc.
 
 #include <gtest/gtest.h>
 
@@ -12,17 +12,18 @@
 #include <thread>
 
 #include "client_redis_fixture.h"
+#include "client_scripted_frontend.h"
 #include "ferry/client.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/wire.h"
-#include "frontend_connection.h"  // producer-sdk/src: the connection's own tests
 
 namespace ferry::client {
 namespace {
 
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
+using client_test::ScriptedFrontend;
 
 Job MakeJob(std::string model, std::string id = "") {
   Job j;
@@ -31,130 +32,6 @@ Job MakeJob(std::string model, std::string id = "") {
   j.inputs.push_back(Tensor::From<float>({1.f, 2.f}, {2}, DType::kFloat32));
   return j;
 }
-
-// A frontend ROUTER on a free port, run by its own thread.
-class ScriptedFrontend {
- public:
-  explicit ScriptedFrontend(int port) : endpoint_("tcp://127.0.0.1:" + std::to_string(port)) {
-    socket_.set(zmq::sockopt::linger, 0);
-    socket_.bind(endpoint_);
-    thread_ = std::thread([this] { Run(); });
-  }
-  ~ScriptedFrontend() {
-    stop_ = true;
-    thread_.join();
-  }
-  // Sends FINISHED {"ids": ids, "results"?: records} to the producer that last submitted.
-  void Finish(std::vector<std::string> ids,
-              std::vector<std::pair<std::string, std::string>> records = {}) {
-    std::lock_guard<std::mutex> lock(mu_);
-    to_finish_.push_back({std::move(ids), std::move(records)});
-  }
-  int submits() const { return submits_; }
-  // Whether the last SUBMIT asked for inline results ("inline_results": true).
-  bool asked_inline() const { return asked_inline_; }
-  int jobs_seen() const { return jobs_seen_; }
-  void set_error_reply(bool on) { error_reply_ = on; }
-  // Answers every accepted job at once: FINISHED right after ACCEPTED, with an inline "done"
-  // record whose one output is the job's first input (an echo).
-  void set_echo(bool on) { echo_ = on; }
-
- private:
-  void Run() {
-    while (!stop_) {
-      zmq_pollitem_t item{socket_.handle(), 0, ZMQ_POLLIN, 0};
-      zmq::poll(&item, 1, milliseconds(10));
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        for (auto& [ids, records] : to_finish_) {
-          protocol::InlineResults views(records.begin(), records.end());
-          protocol::SendTo(socket_, producer_, protocol::kFinished,
-                           protocol::EncodeFinished(ids, views));
-        }
-        to_finish_.clear();
-      }
-      protocol::Message m;
-      if (!protocol::RecvMessage(socket_, /*router=*/true, &m).ok()) continue;
-      std::string peer(m.envelope.at(0).to_string_view());
-      msgpack::object_handle oh;
-      if (!protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok()) continue;
-      int64_t rid = 0;
-      protocol::GetInt(oh.get(), "rid", &rid, 0);
-      if (error_reply_) {
-        protocol::SendTo(socket_, peer, protocol::kError,
-                         protocol::EncodeError(rid, codes::kMalformed, "scripted error"));
-      } else if (m.command == protocol::kSubmit) {
-        ++submits_;
-        const msgpack::object* flag = protocol::Find(oh.get(), "inline_results");
-        asked_inline_ = flag && flag->type == msgpack::type::BOOLEAN && flag->via.boolean;
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          producer_ = peer;
-        }
-        protocol::Accepted a;
-        a.rid = rid;
-        std::vector<std::pair<std::string, std::string>> echoes;
-        const msgpack::object* jobs = protocol::Find(oh.get(), "jobs");
-        for (uint32_t i = 0; jobs && i < jobs->via.array.size; ++i) {
-          ++jobs_seen_;
-          protocol::SubmitJob job;
-          Status s = protocol::DecodeSubmitJob(jobs->via.array.ptr[i], &job);
-          if (s.ok() && job.model != "m") s = Status(codes::kUnknownModel, "no worker serves it");
-          if (s.ok()) a.ids.push_back(job.id);
-          else a.rejected.push_back({job.id, s.code(), s.message()});
-          if (s.ok() && echo_ && !job.inputs.empty()) {
-            protocol::ResultRecord r;
-            r.id = job.id;
-            r.status = "done";
-            r.model = job.model;
-            r.outputs.push_back(job.inputs[0]);
-            msgpack::sbuffer buf;
-            protocol::Packer pk(buf);
-            protocol::PackResult(pk, r);
-            echoes.emplace_back(job.id, std::string(buf.data(), buf.size()));
-          }
-        }
-        protocol::SendTo(socket_, peer, protocol::kAccepted, protocol::EncodeAccepted(a));
-        if (!echoes.empty()) {
-          protocol::InlineResults views(echoes.begin(), echoes.end());
-          protocol::SendTo(socket_, peer, protocol::kFinished,
-                           protocol::EncodeFinished(a.ids, views));
-        }
-      } else if (m.command == protocol::kStats) {
-        msgpack::sbuffer buf;
-        protocol::Packer pk(buf);
-        pk.pack_map(3);
-        protocol::PackString(pk, "queues");
-        pk.pack_map(1);
-        protocol::PackString(pk, "m");
-        pk.pack_int64(3);
-        protocol::PackString(pk, "workers");
-        pk.pack_array(0);
-        protocol::PackString(pk, "rid");
-        pk.pack_int64(rid);
-        protocol::SendTo(socket_, peer, protocol::kStats, protocol::ToMessage(std::move(buf)));
-      }
-    }
-  }
-
-  std::string endpoint_;
-  zmq::context_t context_{1};
-  zmq::socket_t socket_{context_, zmq::socket_type::router};
-  std::thread thread_;
-  std::atomic<bool> stop_{false};
-  std::atomic<int> submits_{0};
-  std::atomic<int> jobs_seen_{0};
-  std::atomic<bool> error_reply_{false};
-  std::atomic<bool> asked_inline_{false};
-  std::atomic<bool> echo_{false};
-  std::mutex mu_;
-  std::string producer_;                          // guarded by mu_
-  struct Notice {
-    std::vector<std::string> ids;
-    std::vector<std::pair<std::string, std::string>> records;
-  };
-  std::vector<Notice> to_finish_;  // guarded by mu_
-};
 
 class ClientSubmitTest : public ::testing::Test {
  protected:
@@ -561,112 +438,6 @@ TEST_F(ClientSubmitTest, ManyThreadsSubmitAndWaitThroughOneConnection) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(good.load(), kThreads * kJobsEach);
   for (size_t i = 0; i < failures.size() && i < 5; ++i) ADD_FAILURE() << failures[i];
-}
-
-// Each connection test gets its own port (a scripted broker bound to it).
-class FrontendConnectionTest : public ClientSubmitTest {};
-
-// Nobody waits: the background thread still reads the socket and hands FINISHED notices over.
-TEST_F(FrontendConnectionTest, BackgroundThreadReadsWhileNoCallerWaits) {
-  ScriptedFrontend broker(port_);
-  std::unique_ptr<FrontendConnection> conn;
-  ASSERT_TRUE(FrontendConnection::Create(options_.frontend, &conn).ok());
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::string> noticed;
-  ASSERT_TRUE(conn->Start([&](const std::vector<std::string>& ids,
-                              const protocol::InlineResults&) {
-                    std::lock_guard<std::mutex> lock(mu);
-                    noticed.insert(noticed.end(), ids.begin(), ids.end());
-                    cv.notify_all();
-                  }).ok());
-  // One SUBMIT, so that the scripted broker knows where to send FINISHED.
-  FrontendConnection::Reply reply;
-  const int64_t rid = conn->NextRid();
-  msgpack::sbuffer buf;
-  protocol::Packer pk(buf);
-  pk.pack_map(2);
-  protocol::PackString(pk, "jobs");
-  pk.pack_array(0);
-  protocol::PackString(pk, "rid");
-  pk.pack_int64(rid);
-  ASSERT_TRUE(conn->Call(rid, protocol::kSubmit, protocol::ToMessage(std::move(buf)), 5000,
-                         &reply).ok());
-  EXPECT_EQ(reply.command, protocol::kAccepted);
-  broker.Finish({"bg-1", "bg-2"});
-  // This thread only sleeps on its own condition variable: no Call, no Await.
-  std::unique_lock<std::mutex> lock(mu);
-  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return noticed.size() == 2; }))
-      << "FINISHED was not read while no caller waited";
-  EXPECT_EQ(noticed, (std::vector<std::string>{"bg-1", "bg-2"}));
-}
-
-// A caller that drives the socket for its own long wait also sends another caller's request and
-// hands it the reply: the second call completes while the first is still waiting.
-TEST_F(FrontendConnectionTest, DrivingCallerServesAnotherCallersRequest) {
-  ScriptedFrontend broker(port_);
-  std::unique_ptr<FrontendConnection> conn;
-  ASSERT_TRUE(FrontendConnection::Create(options_.frontend, &conn).ok());
-  ASSERT_TRUE(conn->Start(nullptr).ok());
-  std::atomic<bool> first_returned{false};
-  Waiter never_signaled;
-  std::thread first([&] {
-    // Takes the socket (the background thread yields) and keeps it for 3 s.
-    EXPECT_FALSE(conn->Await(&never_signaled, Clock::now() + std::chrono::seconds(3)));
-    first_returned = true;
-  });
-  std::this_thread::sleep_for(milliseconds(100));  // let it take the socket (not required)
-  FrontendConnection::Reply reply;
-  const int64_t rid = conn->NextRid();
-  Status s = conn->Call(rid, protocol::kStats, protocol::EncodeEmpty(rid), 20000, &reply);
-  const bool first_still_waiting = !first_returned;
-  first.join();
-  ASSERT_TRUE(s.ok()) << s.ToString();
-  EXPECT_EQ(reply.command, protocol::kStats);
-  EXPECT_TRUE(first_still_waiting) << "the reply waited for the driving caller to leave";
-}
-
-// A caller that finds the background thread driving takes the socket with one hand-over: the
-// background thread does not take it back at once (the two would pass it to and fro). Calls are
-// spaced beyond kIdleHandback, so the background thread drives between them.
-TEST_F(FrontendConnectionTest, BackgroundThreadYieldsOncePerIdleCaller) {
-  ScriptedFrontend broker(port_);
-  std::unique_ptr<FrontendConnection> conn;
-  ASSERT_TRUE(FrontendConnection::Create(options_.frontend, &conn).ok());
-  ASSERT_TRUE(conn->Start(nullptr).ok());
-  constexpr int kCalls = 20;
-  for (int i = 0; i < kCalls; ++i) {
-    std::this_thread::sleep_for(FrontendConnection::kIdleHandback * 3);
-    FrontendConnection::Reply reply;
-    const int64_t rid = conn->NextRid();
-    ASSERT_TRUE(
-        conn->Call(rid, protocol::kStats, protocol::EncodeEmpty(rid), 20000, &reply).ok());
-  }
-  // One hand-over per call; a second one only when this thread slept through the whole idle
-  // period between being woken and taking the socket.
-  EXPECT_GE(conn->background_yields(), 1);
-  EXPECT_LE(conn->background_yields(), 2 * kCalls);
-}
-
-// Signal from another thread ends a wait, whether the waiter drives the socket or sleeps.
-TEST_F(FrontendConnectionTest, SignalFromAnotherThreadEndsAwait) {
-  ScriptedFrontend broker(port_);
-  std::unique_ptr<FrontendConnection> conn;
-  ASSERT_TRUE(FrontendConnection::Create(options_.frontend, &conn).ok());
-  ASSERT_TRUE(conn->Start(nullptr).ok());
-  Waiter a, b;
-  std::atomic<int> ended{0};
-  auto wait = [&](Waiter* w) {
-    if (conn->Await(w, Clock::now() + std::chrono::seconds(60))) ++ended;
-  };
-  std::thread ta(wait, &a), tb(wait, &b);  // one drives, the other sleeps
-  std::this_thread::sleep_for(milliseconds(100));
-  conn->Signal(&a);
-  conn->Signal(&b);
-  ta.join();
-  tb.join();
-  EXPECT_EQ(ended.load(), 2);
-  EXPECT_TRUE(a.signaled && b.signaled);
 }
 
 }  // namespace

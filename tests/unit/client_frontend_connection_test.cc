@@ -1,0 +1,145 @@
+// The SDK's FrontendConnection (producer-sdk/src) on its own, over real ZeroMQ sockets against a
+// scripted frontend: its leader/follower driving -- the background thread reads while no caller
+// waits, a driving caller serves another caller's request, the background thread hands the socket
+// over once per idle caller, and Signal ends both kinds of wait.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "client_redis_fixture.h"  // FreePort
+#include "client_scripted_frontend.h"
+#include "ferry/protocol/messages.h"
+#include "ferry/protocol/wire.h"
+#include "frontend_connection.h"  // producer-sdk/src
+
+namespace ferry::client {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+using client_test::ScriptedFrontend;
+
+// Each test gets its own port (a scripted broker bound to it).
+class FrontendConnectionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    port_ = client_test::FreePort();
+    endpoint_ = "tcp://127.0.0.1:" + std::to_string(port_);
+  }
+  int port_ = 0;
+  std::string endpoint_;
+};
+
+// Nobody waits: the background thread still reads the socket and hands FINISHED notices over.
+TEST_F(FrontendConnectionTest, BackgroundThreadReadsWhileNoCallerWaits) {
+  ScriptedFrontend broker(port_);
+  std::unique_ptr<FrontendConnection> conn;
+  ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> noticed;
+  ASSERT_TRUE(conn->Start([&](const std::vector<std::string>& ids,
+                              const protocol::InlineResults&) {
+                    std::lock_guard<std::mutex> lock(mu);
+                    noticed.insert(noticed.end(), ids.begin(), ids.end());
+                    cv.notify_all();
+                  }).ok());
+  // One SUBMIT, so that the scripted broker knows where to send FINISHED.
+  FrontendConnection::Reply reply;
+  const int64_t rid = conn->NextRid();
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  pk.pack_map(2);
+  protocol::PackString(pk, "jobs");
+  pk.pack_array(0);
+  protocol::PackString(pk, "rid");
+  pk.pack_int64(rid);
+  ASSERT_TRUE(conn->Call(rid, protocol::kSubmit, protocol::ToMessage(std::move(buf)), 5000,
+                         &reply).ok());
+  EXPECT_EQ(reply.command, protocol::kAccepted);
+  broker.Finish({"bg-1", "bg-2"});
+  // This thread only sleeps on its own condition variable: no Call, no Await.
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return noticed.size() == 2; }))
+      << "FINISHED was not read while no caller waited";
+  EXPECT_EQ(noticed, (std::vector<std::string>{"bg-1", "bg-2"}));
+}
+
+// A caller that drives the socket for its own long wait also sends another caller's request and
+// hands it the reply: the second call completes while the first is still waiting.
+TEST_F(FrontendConnectionTest, DrivingCallerServesAnotherCallersRequest) {
+  ScriptedFrontend broker(port_);
+  std::unique_ptr<FrontendConnection> conn;
+  ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
+  ASSERT_TRUE(conn->Start(nullptr).ok());
+  std::atomic<bool> first_returned{false};
+  Waiter never_signaled;
+  std::thread first([&] {
+    // Takes the socket (the background thread yields) and keeps it for 3 s.
+    EXPECT_FALSE(conn->Await(&never_signaled, Clock::now() + std::chrono::seconds(3)));
+    first_returned = true;
+  });
+  std::this_thread::sleep_for(milliseconds(100));  // let it take the socket (not required)
+  FrontendConnection::Reply reply;
+  const int64_t rid = conn->NextRid();
+  Status s = conn->Call(rid, protocol::kStats, protocol::EncodeEmpty(rid), 20000, &reply);
+  const bool first_still_waiting = !first_returned;
+  first.join();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(reply.command, protocol::kStats);
+  EXPECT_TRUE(first_still_waiting) << "the reply waited for the driving caller to leave";
+}
+
+// A caller that finds the background thread driving takes the socket with one hand-over: the
+// background thread does not take it back at once (the two would pass it to and fro). Calls are
+// spaced beyond kIdleHandback, so the background thread drives between them.
+TEST_F(FrontendConnectionTest, BackgroundThreadYieldsOncePerIdleCaller) {
+  ScriptedFrontend broker(port_);
+  std::unique_ptr<FrontendConnection> conn;
+  ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
+  ASSERT_TRUE(conn->Start(nullptr).ok());
+  constexpr int kCalls = 20;
+  for (int i = 0; i < kCalls; ++i) {
+    std::this_thread::sleep_for(FrontendConnection::kIdleHandback * 3);
+    FrontendConnection::Reply reply;
+    const int64_t rid = conn->NextRid();
+    ASSERT_TRUE(
+        conn->Call(rid, protocol::kStats, protocol::EncodeEmpty(rid), 20000, &reply).ok());
+  }
+  // One hand-over per call; a second one only when this thread slept through the whole idle
+  // period between being woken and taking the socket.
+  EXPECT_GE(conn->background_yields(), 1);
+  EXPECT_LE(conn->background_yields(), 2 * kCalls);
+}
+
+// Signal from another thread ends a wait, whether the waiter drives the socket or sleeps.
+TEST_F(FrontendConnectionTest, SignalFromAnotherThreadEndsAwait) {
+  ScriptedFrontend broker(port_);
+  std::unique_ptr<FrontendConnection> conn;
+  ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
+  ASSERT_TRUE(conn->Start(nullptr).ok());
+  Waiter a, b;
+  std::atomic<int> ended{0};
+  auto wait = [&](Waiter* w) {
+    if (conn->Await(w, Clock::now() + std::chrono::seconds(60))) ++ended;
+  };
+  std::thread ta(wait, &a), tb(wait, &b);  // one drives, the other sleeps
+  std::this_thread::sleep_for(milliseconds(100));
+  conn->Signal(&a);
+  conn->Signal(&b);
+  ta.join();
+  tb.join();
+  EXPECT_EQ(ended.load(), 2);
+  EXPECT_TRUE(a.signaled && b.signaled);
+}
+
+}  // namespace
+}  // namespace ferry::client
