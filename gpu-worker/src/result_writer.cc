@@ -55,11 +55,11 @@ void ResultWriter::Start() {
 
 void ResultWriter::Submit(std::vector<JobResult> results) {
   if (results.empty()) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    for (auto& r : results) queue_.push_back(std::move(r));
-  }
-  cv_.notify_all();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& r : results) queue_.push_back(std::move(r));
+  // Whoever holds the writing role looks at the queue when it lets go (the writer thread
+  // re-checks; a caller wakes it), so waking the thread now would only cost a context switch.
+  if (!writing_) cv_.notify_all();
 }
 
 void ResultWriter::WriteOrSubmit(std::vector<JobResult> results) {
@@ -75,7 +75,7 @@ void ResultWriter::WriteOrSubmit(std::vector<JobResult> results) {
       for (auto& r : results) queue_.push_back(std::move(r));
     }
     if (!idle) {
-      cv_.notify_all();
+      if (!writing_) cv_.notify_all();
       return;
     }
   }
@@ -89,16 +89,12 @@ void ResultWriter::WriteOrSubmit(std::vector<JobResult> results) {
     spdlog::warn("result writer: {} results not written ({}); the writer thread retries",
                  packed.size(), s.ToString());
   }
-  bool wake_writer;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    in_flight_ -= results.size();
-    writing_ = false;
-    if (!s.ok()) retry_.push_back({std::move(results), std::move(packed)});
-    // Wake the writer thread only if it has something to do (a wake-up costs a context switch).
-    wake_writer = stopping_ || !queue_.empty() || !retry_.empty();
-  }
-  if (wake_writer) cv_.notify_all();
+  std::lock_guard<std::mutex> lock(mu_);
+  in_flight_ -= results.size();
+  writing_ = false;
+  if (!s.ok()) retry_.push_back({std::move(results), std::move(packed)});
+  // Wake the writer thread only if it has something to do (a wake-up costs a context switch).
+  if (stopping_ || !queue_.empty() || !retry_.empty()) cv_.notify_all();
 }
 
 void ResultWriter::Stop() {
@@ -108,6 +104,8 @@ void ResultWriter::Stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
+  std::lock_guard<std::mutex> lock(mu_);
+  push_.reset();  // nothing sends DONE any more (WriteOrSubmit queues once stopping)
 }
 
 size_t ResultWriter::pending() const {

@@ -1,6 +1,6 @@
 #pragma once
-// ResultWriter: the thread that owns the worker's Redis connection. Executors (and the I/O
-// thread, for jobs that never ran) Submit results; the writer packs each into the result record
+// ResultWriter: the worker's Redis connection and its thread. Executors (and the I/O thread, for
+// jobs that never ran) Submit results; the writer packs each into the result record
 // (protocol::PackResult) and writes everything it has queued in ONE pipelined round trip:
 //   SET <prefix>result:<id> <msgpack> EX <ttl> NX     (per job; ttl = the job's result_ttl_s,
 //                                                      or the default when 0)
@@ -72,7 +72,9 @@ class ResultWriter {
   void Submit(std::vector<JobResult> results);
   // Writes `results` on the calling thread (one round trip, then DONE to the outbox) when the
   // writer is idle and connected; otherwise, or when that one try fails, queues them as Submit
-  // does. Blocks for at most one Redis round trip (bounded by redis_timeout_ms).
+  // does. Blocks for one Redis round trip (each connect, write and read bounded by
+  // redis_timeout_ms, so an unresponsive Redis stalls the caller a few times that, once per
+  // outage; then the writer is busy retrying and callers queue). Callers must be done before Stop.
   void WriteOrSubmit(std::vector<JobResult> results);
   // Writes and reports everything submitted so far, then joins. Blocks while Redis is down.
   void Stop();
@@ -124,7 +126,8 @@ class ResultWriter {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<JobResult> queue_;
-  std::vector<PackedBatch> retry_;  // a caller's failed try, for the writer thread
+  std::vector<PackedBatch> retry_;  // a caller's failed try, for the writer thread (at most one:
+                                    // callers write only while it is empty)
   size_t in_flight_ = 0;  // taken by a writer (thread or caller), not yet written
   int64_t written_ = 0;
   int64_t written_by_callers_ = 0;
