@@ -36,8 +36,7 @@ ResultWriter::~ResultWriter() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  size_t abandoned = queue_.size();
-  for (const auto& b : retry_) abandoned += b.results.size();
+  const size_t abandoned = queue_.size() + (retry_ ? retry_->results.size() : 0);
   if (abandoned > 0) spdlog::error("result writer: {} results abandoned unwritten", abandoned);
 }
 
@@ -66,18 +65,14 @@ void ResultWriter::WriteOrSubmit(std::vector<JobResult> results) {
   if (results.empty()) return;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    const bool idle = !writing_ && queue_.empty() && retry_.empty() && !stopping_ && client_ &&
-                      push_;
-    if (idle) {
-      writing_ = true;
-      in_flight_ += results.size();
-    } else {
-      for (auto& r : results) queue_.push_back(std::move(r));
-    }
+    const bool idle = !writing_ && queue_.empty() && !retry_ && !stopping_ && client_ && push_;
     if (!idle) {
+      for (auto& r : results) queue_.push_back(std::move(r));
       if (!writing_) cv_.notify_all();
       return;
     }
+    writing_ = true;
+    in_flight_ += results.size();
   }
   std::vector<PackedResult> packed = Pack(&results);
   int64_t duplicates = 0;
@@ -92,9 +87,9 @@ void ResultWriter::WriteOrSubmit(std::vector<JobResult> results) {
   std::lock_guard<std::mutex> lock(mu_);
   in_flight_ -= results.size();
   writing_ = false;
-  if (!s.ok()) retry_.push_back({std::move(results), std::move(packed)});
+  if (!s.ok()) retry_ = PackedBatch{std::move(results), std::move(packed)};
   // Wake the writer thread only if it has something to do (a wake-up costs a context switch).
-  if (stopping_ || !queue_.empty() || !retry_.empty()) cv_.notify_all();
+  if (stopping_ || !queue_.empty() || retry_) cv_.notify_all();
 }
 
 void ResultWriter::Stop() {
@@ -110,9 +105,7 @@ void ResultWriter::Stop() {
 
 size_t ResultWriter::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
-  size_t n = queue_.size() + in_flight_;
-  for (const auto& b : retry_) n += b.results.size();
-  return n;
+  return queue_.size() + in_flight_ + (retry_ ? retry_->results.size() : 0);
 }
 
 int64_t ResultWriter::written() const {
@@ -154,14 +147,14 @@ void ResultWriter::Loop() {
     {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] {
-        return !writing_ && (stopping_ || !queue_.empty() || !retry_.empty());
+        return !writing_ && (stopping_ || !queue_.empty() || retry_);
       });
-      if (aborted_ || (queue_.empty() && retry_.empty())) break;
+      if (aborted_ || (queue_.empty() && !retry_)) break;
       writing_ = true;
-      if (!retry_.empty()) {  // a caller's failed try: already packed, its first try spent
-        batch = std::move(retry_.front().results);
-        packed = std::move(retry_.front().packed);
-        retry_.erase(retry_.begin());
+      if (retry_) {  // a caller's failed try: already packed, its first try spent
+        batch = std::move(retry_->results);
+        packed = std::move(retry_->packed);
+        retry_.reset();
         first_attempt = 2;
       } else {
         batch.swap(queue_);

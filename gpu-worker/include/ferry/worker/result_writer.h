@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -126,8 +127,8 @@ class ResultWriter {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::vector<JobResult> queue_;
-  std::vector<PackedBatch> retry_;  // a caller's failed try, for the writer thread (at most one:
-                                    // callers write only while it is empty)
+  // A caller's failed try, for the writer thread (one at most: callers write only while empty).
+  std::optional<PackedBatch> retry_;
   size_t in_flight_ = 0;  // taken by a writer (thread or caller), not yet written
   int64_t written_ = 0;
   int64_t written_by_callers_ = 0;
