@@ -292,6 +292,18 @@ TEST_F(WorkerLoopTest, RunsChunksReportsEveryJobOnceAndDrainsOnStop) {
   ASSERT_TRUE(Next(&m));
   EXPECT_EQ(m.command, protocol::kReady);
 
+  // The link heartbeats every heartbeat_ms (50) while it runs.
+  const auto heartbeat_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (heartbeats_ == 0 && std::chrono::steady_clock::now() < heartbeat_deadline) {
+    std::vector<zmq::pollitem_t> items = {{router_.handle(), 0, ZMQ_POLLIN, 0}};
+    zmq::poll(items, std::chrono::milliseconds(50));
+    if (!(items[0].revents & ZMQ_POLLIN)) continue;
+    ASSERT_TRUE(protocol::RecvMessage(router_, true, &m, true).ok());
+    ASSERT_EQ(m.command, protocol::kHeartbeat);
+    ++heartbeats_;
+  }
+  EXPECT_GT(heartbeats_, 0);
+
   // Stop while a chunk is held: its DONE comes before BYE.
   ASSERT_TRUE(protocol::SendTo(router_, peer, protocol::kChunk,
                                Chunk({{"s1", "tiny", InputsRaw({Row(1)})},
@@ -317,7 +329,6 @@ TEST_F(WorkerLoopTest, RunsChunksReportsEveryJobOnceAndDrainsOnStop) {
   EXPECT_EQ(drained, std::set<std::string>({"s1", "s2"}));
   run.join();
   EXPECT_TRUE(run_status.ok()) << run_status.ToString();
-  EXPECT_GT(heartbeats_, 0);
 }
 
 TEST_F(WorkerLoopTest, HoldsResultsWhileRedisIsDownAndDoneFollowsTheWrite) {

@@ -1,0 +1,220 @@
+// BrokerLink with the ResultWriter's done sink: the thread that wrote a result sends its DONE on
+// the link's DEALER itself while the link sleeps in poll(2), and through the outbox otherwise.
+// Real parts: a redis-server, a test-side ROUTER standing in for the broker over TCP, and the
+// test thread playing the executor (JobQueue::TakeBatch, then ResultWriter::WriteOrSubmit).
+// Whether a wake-up was saved is a benchmark's business (bench/thread_profile.sh); these tests
+// check that every job is reported exactly once, on either path, and that the link keeps
+// receiving while other threads use its socket.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+#include <zmq.hpp>
+
+#include "ferry/protocol/codec.h"
+#include "ferry/protocol/messages.h"
+#include "ferry/protocol/redis.h"
+#include "ferry/protocol/wire.h"
+#include "ferry/worker/broker_link.h"
+#include "ferry/worker/job_queue.h"
+#include "ferry/worker/result_writer.h"
+#include "process.h"  // testutil: RedisServer
+
+namespace ferry::worker {
+namespace {
+
+constexpr char kOutbox[] = "inproc://broker-link-test-outbox";
+
+// A CHUNK of one job with no inputs (nothing here runs a model).
+zmq::message_t Chunk(const std::string& id) {
+  msgpack::sbuffer inputs;
+  protocol::Packer ipk(inputs);
+  ipk.pack_array(0);
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  pk.pack_map(1);
+  protocol::PackString(pk, "jobs");
+  pk.pack_array(1);
+  protocol::PackChunkEntry(pk, id, "tiny", std::string_view(inputs.data(), inputs.size()), 1, 0,
+                           0, 0, 0);
+  return protocol::ToMessage(std::move(buf));
+}
+
+class BrokerLinkTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    router_.set(zmq::sockopt::linger, 0);
+    router_.bind("tcp://127.0.0.1:*");
+    protocol::RedisEndpoint redis;
+    ASSERT_TRUE(protocol::ParseRedisUrl(redis_.url(), &redis).ok());
+    ResultWriter::Options wo;
+    wo.redis = redis;
+    wo.worker_name = "link-test";
+    wo.outbox_address = kOutbox;
+    writer_ = std::make_unique<ResultWriter>(&context_, wo);
+    BrokerLink::Options lo;
+    lo.endpoint = router_.get(zmq::sockopt::last_endpoint);
+    lo.hello.worker = "link-test";
+    lo.hello.capacity = 8;
+    lo.heartbeat_ms = 1000;
+    lo.liveness = 1000;  // this broker sends no heartbeats
+    lo.outbox_address = kOutbox;
+    link_ = std::make_unique<BrokerLink>(&context_, lo, &queue_, writer_.get());
+  }
+  void TearDown() override {
+    if (writer_) writer_->SetDoneSink(nullptr);
+    if (started_) {
+      link_->RequestDrain();
+      link_->Join();
+      writer_->Stop();
+    }
+  }
+
+  void Start() {
+    ASSERT_TRUE(link_->Start().ok());
+    writer_->Start();
+    BrokerLink* link = link_.get();
+    writer_->SetDoneSink(
+        [link](zmq::message_t* body, size_t ids) { return link->TrySendDone(body, ids); });
+    started_ = true;
+    protocol::Message ready;
+    ASSERT_TRUE(Next(&ready));
+    ASSERT_EQ(ready.command, "READY");
+    worker_id_ = ready.envelope.at(0).to_string();
+  }
+
+  // The next message from the link that is not a HEARTBEAT, within 20 s.
+  bool Next(protocol::Message* m) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (std::chrono::steady_clock::now() < deadline) {
+      zmq_pollitem_t items[] = {{router_.handle(), 0, ZMQ_POLLIN, 0}};
+      if (protocol::PollSockets(items, 1, 50) <= 0) continue;
+      if (!protocol::RecvMessage(router_, /*router=*/true, m, /*dont_wait=*/true).ok()) continue;
+      if (m->command != "HEARTBEAT") return true;
+    }
+    return false;
+  }
+
+  // Plays the executor for one batch: takes what is queued (waiting up to 20 s for it) and
+  // writes the results.
+  void RunBatch() {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (queue_.size() == 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    ASSERT_GT(queue_.size(), 0u) << "no job reached the queue";
+    std::vector<Job> jobs;
+    ASSERT_TRUE(queue_.TakeBatch(8, &jobs));
+    std::vector<JobResult> results(jobs.size());
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      results[i].job = std::move(jobs[i]);
+      results[i].job.chunk.reset();
+      results[i].status = Status::Ok();
+      results[i].batch_size = static_cast<int64_t>(jobs.size());
+    }
+    writer_->WriteOrSubmit(std::move(results));
+  }
+
+  // Sends `rounds` one-job CHUNKs, each after the previous job's DONE, and counts the DONE ids.
+  void PingPong(const std::string& prefix, int rounds, std::chrono::milliseconds pause,
+                std::map<std::string, int>* reported) {
+    for (int i = 0; i < rounds; ++i) {
+      const std::string id = prefix + std::to_string(i);
+      ASSERT_TRUE(protocol::SendTo(router_, worker_id_, "CHUNK", Chunk(id)).ok());
+      std::this_thread::sleep_for(pause);  // lets the link go back to sleep in poll(2)
+      RunBatch();
+      protocol::Message done;
+      ASSERT_TRUE(Next(&done)) << "no DONE for " << id;
+      ASSERT_EQ(done.command, "DONE");
+      msgpack::object_handle oh;
+      std::vector<std::string> ids;
+      ASSERT_TRUE(protocol::UnpackMap(done.body.data(), done.body.size(), &oh).ok());
+      ASSERT_TRUE(protocol::GetStringArray(oh.get(), "ids", &ids).ok());
+      for (const auto& got : ids) ++(*reported)[got];
+    }
+  }
+
+  testutil::RedisServer redis_;
+  zmq::context_t context_{1};
+  zmq::socket_t router_{context_, zmq::socket_type::router};
+  JobQueue queue_{64};
+  std::unique_ptr<ResultWriter> writer_;
+  std::unique_ptr<BrokerLink> link_;
+  std::string worker_id_;
+  bool started_ = false;
+};
+
+TEST_F(BrokerLinkTest, WritersDoneGoesOutOnTheLinksSocketWhileTheLinkSleeps) {
+  Start();
+  std::map<std::string, int> reported;
+  PingPong("paced-", 40, std::chrono::milliseconds(2), &reported);
+  ASSERT_EQ(reported.size(), 40u);
+  for (const auto& [id, n] : reported) EXPECT_EQ(n, 1) << id;
+  // The link was asleep between jobs, so the writer's thread sent DONEs itself.
+  EXPECT_GT(link_->direct_dones(), 0);
+  EXPECT_EQ(link_->outstanding(), 0);
+  EXPECT_EQ(writer_->written(), 40);
+}
+
+TEST_F(BrokerLinkTest, BackToBackChunksAreAllReceivedAndReportedOnce) {
+  // The next CHUNK goes out the moment a DONE arrives, so it often lands while the writer's
+  // thread is still using the socket (whose calls may take the link's notification): the link
+  // must still receive every one -- a missed wake-up would stall a round until the 100 ms poll.
+  Start();
+  std::map<std::string, int> reported;
+  PingPong("burst-", 300, std::chrono::milliseconds(0), &reported);
+  ASSERT_EQ(reported.size(), 300u);
+  for (const auto& [id, n] : reported) EXPECT_EQ(n, 1) << id;
+  EXPECT_EQ(link_->outstanding(), 0);
+}
+
+TEST_F(BrokerLinkTest, DrainingLinkHoldsDonesUntilBye) {
+  Start();
+  std::map<std::string, int> reported;
+  PingPong("before-", 3, std::chrono::milliseconds(0), &reported);
+  const int64_t direct_before = link_->direct_dones();
+  // Two jobs in flight, then a drain: their DONEs must come through the outbox, be held, and
+  // go out just before BYE (a direct send would give the broker credit back mid-drain).
+  ASSERT_TRUE(protocol::SendTo(router_, worker_id_, "CHUNK", Chunk("held-0")).ok());
+  ASSERT_TRUE(protocol::SendTo(router_, worker_id_, "CHUNK", Chunk("held-1")).ok());
+  while (link_->outstanding() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  link_->RequestDrain();
+  // RequestDrain wakes the link, which stops direct sends before it sleeps again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  RunBatch();  // both jobs, one DONE to the outbox
+  protocol::Message m;
+  ASSERT_TRUE(Next(&m));
+  ASSERT_EQ(m.command, "DONE");
+  msgpack::object_handle oh;
+  std::vector<std::string> ids;
+  ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+  ASSERT_TRUE(protocol::GetStringArray(oh.get(), "ids", &ids).ok());
+  EXPECT_EQ(ids, (std::vector<std::string>{"held-0", "held-1"}));
+  ASSERT_TRUE(Next(&m));
+  EXPECT_EQ(m.command, "BYE");
+  link_->Join();
+  EXPECT_EQ(link_->direct_dones(), direct_before);
+  EXPECT_EQ(link_->outstanding(), 0);
+}
+
+TEST_F(BrokerLinkTest, NoDirectSendBeforeStartOrAfterTheLinkEnded) {
+  zmq::message_t body = protocol::EncodeDone({"x"}, 0, {});
+  const std::string bytes = body.to_string();
+  EXPECT_FALSE(link_->TrySendDone(&body, 1));
+  EXPECT_EQ(body.to_string(), bytes);  // untouched, for the outbox
+  Start();
+  link_->RequestDrain();
+  protocol::Message bye;
+  ASSERT_TRUE(Next(&bye));
+  EXPECT_EQ(bye.command, "BYE");
+  link_->Join();
+  EXPECT_FALSE(link_->TrySendDone(&body, 1));
+  EXPECT_EQ(body.to_string(), bytes);
+  EXPECT_EQ(link_->direct_dones(), 0);
+}
+
+}  // namespace
+}  // namespace ferry::worker
