@@ -1,13 +1,9 @@
 #include "ferry/worker/broker_link.h"
 
 #include <spdlog/spdlog.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
 #include <chrono>
-#include <cstring>
 
 #include "ferry/protocol/codec.h"
 #include "ferry/protocol/util.h"
@@ -36,7 +32,6 @@ BrokerLink::~BrokerLink() {
     RequestDrain();
     thread_.join();
   }
-  if (wake_fd_ >= 0) close(wake_fd_);
 }
 
 Status BrokerLink::Start() {
@@ -50,32 +45,14 @@ Status BrokerLink::Start() {
   } catch (const zmq::error_t& e) {
     return Status::InvalidArgument("broker endpoint " + options_.endpoint + ": " + e.what());
   }
-  wake_fd_ = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-  if (wake_fd_ < 0) return Status::Internal(std::string("eventfd: ") + std::strerror(errno));
   reconnect_interval_us_ = options_.heartbeat_ms * 1000;
   next_reconnect_us_ = protocol::NowMicros() + options_.heartbeat_ms * options_.liveness * 1000;
   SendReady();
-  {
-    std::lock_guard<std::mutex> lock(socket_mu_);
-    direct_ok_ = true;
-  }
   spdlog::info("worker {}: connecting to broker {}, capacity {}, {} model(s)",
                options_.hello.worker, options_.endpoint, options_.hello.capacity,
                options_.hello.models.size());
   thread_ = std::thread([this] { Loop(); });
   return Status::Ok();
-}
-
-void BrokerLink::RequestDrain() {
-  drain_requested_.store(true);
-  Wake();
-}
-
-void BrokerLink::Wake() {
-  if (wake_fd_ < 0) return;  // not started
-  const uint64_t one = 1;
-  if (write(wake_fd_, &one, sizeof(one)) < 0 && errno != EAGAIN)
-    spdlog::error("wake the broker link: {}", std::strerror(errno));
 }
 
 void BrokerLink::Join() {
@@ -132,37 +109,13 @@ void BrokerLink::MaybeReconnect(int64_t now_us) {
   reconnect_interval_us_ = std::min(2 * reconnect_interval_us_, kMaxReconnectIntervalUs);
 }
 
-bool BrokerLink::TrySendDone(zmq::message_t* body, size_t ids) {
-  std::unique_lock<std::mutex> lock(socket_mu_, std::try_to_lock);
-  if (!lock.owns_lock() || !direct_ok_) return false;
-  const bool sent = Writable();
-  if (sent) {
-    // Reported from here on, as when the link forwards a DONE itself (HandleOutbox).
-    outstanding_.fetch_sub(static_cast<int64_t>(ids));
-    direct_dones_.fetch_add(1);
-    Send(protocol::kDone, std::move(*body));  // after a POLLOUT check: does not block
-  }
-  // These socket calls may have consumed the notification the link's poll(2) waits for: if a
-  // message is waiting, wake the link so that it does not sleep on it.
-  uint32_t events = 0;
-  try {
-    events = dealer_->get(zmq::sockopt::events);
-  } catch (const zmq::error_t&) {
-  }
-  if (events & ZMQ_POLLIN) Wake();
-  return sent;
-}
-
 void BrokerLink::Loop() {
   const int64_t heartbeat_us = options_.heartbeat_ms * 1000;
   int64_t next_heartbeat = protocol::MonotonicMicros() + heartbeat_us;
   protocol::Message m;
-  // Held throughout, except inside PollSockets while it blocks (TrySendDone's window).
-  std::unique_lock<std::mutex> lock(socket_mu_);
   while (true) {
     if (drain_requested_.load() && !draining_) {
       draining_ = true;
-      direct_ok_ = false;  // from now on DONEs come through the outbox, to be held
       spdlog::info("worker {}: draining, {} job(s) still to finish", options_.hello.worker,
                    outstanding_.load());
     }
@@ -173,19 +126,11 @@ void BrokerLink::Loop() {
     int64_t wait_ms = std::clamp<int64_t>((next_heartbeat - now + 999) / 1000, 0, kMaxPollMs);
     if (may_finish) wait_ms = 0;
     zmq_pollitem_t items[] = {{dealer_->handle(), 0, ZMQ_POLLIN, 0},
-                              {outbox_->handle(), 0, ZMQ_POLLIN, 0},
-                              {nullptr, wake_fd_, ZMQ_POLLIN, 0}};
-    if (protocol::PollSockets(items, 3, static_cast<long>(wait_ms), &socket_mu_) < 0) {
+                              {outbox_->handle(), 0, ZMQ_POLLIN, 0}};
+    if (protocol::PollSockets(items, 2, static_cast<long>(wait_ms)) < 0) {
       if (zmq_errno() == ETERM) break;
       if (zmq_errno() != EINTR) spdlog::error("poll: {}", zmq_strerror(zmq_errno()));
       continue;
-    }
-    if (items[2].revents & ZMQ_POLLIN) {
-      // RequestDrain, or TrySendDone saw a message waiting: the next PollSockets asks the
-      // DEALER first.
-      uint64_t count;
-      if (read(wake_fd_, &count, sizeof(count)) < 0 && errno != EAGAIN)
-        spdlog::error("broker link wake-up: {}", std::strerror(errno));
     }
     if (may_finish && !(items[0].revents & ZMQ_POLLIN)) break;
     if (items[0].revents & ZMQ_POLLIN) {
@@ -222,7 +167,6 @@ void BrokerLink::Loop() {
       MaybeReconnect(protocol::NowMicros());
     }
   }
-  direct_ok_ = false;
   if (!held_done_.empty())
     Send(protocol::kDone, protocol::EncodeDone(held_done_, held_duplicates_, held_not_done_));
   if (Writable()) Send(protocol::kBye, protocol::EncodeEmpty());

@@ -103,11 +103,6 @@ void ResultWriter::Stop() {
   push_.reset();  // nothing sends DONE any more (WriteOrSubmit queues once stopping)
 }
 
-void ResultWriter::SetDoneSink(DoneSink sink) {
-  std::lock_guard<std::mutex> lock(sink_mu_);
-  sink_ = std::move(sink);
-}
-
 size_t ResultWriter::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
   return queue_.size() + in_flight_ + (retry_ ? retry_->results.size() : 0);
@@ -303,12 +298,8 @@ void ResultWriter::SendDone(const std::vector<JobResult>& results,
         packed[i].value.size() <= options_.inline_result_bytes)
       inline_results.emplace_back(r.job.entry.id, packed[i].value);
   }
-  zmq::message_t body = protocol::EncodeDone(ids, duplicates, not_done, inline_results);
-  {
-    std::lock_guard<std::mutex> lock(sink_mu_);
-    if (sink_ && sink_(&body, ids.size())) return;
-  }
-  Status s = protocol::SendMessage(*push_, nullptr, protocol::kDone, std::move(body));
+  Status s = protocol::SendMessage(*push_, nullptr, protocol::kDone,
+                                   protocol::EncodeDone(ids, duplicates, not_done, inline_results));
   if (!s.ok()) {
     spdlog::error("result writer: cannot hand {} DONE ids to the I/O thread: {}", ids.size(),
                   s.ToString());

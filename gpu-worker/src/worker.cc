@@ -41,7 +41,6 @@ int Worker::metrics_port() const { return metrics_server_ ? metrics_server_->por
 Worker::~Worker() {
   // Normally Run() has already drained and joined everything; this is the error path.
   queue_.Close();
-  if (writer_) writer_->SetDoneSink(nullptr);  // no writer calls into the link from here on
   {
     std::lock_guard<std::mutex> lock(mu_);
     link_.reset();
@@ -127,10 +126,6 @@ Status Worker::Run() {
     link_ = std::make_unique<BrokerLink>(&context_, lopts, &queue_, writer_.get());
     FERRY_RETURN_IF_ERROR(link_->Start());  // binds the outbox before the writer connects
     if (stop_requested_.load()) link_->RequestDrain();
-    // The writing thread sends DONE on the link's socket itself while the link sleeps.
-    BrokerLink* link = link_.get();
-    writer_->SetDoneSink(
-        [link](zmq::message_t* body, size_t ids) { return link->TrySendDone(body, ids); });
   }
   {
     std::lock_guard<std::mutex> lock(announce_mu_);
@@ -159,7 +154,6 @@ Status Worker::Run() {
                                           : std::string("unlimited"));
 
   link_->Join();  // returns once drained and BYE is sent
-  writer_->SetDoneSink(nullptr);
   queue_.Close();
   for (auto& e : executors_) e->Join();
   registry_->SetListener(nullptr);

@@ -6,8 +6,7 @@
 
 namespace ferry::protocol {
 
-int PollSockets(zmq_pollitem_t* items, int n, long timeout_ms,
-                std::mutex* release_while_blocked) {
+int PollSockets(zmq_pollitem_t* items, int n, long timeout_ms) {
   constexpr int kMaxItems = 8;
   if (n < 0 || n > kMaxItems) {
     errno = EINVAL;
@@ -43,13 +42,7 @@ int PollSockets(zmq_pollitem_t* items, int n, long timeout_ms,
     }
     fds[i].revents = 0;
   }
-  if (release_while_blocked) release_while_blocked->unlock();
   const int rc = poll(fds, static_cast<nfds_t>(n), timeout_ms < 0 ? -1 : static_cast<int>(timeout_ms));
-  if (release_while_blocked) {
-    const int saved_errno = errno;
-    release_while_blocked->lock();
-    errno = saved_errno;
-  }
   if (rc <= 0) return rc;  // timeout, or -1 with errno (EINTR)
   for (int i = 0; i < n; ++i) {
     if (!fds[i].revents) continue;

@@ -1,9 +1,9 @@
 # Worker unit tests: the batch path on real TorchScript models, the engine (padding, conversion,
 # out-of-memory halving, warmup, concurrent executors), the model registry (memory budget, LRU),
 # the repository file, the local job queue, the flags, the model generator, the result writer
-# (both write paths, against a real redis-server), the broker link with the writer sending DONE
-# on its socket, and one in-process worker against a real redis-server and a test-side ROUTER
-# standing in for the broker.
+# (both write paths, against a real redis-server), the broker link with a writer behind it, and
+# one in-process worker against a real redis-server and a test-side ROUTER standing in for the
+# broker.
 # Included from tests/unit/CMakeLists.txt; needs the ferry_worker and ferry-make-models targets
 # (only defined when libtorch is found).
 if(TARGET ferry_worker AND TARGET ferry-make-models)

@@ -209,45 +209,5 @@ TEST_F(ResultWriterTest, ManyCallersAndTheThreadEachWriteEveryResultOnce) {
   EXPECT_GT(writer_->written_by_callers(), 0);  // the callers' path was taken, not just queued
 }
 
-TEST_F(ResultWriterTest, DoneSinkTakesTheDoneOrPassesItToTheOutbox) {
-  WarmUp();
-  // A sink that takes the DONE: the bytes reach it after the write, and not the outbox.
-  std::vector<std::pair<std::string, size_t>> taken;
-  bool accept = true;
-  writer_->SetDoneSink([&](zmq::message_t* body, size_t ids) {
-    if (!accept) return false;
-    EXPECT_FALSE(Stored("sunk").empty());  // DONE follows the write
-    taken.emplace_back(body->to_string(), ids);
-    return true;
-  });
-  writer_->WriteOrSubmit(One("sunk"));
-  ASSERT_EQ(taken.size(), 1u);
-  EXPECT_EQ(taken[0].second, 1u);
-  msgpack::object_handle oh;
-  std::vector<std::string> ids;
-  ASSERT_TRUE(protocol::UnpackMap(taken[0].first.data(), taken[0].first.size(), &oh).ok());
-  ASSERT_TRUE(protocol::GetStringArray(oh.get(), "ids", &ids).ok());
-  EXPECT_EQ(ids, std::vector<std::string>{"sunk"});
-  // The writer thread's path uses it too.
-  writer_->Submit(One("sunk-by-thread"));
-  WaitIdle();
-  ASSERT_EQ(taken.size(), 2u);
-  // A sink that declines: the DONE goes to the outbox, intact.
-  accept = false;
-  writer_->WriteOrSubmit(One("declined"));
-  EXPECT_EQ(NextDone().ids, std::vector<std::string>{"declined"});
-  // No sink: the outbox.
-  WaitIdle();
-  writer_->SetDoneSink(nullptr);
-  accept = true;
-  writer_->WriteOrSubmit(One("no-sink"));
-  EXPECT_EQ(NextDone().ids, std::vector<std::string>{"no-sink"});
-  EXPECT_EQ(taken.size(), 2u);
-  // Nothing else reached the outbox.
-  outbox_.set(zmq::sockopt::rcvtimeo, 0);
-  zmq::message_t extra;
-  EXPECT_FALSE(outbox_.recv(extra));
-}
-
 }  // namespace
 }  // namespace ferry::worker

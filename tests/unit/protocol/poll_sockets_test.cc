@@ -6,7 +6,6 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <mutex>
 #include <thread>
 #include <zmq.hpp>
 
@@ -80,39 +79,6 @@ TEST_F(PollSocketsTest, PlainDescriptorWakesABlockedCall) {
   ASSERT_EQ(ready, 1);
   EXPECT_EQ(items[0].revents, 0);
   EXPECT_EQ(items[1].revents, ZMQ_POLLIN);
-}
-
-TEST_F(PollSocketsTest, MutexIsReleasedOnlyWhileBlocked) {
-  std::mutex mu;
-  std::unique_lock<std::mutex> held(mu);
-  // Another thread takes the mutex (which only works while the call blocks), uses the socket
-  // pair under it, and wakes the poller through the eventfd.
-  std::thread other([&] {
-    std::lock_guard<std::mutex> lock(mu);
-    b_.send(zmq::str_buffer("under the lock"), zmq::send_flags::none);
-    Kick();
-  });
-  zmq_pollitem_t items[] = {{a_.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_, ZMQ_POLLIN, 0}};
-  int ready = 0;
-  for (int i = 0; i < 100 && !(items[0].revents & ZMQ_POLLIN); ++i)
-    ready = PollSockets(items, 2, 60 * 1000, &mu);
-  other.join();
-  EXPECT_GE(ready, 1);
-  EXPECT_EQ(items[0].revents, ZMQ_POLLIN);
-  // Held again on return: another thread cannot take it now.
-  const auto others_can_lock = [&mu] {
-    bool taken = false;
-    std::thread probe([&] {
-      taken = mu.try_lock();
-      if (taken) mu.unlock();
-    });
-    probe.join();
-    return taken;
-  };
-  EXPECT_FALSE(others_can_lock());
-  // With a message ready the call does not block, and so never lets go of the mutex.
-  ASSERT_EQ(PollSockets(items, 1, 60 * 1000, &mu), 1);
-  EXPECT_FALSE(others_can_lock());
 }
 
 TEST_F(PollSocketsTest, WritableSocketIsReportedForPollout) {

@@ -10,9 +10,7 @@
 //   <- CANCEL     {"ids"}: jobs still in the JobQueue are removed and get a "cancelled"
 //                 result; jobs an executor already took run to the end (their result loses
 //                 to the broker's if it wrote one first -- fencing)
-//   -> DONE       the ResultWriter's ids once they are in Redis: sent by the writing thread itself
-//                 (TrySendDone) when the link is idle in poll(2), otherwise forwarded from the
-//                 outbox
+//   -> DONE       forwarded from the outbox: the ResultWriter sends ids once they are in Redis
 //   <-> HEARTBEAT sent every heartbeat interval; the time of the broker's last message is kept.
 //                 A broker silent for heartbeat x liveness is presumed dead (Paranoid Pirate):
 //                 the link closes the socket, opens a new one and announces itself again,
@@ -24,19 +22,12 @@
 // gets no credit back and sends no new work; the drain therefore ends after at most
 // `capacity` jobs. Chunks already on their way are still run and reported.
 //
-// The DEALER is used under `socket_mu_`, which the link's thread holds except while it sleeps
-// in poll(2). TrySendDone takes it only if it is free (try_lock), so at light load the writing
-// thread sends its DONE straight to the socket -- one thread hand-off less per job -- and under
-// load, when the link is busy, the DONE goes through the outbox as before.
-//
-// Thread-safety: Start/Join from the owner; RequestDrain, TrySendDone and the accessors from any
-// thread.
+// Thread-safety: Start/Join from the owner; RequestDrain and the accessors from any thread.
 
 #include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -72,8 +63,8 @@ class BrokerLink {
   // Binds the outbox, connects to the broker, queues READY and starts the thread. Fails with
   // kInvalidArgument when an endpoint is malformed.
   Status Start();
-  // Asks the thread to drain, send BYE and end (waking it). Idempotent.
-  void RequestDrain();
+  // Asks the thread to drain, send BYE and end. Idempotent.
+  void RequestDrain() { drain_requested_.store(true); }
   // Waits until the thread has sent BYE.
   void Join();
 
@@ -81,19 +72,9 @@ class BrokerLink {
   int64_t last_broker_message_us() const { return last_broker_us_.load(); }
   // Jobs received and not yet reported in a DONE.
   int64_t outstanding() const { return outstanding_.load(); }
-  // DONE messages sent by TrySendDone (all time).
-  int64_t direct_dones() const { return direct_dones_.load(); }
-
-  // Sends a DONE `body` (protocol::EncodeDone, reporting `ids` jobs) on the DEALER from the
-  // calling thread, if the link is running, not draining, and idle in poll(2) (its socket mutex
-  // is free), and the socket takes the message without blocking. Returns false, leaving `body`
-  // untouched, otherwise: the caller then hands it through the outbox.
-  bool TrySendDone(zmq::message_t* body, size_t ids);
 
  private:
   void Loop();
-  // Ends the thread's poll(2) early (through wake_fd_).
-  void Wake();
   void HandleBroker(protocol::Message* m);
   void HandleChunk(zmq::message_t body);
   void HandleCancel(const zmq::message_t& body);
@@ -110,13 +91,8 @@ class BrokerLink {
   const Options options_;
   JobQueue* queue_;
   ResultWriter* writer_;
-  // Held by the link's thread except while it blocks in poll(2); guards dealer_ and direct_ok_.
-  std::mutex socket_mu_;
   std::unique_ptr<zmq::socket_t> dealer_;
   std::unique_ptr<zmq::socket_t> outbox_;
-  int wake_fd_ = -1;  // eventfd: a drain request, or a message TrySendDone left unread
-  bool direct_ok_ = false;  // TrySendDone may send: running and not draining
-  std::atomic<int64_t> direct_dones_{0};
 
   std::atomic<bool> drain_requested_{false};
   std::atomic<int64_t> last_broker_us_{0};

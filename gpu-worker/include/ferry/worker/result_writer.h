@@ -11,9 +11,7 @@
 // writer keeps the results and retries the whole round trip with backoff (50 ms doubling to
 // 2 s) until it works. Only then does it hand the ids to the I/O thread -- a [command, body]
 // message on a PUSH socket connected to `outbox_address` (an inproc PULL the I/O thread binds)
-// -- which sends them to the broker as DONE; or, through the done sink (SetDoneSink, the
-// BrokerLink's TrySendDone), the writing thread sends the DONE on the broker socket itself while
-// the I/O thread sleeps. So DONE always follows the write. Records of at
+// -- which sends them to the broker as DONE. So DONE always follows the write. Records of at
 // most `inline_result_bytes` that this write stored (SET NX answered OK at the first try) also
 // travel inside the DONE ("results"), for the broker to hand to producers that asked for them:
 // the same bytes as in Redis, so a producer never sees a result that Redis does not hold.
@@ -30,7 +28,6 @@
 
 #include <condition_variable>
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -82,13 +79,6 @@ class ResultWriter {
   void WriteOrSubmit(std::vector<JobResult> results);
   // Writes and reports everything submitted so far, then joins. Blocks while Redis is down.
   void Stop();
-
-  // Where a DONE goes first: `sink(&body, ids)` may send it straight to the broker and return
-  // true; when it returns false (or there is none) the DONE goes through the outbox. Called by
-  // whoever holds the writing role, and must not block. SetDoneSink(nullptr) returns once no
-  // call to the old sink is in progress, so what the sink points to may go after that.
-  using DoneSink = std::function<bool(zmq::message_t* body, size_t ids)>;
-  void SetDoneSink(DoneSink sink);
 
   // Results submitted but not written yet.
   size_t pending() const;
@@ -150,8 +140,6 @@ class ResultWriter {
   bool writing_ = false;
   std::unique_ptr<protocol::RedisClient> client_;  // null until connected
   std::unique_ptr<zmq::socket_t> push_;            // to the outbox; null if it could not connect
-  std::mutex sink_mu_;  // held while the sink is called or replaced
-  DoneSink sink_;
   std::thread thread_;
 };
 

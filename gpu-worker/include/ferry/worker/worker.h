@@ -8,9 +8,6 @@
 //        ^                                                      | results
 //        +---- DONE ids (inproc) ---- ResultWriter (Redis) <----+
 //
-// (While the link sleeps, whoever writes results sends their DONE on the link's socket itself:
-// BrokerLink::TrySendDone, set as the writer's done sink.)
-//
 // READY lists every model the worker serves and, in "resident", those loaded and warm; each
 // change of the resident set (a lazy load, an eviction under --memory-budget) re-announces it
 // through the I/O thread, so the broker can prefer workers that have a model warm.

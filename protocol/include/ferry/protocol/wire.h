@@ -5,7 +5,6 @@
 //
 // These helpers catch zmq::error_t and report Status; nothing here throws.
 
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -57,14 +56,7 @@ Status RecvMessage(zmq::socket_t& socket, bool router, Message* out, bool dont_w
 // when the call blocked, and it may return 0 before the timeout (a notification without a
 // message). Returns the number of items with revents, or -1 with zmq_errno() set (EINTR, ETERM).
 // At most 8 items.
-//
-// `release_while_blocked`, when given, is a mutex the caller holds: it is unlocked only for the
-// blocking poll(2) and locked again before the sockets are asked, so other threads may use the
-// sockets (under that mutex) while this thread sleeps. Such a thread must then look at the
-// socket's ZMQ_EVENTS and wake the poller itself (e.g. through an `fd` item) when it left a
-// message unread: its socket calls may have consumed the notification poll(2) waits for.
-int PollSockets(zmq_pollitem_t* items, int n, long timeout_ms,
-                std::mutex* release_while_blocked = nullptr);
+int PollSockets(zmq_pollitem_t* items, int n, long timeout_ms);
 
 // Sends [envelope...] FERRY1 command body. `body` is moved into the last frame (no copy).
 Status SendMessage(zmq::socket_t& socket, const std::vector<zmq::message_t>* envelope,
