@@ -1,4 +1,5 @@
-// getpid() with a cache, linked into Ferry's daemons (ferry-broker, ferry-worker) only.
+// getpid() with a cache, linked into Ferry's own executables (ferry-broker, ferry-worker,
+// ferry-bench, ferry) only.
 //
 // libzmq calls getpid() in every mailbox operation -- each send that wakes a pipe, each poll of a
 // socket's state, each receive that finds nothing -- to notice that it runs in a forked child
@@ -9,7 +10,8 @@
 // A definition in the executable interposes the C library's for every shared library the process
 // loads (ELF symbol lookup searches the executable first). The cache is cleared in a forked child
 // (pthread_atfork), so libzmq's fork detection keeps working; exec starts a fresh image. The SDK
-// does not do this: it is a library, and the process it lives in belongs to the producer.
+// library does not do this: the process it lives in belongs to the producer, who may opt in by
+// linking this file (or ferry::pid_cache) into their executable.
 
 #include <pthread.h>
 #include <sys/syscall.h>
