@@ -9,8 +9,13 @@
 # median of new/base. With CONCURRENCY > 1 it compares throughput (jobs/s) instead of p50. Each
 # build needs ferry-bench, ferry-broker and ferry-worker; the models come from NEW_BUILD's
 # ferry-make-models.
+#
+# PIN_BASE / PIN_NEW="B,R,W,C" pin that side's processes with taskset: ferry-broker to CPU list
+# B, redis-server to R, ferry-worker (all its threads) to W, ferry-bench to C; e.g.
+#   PIN_NEW=0,0,1,1 bash bench/ab_light.sh build-bench build-bench    # pinned vs not, one build
+# (CPU lists as taskset -c takes them, separated by ':' for several: 0:1 = "0,1").
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,12p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 BASE=$(cd "$1" && pwd); NEW=$(cd "$2" && pwd); ROUNDS=${3:-8}; JOBS=${4:-3000}; CONC=${5:-1}
 WORK=$(mktemp -d /tmp/ferry-ab-XXXXXX)
 PIDS=()
@@ -27,17 +32,26 @@ free_port() {
 }
 "$NEW/gpu-worker/ferry-make-models" "$WORK/models" >/dev/null
 # start_fleet BUILD NAME: sets FRONTEND_<NAME> and REDIS_<NAME>
+# pin NAME INDEX: the taskset prefix for part INDEX (1 broker, 2 redis, 3 worker, 4 bench) of
+# side NAME, from PIN_BASE / PIN_NEW; nothing when unset.
+pin() {
+  local spec cpus
+  if [ "$1" = base ]; then spec=${PIN_BASE:-}; else spec=${PIN_NEW:-}; fi
+  [ -n "$spec" ] || return 0
+  cpus=$(cut -d, -f"$2" <<<"$spec" | tr ':' ',')
+  [ -n "$cpus" ] && echo "taskset -c $cpus"
+}
 start_fleet() {
   local build=$1 name=$2 rport fport bport
   rport=$(free_port); fport=$(free_port); bport=$(free_port)
   mkdir -p "$WORK/$name"
-  redis-server --port "$rport" --dir "$WORK/$name" --save '' --appendonly no >/dev/null 2>&1 &
+  $(pin "$name" 2) redis-server --port "$rport" --dir "$WORK/$name" --save '' --appendonly no >/dev/null 2>&1 &
   PIDS+=($!)
   for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.05; done
-  "$build/broker/ferry-broker" --frontend "tcp://127.0.0.1:$fport" --backend "tcp://127.0.0.1:$bport" \
+  $(pin "$name" 1) "$build/broker/ferry-broker" --frontend "tcp://127.0.0.1:$fport" --backend "tcp://127.0.0.1:$bport" \
     --redis "redis://127.0.0.1:$rport" --log-level warn >"$WORK/$name/broker.log" 2>&1 &
   PIDS+=($!)
-  "$build/gpu-worker/ferry-worker" --model "tiny=$WORK/models/tiny.pt" --device cpu --max-batch 256 \
+  $(pin "$name" 3) "$build/gpu-worker/ferry-worker" --model "tiny=$WORK/models/tiny.pt" --device cpu --max-batch 256 \
     --instances 1 --threads 1 --broker "tcp://127.0.0.1:$bport" --redis "redis://127.0.0.1:$rport" \
     --log-level warn >"$WORK/$name/worker.log" 2>&1 &
   PIDS+=($!)
@@ -46,9 +60,9 @@ start_fleet() {
 }
 start_fleet "$BASE" base
 start_fleet "$NEW" new
-# measure BUILD FRONTEND REDIS: p50 in ms at concurrency 1, else throughput in jobs/s
+# measure BUILD FRONTEND REDIS NAME: p50 in ms at concurrency 1, else throughput in jobs/s
 measure() {
-  "$1/bench/ferry-bench" --frontend "$2" --redis "$3" --wait-workers 1 --model tiny --shape 8 \
+  $(pin "$4" 4) "$1/bench/ferry-bench" --frontend "$2" --redis "$3" --wait-workers 1 --model tiny --shape 8 \
     --concurrency "$CONC" --jobs "$JOBS" 2>&1 | if [ "$CONC" = 1 ]; then
       sed -n 's/.*latency ms p50 \([0-9.]*\).*/\1/p'
     else
@@ -59,8 +73,8 @@ if [ "$CONC" = 1 ]; then WHAT=p50_ms; else WHAT=jobs_s; fi
 echo "round  base_$WHAT  new_$WHAT  ratio"
 : >"$WORK/pairs"
 for r in $(seq "$ROUNDS"); do
-  b=$(measure "$BASE" "$FRONTEND_base" "$REDIS_base")
-  n=$(measure "$NEW" "$FRONTEND_new" "$REDIS_new")
+  b=$(measure "$BASE" "$FRONTEND_base" "$REDIS_base" base)
+  n=$(measure "$NEW" "$FRONTEND_new" "$REDIS_new" new)
   if [ -z "$b" ] || [ -z "$n" ]; then echo "ab_light.sh: a run failed (logs in $WORK)" >&2; trap - EXIT; exit 1; fi
   echo "$b $n" >>"$WORK/pairs"
   awk -v r="$r" -v b="$b" -v n="$n" 'BEGIN { printf "%5d  %11.3f  %10.3f  %5.2f\n", r, b, n, n / b }'
