@@ -8,8 +8,9 @@
 # one JSON file per run into DIR (default bench/results/<date>-cpu[-quick]) -- each with the exact
 # ferry-bench command, the fleet's command lines, the machine, and the CPU seconds every process
 # spent during the run -- plus machine.json and summary.txt, and prints one table.
-# Scenarios: tiny_closed tiny_light encoder resnet seed ceiling bytes. The full suite takes ~10 min on
-# a 2-core machine; --quick is a ~1 minute smoke run (small job counts; numbers not meaningful).
+# Scenarios: tiny_closed tiny_light tiny_light_pinned encoder resnet seed ceiling bytes. The full
+# suite takes ~10 min on a 2-core machine; --quick is a ~1 minute smoke run (small job counts;
+# numbers not meaningful).
 # --perf also samples the whole machine (perf record -a) during each measured run and writes
 # NAME.perf.txt: a flat profile by process, library and symbol.
 # On a shared machine the numbers move with other load: each JSON records `foreign_cpu_s`, the
@@ -17,7 +18,7 @@
 # rounds so that their ratio is taken under the same conditions.
 set -euo pipefail
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
 [ $# -ge 1 ] || { usage >&2; exit 2; }
 BUILD=$(cd "$1" && pwd); shift
 QUICK=0; OUT=""; ONLY=""; PERF=0
@@ -219,6 +220,24 @@ if want tiny_light; then
   start_fleet 1 "${TINY_WORKER[@]}"
   bench tiny_light "$(q 1000 10000)" 500 --frontend "$FRONT" --redis "$REDIS" \
     --wait-workers 1 --model tiny --shape 8 --concurrency 1
+  stop_fleet
+fi
+
+# tiny_light with each process held to one CPU, as a deployment gets with CPUAffinity= or taskset
+# (docs/performance.md, step 8): broker and ferry-bench on CPU 0, redis and the worker on CPU 1.
+if want tiny_light_pinned && taskset -c 0,1 true 2>/dev/null; then
+  echo "== tiny, concurrency 1, processes pinned: broker and bench on CPU 0, redis and worker on CPU 1"
+  start_fleet 1 "${TINY_WORKER[@]}"
+  ALL_CPUS=$(taskset -p $$ | sed 's/.*: //')  # this shell's mask, to restore
+  taskset -a -p -c 0 "${FLEET_PIDS[0]}" >/dev/null
+  taskset -a -p -c 1 "${FLEET_PIDS[1]}" >/dev/null
+  taskset -a -p -c 1 "$REDIS_PID" >/dev/null
+  taskset -p -c 0 $$ >/dev/null  # ferry-bench inherits it
+  FLEET_CMD="$FLEET_CMD; pinned with taskset: broker 0, redis 1, worker 1, ferry-bench 0"
+  bench tiny_light_pinned "$(q 1000 10000)" 500 --frontend "$FRONT" --redis "$REDIS" \
+    --wait-workers 1 --model tiny --shape 8 --concurrency 1
+  taskset -p "$ALL_CPUS" $$ >/dev/null
+  taskset -a -p "$ALL_CPUS" "$REDIS_PID" >/dev/null
   stop_fleet
 fi
 
