@@ -31,7 +31,6 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 "$NEW/gpu-worker/ferry-make-models" "$WORK/models" >/dev/null
-# start_fleet BUILD NAME: sets FRONTEND_<NAME> and REDIS_<NAME>
 # pin NAME INDEX: the taskset prefix for part INDEX (1 broker, 2 redis, 3 worker, 4 bench) of
 # side NAME, from PIN_BASE / PIN_NEW; nothing when unset.
 pin() {
@@ -41,6 +40,7 @@ pin() {
   cpus=$(cut -d, -f"$2" <<<"$spec" | tr ':' ',')
   [ -n "$cpus" ] && echo "taskset -c $cpus"
 }
+# start_fleet BUILD NAME: sets FRONTEND_<NAME> and REDIS_<NAME>
 start_fleet() {
   local build=$1 name=$2 rport fport bport
   rport=$(free_port); fport=$(free_port); bport=$(free_port)

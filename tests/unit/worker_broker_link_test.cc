@@ -121,12 +121,17 @@ class BrokerLinkTest : public ::testing::Test {
       protocol::Message done;
       ASSERT_TRUE(Next(&done)) << "no DONE for " << id;
       ASSERT_EQ(done.command, "DONE");
-      msgpack::object_handle oh;
-      std::vector<std::string> ids;
-      ASSERT_TRUE(protocol::UnpackMap(done.body.data(), done.body.size(), &oh).ok());
-      ASSERT_TRUE(protocol::GetStringArray(oh.get(), "ids", &ids).ok());
-      for (const auto& got : ids) ++(*reported)[got];
+      for (const auto& got : DoneIds(done)) ++(*reported)[got];
     }
+  }
+
+  // The ids a DONE reports.
+  static std::vector<std::string> DoneIds(const protocol::Message& done) {
+    msgpack::object_handle oh;
+    std::vector<std::string> ids;
+    EXPECT_TRUE(protocol::UnpackMap(done.body.data(), done.body.size(), &oh).ok());
+    EXPECT_TRUE(protocol::GetStringArray(oh.get(), "ids", &ids).ok());
+    return ids;
   }
 
   testutil::RedisServer redis_;
@@ -158,7 +163,11 @@ TEST_F(BrokerLinkTest, DrainingLinkHoldsDonesUntilBye) {
   // earlier, they would give the broker credit back mid-drain).
   ASSERT_TRUE(protocol::SendTo(router_, worker_id_, "CHUNK", Chunk("held-0")).ok());
   ASSERT_TRUE(protocol::SendTo(router_, worker_id_, "CHUNK", Chunk("held-1")).ok());
-  while (link_->outstanding() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  // Both queued (the link counts a job as outstanding just before it queues it).
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (queue_.size() < 2 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ASSERT_EQ(queue_.size(), 2u);
   link_->RequestDrain();
   // The link notices the drain at its next wake-up (within 100 ms).
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -166,11 +175,7 @@ TEST_F(BrokerLinkTest, DrainingLinkHoldsDonesUntilBye) {
   protocol::Message m;
   ASSERT_TRUE(Next(&m));
   ASSERT_EQ(m.command, "DONE");
-  msgpack::object_handle oh;
-  std::vector<std::string> ids;
-  ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
-  ASSERT_TRUE(protocol::GetStringArray(oh.get(), "ids", &ids).ok());
-  EXPECT_EQ(ids, (std::vector<std::string>{"held-0", "held-1"}));
+  EXPECT_EQ(DoneIds(m), (std::vector<std::string>{"held-0", "held-1"}));
   ASSERT_TRUE(Next(&m));
   EXPECT_EQ(m.command, "BYE");
   link_->Join();
