@@ -58,6 +58,8 @@ void Broker::Impl::HandleBackend(protocol::Message& m) {
     if (s.ok()) s = protocol::DecodeDoneStatuses(oh.get(), &not_done);
     protocol::InlineResults results;  // views into m.body, alive until Finish returns
     if (s.ok()) s = protocol::DecodeInlineResults(oh.get(), &results);
+    std::vector<std::string> notified;  // their producers already have the notice
+    if (s.ok()) s = protocol::DecodeDoneNotified(oh.get(), &notified);
     if (!s.ok()) {
       spdlog::warn("bad DONE from worker: {}", s.message());
       return;
@@ -69,7 +71,7 @@ void Broker::Impl::HandleBackend(protocol::Message& m) {
     }
     auto finished = scheduler.Complete(worker, ids);
     telemetry.OnDone(finished, not_done, duplicates, protocol::NowMicros());
-    Finish(std::move(finished), results);
+    Finish(std::move(finished), results, notified);
   } else if (m.command == protocol::kBye) {
     DropWorker(worker, "said BYE");
   } else if (m.command != protocol::kHeartbeat) {
@@ -78,13 +80,14 @@ void Broker::Impl::HandleBackend(protocol::Message& m) {
 }
 
 void Broker::Impl::Finish(std::vector<std::unique_ptr<Job>> jobs,
-                          const protocol::InlineResults& results) {
+                          const protocol::InlineResults& results,
+                          const std::vector<std::string>& notified) {
   if (jobs.empty()) return;
   if (options.journal) {
     const int64_t now_mono = protocol::MonotonicMicros();
     for (const auto& j : jobs) journal.Forget(j->id, now_mono);
   }
-  NotifyFinished(jobs, results);
+  NotifyFinished(jobs, results, notified);
 }
 
 void Broker::Impl::DropWorker(const std::string& routing_id, const char* why) {

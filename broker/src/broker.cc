@@ -68,7 +68,7 @@ void Broker::Impl::Dispatch() {
     pk.pack_array(static_cast<uint32_t>(chunk.jobs.size()));
     for (const Job* j : chunk.jobs) {
       protocol::PackChunkEntry(pk, j->id, j->model, j->inputs_raw, j->attempt, j->priority,
-                               j->result_ttl_s, j->submitted_us, now, j->deadline_us);
+                               j->result_ttl_s, j->submitted_us, now, j->deadline_us, j->notify);
     }
     protocol::SendTo(backend, chunk.worker, protocol::kChunk, protocol::ToMessage(std::move(buf)));
     telemetry.OnChunk(chunk, now);

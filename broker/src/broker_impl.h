@@ -63,15 +63,19 @@ struct Broker::Impl {
   void CommitAndReply(bool quiet);
   void ReplyError(protocol::Message& m, int64_t rid, std::string_view code,
                   std::string_view message);
-  // FINISHED to each job's producer, with the inline results of the jobs that asked for them.
+  // FINISHED to each job's producer, with the inline results of the jobs that asked for them;
+  // none for the `notified` jobs (their worker published the notice on the producer's channel).
   void NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs,
-                      const protocol::InlineResults& results);
+                      const protocol::InlineResults& results,
+                      const std::vector<std::string>& notified);
 
   // backend.cc
   void HandleBackend(protocol::Message& m);
   void DropWorker(const std::string& routing_id, const char* why);
-  // Journal removal + FINISHED (carrying `results`, the DONE's inline results, if any).
-  void Finish(std::vector<std::unique_ptr<Job>> jobs, const protocol::InlineResults& results = {});
+  // Journal removal + FINISHED (carrying `results`, the DONE's inline results, if any; none
+  // for the DONE's `notified` jobs).
+  void Finish(std::vector<std::unique_ptr<Job>> jobs, const protocol::InlineResults& results = {},
+              const std::vector<std::string>& notified = {});
 
   // broker.cc
   void Dispatch();

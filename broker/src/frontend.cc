@@ -3,6 +3,7 @@
 
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "broker_impl.h"
 #include "ferry/protocol/util.h"
@@ -71,6 +72,17 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
   const bool inline_results = inline_flag != nullptr &&
                               inline_flag->type == msgpack::type::BOOLEAN &&
                               inline_flag->via.boolean;
+  // "notify": the producer's Pub/Sub channel; the worker publishes each result notice there too.
+  std::string notify;
+  if (const msgpack::object* n = protocol::Find(body, "notify")) {
+    notify = std::string(protocol::AsStringView(*n));
+    if (n->type != msgpack::type::STR || !keys.IsNotifyChannel(notify)) {
+      ReplyError(m, rid, codes::kInvalidArgument,
+                 "SUBMIT \"notify\" must be a string \"" + keys.NotifyChannel("TOKEN") +
+                     "\" with TOKEN 1-128 characters of [A-Za-z0-9._:-]");
+      return;
+    }
+  }
   PendingReply reply;
   reply.accepted.rid = rid;
   const std::string producer = m.envelope.empty() ? "" : Str(m.envelope[0]);
@@ -93,6 +105,7 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
     job->deadline_us = in.timeout_ms > 0 ? now + in.timeout_ms * 1000 : 0;
     job->producer = producer;
     job->inline_result = inline_results;
+    job->notify = notify;
     size_t hint = 16;  // the msgpack framing is a few dozen bytes per tensor
     for (const auto& t : in.inputs) hint += t.size + 64;
     protocol::PackObjectInto(*in.inputs_obj, hint, &job->inputs_raw);  // one copy
@@ -240,7 +253,12 @@ void Broker::Impl::HandleStats(protocol::Message& m, int64_t rid) {
 }
 
 void Broker::Impl::NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs,
-                                  const protocol::InlineResults& results) {
+                                  const protocol::InlineResults& results,
+                                  const std::vector<std::string>& notified) {
+  // Jobs whose worker published the notice on their producer's channel need no FINISHED (only
+  // jobs that named one: a DONE cannot switch off another producer's notices).
+  std::unordered_set<std::string_view> skip;
+  for (const auto& id : notified) skip.insert(id);
   std::unordered_map<std::string_view, std::string_view> record_of;
   if (!results.empty()) {
     record_of.reserve(results.size());
@@ -252,7 +270,7 @@ void Broker::Impl::NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs,
   };
   std::map<std::string_view, Notice> by_producer;
   for (const auto& j : jobs) {
-    if (j->producer.empty()) continue;
+    if (j->producer.empty() || (!j->notify.empty() && skip.count(j->id) > 0)) continue;
     Notice& n = by_producer[j->producer];
     n.ids.push_back(j->id);
     if (!j->inline_result || record_of.empty()) continue;

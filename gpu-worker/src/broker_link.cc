@@ -123,7 +123,12 @@ void BrokerLink::Loop() {
     const bool may_finish = draining_ && outstanding_.load() == 0;
 
     const int64_t now = protocol::MonotonicMicros();
+    if (hold_until_us_ != 0 && now >= hold_until_us_ && !draining_) SendHeldDone();
     int64_t wait_ms = std::clamp<int64_t>((next_heartbeat - now + 999) / 1000, 0, kMaxPollMs);
+    if (hold_until_us_ != 0 && !draining_) {  // wake up when the held DONEs are due
+      const int64_t due_ms = std::max<int64_t>((hold_until_us_ - now + 999) / 1000, 0);
+      wait_ms = std::min(wait_ms, due_ms);
+    }
     if (may_finish) wait_ms = 0;
     zmq_pollitem_t items[] = {{dealer_->handle(), 0, ZMQ_POLLIN, 0},
                               {outbox_->handle(), 0, ZMQ_POLLIN, 0}};
@@ -167,8 +172,7 @@ void BrokerLink::Loop() {
       MaybeReconnect(protocol::NowMicros());
     }
   }
-  if (!held_done_.empty())
-    Send(protocol::kDone, protocol::EncodeDone(held_done_, held_duplicates_, held_not_done_));
+  SendHeldDone();
   if (Writable()) Send(protocol::kBye, protocol::EncodeEmpty());
   spdlog::info("worker {}: drained after {} chunk(s), {} job(s); BYE sent",
                options_.hello.worker, chunks_, jobs_);
@@ -273,18 +277,49 @@ void BrokerLink::HandleOutbox(protocol::Message* m) {
   if (s.ok()) s = protocol::GetInt(oh.get(), "duplicates", &duplicates, 0);
   protocol::DoneStatuses not_done;
   if (s.ok()) s = protocol::DecodeDoneStatuses(oh.get(), &not_done);
+  std::vector<std::string> notified;
+  if (s.ok()) s = protocol::DecodeDoneNotified(oh.get(), &notified);
   if (!s.ok()) {
     spdlog::error("internal: bad DONE from the result writer: {}", s.message());
     return;
   }
   outstanding_.fetch_sub(static_cast<int64_t>(ids.size()));
   if (draining_) {
-    held_done_.insert(held_done_.end(), ids.begin(), ids.end());
-    held_duplicates_ += duplicates;
-    held_not_done_.insert(held_not_done_.end(), not_done.begin(), not_done.end());
-  } else {
-    Send(protocol::kDone, std::move(m->body));
+    HoldDone(ids, duplicates, not_done, notified);
+    return;
   }
+  // A DONE of notified jobs only (then it carries no inline results) may wait a little.
+  const size_t hold_limit = static_cast<size_t>(std::max<int64_t>(options_.hello.capacity / 4, 0));
+  if (options_.done_hold_us > 0 && !ids.empty() && notified.size() == ids.size() &&
+      ids.size() <= hold_limit) {
+    if (held_done_.size() + ids.size() > hold_limit) SendHeldDone();
+    HoldDone(ids, duplicates, not_done, notified);
+    return;
+  }
+  SendHeldDone();  // what was held goes first
+  Send(protocol::kDone, std::move(m->body));
+}
+
+void BrokerLink::HoldDone(const std::vector<std::string>& ids, int64_t duplicates,
+                          const protocol::DoneStatuses& not_done,
+                          const std::vector<std::string>& notified) {
+  if (held_done_.empty()) hold_until_us_ = protocol::MonotonicMicros() + options_.done_hold_us;
+  held_done_.insert(held_done_.end(), ids.begin(), ids.end());
+  held_duplicates_ += duplicates;
+  held_not_done_.insert(held_not_done_.end(), not_done.begin(), not_done.end());
+  held_notified_.insert(held_notified_.end(), notified.begin(), notified.end());
+}
+
+void BrokerLink::SendHeldDone() {
+  if (!held_done_.empty()) {
+    Send(protocol::kDone, protocol::EncodeDone(held_done_, held_duplicates_, held_not_done_, {},
+                                               held_notified_));
+  }
+  held_done_.clear();
+  held_duplicates_ = 0;
+  held_not_done_.clear();
+  held_notified_.clear();
+  hold_until_us_ = 0;
 }
 
 }  // namespace ferry::worker

@@ -13,6 +13,15 @@
 namespace ferry::worker {
 namespace {
 
+// SET NX, and when it stored the record, PUBLISH the result notice on the producer's channel --
+// atomically, so a notice always follows the write it announces and a losing duplicate is never
+// announced. Replies as SET NX does: OK when stored, nil when another result was there first.
+//   KEYS[1] result key; ARGV: record, ttl seconds, channel, notice
+constexpr std::string_view kSetAndPublish =
+    "local ok = redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2], 'NX') "
+    "if ok then redis.call('PUBLISH', ARGV[3], ARGV[4]) end "
+    "return ok";
+
 bool IsPowerOfTwo(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 
 // The result's "status" for a job's final Status.
@@ -207,8 +216,19 @@ std::vector<ResultWriter::PackedResult> ResultWriter::Pack(std::vector<JobResult
     protocol::Packer pk(buf);
     protocol::PackResult(pk, rec);
     const int64_t ttl = e.result_ttl_s > 0 ? e.result_ttl_s : options_.default_ttl_s;
-    packed.push_back({keys_.Result(e.id), std::string(buf.data(), buf.size()),
-                      std::to_string(ttl), false});
+    PackedResult p;
+    p.key = keys_.Result(e.id);
+    p.value.assign(buf.data(), buf.size());
+    p.ttl = std::to_string(ttl);
+    if (!e.notify.empty()) {
+      // The notice is a FINISHED body for this one job, the record inside when small enough.
+      protocol::InlineResults inline_record;
+      if (p.value.size() <= options_.inline_result_bytes) inline_record.emplace_back(e.id, p.value);
+      const zmq::message_t notice = protocol::EncodeFinished({e.id}, inline_record);
+      p.notify = e.notify;
+      p.notice.assign(static_cast<const char*>(notice.data()), notice.size());
+    }
+    packed.push_back(std::move(p));
     r.outputs.clear();
     r.outputs_owner.reset();
   }
@@ -221,9 +241,27 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
     FERRY_RETURN_IF_ERROR(
         protocol::RedisClient::Connect(options_.redis, options_.redis_timeout_ms, &client_));
   }
-  for (const auto& p : *packed) client_->Append({"SET", p.key, p.value, "EX", p.ttl, "NX"});
+  const bool scripts = scripts_ok_.load(std::memory_order_relaxed);
+  for (auto& p : *packed) {
+    if (!scripts) p.notify.clear();  // plain writes; the broker's FINISHED tells the producer
+    if (p.notify.empty()) {
+      client_->Append({"SET", p.key, p.value, "EX", p.ttl, "NX"});
+    } else {
+      client_->Append({"EVAL", kSetAndPublish, "1", p.key, p.value, p.ttl, p.notify, p.notice});
+    }
+  }
   std::vector<protocol::RedisReply> replies;
   Status s = client_->Flush(&replies);
+  // A Redis that refuses scripts (an ACL, a managed service that disabled EVAL) must not stop
+  // results from being written: stop using them, and let the retry write plain SETs.
+  for (size_t i = 0; s.ok() && i < replies.size() && i < packed->size(); ++i) {
+    if (!(*packed)[i].notify.empty() && replies[i].type == protocol::RedisReply::Type::kError) {
+      scripts_ok_.store(false, std::memory_order_relaxed);
+      spdlog::error("result writer: Redis refuses the result-notice script ({}); writing "
+                    "results without notices from now on", replies[i].str);
+      return Status::Internal("redis: " + replies[i].str);
+    }
+  }
   int64_t nil = 0;
   for (const auto& reply : replies) {
     if (s.ok() && reply.type == protocol::RedisReply::Type::kError)
@@ -290,16 +328,21 @@ void ResultWriter::SendDone(const std::vector<JobResult>& results,
   ids.reserve(results.size());
   protocol::DoneStatuses not_done;  // for the broker's ferry_jobs_finished_total{status}
   protocol::InlineResults inline_results;
+  std::vector<std::string> notified;  // stored, so the script published the notice
   for (size_t i = 0; i < results.size(); ++i) {
     const JobResult& r = results[i];
     ids.push_back(r.job.entry.id);
     if (!r.status.ok()) not_done.emplace_back(r.job.entry.id, ResultStatus(r.status));
-    if (i < packed.size() && packed[i].stored &&
-        packed[i].value.size() <= options_.inline_result_bytes)
+    if (i >= packed.size() || !packed[i].stored) continue;
+    if (!packed[i].notify.empty()) {
+      notified.push_back(r.job.entry.id);  // its producer has the record: no need to inline it
+    } else if (packed[i].value.size() <= options_.inline_result_bytes) {
       inline_results.emplace_back(r.job.entry.id, packed[i].value);
+    }
   }
-  Status s = protocol::SendMessage(*push_, nullptr, protocol::kDone,
-                                   protocol::EncodeDone(ids, duplicates, not_done, inline_results));
+  Status s = protocol::SendMessage(
+      *push_, nullptr, protocol::kDone,
+      protocol::EncodeDone(ids, duplicates, not_done, inline_results, notified));
   if (!s.ok()) {
     spdlog::error("result writer: cannot hand {} DONE ids to the I/O thread: {}", ids.size(),
                   s.ToString());

@@ -2,11 +2,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <mutex>
 #include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
+#include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
+#include "ferry/protocol/redis.h"
 #include "ferry/protocol/util.h"
 #include "ferry/protocol/wire.h"
 #include "frontend_connection.h"
@@ -15,6 +18,8 @@
 
 namespace ferry::client {
 namespace {
+
+using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxTensorBytes = (size_t{1} << 31) - 1;  // one msgpack bin
 constexpr size_t kMaxMessageBytes = size_t{32} << 20;      // per SUBMIT message
@@ -69,9 +74,19 @@ Status CheckReply(const FrontendConnection::Reply& reply, std::string_view expec
 
 class Client::Impl {
  public:
+  // Result notices come straight from workers (ClientOptions::push_results) only for SUBMITs
+  // made while fewer than this many of this client's jobs are tracked: at light load that saves
+  // the DONE and FINISHED hops through the broker; under load batching amortizes them, and the
+  // extra PUBLISH per job would only cost Redis CPU.
+  static constexpr size_t kPushMaxInFlight = 64;
+  // After a failed subscription, wait this long (doubling) before the next try.
+  static constexpr int kPushRetryMinMs = 1000, kPushRetryMaxMs = 30000;
+
   Impl(const ClientOptions& options, protocol::RedisEndpoint redis)
       : options_(options),
-        results_(std::move(redis), options.redis_prefix, options.request_timeout_ms) {}
+        redis_(redis),
+        results_(std::move(redis), options.redis_prefix, options.request_timeout_ms),
+        notify_channel_(protocol::Keys(options.redis_prefix).NotifyChannel(protocol::NewUuid())) {}
 
   Status Start() {
     FERRY_RETURN_IF_ERROR(FrontendConnection::Create(options_.frontend, &frontend_));
@@ -100,9 +115,17 @@ class Client::Impl {
   // Sends jobs[i] for i in `part` as one SUBMIT and records each verdict in *outcomes.
   Status SubmitOne(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
                    std::vector<SubmitOutcome>* outcomes);
+  // Whether the next SUBMIT should name notify_channel_; subscribes first when there is no
+  // subscription yet (or it failed, and the back-off has passed).
+  bool WantPush();
 
   const ClientOptions options_;
+  const protocol::RedisEndpoint redis_;
   ResultStore results_;
+  const std::string notify_channel_;
+  std::mutex push_mu_;  // one subscription attempt at a time
+  Clock::time_point push_retry_at_{};  // guarded by push_mu_
+  int push_backoff_ms_ = 0;            // guarded by push_mu_
   // Destroyed after frontend_, whose background thread calls into it; unused by then.
   std::unique_ptr<ResultTracker> tracker_;
   std::unique_ptr<FrontendConnection> frontend_;
@@ -147,13 +170,38 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
   return Status::Ok();
 }
 
+bool Client::Impl::WantPush() {
+  if (!options_.push_results || tracker_->Entries() >= kPushMaxInFlight) return false;
+  if (frontend_->push_active()) return true;
+  std::unique_lock<std::mutex> lock(push_mu_, std::try_to_lock);
+  if (!lock.owns_lock() || Clock::now() < push_retry_at_) return false;  // someone else tries
+  std::unique_ptr<protocol::RedisSubscriber> push;
+  const Status s = protocol::RedisSubscriber::Connect(
+      redis_, std::min(options_.request_timeout_ms, kPushRetryMinMs), notify_channel_, &push);
+  if (!s.ok()) {
+    push_backoff_ms_ = std::clamp(push_backoff_ms_ * 2, kPushRetryMinMs, kPushRetryMaxMs);
+    push_retry_at_ = Clock::now() + std::chrono::milliseconds(push_backoff_ms_);
+    return false;
+  }
+  push_backoff_ms_ = 0;
+  // Notices published while the subscription was failing are gone, and the broker sends no
+  // FINISHED for those jobs: have their Waits read Redis now instead of at the slow re-check.
+  frontend_->SetPush(std::move(push), [this] { tracker_->RecheckSubmitted(); });
+  return true;
+}
+
 Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
                                const std::vector<size_t>& part,
                                std::vector<SubmitOutcome>* outcomes) {
   int64_t rid = frontend_->NextRid();
+  const bool push = WantPush();
   msgpack::sbuffer buf;
   protocol::Packer pk(buf);
-  pk.pack_map(3);
+  pk.pack_map(push ? 4 : 3);
+  if (push) {  // results also come straight from the worker, through Redis Pub/Sub
+    protocol::PackString(pk, "notify");
+    protocol::PackString(pk, notify_channel_);
+  }
   // Small results come back inside FINISHED: Wait then needs no Redis read for them.
   protocol::PackString(pk, "inline_results");
   pk.pack_true();

@@ -195,6 +195,31 @@ Status FrontendConnection::Call(int64_t rid, std::string_view command, zmq::mess
 
 // ---- driving the socket ----------------------------------------------------------------------
 
+void FrontendConnection::SetPush(std::unique_ptr<protocol::RedisSubscriber> push,
+                                 std::function<void()> on_lost) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    push_next_ = std::move(push);
+    push_lost_next_ = std::move(on_lost);
+    push_active_.store(push_next_ != nullptr, std::memory_order_release);
+  }
+  WakeDriver();  // a driver asleep in poll starts polling the new subscription
+}
+
+void FrontendConnection::ReadPush() {
+  const Status s = push_->ReadAvailable([this](std::string_view payload) {
+    msgpack::object_handle oh;
+    if (protocol::UnpackMap(payload.data(), payload.size(), &oh).ok()) DispatchFinished(oh.get());
+  });
+  if (s.ok()) return;
+  push_.reset();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!push_next_) push_active_.store(false, std::memory_order_release);
+  }
+  if (push_lost_) push_lost_();
+}
+
 template <typename Until>
 void FrontendConnection::Drive(Until until, Clock::time_point deadline) {
   const bool forever = deadline == Clock::time_point::max();
@@ -205,6 +230,10 @@ void FrontendConnection::Drive(Until until, Clock::time_point deadline) {
     {
       std::lock_guard<std::mutex> lock(mu_);
       want_out = !outbox_.empty();
+      if (push_next_) {
+        push_ = std::move(push_next_);
+        push_lost_ = std::move(push_lost_next_);
+      }
     }
     long timeout_ms = -1;
     if (!forever) {
@@ -214,11 +243,12 @@ void FrontendConnection::Drive(Until until, Clock::time_point deadline) {
       timeout_ms = static_cast<long>(
           std::chrono::ceil<std::chrono::milliseconds>(left).count());
     }
-    zmq_pollitem_t items[2] = {
+    zmq_pollitem_t items[3] = {
         {socket_.handle(), 0, static_cast<short>(ZMQ_POLLIN | (want_out ? ZMQ_POLLOUT : 0)), 0},
         {nullptr, wake_fd_, ZMQ_POLLIN, 0},
+        {nullptr, push_ ? push_->fd() : -1, ZMQ_POLLIN, 0},
     };
-    if (protocol::PollSockets(items, 2, timeout_ms) < 0) {
+    if (protocol::PollSockets(items, push_ ? 3 : 2, timeout_ms) < 0) {
       if (zmq_errno() == ETERM) return;
       continue;  // EINTR
     }
@@ -227,6 +257,7 @@ void FrontendConnection::Drive(Until until, Clock::time_point deadline) {
       ssize_t n = read(wake_fd_, &count, sizeof(count));
       (void)n;
     }
+    if (push_ && (items[2].revents & (ZMQ_POLLIN | ZMQ_POLLERR))) ReadPush();
     if (items[0].revents & ZMQ_POLLIN) ReceiveAll();
     if (until()) {
       SendQueued();  // what other callers queued meanwhile goes out before the socket is left
@@ -300,17 +331,20 @@ void FrontendConnection::ReceiveAll() {
   }
 }
 
+void FrontendConnection::DispatchFinished(const msgpack::object& body) {
+  std::vector<std::string> ids;
+  protocol::InlineResults records;  // a malformed "results" map: just the ids
+  if (!protocol::DecodeInlineResults(body, &records).ok()) records.clear();
+  if (protocol::GetStringArray(body, "ids", &ids).ok() && on_finished_) on_finished_(ids, records);
+}
+
 void FrontendConnection::Dispatch(std::string command, zmq::message_t body) {
   int64_t rid = 0;
   {
     msgpack::object_handle oh;
     if (!protocol::UnpackMap(body.data(), body.size(), &oh).ok()) return;
     if (command == protocol::kFinished) {
-      std::vector<std::string> ids;
-      protocol::InlineResults records;  // a malformed "results" map: just the ids
-      if (!protocol::DecodeInlineResults(oh.get(), &records).ok()) records.clear();
-      if (protocol::GetStringArray(oh.get(), "ids", &ids).ok() && on_finished_)
-        on_finished_(ids, records);
+      DispatchFinished(oh.get());
       return;
     }
     // Replies without a rid (an ERROR for a message the broker could not decode) cannot be

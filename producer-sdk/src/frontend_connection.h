@@ -21,7 +21,13 @@
 // that timed out is never delivered to a broker that comes up later (it is dropped from the
 // outbox when its caller gives up). Linger is 0: destruction never waits for the network.
 //
-// Thread-safety: NextRid, Call, Await and Signal may be called from any number of threads.
+// Result notices from workers (optional): a RedisSubscriber handed over with SetPush is polled by
+// the driver beside the socket, and each notice on it (a FINISHED body) goes to the same
+// callback as FINISHED. If the subscription fails it is dropped (push_active() turns false) and
+// FINISHED alone remains, as without one.
+//
+// Thread-safety: NextRid, Call, Await, Signal, SetPush and push_active may be called from any
+// number of threads.
 
 #include <atomic>
 #include <chrono>
@@ -38,6 +44,7 @@
 #include <zmq.hpp>
 
 #include "ferry/protocol/messages.h"
+#include "ferry/protocol/redis.h"
 #include "ferry/status.h"
 #include "waiter.h"
 
@@ -72,6 +79,13 @@ class FrontendConnection : public Parking {
   // unavailable when no reply came within timeout_ms (the broker is down or overloaded).
   Status Call(int64_t rid, std::string_view command, zmq::message_t body, int timeout_ms,
               Reply* reply);
+
+  // Hands over a subscribed Redis connection for result notices; the driver polls it from its
+  // next turn on. Replaces any earlier one. `on_lost` is called (on the driving thread, like
+  // the FINISHED callback) if the subscription fails: notices published since may be lost.
+  void SetPush(std::unique_ptr<protocol::RedisSubscriber> push, std::function<void()> on_lost);
+  // Whether a push subscription is in place and has not failed.
+  bool push_active() const { return push_active_.load(std::memory_order_acquire); }
 
   // How many times the background thread has handed the socket to a caller (for tests).
   int64_t background_yields() const { return background_yields_.load(); }
@@ -108,11 +122,19 @@ class FrontendConnection : public Parking {
   void ReceiveAll();  // drains the socket
   void SendQueued();  // sends while the socket takes messages
   void Dispatch(std::string command, zmq::message_t body);
+  // A FINISHED body (from the broker, or a worker's notice): hands its ids and records over.
+  void DispatchFinished(const msgpack::object& body);
+  void ReadPush();  // the driver: drains the push subscription, drops it when it failed
 
   const std::string endpoint_;
   FinishedFn on_finished_;  // set by Start, before the first drive
   zmq::context_t context_{1};
   zmq::socket_t socket_;  // the driver only
+  std::unique_ptr<protocol::RedisSubscriber> push_;  // the driver only
+  std::function<void()> push_lost_;                   // the driver only
+  std::unique_ptr<protocol::RedisSubscriber> push_next_;  // guarded by mu_: for the driver to take
+  std::function<void()> push_lost_next_;                  // guarded by mu_
+  std::atomic<bool> push_active_{false};
   int wake_fd_ = -1;
   std::atomic<bool> stop_{false};
   std::atomic<int64_t> next_rid_{0};

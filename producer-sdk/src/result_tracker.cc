@@ -93,6 +93,13 @@ void ResultTracker::Notify(
   MaybeSweep(Clock::now());
 }
 
+void ResultTracker::RecheckSubmitted() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto& [id, e] : entries_) {
+    if (e->state == State::kSubmitted) SetState(e.get(), State::kNoticed);
+  }
+}
+
 void ResultTracker::MaybeSweep(Clock::time_point now) {
   if (now - last_sweep_ < kSweepEvery) return;
   last_sweep_ = now;

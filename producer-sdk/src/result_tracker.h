@@ -65,6 +65,9 @@ class ResultTracker {
   // result record's bytes). Called by the socket's driver; never blocks on I/O.
   void Notify(const std::vector<std::string>& ids,
               const std::vector<std::pair<std::string_view, std::string_view>>& records = {});
+  // Notices may have been lost (the result push subscription failed): every id of ours without
+  // a notice is to be read from Redis by its next Wait at once, as after a notice.
+  void RecheckSubmitted();
   // Client::Wait's contract (see client.h); `id` is already validated.
   Status Wait(const std::string& id, int timeout_ms, Result* out);
 

@@ -1,5 +1,7 @@
 #include "ferry/protocol/messages.h"
 
+#include "ferry/protocol/keys.h"
+
 namespace ferry::protocol {
 namespace {
 
@@ -34,6 +36,12 @@ bool IsValidJobId(std::string_view id) {
     if (!ok) return false;
   }
   return true;
+}
+
+bool Keys::IsNotifyChannel(std::string_view channel) const {
+  const std::string head = prefix_ + "notify:";
+  return channel.size() > head.size() && channel.substr(0, head.size()) == head &&
+         IsValidJobId(channel.substr(head.size()));
 }
 
 Status DecodeSubmitJob(const msgpack::object& o, SubmitJob* out) {
@@ -157,11 +165,12 @@ void PackInlineResults(Packer& pk, const InlineResults& results) {
 }  // namespace
 
 zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicates,
-                          const DoneStatuses& not_done, const InlineResults& results) {
+                          const DoneStatuses& not_done, const InlineResults& results,
+                          const std::vector<std::string>& notified) {
   msgpack::sbuffer buf;
   Packer pk(buf);
   pk.pack_map(1 + (duplicates > 0 ? 1 : 0) + (not_done.empty() ? 0 : 1) +
-              (results.empty() ? 0 : 1));
+              (results.empty() ? 0 : 1) + (notified.empty() ? 0 : 1));
   PackKey(pk, "ids");
   pk.pack_array(static_cast<uint32_t>(ids.size()));
   for (const auto& id : ids) PackString(pk, id);
@@ -178,7 +187,18 @@ zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicate
     }
   }
   if (!results.empty()) PackInlineResults(pk, results);
+  if (!notified.empty()) {
+    PackKey(pk, "notified");
+    pk.pack_array(static_cast<uint32_t>(notified.size()));
+    for (const auto& id : notified) PackString(pk, id);
+  }
   return ToMessage(std::move(buf));
+}
+
+Status DecodeDoneNotified(const msgpack::object& body, std::vector<std::string>* out) {
+  out->clear();
+  if (!Find(body, "notified")) return Status::Ok();
+  return GetStringArray(body, "notified", out);
 }
 
 zmq::message_t EncodeFinished(const std::vector<std::string>& ids, const InlineResults& results) {
@@ -331,8 +351,8 @@ void PackObjectInto(const msgpack::object& o, size_t size_hint, std::string* out
 void PackChunkEntry(Packer& pk, std::string_view id, std::string_view model,
                     std::string_view inputs_raw, int64_t attempt, int64_t priority,
                     int64_t result_ttl_s, int64_t submitted_us, int64_t dispatched_us,
-                    int64_t deadline_us) {
-  pk.pack_map(9);
+                    int64_t deadline_us, std::string_view notify) {
+  pk.pack_map(notify.empty() ? 9 : 10);
   PackKey(pk, "id");
   PackString(pk, id);
   PackKey(pk, "model");
@@ -352,6 +372,10 @@ void PackChunkEntry(Packer& pk, std::string_view id, std::string_view model,
   pk.pack_int64(dispatched_us);
   PackKey(pk, "deadline");
   pk.pack_int64(deadline_us);
+  if (!notify.empty()) {
+    PackKey(pk, "notify");
+    PackString(pk, notify);
+  }
 }
 
 Status DecodeChunkEntry(const msgpack::object& o, ChunkJob* out) {
@@ -366,6 +390,11 @@ Status DecodeChunkEntry(const msgpack::object& o, ChunkJob* out) {
   FERRY_RETURN_IF_ERROR(GetInt(o, "submitted", &out->submitted_us, 0));
   FERRY_RETURN_IF_ERROR(GetInt(o, "dispatched", &out->dispatched_us, 0));
   FERRY_RETURN_IF_ERROR(GetInt(o, "deadline", &out->deadline_us, 0));
+  out->notify.clear();
+  if (const msgpack::object* n = Find(o, "notify")) {
+    if (n->type != msgpack::type::STR) return Status::InvalidArgument("\"notify\" must be a string");
+    out->notify.assign(n->via.str.ptr, n->via.str.size);
+  }
   return Status::Ok();
 }
 

@@ -1,6 +1,10 @@
 #include "ferry/protocol/redis.h"
 
+#include <fcntl.h>
 #include <hiredis/hiredis.h>
+
+#include <cerrno>
+#include <cstring>
 
 namespace ferry::protocol {
 namespace {
@@ -142,6 +146,65 @@ Status RedisClient::Get(std::string_view key, std::string* value, bool* found) {
   *found = reply.type == RedisReply::Type::kString;
   if (*found) *value = std::move(reply.str);
   return Status::Ok();
+}
+
+// ---- RedisSubscriber -------------------------------------------------------------------------
+
+Status RedisSubscriber::Connect(const RedisEndpoint& endpoint, int timeout_ms, std::string channel,
+                                std::unique_ptr<RedisSubscriber>* out) {
+  redisContext* ctx =
+      redisConnectWithTimeout(endpoint.host.c_str(), endpoint.port, ToTimeval(timeout_ms));
+  auto fail = [&](const std::string& why) {
+    if (ctx) redisFree(ctx);
+    return Status::Unavailable("redis " + endpoint.host + ":" + std::to_string(endpoint.port) +
+                               ": " + why);
+  };
+  if (!ctx || ctx->err) return fail(ctx ? ctx->errstr : "out of memory");
+  redisSetTimeout(ctx, ToTimeval(timeout_ms));
+  auto* r = static_cast<redisReply*>(
+      redisCommand(ctx, "SUBSCRIBE %b", channel.data(), channel.size()));
+  if (!r) return fail(ctx->errstr[0] ? ctx->errstr : "connection lost");
+  // The confirmation: ["subscribe", channel, 1].
+  const bool confirmed = r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+                         r->element[0]->type == REDIS_REPLY_STRING &&
+                         std::string_view(r->element[0]->str, r->element[0]->len) == "subscribe";
+  const std::string what = r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len)
+                                                        : "unexpected reply to SUBSCRIBE";
+  freeReplyObject(r);
+  if (!confirmed) return fail(what);
+  // From now on reads never block: a spurious wake-up reads nothing instead of stalling the
+  // polling thread (hiredis treats EAGAIN as "try later" only without REDIS_BLOCK).
+  const int flags = fcntl(ctx->fd, F_GETFL);
+  if (flags < 0 || fcntl(ctx->fd, F_SETFL, flags | O_NONBLOCK) < 0)
+    return fail(std::string("fcntl: ") + std::strerror(errno));
+  ctx->flags &= ~REDIS_BLOCK;
+  out->reset(new RedisSubscriber(ctx, std::move(channel)));
+  return Status::Ok();
+}
+
+RedisSubscriber::~RedisSubscriber() { redisFree(ctx_); }
+
+int RedisSubscriber::fd() const { return ctx_->fd; }
+
+Status RedisSubscriber::ReadAvailable(
+    const std::function<void(std::string_view payload)>& on_message) {
+  if (ctx_->err) return Status::Unavailable(std::string("redis subscriber: ") + ctx_->errstr);
+  if (redisBufferRead(ctx_) != REDIS_OK)
+    return Status::Unavailable(std::string("redis subscriber: ") + ctx_->errstr);
+  while (true) {
+    void* raw = nullptr;
+    if (redisGetReplyFromReader(ctx_, &raw) != REDIS_OK)
+      return Status::Unavailable(std::string("redis subscriber: ") + ctx_->errstr);
+    if (raw == nullptr) return Status::Ok();  // no complete reply buffered
+    auto* r = static_cast<redisReply*>(raw);
+    // ["message", channel, payload]; anything else (a confirmation) is skipped.
+    if (r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
+        r->element[0]->type == REDIS_REPLY_STRING && r->element[2]->type == REDIS_REPLY_STRING &&
+        std::string_view(r->element[0]->str, r->element[0]->len) == "message") {
+      on_message(std::string_view(r->element[2]->str, r->element[2]->len));
+    }
+    freeReplyObject(r);
+  }
 }
 
 }  // namespace ferry::protocol

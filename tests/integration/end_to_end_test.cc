@@ -2,7 +2,9 @@
 // on free ports, ZeroMQ over TCP, TorchScript models, and the producer SDK.
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstring>
+#include <initializer_list>
 #include <map>
 #include <set>
 #include <thread>
@@ -14,6 +16,7 @@
 #include "ferry/protocol/redis.h"
 #include "ferry/protocol/wire.h"
 #include "fleet.h"
+#include "process.h"
 #include "reference.h"
 
 namespace ferry {
@@ -26,10 +29,11 @@ using client::SubmitOutcome;
 using testutil::Fleet;
 using testutil::FleetOptions;
 
-std::unique_ptr<Client> Connect(Fleet& fleet) {
+std::unique_ptr<Client> Connect(Fleet& fleet, bool push_results = true) {
   ClientOptions o;
   o.frontend = fleet.frontend();
   o.redis = fleet.redis().url();
+  o.push_results = push_results;
   std::unique_ptr<Client> c;
   Status s = Client::Create(o, &c);
   EXPECT_TRUE(s.ok()) << s.ToString();
@@ -100,31 +104,36 @@ TEST_F(EndToEnd, ResultsEqualDirectModelCallsAndBatchesForm) {
   EXPECT_EQ(workers.size(), 2u) << "both workers should take work";
 }
 
-// Redis reads (GET + MGET) served so far, from INFO commandstats.
-int64_t RedisReads(Fleet& fleet) {
+// Calls of these Redis commands served so far, from INFO commandstats.
+int64_t CommandCalls(Fleet& fleet, std::initializer_list<const char*> commands) {
   std::unique_ptr<protocol::RedisClient> redis;
   protocol::RedisEndpoint ep;
   ep.port = fleet.redis().port();
   if (!protocol::RedisClient::Connect(ep, 2000, &redis).ok()) return -1;
   protocol::RedisReply info;
   if (!redis->Command({"INFO", "commandstats"}, &info).ok()) return -1;
-  int64_t reads = 0;
-  for (const char* cmd : {"cmdstat_get:calls=", "cmdstat_mget:calls="}) {
-    size_t at = info.str.find(cmd);
-    if (at != std::string::npos) reads += std::stoll(info.str.substr(at + std::strlen(cmd)));
+  int64_t calls = 0;
+  for (const char* cmd : commands) {
+    const std::string key = std::string("cmdstat_") + cmd + ":calls=";
+    size_t at = info.str.find(key);
+    if (at != std::string::npos) calls += std::stoll(info.str.substr(at + key.size()));
   }
-  return reads;
+  return calls;
 }
+int64_t RedisReads(Fleet& fleet) { return CommandCalls(fleet, {"get", "mget"}); }
 
 // Small results travel back inside FINISHED (worker DONE -> broker -> producer): Wait returns
 // them without reading Redis, and they are exactly what Redis holds. With the worker's
 // --inline-result-bytes 0 the same jobs are read from Redis and give the same results.
+// (push_results off: this is the broker's path; the next test covers the worker's notices.)
 TEST_F(EndToEnd, SmallResultsComeInsideFinishedAndEqualTheRecordsInRedis) {
   for (const bool inline_on : {true, false}) {
     FleetOptions o;
     o.workers = 1;
     if (!inline_on) o.worker_args = {"--inline-result-bytes", "0"};
-    StartFleet(o);
+    fleet_ = std::make_unique<Fleet>(o);
+    ASSERT_TRUE(fleet_->WaitForWorkers(1)) << fleet_->Logs();
+    client_ = Connect(*fleet_, /*push_results=*/false);
     std::vector<Job> jobs;
     for (uint32_t i = 0; i < 200; ++i) jobs.push_back(TinyJob(1000 + i));
     const int64_t reads_before = RedisReads(*fleet_);
@@ -162,8 +171,57 @@ TEST_F(EndToEnd, SmallResultsComeInsideFinishedAndEqualTheRecordsInRedis) {
   }
 }
 
+// At light load the SDK names its Redis channel in SUBMIT ("notify"): the worker publishes each
+// result notice there as it writes the result (one script: SET NX, then PUBLISH), the SDK's
+// Wait returns from it, and the records equal Redis's. With --inline-result-bytes 0 the notices
+// carry ids only and the SDK reads the records.
+TEST_F(EndToEnd, LightLoadResultNoticesComeStraightFromTheWorker) {
+  for (const bool inline_on : {true, false}) {
+    FleetOptions o;
+    o.workers = 1;
+    if (!inline_on) o.worker_args = {"--inline-result-bytes", "0"};
+    StartFleet(o);
+    const int64_t published_before = CommandCalls(*fleet_, {"publish"});
+    const int64_t reads_before = RedisReads(*fleet_);
+    constexpr int kJobs = 100;
+    std::vector<Job> jobs;
+    std::vector<std::string> ids;
+    std::vector<Result> results(kJobs);
+    for (int i = 0; i < kJobs; ++i) {  // one at a time: light load
+      jobs.push_back(TinyJob(2000 + i));
+      ids.emplace_back();
+      ASSERT_TRUE(client_->Submit(jobs[i], &ids[i]).ok());
+      ASSERT_TRUE(client_->Wait(ids[i], 60000, &results[i]).ok()) << fleet_->Logs();
+    }
+    EXPECT_EQ(CommandCalls(*fleet_, {"publish"}) - published_before, kJobs)
+        << "one notice per job";
+    const int64_t reads = RedisReads(*fleet_) - reads_before;
+    if (inline_on) {
+      // Only the SDK's safety-net re-check (a job slower than 50 ms on a loaded machine) reads.
+      EXPECT_LT(reads, 20) << "results were read from Redis, not taken from the notices";
+    } else {
+      EXPECT_GE(reads, kJobs) << "notices without records: each result is read";
+    }
+    for (int i = 0; i < kJobs; ++i) {
+      const Result& r = results[i];
+      ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
+      auto expected = testutil::RunReference(testutil::ModelPath("tiny"), jobs[i].inputs);
+      EXPECT_LT(testutil::MaxAbsDiff(r.outputs.at(0), expected[0]), 1e-5) << i;
+      Result stored;  // the record in Redis, read directly
+      ASSERT_TRUE(client_->Poll(ids[i], &stored).ok());
+      EXPECT_EQ(stored.outputs.at(0).data, r.outputs[0].data) << i;
+      EXPECT_EQ(stored.timing_us, r.timing_us) << i;
+    }
+    client_.reset();
+    fleet_.reset();
+  }
+}
+
 TEST_F(EndToEnd, UnknownModelAndInvalidJobsAreRejectedOthersAccepted) {
   StartFleet(FleetOptions{1});
+  // Broker notices only: with a worker's notice, Wait may return up to ~1 ms before the broker
+  // has the job's DONE, and a resubmit of the id in that window is still a duplicate.
+  client_ = Connect(*fleet_, /*push_results=*/false);
   Job bad_model = TinyJob(1);
   bad_model.model = "no-such-model";
   Job bad_id = TinyJob(2);
@@ -294,6 +352,81 @@ TEST_F(EndToEnd, GarbageFramesDoNotCrashTheBroker) {
   auto results = RunAll(*client_, {TinyJob(5)}, *fleet_);
   EXPECT_EQ(results[0].state, JobState::kDone);
   EXPECT_TRUE(fleet_->broker().Running());
+}
+
+// The same on the wire, as a client in another language does it: SUBSCRIBE, then SUBMIT with
+// "notify". The notice (a FINISHED body) arrives on the channel, and the broker sends no FINISHED
+// for that job -- proven by a second job without "notify", whose FINISHED comes and is the only
+// one. A "notify" that is not the fleet's channel form is refused with ERROR invalid_argument.
+TEST_F(EndToEnd, RawNotifyChannelGetsTheNoticeInsteadOfFinished) {
+  StartFleet(FleetOptions{1});
+  protocol::RedisEndpoint ep;
+  ep.port = fleet_->redis().port();
+  const std::string channel = "ferry:notify:raw-test-1";
+  std::unique_ptr<protocol::RedisSubscriber> sub;
+  ASSERT_TRUE(protocol::RedisSubscriber::Connect(ep, 2000, channel, &sub).ok());
+
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::rcvtimeo, 20000);
+  s.connect(fleet_->frontend());
+  auto submit = [](const std::string& id, const std::string& notify) {
+    msgpack::sbuffer buf;
+    protocol::Packer pk(buf);
+    pk.pack_map(notify.empty() ? 1 : 2);
+    if (!notify.empty()) {
+      protocol::PackString(pk, "notify");
+      protocol::PackString(pk, notify);
+    }
+    protocol::PackString(pk, "jobs");
+    pk.pack_array(1);
+    Tensor x = testutil::RandomFloats({8}, 7);
+    protocol::PackSubmitJob(pk, id, "tiny", {x}, 0, 0, 0);
+    return std::string(buf.data(), buf.size());
+  };
+  std::string code;
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", submit("raw-bad", "elsewhere:x")}, &code), "ERROR");
+  EXPECT_EQ(code, "invalid_argument");
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", submit("raw-bad", "ferry:notify:")}, &code),
+            "ERROR");
+  EXPECT_EQ(code, "invalid_argument");
+
+  ASSERT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", submit("raw-notified", channel)}), "ACCEPTED");
+  // The notice, from Redis.
+  std::vector<std::string> notice_ids;
+  protocol::InlineResults notice_records;
+  std::string payload;
+  ASSERT_TRUE(testutil::NextPubSubMessage(sub.get(), &payload))
+      << "no notice on " << channel << "\n" << fleet_->Logs();
+  msgpack::object_handle oh;
+  ASSERT_TRUE(protocol::UnpackMap(payload.data(), payload.size(), &oh).ok());
+  ASSERT_TRUE(protocol::GetStringArray(oh.get(), "ids", &notice_ids).ok());
+  ASSERT_TRUE(protocol::DecodeInlineResults(oh.get(), &notice_records).ok());
+  EXPECT_EQ(notice_ids, std::vector<std::string>{"raw-notified"});
+  ASSERT_EQ(notice_records.size(), 1u);
+  Result stored;
+  ASSERT_TRUE(client_->Poll("raw-notified", &stored).ok());
+  EXPECT_EQ(stored.state, JobState::kDone);
+  std::unique_ptr<protocol::RedisClient> redis;
+  ASSERT_TRUE(protocol::RedisClient::Connect(ep, 2000, &redis).ok());
+  std::string value;
+  bool found = false;
+  ASSERT_TRUE(redis->Get("ferry:result:raw-notified", &value, &found).ok());
+  ASSERT_TRUE(found);
+  EXPECT_EQ(std::string(notice_records[0].second), value) << "the notice's record is Redis's";
+
+  // A job without "notify": its FINISHED is the first and only one this connection gets (the
+  // worker reports in order, so a FINISHED for the first job would have come before it).
+  ASSERT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", submit("raw-plain", "")}), "ACCEPTED");
+  protocol::Message m;
+  ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) << fleet_->Logs();
+  ASSERT_EQ(m.command, "FINISHED");
+  msgpack::object_handle fh;
+  ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &fh).ok());
+  std::vector<std::string> finished;
+  ASSERT_TRUE(protocol::GetStringArray(fh.get(), "ids", &finished).ok());
+  EXPECT_EQ(finished, std::vector<std::string>{"raw-plain"});
 }
 
 TEST_F(EndToEnd, StatsListWorkersAndQueues) {

@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -18,6 +19,23 @@
 #include "ferry/protocol/redis.h"
 
 namespace ferry::testutil {
+
+bool NextPubSubMessage(protocol::RedisSubscriber* sub, std::string* payload) {
+  payload->clear();
+  bool got = false;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!got && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{sub->fd(), POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    const Status s = sub->ReadAvailable([&](std::string_view m) {
+      if (got) return;  // the first one only: callers publish one at a time
+      payload->assign(m);
+      got = true;
+    });
+    if (!s.ok()) return false;
+  }
+  return got;
+}
 
 int FreePort() {
   int fd = socket(AF_INET, SOCK_STREAM, 0);

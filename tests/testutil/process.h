@@ -10,6 +10,10 @@
 #include <string>
 #include <vector>
 
+namespace ferry::protocol {
+class RedisSubscriber;
+}
+
 namespace ferry::testutil {
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
@@ -18,6 +22,10 @@ int FreePort();
 // Polls `condition` every few ms until it holds or `timeout` passes. Returns the last result.
 bool WaitFor(const std::function<bool()>& condition,
              std::chrono::milliseconds timeout = std::chrono::seconds(30));
+
+// The next Pub/Sub message on `sub` (its payload), within 20 s; false when none came (or the
+// connection failed).
+bool NextPubSubMessage(protocol::RedisSubscriber* sub, std::string* payload);
 
 // A fresh directory under $TMPDIR, removed (recursively) on destruction.
 class TempDir {

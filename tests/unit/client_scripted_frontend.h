@@ -40,6 +40,11 @@ class ScriptedFrontend {
   int submits() const { return submits_; }
   // Whether the last SUBMIT asked for inline results ("inline_results": true).
   bool asked_inline() const { return asked_inline_; }
+  // The last SUBMIT's "notify" channel ("" when it named none).
+  std::string notify() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return notify_;
+  }
   int jobs_seen() const { return jobs_seen_; }
   void set_error_reply(bool on) { error_reply_ = on; }
   // Answers every accepted job at once: FINISHED right after ACCEPTED, with an inline "done"
@@ -74,9 +79,11 @@ class ScriptedFrontend {
         ++submits_;
         const msgpack::object* flag = protocol::Find(oh.get(), "inline_results");
         asked_inline_ = flag && flag->type == msgpack::type::BOOLEAN && flag->via.boolean;
+        const msgpack::object* notify = protocol::Find(oh.get(), "notify");
         {
           std::lock_guard<std::mutex> lock(mu_);
           producer_ = peer;
+          notify_ = notify ? std::string(protocol::AsStringView(*notify)) : "";
         }
         protocol::Accepted a;
         a.rid = rid;
@@ -134,8 +141,9 @@ class ScriptedFrontend {
   std::atomic<bool> error_reply_{false};
   std::atomic<bool> asked_inline_{false};
   std::atomic<bool> echo_{false};
-  std::mutex mu_;
+  mutable std::mutex mu_;
   std::string producer_;                          // guarded by mu_
+  std::string notify_;                            // guarded by mu_
   struct Notice {
     std::vector<std::string> ids;
     std::vector<std::pair<std::string, std::string>> records;

@@ -400,6 +400,115 @@ TEST_F(ClientSubmitTest, LostNoticeIsCoveredByTheRecheck) {
   EXPECT_EQ(result.batch_size, 8);
 }
 
+// A FINISHED body for one job holding `record` inline, as a worker publishes it.
+std::string Notice(const std::string& id, const std::string& record) {
+  protocol::InlineResults records{{id, record}};
+  zmq::message_t m = protocol::EncodeFinished({id}, records);
+  return std::string(static_cast<const char*>(m.data()), m.size());
+}
+
+std::string DoneRecord(const std::string& id, int64_t batch_size) {
+  protocol::ResultRecord r;
+  r.id = id;
+  r.status = "done";
+  r.batch_size = batch_size;
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  protocol::PackResult(pk, r);
+  return std::string(buf.data(), buf.size());
+}
+
+// Light load: the SUBMIT names this client's channel ("notify": <prefix>notify:<uuid>), the
+// client is subscribed to it before the SUBMIT goes out, and a notice published there wakes
+// Wait -- here it is the only source: no FINISHED, and nothing in Redis.
+TEST_F(ClientSubmitTest, ResultNoticeOnTheNotifyChannelWakesWait) {
+  client_test::RedisProcess redis;
+  ASSERT_TRUE(redis.ok());
+  options_.redis = redis.url();
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::string id;
+  ASSERT_TRUE(client->Submit(MakeJob("m", "push-1"), &id).ok());
+  const std::string channel = broker.notify();
+  EXPECT_TRUE(protocol::Keys("test:").IsNotifyChannel(channel)) << channel;
+  protocol::RedisReply receivers;
+  auto c = redis.Connect();
+  ASSERT_TRUE(c->Command({"PUBLISH", channel, Notice(id, DoneRecord(id, 31))}, &receivers).ok());
+  EXPECT_EQ(receivers.integer, 1) << "the client was not subscribed when it submitted";
+  Result result;
+  Status s = client->Wait(id, 10000, &result);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(result.batch_size, 31);
+  EXPECT_EQ(CommandCalls(redis, "get") + CommandCalls(redis, "mget"), 0);
+
+  // The same channel serves the client's later jobs.
+  ASSERT_TRUE(client->Submit(MakeJob("m", "push-2"), &id).ok());
+  EXPECT_EQ(broker.notify(), channel);
+  ASSERT_TRUE(c->Command({"PUBLISH", channel, Notice(id, DoneRecord(id, 32))}, &receivers).ok());
+  ASSERT_TRUE(client->Wait(id, 10000, &result).ok());
+  EXPECT_EQ(result.batch_size, 32);
+}
+
+// push_results off, or no Redis to subscribe at: SUBMITs name no channel (FINISHED only), and
+// submitting still works.
+TEST_F(ClientSubmitTest, NoNotifyChannelWithoutPushOrWithoutRedis) {
+  ScriptedFrontend broker(port_);
+  {
+    auto client = MakeClient();  // options_.redis: a free port, nothing listening
+    std::string id;
+    ASSERT_TRUE(client->Submit(MakeJob("m", "nopush-1"), &id).ok());
+    EXPECT_EQ(broker.notify(), "");
+  }
+  client_test::RedisProcess redis;
+  ASSERT_TRUE(redis.ok());
+  options_.redis = redis.url();
+  options_.push_results = false;
+  auto client = MakeClient();
+  std::string id;
+  ASSERT_TRUE(client->Submit(MakeJob("m", "nopush-2"), &id).ok());
+  EXPECT_EQ(broker.notify(), "");
+}
+
+// The subscription dies (Redis drops the connection): notices may be lost, so waiting jobs are
+// read from Redis (the broker would send no FINISHED for notified jobs), and the next SUBMIT
+// subscribes again.
+TEST_F(ClientSubmitTest, LostSubscriptionFallsBackToRedisAndResubscribes) {
+  client_test::RedisProcess redis;
+  ASSERT_TRUE(redis.ok());
+  options_.redis = redis.url();
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::string id;
+  ASSERT_TRUE(client->Submit(MakeJob("m", "resub-1"), &id).ok());
+  const std::string channel = broker.notify();
+  ASSERT_FALSE(channel.empty());
+  auto c = redis.Connect();
+  protocol::RedisReply reply;
+  ASSERT_TRUE(c->Command({"CLIENT", "KILL", "TYPE", "pubsub"}, &reply).ok());
+  WriteDone(redis, id, 41);  // in Redis; its notice is never published
+  Result result;
+  Status s = client->Wait(id, 10000, &result);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(result.batch_size, 41);
+  // Subscribed again by a SUBMIT made after the client saw the connection close.
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  std::string id2;
+  int64_t receivers = 0;
+  while (receivers == 0 && Clock::now() < deadline) {
+    ASSERT_TRUE(client->Submit(MakeJob("m"), &id2).ok());
+    if (broker.notify().empty()) {
+      std::this_thread::sleep_for(milliseconds(100));
+      continue;
+    }
+    EXPECT_EQ(broker.notify(), channel);
+    ASSERT_TRUE(c->Command({"PUBLISH", channel, Notice(id2, DoneRecord(id2, 42))}, &reply).ok());
+    receivers = reply.integer;
+  }
+  ASSERT_EQ(receivers, 1) << "the client did not subscribe again";
+  ASSERT_TRUE(client->Wait(id2, 10000, &result).ok());
+  EXPECT_EQ(result.batch_size, 42);
+}
+
 // Leader/follower: many threads submit and wait at once through one client. Each reply and
 // notice is dispatched by whichever thread drives the socket, and every thread gets its own
 // results (the scripted broker echoes each job's input back as its output).

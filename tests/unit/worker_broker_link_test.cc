@@ -27,8 +27,9 @@ namespace {
 
 constexpr char kOutbox[] = "inproc://broker-link-test-outbox";
 
-// A CHUNK of one job with no inputs (nothing here runs a model).
-zmq::message_t Chunk(const std::string& id) {
+// A CHUNK of one job with no inputs (nothing here runs a model); `notify` names a producer's
+// channel for its result notice.
+zmq::message_t Chunk(const std::string& id, const std::string& notify = "") {
   msgpack::sbuffer inputs;
   protocol::Packer ipk(inputs);
   ipk.pack_array(0);
@@ -38,7 +39,7 @@ zmq::message_t Chunk(const std::string& id) {
   protocol::PackString(pk, "jobs");
   pk.pack_array(1);
   protocol::PackChunkEntry(pk, id, "tiny", std::string_view(inputs.data(), inputs.size()), 1, 0,
-                           0, 0, 0);
+                           0, 0, 0, 0, notify);
   return protocol::ToMessage(std::move(buf));
 }
 
@@ -61,8 +62,10 @@ class BrokerLinkTest : public ::testing::Test {
     lo.heartbeat_ms = 1000;
     lo.liveness = 1000;  // this broker sends no heartbeats
     lo.outbox_address = kOutbox;
+    lo.done_hold_us = done_hold_us_;
     link_ = std::make_unique<BrokerLink>(&context_, lo, &queue_, writer_.get());
   }
+  int64_t done_hold_us_ = 1000;  // set before SetUp by fixtures that need another
   void TearDown() override {
     if (started_) {
       link_->RequestDrain();
@@ -133,6 +136,24 @@ class BrokerLinkTest : public ::testing::Test {
     EXPECT_TRUE(protocol::GetStringArray(oh.get(), "ids", &ids).ok());
     return ids;
   }
+  // The ids a DONE reports as notified.
+  static std::vector<std::string> NotifiedIds(const protocol::Message& done) {
+    msgpack::object_handle oh;
+    std::vector<std::string> ids;
+    EXPECT_TRUE(protocol::UnpackMap(done.body.data(), done.body.size(), &oh).ok());
+    EXPECT_TRUE(protocol::DecodeDoneNotified(oh.get(), &ids).ok());
+    return ids;
+  }
+  // Sends a one-job CHUNK, plays the executor for it, and waits until its result is written
+  // and its DONE handed to the link (so that each job gets a DONE of its own).
+  void RunOne(const std::string& id, const std::string& notify = "") {
+    ASSERT_TRUE(protocol::SendTo(router_, worker_id_, "CHUNK", Chunk(id, notify)).ok());
+    RunBatch();
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (writer_->pending() != 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+    ASSERT_EQ(writer_->pending(), 0u);
+  }
 
   testutil::RedisServer redis_;
   zmq::context_t context_{1};
@@ -180,6 +201,59 @@ TEST_F(BrokerLinkTest, DrainingLinkHoldsDonesUntilBye) {
   EXPECT_EQ(m.command, "BYE");
   link_->Join();
   EXPECT_EQ(link_->outstanding(), 0);
+}
+
+// DONEs of notified jobs (the producer has the notice from Redis) wait in the link and go out
+// together: when a DONE that is not all notified comes (the held ones first), or when holding
+// one more would pass capacity / 4 ids (8 / 4 = 2 here). The hold is long here, so that only
+// those two rules can send them.
+class BrokerLinkHoldTest : public BrokerLinkTest {
+ protected:
+  void SetUp() override {
+    done_hold_us_ = 60'000'000;
+    BrokerLinkTest::SetUp();
+  }
+};
+
+TEST_F(BrokerLinkHoldTest, NotifiedDonesAreHeldAndSentTogetherBeforeTheNextPlainDone) {
+  Start();
+  const std::string channel = "ferry:notify:link-test";
+  RunOne("n0", channel);
+  RunOne("n1", channel);
+  RunOne("p0");  // no notify: its DONE sends the held ones first
+  protocol::Message first, second;
+  ASSERT_TRUE(Next(&first));
+  ASSERT_EQ(first.command, "DONE");
+  EXPECT_EQ(DoneIds(first), (std::vector<std::string>{"n0", "n1"}));
+  EXPECT_EQ(NotifiedIds(first), (std::vector<std::string>{"n0", "n1"}));
+  ASSERT_TRUE(Next(&second));
+  ASSERT_EQ(second.command, "DONE");
+  EXPECT_EQ(DoneIds(second), std::vector<std::string>{"p0"});
+  EXPECT_TRUE(NotifiedIds(second).empty());
+
+  // The bound: two held, a third would pass it.
+  RunOne("n2", channel);
+  RunOne("n3", channel);
+  RunOne("n4", channel);
+  ASSERT_TRUE(Next(&first));
+  EXPECT_EQ(DoneIds(first), (std::vector<std::string>{"n2", "n3"}));
+  RunOne("p1");
+  ASSERT_TRUE(Next(&second));
+  EXPECT_EQ(DoneIds(second), std::vector<std::string>{"n4"});
+  EXPECT_EQ(NotifiedIds(second), std::vector<std::string>{"n4"});
+  ASSERT_TRUE(Next(&second));
+  EXPECT_EQ(DoneIds(second), std::vector<std::string>{"p1"});
+}
+
+// With the default hold (1 ms) a held DONE goes out by itself, with nothing else happening.
+TEST_F(BrokerLinkTest, HeldNotifiedDoneGoesOutWhenItsHoldEnds) {
+  Start();
+  RunOne("n0", "ferry:notify:link-test");
+  protocol::Message done;
+  ASSERT_TRUE(Next(&done));
+  ASSERT_EQ(done.command, "DONE");
+  EXPECT_EQ(DoneIds(done), std::vector<std::string>{"n0"});
+  EXPECT_EQ(NotifiedIds(done), std::vector<std::string>{"n0"});
 }
 
 }  // namespace

@@ -27,6 +27,7 @@ struct Done {
   std::vector<std::string> ids;
   int64_t duplicates = 0;
   std::vector<std::pair<std::string, std::string>> inline_results;
+  std::vector<std::string> notified;
 };
 
 JobResult MakeResult(const std::string& id) {
@@ -80,6 +81,7 @@ class ResultWriterTest : public ::testing::Test {
     protocol::InlineResults views;
     EXPECT_TRUE(protocol::DecodeInlineResults(oh.get(), &views).ok());
     for (const auto& [id, record] : views) d.inline_results.emplace_back(id, record);
+    EXPECT_TRUE(protocol::DecodeDoneNotified(oh.get(), &d.notified).ok());
     return d;
   }
 
@@ -207,6 +209,82 @@ TEST_F(ResultWriterTest, ManyCallersAndTheThreadEachWriteEveryResultOnce) {
   EXPECT_EQ(writer_->written(), 1 + kThreads * kPerThread);
   EXPECT_EQ(writer_->duplicates(), 0);
   EXPECT_GT(writer_->written_by_callers(), 0);  // the callers' path was taken, not just queued
+}
+
+// A job whose CHUNK named a "notify" channel: the write also publishes the result notice there
+// (a FINISHED body with the very record Redis holds), and DONE lists it as notified (without an
+// inline copy: its producer has it). A losing duplicate is neither published nor notified: the
+// first notice on the channel afterwards is the next job's.
+TEST_F(ResultWriterTest, NotifyJobsArePublishedWithTheStoredRecordDuplicatesAreNot) {
+  const std::string channel = "ferry:notify:writer-test";
+  std::unique_ptr<protocol::RedisSubscriber> sub;
+  ASSERT_TRUE(protocol::RedisSubscriber::Connect(endpoint_, 2000, channel, &sub).ok());
+  // The next notice on the channel: its ids and records.
+  auto next_notice = [&](std::vector<std::string>* ids,
+                         std::vector<std::pair<std::string, std::string>>* records) {
+    std::string payload;
+    ASSERT_TRUE(testutil::NextPubSubMessage(sub.get(), &payload)) << "no notice";
+    msgpack::object_handle oh;
+    ASSERT_TRUE(protocol::UnpackMap(payload.data(), payload.size(), &oh).ok());
+    ASSERT_TRUE(protocol::GetStringArray(oh.get(), "ids", ids).ok());
+    protocol::InlineResults views;
+    ASSERT_TRUE(protocol::DecodeInlineResults(oh.get(), &views).ok());
+    records->clear();
+    for (const auto& [id, record] : views) records->emplace_back(id, record);
+  };
+  auto notify_job = [&](const std::string& id) {
+    std::vector<JobResult> v = One(id);
+    v[0].job.entry.notify = channel;
+    return v;
+  };
+  WarmUp();
+
+  writer_->WriteOrSubmit(notify_job("job-n1"));
+  std::vector<std::string> ids;
+  std::vector<std::pair<std::string, std::string>> records;
+  next_notice(&ids, &records);
+  EXPECT_EQ(ids, std::vector<std::string>{"job-n1"});
+  ASSERT_EQ(records.size(), 1u);
+  EXPECT_EQ(records[0].first, "job-n1");
+  EXPECT_EQ(records[0].second, Stored("job-n1"));
+  Done d = NextDone();
+  EXPECT_EQ(d.ids, std::vector<std::string>{"job-n1"});
+  EXPECT_EQ(d.notified, std::vector<std::string>{"job-n1"});
+  EXPECT_TRUE(d.inline_results.empty());
+
+  protocol::RedisReply reply;
+  ASSERT_TRUE(client_->Command({"SET", keys_.Result("job-n2"), "earlier"}, &reply).ok());
+  writer_->WriteOrSubmit(notify_job("job-n2"));
+  EXPECT_EQ(Stored("job-n2"), "earlier");
+  d = NextDone();
+  EXPECT_EQ(d.ids, std::vector<std::string>{"job-n2"});
+  EXPECT_EQ(d.duplicates, 1);
+  EXPECT_TRUE(d.notified.empty());
+  writer_->WriteOrSubmit(notify_job("job-n3"));
+  next_notice(&ids, &records);
+  EXPECT_EQ(ids, std::vector<std::string>{"job-n3"}) << "the duplicate was announced";
+  d = NextDone();
+  EXPECT_EQ(d.notified, std::vector<std::string>{"job-n3"});
+}
+
+// A Redis that refuses scripts (here an ACL without EVAL) still gets every result: the writer
+// falls back to plain SET NX, and DONE then lists nothing as notified (the broker's FINISHED
+// tells the producer).
+TEST_F(ResultWriterTest, RedisWithoutScriptsGetsPlainWritesAndNoNotices) {
+  WarmUp();
+  protocol::RedisReply reply;
+  ASSERT_TRUE(client_->Command({"ACL", "SETUSER", "default", "-eval"}, &reply).ok());
+  std::vector<JobResult> v = One("job-acl");
+  v[0].job.entry.notify = "ferry:notify:writer-test";
+  writer_->WriteOrSubmit(std::move(v));
+  Done d = NextDone();
+  EXPECT_EQ(d.ids, std::vector<std::string>{"job-acl"});
+  EXPECT_TRUE(d.notified.empty());
+  const std::string record = Stored("job-acl");
+  ASSERT_FALSE(record.empty());
+  Result decoded;
+  ASSERT_TRUE(protocol::DecodeResult(record.data(), record.size(), &decoded).ok());
+  EXPECT_EQ(decoded.id, "job-acl");
 }
 
 }  // namespace

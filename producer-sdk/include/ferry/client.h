@@ -18,7 +18,9 @@
 // tells this client (FINISHED) when a job it submitted has its result, and a slow re-check covers
 // notices that were lost (a broker restart) or jobs submitted by another process. The results a
 // FINISHED notice names are read together (one Redis MGET) and kept for their Wait calls, so a
-// busy producer makes about one Redis round trip per notice, not one per job.
+// busy producer makes about one Redis round trip per notice, not one per job. At light load the
+// worker also publishes each result notice on this client's Redis channel (push_results), which
+// arrives sooner than the broker's.
 //
 // Errors: every method returns a ferry::Status; nothing throws. Codes (ferry::codes):
 //   invalid_argument  the caller's input is wrong (bad id, empty model, tensor size mismatch)
@@ -60,6 +62,12 @@ struct ClientOptions {
   // How long Submit/SubmitMany/Stats wait for the broker's answer, and the Redis connect/read
   // timeout. Past it a call fails with `unavailable`.
   int request_timeout_ms = 5000;
+  // Light-load latency: while few of this client's jobs are in flight, ask the worker to also
+  // PUBLISH each result notice on this client's own Redis channel (<prefix>notify:<uuid>), which
+  // the client subscribes to, so that Wait returns one Redis hop after the result is written
+  // instead of after the worker -> broker -> producer notices. The broker's notice still comes
+  // (and covers a lost subscription). false: broker notices only, no subscription.
+  bool push_results = true;
 };
 
 // One inference job. `inputs` are the positional arguments of the model's forward(), each

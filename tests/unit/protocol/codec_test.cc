@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "ferry/protocol/codec.h"
+#include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/util.h"
 
@@ -201,6 +202,48 @@ TEST(InlineResults, DoneAndFinishedRoundTripTheRecordBytes) {
   out = {{"stale", "x"}};
   ASSERT_TRUE(DecodeInlineResults(oh.get(), &out).ok());
   EXPECT_TRUE(out.empty());
+}
+
+// The result-notice fields: "notify" in a CHUNK entry, "notified" in DONE, and the channel form.
+TEST(Notify, ChunkEntryAndDoneRoundTripAndTheChannelForm) {
+  for (const std::string notify : {"", "ferry:notify:abc-1"}) {
+    msgpack::sbuffer inputs;
+    Packer ipk(inputs);
+    ipk.pack_array(0);
+    msgpack::sbuffer buf;
+    Packer pk(buf);
+    PackChunkEntry(pk, "job-1", "m", std::string_view(inputs.data(), inputs.size()), 2, 0, 0, 1,
+                   2, 0, notify);
+    msgpack::object_handle oh = Unpacked(buf);
+    EXPECT_EQ(Find(oh.get(), "notify") != nullptr, !notify.empty());
+    ChunkJob job;
+    job.notify = "stale";
+    ASSERT_TRUE(DecodeChunkEntry(oh.get(), &job).ok());
+    EXPECT_EQ(job.notify, notify);
+    EXPECT_EQ(job.attempt, 2);
+  }
+
+  zmq::message_t done = EncodeDone({"a", "b"}, 0, {}, {}, {"b"});
+  msgpack::object_handle oh;
+  ASSERT_TRUE(UnpackMap(done.data(), done.size(), &oh).ok());
+  std::vector<std::string> notified;
+  ASSERT_TRUE(DecodeDoneNotified(oh.get(), &notified).ok());
+  EXPECT_EQ(notified, std::vector<std::string>{"b"});
+  zmq::message_t plain = EncodeDone({"a"}, 0);
+  ASSERT_TRUE(UnpackMap(plain.data(), plain.size(), &oh).ok());
+  EXPECT_EQ(Find(oh.get(), "notified"), nullptr);
+  ASSERT_TRUE(DecodeDoneNotified(oh.get(), &notified).ok());
+  EXPECT_TRUE(notified.empty());
+
+  const Keys keys("fleet-a:");
+  EXPECT_EQ(keys.NotifyChannel("t1"), "fleet-a:notify:t1");
+  EXPECT_TRUE(keys.IsNotifyChannel("fleet-a:notify:t1"));
+  EXPECT_TRUE(keys.IsNotifyChannel(keys.NotifyChannel(NewUuid())));
+  EXPECT_FALSE(keys.IsNotifyChannel("fleet-a:notify:"));          // no token
+  EXPECT_FALSE(keys.IsNotifyChannel("ferry:notify:t1"));          // another prefix
+  EXPECT_FALSE(keys.IsNotifyChannel("fleet-a:notify:t 1"));       // a space
+  EXPECT_FALSE(keys.IsNotifyChannel("fleet-a:result:t1"));
+  EXPECT_FALSE(keys.IsNotifyChannel("fleet-a:notify:" + std::string(129, 'x')));
 }
 
 TEST(InlineResults, RejectsResultsThatAreNotAMapOfBinaries) {

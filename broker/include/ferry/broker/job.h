@@ -21,6 +21,8 @@ struct Job {
   std::string inputs_raw;    // the msgpack "inputs" array, forwarded to workers as is
   std::string producer;      // routing id of the producer connection (for FINISHED notices)
   bool inline_result = false;  // the producer asked for small results inside FINISHED
+  std::string notify;  // the producer's Pub/Sub channel for result notices from the worker
+                       // ("" = none); not journaled: after a broker restart, FINISHED only
   JobPhase phase = JobPhase::kQueued;
   std::string worker;        // routing id of the worker holding it, when dispatched
 };

@@ -22,6 +22,13 @@
 // gets no credit back and sends no new work; the drain therefore ends after at most
 // `capacity` jobs. Chunks already on their way are still run and reported.
 //
+// DONEs whose jobs were all "notified" (their producers got the result notice straight from
+// Redis, so the broker sends them no FINISHED) are not urgent: the link holds them for up to
+// Options::done_hold_us and sends them as one, as long as at most capacity / 4 ids are held
+// (a DONE that is not all notified, or one that would pass that bound, sends the held ones first). At light
+// load that keeps the broker's DONE work (and the worker's send) off the next job's path;
+// the broker's view of this worker's credit lags by at most that long.
+//
 // Thread-safety: Start/Join from the owner; RequestDrain and the accessors from any thread.
 
 #include <atomic>
@@ -42,6 +49,7 @@ namespace ferry::worker {
 
 class BrokerLink {
  public:
+
   struct Options {
     std::string endpoint;        // the broker's backend, tcp://HOST:5556
     protocol::WorkerHello hello;  // what READY says
@@ -52,6 +60,7 @@ class BrokerLink {
     int64_t heartbeat_ms = 1000;
     int64_t liveness = 3;        // heartbeats the broker may miss before we reconnect
     std::string outbox_address;  // inproc address to bind the PULL socket on
+    int64_t done_hold_us = 1000;  // how long DONEs of notified jobs may wait; 0 = not at all
   };
 
   // Everything passed in must outlive the link.
@@ -99,9 +108,15 @@ class BrokerLink {
   std::atomic<int64_t> outstanding_{0};
   bool draining_ = false;               // loop thread only
   bool broker_silent_ = false;          // loop thread only; for one log line per silence
-  std::vector<std::string> held_done_;  // loop thread only; DONE ids held while draining
-  int64_t held_duplicates_ = 0;         // loop thread only; their duplicates count
-  protocol::DoneStatuses held_not_done_;  // loop thread only; their non-"done" statuses
+  // Held DONEs (loop thread only): while draining, or notified ones until hold_until_us_.
+  std::vector<std::string> held_done_;
+  int64_t held_duplicates_ = 0;           // their duplicates count
+  protocol::DoneStatuses held_not_done_;  // their non-"done" statuses
+  std::vector<std::string> held_notified_;  // those notified
+  int64_t hold_until_us_ = 0;  // monotonic; when notified DONEs held outside a drain go out
+  void HoldDone(const std::vector<std::string>& ids, int64_t duplicates,
+                const protocol::DoneStatuses& not_done, const std::vector<std::string>& notified);
+  void SendHeldDone();
   int64_t reconnect_interval_us_ = 0;  // loop thread only; current backoff
   int64_t next_reconnect_us_ = 0;      // loop thread only; wall clock
   int64_t reconnects_ = 0;

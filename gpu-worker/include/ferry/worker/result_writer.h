@@ -16,6 +16,13 @@
 // travel inside the DONE ("results"), for the broker to hand to producers that asked for them:
 // the same bytes as in Redis, so a producer never sees a result that Redis does not hold.
 //
+// Result notices straight to the producer: a job whose CHUNK entry names a "notify" channel is
+// written with a script instead of a plain SET -- SET NX, then, only if that stored it, PUBLISH
+// <channel> <notice> (a FINISHED body for the job, the record inside when at most
+// inline_result_bytes) -- in the same pipeline. At light load the producer then has its result
+// one Redis hop after the write instead of after DONE and FINISHED travel through the broker.
+// A Redis that refuses the script gets plain SETs from then on (logged once).
+//
 // Caller-runs when idle: WriteOrSubmit does the same write on the calling thread (an executor
 // with no next batch waiting) when nothing is queued or being written, instead of waking the
 // writer thread -- at light load that saves a thread hand-off per batch. Whoever writes holds the
@@ -26,6 +33,7 @@
 // Thread-safety: Submit/WriteOrSubmit/pending may be called from any thread. Start/Stop from one
 // owner.
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -97,6 +105,8 @@ class ResultWriter {
     std::string value;  // the result record
     std::string ttl;
     bool stored = false;  // SET NX stored it at the first try (it is the job's result)
+    std::string notify;   // the producer's channel ("" = none): the write also PUBLISHes
+    std::string notice;   // what it publishes there
   };
   // Results packed for Redis, waiting for the writer thread's retries (a caller's try failed).
   struct PackedBatch {
@@ -138,6 +148,8 @@ class ResultWriter {
   // The writing role: whoever set it (the writer thread or one caller) alone uses client_ and
   // push_; taking and releasing it under mu_ orders their use across threads.
   bool writing_ = false;
+  // Cleared for good when Redis answers the notice script with an error (EVAL not allowed).
+  std::atomic<bool> scripts_ok_{true};
   std::unique_ptr<protocol::RedisClient> client_;  // null until connected
   std::unique_ptr<zmq::socket_t> push_;            // to the outbox; null if it could not connect
   std::thread thread_;

@@ -24,6 +24,13 @@ class Keys {
   std::string Journal() const { return prefix_ + "journal"; }
   // Models ever announced by a worker (a SET; expires a week after the last announcement).
   std::string Models() const { return prefix_ + "models"; }
+  // A producer's Pub/Sub channel for result notices straight from workers ("notify" in SUBMIT):
+  // prefix + "notify:" + a token of 1-128 characters of [A-Za-z0-9._:-] (the SDK: a UUIDv4).
+  std::string NotifyChannel(std::string_view token) const {
+    return prefix_ + "notify:" + std::string(token);
+  }
+  // Whether `channel` is one NotifyChannel could make (with any valid token).
+  bool IsNotifyChannel(std::string_view channel) const;
   const std::string& prefix() const { return prefix_; }
 
  private:

@@ -63,11 +63,18 @@ using DoneStatuses = std::vector<std::pair<std::string, std::string>>;  // id, s
 // exact bytes of the job's Redis result record, so that the submitting producer can return them
 // without reading Redis. Only results this writer's SET NX actually stored are inlined.
 using InlineResults = std::vector<std::pair<std::string_view, std::string_view>>;  // id, record
+// "notified" [id, ...] (left out when empty): the ids whose result notice the worker published
+// on the job's "notify" channel (only for results its SET NX stored); the broker sends no
+// FINISHED for them.
 zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicates,
-                          const DoneStatuses& not_done = {}, const InlineResults& results = {});
+                          const DoneStatuses& not_done = {}, const InlineResults& results = {},
+                          const std::vector<std::string>& notified = {});
 // Reads DONE's optional "not_done" map into *out (cleared first; empty when absent).
 Status DecodeDoneStatuses(const msgpack::object& body, DoneStatuses* out);
-// FINISHED {"ids": [...], "results"?: {id: bin}}.
+// Reads DONE's optional "notified" array into *out (cleared first; empty when absent).
+Status DecodeDoneNotified(const msgpack::object& body, std::vector<std::string>* out);
+// FINISHED {"ids": [...], "results"?: {id: bin}}. A worker's result notice on a producer's
+// notify channel has the same body.
 zmq::message_t EncodeFinished(const std::vector<std::string>& ids, const InlineResults& results);
 // Reads the optional "results" map of DONE or FINISHED into *out (cleared first). The views
 // point into `body`'s buffer.
@@ -105,7 +112,8 @@ Status DecodeHello(const msgpack::object& body, WorkerHello* out);
 
 // ---- CHUNK (broker -> worker) {"jobs": [entry, ...]} ---------------------------------------
 // An entry is a map: id, model, inputs, attempt, priority, result_ttl_s, submitted, dispatched,
-// deadline (wall-clock us by which the job must start; 0 = none).
+// deadline (wall-clock us by which the job must start; 0 = none), and "notify" (optional: the
+// submitting producer's Pub/Sub channel, see Keys::NotifyChannel).
 struct ChunkJob {
   std::string id;
   std::string model;
@@ -116,12 +124,14 @@ struct ChunkJob {
   int64_t submitted_us = 0;
   int64_t dispatched_us = 0;
   int64_t deadline_us = 0;
+  std::string notify;  // empty = none
 };
-// Packs one entry; `inputs_raw` is the msgpack encoding of the inputs array.
+// Packs one entry; `inputs_raw` is the msgpack encoding of the inputs array. An empty `notify`
+// is left out.
 void PackChunkEntry(Packer& pk, std::string_view id, std::string_view model,
                     std::string_view inputs_raw, int64_t attempt, int64_t priority,
                     int64_t result_ttl_s, int64_t submitted_us, int64_t dispatched_us,
-                    int64_t deadline_us = 0);
+                    int64_t deadline_us = 0, std::string_view notify = {});
 Status DecodeChunkEntry(const msgpack::object& o, ChunkJob* out);
 // Re-encodes `o` (e.g. a received job's "inputs") straight into *out, replacing it, after
 // reserving `size_hint` bytes (e.g. the tensor bytes plus ~64 per tensor): the bytes are copied

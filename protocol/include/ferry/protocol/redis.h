@@ -7,6 +7,7 @@
 // Thread-safety: none; one client per thread (or guard it with a mutex).
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -62,6 +63,35 @@ class RedisClient {
   redisContext* ctx_ = nullptr;
   size_t pending_ = 0;
   std::vector<std::vector<std::string>> queued_;
+};
+
+// RedisSubscriber: one connection in Pub/Sub mode, subscribed to one channel, read without
+// blocking by a thread that polls fd() (e.g. beside ZeroMQ sockets in zmq_poll). Used by the
+// producer SDK for result notices that workers PUBLISH.
+//
+// Thread-safety: none; one thread at a time.
+class RedisSubscriber {
+ public:
+  // Connects, SUBSCRIBEs and waits for the confirmation: once this returns, every message
+  // published to `channel` is delivered. kUnavailable when Redis cannot be reached.
+  static Status Connect(const RedisEndpoint& endpoint, int timeout_ms, std::string channel,
+                        std::unique_ptr<RedisSubscriber>* out);
+  ~RedisSubscriber();
+  RedisSubscriber(const RedisSubscriber&) = delete;
+  RedisSubscriber& operator=(const RedisSubscriber&) = delete;
+
+  // The socket to poll for reading.
+  int fd() const;
+  const std::string& channel() const { return channel_; }
+  // Reads what the socket holds now (one read; call when fd() is readable) and calls
+  // on_message with each complete message's payload (valid during the call only). kUnavailable
+  // when the connection closed or failed: the subscriber is then unusable.
+  Status ReadAvailable(const std::function<void(std::string_view payload)>& on_message);
+
+ private:
+  RedisSubscriber(redisContext* ctx, std::string channel) : ctx_(ctx), channel_(std::move(channel)) {}
+  redisContext* ctx_;
+  std::string channel_;
 };
 
 }  // namespace ferry::protocol
