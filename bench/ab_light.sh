@@ -14,8 +14,11 @@
 # B, redis-server to R, ferry-worker (all its threads) to W, ferry-bench to C; e.g.
 #   PIN_NEW=0,0,1,1 bash bench/ab_light.sh build-bench build-bench    # pinned vs not, one build
 # (CPU lists as taskset -c takes them, separated by ':' for several: 0:1 = "0,1").
+# BENCH_BASE / BENCH_NEW: extra ferry-bench flags for that side (e.g. BENCH_BASE=--no-push).
+# IPC_BASE=1 / IPC_NEW=1 connect that side's broker endpoints over ipc:// (Unix domain sockets in
+# the work directory) instead of TCP loopback.
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 BASE=$(cd "$1" && pwd); NEW=$(cd "$2" && pwd); ROUNDS=${3:-8}; JOBS=${4:-3000}; CONC=${5:-1}
 WORK=$(mktemp -d /tmp/ferry-ab-XXXXXX)
 PIDS=()
@@ -45,24 +48,30 @@ start_fleet() {
   local build=$1 name=$2 rport fport bport
   rport=$(free_port); fport=$(free_port); bport=$(free_port)
   mkdir -p "$WORK/$name"
+  local front="tcp://127.0.0.1:$fport" back="tcp://127.0.0.1:$bport" ipc
+  if [ "$name" = base ]; then ipc=${IPC_BASE:-}; else ipc=${IPC_NEW:-}; fi
+  if [ -n "$ipc" ]; then front="ipc://$WORK/$name/frontend.sock"; back="ipc://$WORK/$name/backend.sock"; fi
   $(pin "$name" 2) redis-server --port "$rport" --dir "$WORK/$name" --save '' --appendonly no >/dev/null 2>&1 &
   PIDS+=($!)
   for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.05; done
-  $(pin "$name" 1) "$build/broker/ferry-broker" --frontend "tcp://127.0.0.1:$fport" --backend "tcp://127.0.0.1:$bport" \
+  $(pin "$name" 1) "$build/broker/ferry-broker" --frontend "$front" --backend "$back" \
     --redis "redis://127.0.0.1:$rport" --log-level warn >"$WORK/$name/broker.log" 2>&1 &
   PIDS+=($!)
   $(pin "$name" 3) "$build/gpu-worker/ferry-worker" --model "tiny=$WORK/models/tiny.pt" --device cpu --max-batch 256 \
-    --instances 1 --threads 1 --broker "tcp://127.0.0.1:$bport" --redis "redis://127.0.0.1:$rport" \
+    --instances 1 --threads 1 --broker "$back" --redis "redis://127.0.0.1:$rport" \
     --log-level warn >"$WORK/$name/worker.log" 2>&1 &
   PIDS+=($!)
-  printf -v "FRONTEND_$name" '%s' "tcp://127.0.0.1:$fport"
+  printf -v "FRONTEND_$name" '%s' "$front"
   printf -v "REDIS_$name" '%s' "redis://127.0.0.1:$rport"
 }
 start_fleet "$BASE" base
 start_fleet "$NEW" new
 # measure BUILD FRONTEND REDIS NAME: p50 in ms at concurrency 1, else throughput in jobs/s
 measure() {
-  $(pin "$4" 4) "$1/bench/ferry-bench" --frontend "$2" --redis "$3" --wait-workers 1 --model tiny --shape 8 \
+  local extra
+  if [ "$4" = base ]; then extra=${BENCH_BASE:-}; else extra=${BENCH_NEW:-}; fi
+  # shellcheck disable=SC2086  # extra holds several flags
+  $(pin "$4" 4) "$1/bench/ferry-bench" --frontend "$2" --redis "$3" --wait-workers 1 --model tiny --shape 8 $extra \
     --concurrency "$CONC" --jobs "$JOBS" 2>&1 | if [ "$CONC" = 1 ]; then
       sed -n 's/.*latency ms p50 \([0-9.]*\).*/\1/p'
     else

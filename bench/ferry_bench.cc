@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
   std::string raw_path, device = "cpu", label;
   ferry::bench::LoadOptions load;
   int64_t warmup = 0, batch = 1, threads = 0, wait_workers = 0;
+  bool no_push = false;
   ferry::protocol::FlagSet flags(
       "ferry-bench",
       "Drives a Ferry fleet through the SDK (closed loop: --concurrency; open loop: --rate) or "
@@ -116,6 +117,9 @@ int main(int argc, char** argv) {
   flags.Int("batch", &batch, "raw: jobs per forward");
   flags.String("device", &device, "raw: cpu, cuda or cuda:N");
   flags.Int("threads", &threads, "raw: intra-op torch threads (0: libtorch's default)");
+  flags.Bool("no-push", &no_push,
+             "broker notices only: no result notices straight from workers (the SDK's "
+             "push_results off), to measure what they save");
   flags.Int("wait-workers", &wait_workers, "first wait (up to 60 s) for N workers at the broker");
   flags.String("label", &label, "name of this run in the output and JSON (default: the model)");
   flags.String("json", &json_path, "write the summary as one JSON object to this file");
@@ -175,6 +179,7 @@ int main(int argc, char** argv) {
     ferry::client::ClientOptions options;
     options.frontend = frontend;
     options.redis = redis;
+    options.push_results = !no_push;
     std::unique_ptr<ferry::client::Client> client;
     Status s = ferry::client::Client::Create(options, &client);
     if (!s.ok()) {

@@ -8,7 +8,8 @@
 # one JSON file per run into DIR (default bench/results/<date>-cpu[-quick]) -- each with the exact
 # ferry-bench command, the fleet's command lines, the machine, and the CPU seconds every process
 # spent during the run -- plus machine.json and summary.txt, and prints one table.
-# Scenarios: tiny_closed tiny_light tiny_light_pinned encoder resnet seed ceiling bytes. The full
+# Scenarios: tiny_closed tiny_light tiny_light_no_push tiny_light_pinned encoder resnet seed
+# ceiling bytes. The full
 # suite takes ~10 min on a 2-core machine; --quick is a ~1 minute smoke run (small job counts;
 # numbers not meaningful).
 # --perf also samples the whole machine (perf record -a) during each measured run and writes
@@ -18,7 +19,7 @@
 # rounds so that their ratio is taken under the same conditions.
 set -euo pipefail
 
-usage() { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
 [ $# -ge 1 ] || { usage >&2; exit 2; }
 BUILD=$(cd "$1" && pwd); shift
 QUICK=0; OUT=""; ONLY=""; PERF=0
@@ -215,11 +216,18 @@ if want tiny_closed; then
     --wait-workers 1 --model tiny --shape 8 --concurrency 1024 --loaders 4
   stop_fleet
 fi
-if want tiny_light; then
-  echo "== tiny, concurrency 1: light-load latency"
+if want tiny_light || want tiny_light_no_push; then
+  echo "== tiny, concurrency 1: light-load latency (and with the SDK's result notices off)"
   start_fleet 1 "${TINY_WORKER[@]}"
-  bench tiny_light "$(q 1000 10000)" 500 --frontend "$FRONT" --redis "$REDIS" \
-    --wait-workers 1 --model tiny --shape 8 --concurrency 1
+  if want tiny_light; then
+    bench tiny_light "$(q 1000 10000)" 500 --frontend "$FRONT" --redis "$REDIS" \
+      --wait-workers 1 --model tiny --shape 8 --concurrency 1
+  fi
+  # The same fleet, broker FINISHED notices only: what the workers' notices save (step 9).
+  if want tiny_light_no_push; then
+    bench tiny_light_no_push "$(q 1000 10000)" 500 --frontend "$FRONT" --redis "$REDIS" \
+      --wait-workers 1 --model tiny --shape 8 --concurrency 1 --no-push
+  fi
   stop_fleet
 fi
 

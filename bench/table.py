@@ -4,7 +4,7 @@ import json
 import os
 import sys
 
-ORDER = ["tiny_closed", "tiny_light", "tiny_light_pinned"] + [
+ORDER = ["tiny_closed", "tiny_light", "tiny_light_no_push", "tiny_light_pinned"] + [
     f"{m}_{k}_r{r}" for m in ("encoder", "resnet", "resnet_u8") for r in range(1, 10)
     for k in ("raw", "fleet", "fleet_i2")
 ] + ["seed_maxbatch16", "seed_maxbatch1",
