@@ -252,14 +252,19 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
   }
   std::vector<protocol::RedisReply> replies;
   Status s = client_->Flush(&replies);
-  // A Redis that refuses scripts (an ACL, a managed service that disabled EVAL) must not stop
-  // results from being written: stop using them, and let the retry write plain SETs.
+  // A Redis that refuses scripts for good (an ACL without EVAL or PUBLISH: NOPERM; a managed
+  // service that disabled or renamed EVAL: unknown command) must not stop results from being
+  // written: stop using them, and let the retry write plain SETs. Other errors (LOADING, BUSY,
+  // READONLY, OOM...) pass; they are retried like any failed write.
   for (size_t i = 0; s.ok() && i < replies.size() && i < packed->size(); ++i) {
-    if (!(*packed)[i].notify.empty() && replies[i].type == protocol::RedisReply::Type::kError) {
+    const std::string& error = replies[i].str;
+    if (!(*packed)[i].notify.empty() && replies[i].type == protocol::RedisReply::Type::kError &&
+        (error.find("NOPERM") != std::string::npos ||
+         error.find("unknown command") != std::string::npos)) {
       scripts_ok_.store(false, std::memory_order_relaxed);
       spdlog::error("result writer: Redis refuses the result-notice script ({}); writing "
-                    "results without notices from now on", replies[i].str);
-      return Status::Internal("redis: " + replies[i].str);
+                    "results without notices from now on", error);
+      return Status::Internal("redis: " + error);
     }
   }
   int64_t nil = 0;

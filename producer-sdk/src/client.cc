@@ -85,8 +85,7 @@ class Client::Impl {
   Impl(const ClientOptions& options, protocol::RedisEndpoint redis)
       : options_(options),
         redis_(redis),
-        results_(std::move(redis), options.redis_prefix, options.request_timeout_ms),
-        notify_channel_(protocol::Keys(options.redis_prefix).NotifyChannel(protocol::NewUuid())) {}
+        results_(std::move(redis), options.redis_prefix, options.request_timeout_ms) {}
 
   Status Start() {
     FERRY_RETURN_IF_ERROR(FrontendConnection::Create(options_.frontend, &frontend_));
@@ -115,15 +114,17 @@ class Client::Impl {
   // Sends jobs[i] for i in `part` as one SUBMIT and records each verdict in *outcomes.
   Status SubmitOne(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
                    std::vector<SubmitOutcome>* outcomes);
-  // Whether the next SUBMIT should name notify_channel_; subscribes first when there is no
-  // subscription yet (or it failed, and the back-off has passed).
-  bool WantPush();
+  // The channel the next SUBMIT should name ("" = none); `tracked` is how many of this
+  // client's jobs the tracker held before the SUBMIT's own. Subscribes first when there is no
+  // subscription (yet, or any more) and the back-off allows.
+  std::string PushChannel(size_t tracked);
 
   const ClientOptions options_;
   const protocol::RedisEndpoint redis_;
   ResultStore results_;
-  const std::string notify_channel_;
-  std::mutex push_mu_;  // one subscription attempt at a time
+  std::mutex push_mu_;
+  std::string push_channel_;           // guarded by push_mu_: the current subscription's
+  bool subscribed_before_ = false;     // guarded by push_mu_
   Clock::time_point push_retry_at_{};  // guarded by push_mu_
   int push_backoff_ms_ = 0;            // guarded by push_mu_
   // Destroyed after frontend_, whose background thread calls into it; unused by then.
@@ -170,37 +171,54 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
   return Status::Ok();
 }
 
-bool Client::Impl::WantPush() {
-  if (!options_.push_results || tracker_->Entries() >= kPushMaxInFlight) return false;
-  if (frontend_->push_active()) return true;
-  std::unique_lock<std::mutex> lock(push_mu_, std::try_to_lock);
-  if (!lock.owns_lock() || Clock::now() < push_retry_at_) return false;  // someone else tries
+std::string Client::Impl::PushChannel(size_t tracked) {
+  if (!options_.push_results || tracked >= kPushMaxInFlight) return "";
+  std::lock_guard<std::mutex> lock(push_mu_);
+  if (frontend_->push_active()) return push_channel_;
+  if (Clock::now() < push_retry_at_) return "";
+  // A fresh channel for every subscription: nothing published for an earlier one can arrive on
+  // it (e.g. inside the read that brings the SUBSCRIBE confirmation).
+  std::string channel = protocol::Keys(options_.redis_prefix).NotifyChannel(protocol::NewUuid());
   std::unique_ptr<protocol::RedisSubscriber> push;
   const Status s = protocol::RedisSubscriber::Connect(
-      redis_, std::min(options_.request_timeout_ms, kPushRetryMinMs), notify_channel_, &push);
+      redis_, std::min(options_.request_timeout_ms, kPushRetryMinMs), channel, &push);
   if (!s.ok()) {
     push_backoff_ms_ = std::clamp(push_backoff_ms_ * 2, kPushRetryMinMs, kPushRetryMaxMs);
     push_retry_at_ = Clock::now() + std::chrono::milliseconds(push_backoff_ms_);
-    return false;
+    return "";
   }
   push_backoff_ms_ = 0;
-  // Notices published while the subscription was failing are gone, and the broker sends no
-  // FINISHED for those jobs: have their Waits read Redis now instead of at the slow re-check.
+  push_channel_ = std::move(channel);
+  // Notices published while a subscription was failing are gone, and the broker sends no
+  // FINISHED for those jobs: have their Waits read Redis now instead of at the slow re-check --
+  // when the driver sees the subscription fail, and again once a new one is in place (jobs
+  // submitted to the dead channel before the driver saw it fail).
   frontend_->SetPush(std::move(push), [this] { tracker_->RecheckSubmitted(); });
-  return true;
+  if (subscribed_before_) tracker_->RecheckSubmitted();
+  subscribed_before_ = true;
+  return push_channel_;
 }
 
 Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
                                const std::vector<size_t>& part,
                                std::vector<SubmitOutcome>* outcomes) {
   int64_t rid = frontend_->NextRid();
-  const bool push = WantPush();
+  // Track before sending: the FINISHED notice may be dispatched before this thread sees
+  // ACCEPTED. And before the notify channel is chosen: should the driver see the subscription
+  // fail in between, its recheck then covers these ids too.
+  std::vector<std::string> ids;
+  ids.reserve(part.size());
+  for (size_t i : part) ids.push_back((*outcomes)[i].id);
+  const size_t tracked = tracker_->Entries();
+  tracker_->Track(ids);
+  const std::string notify = PushChannel(tracked);
+
   msgpack::sbuffer buf;
   protocol::Packer pk(buf);
-  pk.pack_map(push ? 4 : 3);
-  if (push) {  // results also come straight from the worker, through Redis Pub/Sub
+  pk.pack_map(notify.empty() ? 3 : 4);
+  if (!notify.empty()) {  // results also come straight from the worker, through Redis Pub/Sub
     protocol::PackString(pk, "notify");
-    protocol::PackString(pk, notify_channel_);
+    protocol::PackString(pk, notify);
   }
   // Small results come back inside FINISHED: Wait then needs no Redis read for them.
   protocol::PackString(pk, "inline_results");
@@ -214,13 +232,6 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
   }
   protocol::PackString(pk, "rid");
   pk.pack_int64(rid);
-
-  // Track before sending: the FINISHED notice may be dispatched before this thread sees
-  // ACCEPTED.
-  std::vector<std::string> ids;
-  ids.reserve(part.size());
-  for (size_t i : part) ids.push_back((*outcomes)[i].id);
-  tracker_->Track(ids);
 
   FrontendConnection::Reply reply;
   msgpack::object_handle body;

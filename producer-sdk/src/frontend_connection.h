@@ -24,7 +24,7 @@
 // Result notices from workers (optional): a RedisSubscriber handed over with SetPush is polled by
 // the driver beside the socket, and each notice on it (a FINISHED body) goes to the same
 // callback as FINISHED. If the subscription fails it is dropped (push_active() turns false) and
-// FINISHED alone remains, as without one.
+// its `on_lost` callback runs (the broker sends no FINISHED for jobs whose notice went there).
 //
 // Thread-safety: NextRid, Call, Await, Signal, SetPush and push_active may be called from any
 // number of threads.

@@ -161,6 +161,9 @@ Status RedisSubscriber::Connect(const RedisEndpoint& endpoint, int timeout_ms, s
   };
   if (!ctx || ctx->err) return fail(ctx ? ctx->errstr : "out of memory");
   redisSetTimeout(ctx, ToTimeval(timeout_ms));
+  // A subscriber only reads: without keepalive probes a peer that vanished without a FIN/RST (a
+  // dead host, a NAT that forgot the flow) would leave it waiting for good.
+  redisEnableKeepAlive(ctx);
   auto* r = static_cast<redisReply*>(
       redisCommand(ctx, "SUBSCRIBE %b", channel.data(), channel.size()));
   if (!r) return fail(ctx->errstr[0] ? ctx->errstr : "connection lost");
