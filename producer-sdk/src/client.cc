@@ -78,7 +78,7 @@ class Client::Impl {
   // made while fewer than this many of this client's jobs are tracked: at light load that saves
   // the DONE and FINISHED hops through the broker; under load batching amortizes them, and the
   // extra PUBLISH per job would only cost Redis CPU.
-  static constexpr size_t kPushMaxInFlight = 64;
+  static constexpr size_t kPushMaxTracked = 64;
   // After a failed subscription, wait this long (doubling) before the next try.
   static constexpr int kPushRetryMinMs = 1000, kPushRetryMaxMs = 30000;
 
@@ -172,7 +172,7 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
 }
 
 std::string Client::Impl::PushChannel(size_t tracked) {
-  if (!options_.push_results || tracked >= kPushMaxInFlight) return "";
+  if (!options_.push_results || tracked >= kPushMaxTracked) return "";
   std::lock_guard<std::mutex> lock(push_mu_);
   if (frontend_->push_active()) return push_channel_;
   if (Clock::now() < push_retry_at_) return "";

@@ -391,10 +391,7 @@ Status DecodeChunkEntry(const msgpack::object& o, ChunkJob* out) {
   FERRY_RETURN_IF_ERROR(GetInt(o, "dispatched", &out->dispatched_us, 0));
   FERRY_RETURN_IF_ERROR(GetInt(o, "deadline", &out->deadline_us, 0));
   out->notify.clear();
-  if (const msgpack::object* n = Find(o, "notify")) {
-    if (n->type != msgpack::type::STR) return Status::InvalidArgument("\"notify\" must be a string");
-    out->notify.assign(n->via.str.ptr, n->via.str.size);
-  }
+  if (Find(o, "notify")) FERRY_RETURN_IF_ERROR(GetString(o, "notify", &out->notify));
   return Status::Ok();
 }
 

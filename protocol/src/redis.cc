@@ -40,6 +40,21 @@ RedisReply Convert(const redisReply* r) {
 
 timeval ToTimeval(int ms) { return timeval{ms / 1000, (ms % 1000) * 1000}; }
 
+// A connected hiredis context whose reads and writes time out after timeout_ms, for RedisClient
+// and RedisSubscriber; kUnavailable (with host:port and why) when Redis cannot be reached.
+Status ConnectContext(const RedisEndpoint& endpoint, int timeout_ms, redisContext** out) {
+  *out = redisConnectWithTimeout(endpoint.host.c_str(), endpoint.port, ToTimeval(timeout_ms));
+  if (!*out || (*out)->err) {
+    std::string why = *out ? (*out)->errstr : "out of memory";
+    if (*out) redisFree(*out);
+    *out = nullptr;
+    return Status::Unavailable("redis " + endpoint.host + ":" + std::to_string(endpoint.port) +
+                               ": " + why);
+  }
+  redisSetTimeout(*out, ToTimeval(timeout_ms));
+  return Status::Ok();
+}
+
 }  // namespace
 
 RedisClient::RedisClient(const RedisEndpoint& endpoint, int timeout_ms)
@@ -66,14 +81,7 @@ void RedisClient::Drop() {
 
 Status RedisClient::EnsureConnected() {
   if (ctx_) return Status::Ok();
-  ctx_ = redisConnectWithTimeout(endpoint_.host.c_str(), endpoint_.port, ToTimeval(timeout_ms_));
-  if (!ctx_ || ctx_->err) {
-    std::string why = ctx_ ? ctx_->errstr : "out of memory";
-    Drop();
-    return Status::Unavailable("redis " + endpoint_.host + ":" + std::to_string(endpoint_.port) +
-                               ": " + why);
-  }
-  redisSetTimeout(ctx_, ToTimeval(timeout_ms_));
+  FERRY_RETURN_IF_ERROR(ConnectContext(endpoint_, timeout_ms_, &ctx_));
   if (endpoint_.db != 0) {
     std::string db = std::to_string(endpoint_.db);
     RedisReply reply;
@@ -150,17 +158,15 @@ Status RedisClient::Get(std::string_view key, std::string* value, bool* found) {
 
 // ---- RedisSubscriber -------------------------------------------------------------------------
 
-Status RedisSubscriber::Connect(const RedisEndpoint& endpoint, int timeout_ms, std::string channel,
-                                std::unique_ptr<RedisSubscriber>* out) {
-  redisContext* ctx =
-      redisConnectWithTimeout(endpoint.host.c_str(), endpoint.port, ToTimeval(timeout_ms));
+Status RedisSubscriber::Connect(const RedisEndpoint& endpoint, int timeout_ms,
+                                const std::string& channel, std::unique_ptr<RedisSubscriber>* out) {
+  redisContext* ctx = nullptr;
+  FERRY_RETURN_IF_ERROR(ConnectContext(endpoint, timeout_ms, &ctx));
   auto fail = [&](const std::string& why) {
-    if (ctx) redisFree(ctx);
+    redisFree(ctx);
     return Status::Unavailable("redis " + endpoint.host + ":" + std::to_string(endpoint.port) +
                                ": " + why);
   };
-  if (!ctx || ctx->err) return fail(ctx ? ctx->errstr : "out of memory");
-  redisSetTimeout(ctx, ToTimeval(timeout_ms));
   // A subscriber only reads: without keepalive probes a peer that vanished without a FIN/RST (a
   // dead host, a NAT that forgot the flow) would leave it waiting for good.
   redisEnableKeepAlive(ctx);
@@ -181,7 +187,7 @@ Status RedisSubscriber::Connect(const RedisEndpoint& endpoint, int timeout_ms, s
   if (flags < 0 || fcntl(ctx->fd, F_SETFL, flags | O_NONBLOCK) < 0)
     return fail(std::string("fcntl: ") + std::strerror(errno));
   ctx->flags &= ~REDIS_BLOCK;
-  out->reset(new RedisSubscriber(ctx, std::move(channel)));
+  out->reset(new RedisSubscriber(ctx));
   return Status::Ok();
 }
 

@@ -24,10 +24,10 @@
 //
 // DONEs whose jobs were all "notified" (their producers got the result notice straight from
 // Redis, so the broker sends them no FINISHED) are not urgent: the link holds them for up to
-// Options::done_hold_us and sends them as one, as long as at most capacity / 4 ids are held
-// (a DONE that is not all notified, or one that would pass that bound, sends the held ones first). At light
-// load that keeps the broker's DONE work (and the worker's send) off the next job's path;
-// the broker's view of this worker's credit lags by at most that long.
+// Options::done_hold_us and sends them as one, as long as at most capacity / 4 ids are held (a
+// DONE that is not all notified, or one that would pass that bound, sends the held ones first).
+// At light load that keeps the broker's DONE work (and the worker's send) off the next job's
+// path; the broker's view of this worker's credit lags by at most that long.
 //
 // Thread-safety: Start/Join from the owner; RequestDrain and the accessors from any thread.
 
@@ -49,7 +49,6 @@ namespace ferry::worker {
 
 class BrokerLink {
  public:
-
   struct Options {
     std::string endpoint;        // the broker's backend, tcp://HOST:5556
     protocol::WorkerHello hello;  // what READY says

@@ -74,7 +74,7 @@ class RedisSubscriber {
  public:
   // Connects, SUBSCRIBEs and waits for the confirmation: once this returns, every message
   // published to `channel` is delivered. kUnavailable when Redis cannot be reached.
-  static Status Connect(const RedisEndpoint& endpoint, int timeout_ms, std::string channel,
+  static Status Connect(const RedisEndpoint& endpoint, int timeout_ms, const std::string& channel,
                         std::unique_ptr<RedisSubscriber>* out);
   ~RedisSubscriber();
   RedisSubscriber(const RedisSubscriber&) = delete;
@@ -82,16 +82,14 @@ class RedisSubscriber {
 
   // The socket to poll for reading.
   int fd() const;
-  const std::string& channel() const { return channel_; }
   // Reads what the socket holds now (one read; call when fd() is readable) and calls
   // on_message with each complete message's payload (valid during the call only). kUnavailable
   // when the connection closed or failed: the subscriber is then unusable.
   Status ReadAvailable(const std::function<void(std::string_view payload)>& on_message);
 
  private:
-  RedisSubscriber(redisContext* ctx, std::string channel) : ctx_(ctx), channel_(std::move(channel)) {}
+  explicit RedisSubscriber(redisContext* ctx) : ctx_(ctx) {}
   redisContext* ctx_;
-  std::string channel_;
 };
 
 }  // namespace ferry::protocol
