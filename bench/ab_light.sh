@@ -15,10 +15,11 @@
 #   PIN_NEW=0,0,1,1 bash bench/ab_light.sh build-bench build-bench    # pinned vs not, one build
 # (CPU lists as taskset -c takes them, separated by ':' for several: 0:1 = "0,1").
 # BENCH_BASE / BENCH_NEW: extra ferry-bench flags for that side (e.g. BENCH_BASE=--no-push).
+# BROKER_BASE / BROKER_NEW: extra ferry-broker flags for that side (e.g. BROKER_BASE=--no-journal).
 # IPC_BASE=1 / IPC_NEW=1 connect that side's broker endpoints over ipc:// (Unix domain sockets in
 # the work directory) instead of TCP loopback.
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 BASE=$(cd "$1" && pwd); NEW=$(cd "$2" && pwd); ROUNDS=${3:-8}; JOBS=${4:-3000}; CONC=${5:-1}
 WORK=$(mktemp -d /tmp/ferry-ab-XXXXXX)
 PIDS=()
@@ -54,7 +55,10 @@ start_fleet() {
   $(pin "$name" 2) redis-server --port "$rport" --dir "$WORK/$name" --save '' --appendonly no >/dev/null 2>&1 &
   PIDS+=($!)
   for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.05; done
-  $(pin "$name" 1) "$build/broker/ferry-broker" --frontend "$front" --backend "$back" \
+  local bflags
+  if [ "$name" = base ]; then bflags=${BROKER_BASE:-}; else bflags=${BROKER_NEW:-}; fi
+  # shellcheck disable=SC2086  # bflags holds several flags
+  $(pin "$name" 1) "$build/broker/ferry-broker" --frontend "$front" --backend "$back" $bflags \
     --redis "redis://127.0.0.1:$rport" --log-level warn >"$WORK/$name/broker.log" 2>&1 &
   PIDS+=($!)
   $(pin "$name" 3) "$build/gpu-worker/ferry-worker" --model "tiny=$WORK/models/tiny.pt" --device cpu --max-batch 256 \

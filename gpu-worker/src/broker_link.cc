@@ -119,15 +119,25 @@ void BrokerLink::Loop() {
       spdlog::info("worker {}: draining, {} job(s) still to finish", options_.hello.worker,
                    outstanding_.load());
     }
+    int64_t now = protocol::MonotonicMicros();
+    CollectWriterHeld(now, /*all=*/draining_);
     // Done draining: nothing held, and a last look at the socket found no new chunk.
     const bool may_finish = draining_ && outstanding_.load() == 0;
 
-    const int64_t now = protocol::MonotonicMicros();
+    now = protocol::MonotonicMicros();
     if (hold_until_us_ != 0 && now >= hold_until_us_ && !draining_) SendHeldDone();
     int64_t wait_ms = std::clamp<int64_t>((next_heartbeat - now + 999) / 1000, 0, kMaxPollMs);
     if (hold_until_us_ != 0 && !draining_) {  // wake up when the held DONEs are due
       const int64_t due_ms = std::max<int64_t>((hold_until_us_ - now + 999) / 1000, 0);
       wait_ms = std::min(wait_ms, due_ms);
+    }
+    if (options_.done_hold_us > 0 && outstanding_.load() > 0) {
+      // The writer may be keeping DONE ids of these jobs (it does not wake us for them): look
+      // again when the oldest is due, or within one hold if it keeps none yet.
+      const int64_t since = writer_->held_since_us();
+      int64_t due = (since != 0 ? since : now) + options_.done_hold_us;
+      if (draining_ && since != 0) due = now;  // kept since the look above: take them now
+      wait_ms = std::min(wait_ms, std::max<int64_t>((due - now + 999) / 1000, 0));
     }
     if (may_finish) wait_ms = 0;
     zmq_pollitem_t items[] = {{dealer_->handle(), 0, ZMQ_POLLIN, 0},
@@ -172,6 +182,7 @@ void BrokerLink::Loop() {
       MaybeReconnect(protocol::NowMicros());
     }
   }
+  CollectWriterHeld(protocol::MonotonicMicros(), /*all=*/true);
   SendHeldDone();
   if (Writable()) Send(protocol::kBye, protocol::EncodeEmpty());
   spdlog::info("worker {}: drained after {} chunk(s), {} job(s); BYE sent",
@@ -298,6 +309,17 @@ void BrokerLink::HandleOutbox(protocol::Message* m) {
   }
   SendHeldDone();  // what was held goes first
   Send(protocol::kDone, std::move(m->body));
+}
+
+void BrokerLink::CollectWriterHeld(int64_t now_us, bool all) {
+  const int64_t since = writer_->held_since_us();
+  if (since == 0) return;
+  if (!all && now_us < since + options_.done_hold_us) return;
+  ResultWriter::HeldDone held;
+  if (!writer_->TakeHeldDone(&held)) return;
+  outstanding_.fetch_sub(static_cast<int64_t>(held.ids.size()));
+  HoldDone(held.ids, 0, held.not_done, held.ids);
+  if (!draining_) SendHeldDone();
 }
 
 void BrokerLink::HoldDone(const std::vector<std::string>& ids, int64_t duplicates,

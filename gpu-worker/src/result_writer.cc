@@ -109,7 +109,23 @@ void ResultWriter::Stop() {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
+  HeldDone held;
+  if (push_ && TakeHeldDone(&held)) {  // normally BrokerLink took them all before it ended
+    Status s = protocol::SendMessage(
+        *push_, nullptr, protocol::kDone,
+        protocol::EncodeDone(held.ids, 0, held.not_done, {}, held.ids));
+    if (!s.ok()) spdlog::error("result writer: {} kept DONE ids not handed over", held.ids.size());
+  }
   push_.reset();  // nothing sends DONE any more (WriteOrSubmit queues once stopping)
+}
+
+bool ResultWriter::TakeHeldDone(HeldDone* out) {
+  std::lock_guard<std::mutex> lock(held_mu_);
+  if (held_.ids.empty()) return false;
+  *out = std::move(held_);
+  held_ = HeldDone{};
+  held_since_us_.store(0, std::memory_order_release);
+  return true;
 }
 
 size_t ResultWriter::pending() const {
@@ -343,6 +359,26 @@ void ResultWriter::SendDone(const std::vector<JobResult>& results,
       notified.push_back(r.job.entry.id);  // its producer has the record: no need to inline it
     } else if (packed[i].value.size() <= options_.inline_result_bytes) {
       inline_results.emplace_back(r.job.entry.id, packed[i].value);
+    }
+  }
+  if (options_.hold_notified_ids > 0) {
+    std::lock_guard<std::mutex> lock(held_mu_);
+    const bool all_notified = !ids.empty() && notified.size() == ids.size();
+    if (all_notified && held_.ids.size() + ids.size() <= options_.hold_notified_ids) {
+      if (held_.ids.empty()) {
+        held_.since_us = protocol::MonotonicMicros();
+        held_since_us_.store(held_.since_us, std::memory_order_release);
+      }
+      held_.ids.insert(held_.ids.end(), ids.begin(), ids.end());
+      held_.not_done.insert(held_.not_done.end(), not_done.begin(), not_done.end());
+      return;  // BrokerLink collects them (TakeHeldDone)
+    }
+    if (!held_.ids.empty()) {  // this DONE goes now: what was kept rides along, first
+      ids.insert(ids.begin(), held_.ids.begin(), held_.ids.end());
+      notified.insert(notified.begin(), held_.ids.begin(), held_.ids.end());
+      not_done.insert(not_done.begin(), held_.not_done.begin(), held_.not_done.end());
+      held_ = HeldDone{};
+      held_since_us_.store(0, std::memory_order_release);
     }
   }
   Status s = protocol::SendMessage(

@@ -219,7 +219,7 @@ TEST_F(EndToEnd, LightLoadResultNoticesComeStraightFromTheWorker) {
 
 TEST_F(EndToEnd, UnknownModelAndInvalidJobsAreRejectedOthersAccepted) {
   StartFleet(FleetOptions{1});
-  // Broker notices only: with a worker's notice, Wait may return up to ~1 ms before the broker
+  // Broker notices only: with a worker's notice, Wait may return up to ~2 ms before the broker
   // has the job's DONE, and a resubmit of the id in that window is still a duplicate.
   client_ = Connect(*fleet_, /*push_results=*/false);
   Job bad_model = TinyJob(1);

@@ -527,7 +527,7 @@ TEST(Reliability, CancelQueuedAndDispatchedJobs) {
   Result r;
   ASSERT_TRUE(c->Wait("running", 30000, &r).ok());
   EXPECT_EQ(r.state, JobState::kDone) << "a job whose batch started runs to the end";
-  // Finished jobs are not found. (Wait may return from the worker's result notice up to ~1 ms
+  // Finished jobs are not found. (Wait may return from the worker's result notice up to ~2 ms
   // before the broker has the job's DONE: until then the broker still counts it as running.)
   EXPECT_TRUE(WaitFor([&] { return c->Cancel("running").code() == codes::kNotFound; }))
       << fleet.Logs();

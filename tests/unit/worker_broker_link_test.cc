@@ -54,6 +54,7 @@ class BrokerLinkTest : public ::testing::Test {
     wo.redis = redis;
     wo.worker_name = "link-test";
     wo.outbox_address = kOutbox;
+    wo.hold_notified_ids = hold_notified_ids_;
     writer_ = std::make_unique<ResultWriter>(&context_, wo);
     BrokerLink::Options lo;
     lo.endpoint = router_.get(zmq::sockopt::last_endpoint);
@@ -66,6 +67,7 @@ class BrokerLinkTest : public ::testing::Test {
     link_ = std::make_unique<BrokerLink>(&context_, lo, &queue_, writer_.get());
   }
   int64_t done_hold_us_ = 1000;  // set before SetUp by fixtures that need another
+  size_t hold_notified_ids_ = 0;  // the same: > 0 lets the writer keep notified DONEs
   void TearDown() override {
     if (started_) {
       link_->RequestDrain();
@@ -254,6 +256,75 @@ TEST_F(BrokerLinkTest, HeldNotifiedDoneGoesOutWhenItsHoldEnds) {
   ASSERT_EQ(done.command, "DONE");
   EXPECT_EQ(DoneIds(done), std::vector<std::string>{"n0"});
   EXPECT_EQ(NotifiedIds(done), std::vector<std::string>{"n0"});
+}
+
+// As in the worker: the writer keeps DONEs of notified jobs (up to capacity / 4 = 2 ids) instead
+// of handing each to the outbox, and the link collects them when the oldest is due -- here never
+// by itself (the hold is long), so only the other ways out are left: a plain DONE carries them,
+// and a drain takes them at once and sends them before BYE.
+class BrokerLinkWriterKeepsTest : public BrokerLinkTest {
+ protected:
+  void SetUp() override {
+    done_hold_us_ = 60'000'000;
+    hold_notified_ids_ = 2;
+    BrokerLinkTest::SetUp();
+  }
+};
+
+TEST_F(BrokerLinkWriterKeepsTest, KeptDonesGoOutWithTheNextPlainDoneAndBeforeBye) {
+  Start();
+  const std::string channel = "ferry:notify:link-test";
+  RunOne("n0", channel);
+  RunOne("n1", channel);
+  EXPECT_GT(writer_->held_since_us(), 0) << "the writer did not keep them";
+  EXPECT_EQ(link_->outstanding(), 2);  // the link counts kept jobs as outstanding
+  RunOne("p0");
+  protocol::Message m;
+  ASSERT_TRUE(Next(&m));
+  ASSERT_EQ(m.command, "DONE");
+  EXPECT_EQ(DoneIds(m), (std::vector<std::string>{"n0", "n1", "p0"}));
+  EXPECT_EQ(NotifiedIds(m), (std::vector<std::string>{"n0", "n1"}));
+
+  RunOne("n2", channel);
+  EXPECT_GT(writer_->held_since_us(), 0);
+  link_->RequestDrain();
+  ASSERT_TRUE(Next(&m));
+  ASSERT_EQ(m.command, "DONE");
+  EXPECT_EQ(DoneIds(m), std::vector<std::string>{"n2"});
+  EXPECT_EQ(NotifiedIds(m), std::vector<std::string>{"n2"});
+  ASSERT_TRUE(Next(&m));
+  EXPECT_EQ(m.command, "BYE");
+  link_->Join();
+  EXPECT_EQ(link_->outstanding(), 0);
+  EXPECT_EQ(writer_->held_since_us(), 0);
+}
+
+// With the default hold (1 ms), what the writer keeps goes out by itself, each job once, and
+// the link ends with nothing outstanding.
+class BrokerLinkWriterKeepsDefaultHoldTest : public BrokerLinkTest {
+ protected:
+  void SetUp() override {
+    hold_notified_ids_ = 2;
+    BrokerLinkTest::SetUp();
+  }
+};
+
+TEST_F(BrokerLinkWriterKeepsDefaultHoldTest, KeptDonesGoOutWhenDueEachJobOnce) {
+  Start();
+  std::map<std::string, int> reported;
+  for (int i = 0; i < 50; ++i) RunOne("k" + std::to_string(i), "ferry:notify:link-test");
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (reported.size() < 50 && std::chrono::steady_clock::now() < deadline) {
+    protocol::Message m;
+    ASSERT_TRUE(Next(&m));
+    ASSERT_EQ(m.command, "DONE");
+    EXPECT_EQ(NotifiedIds(m), DoneIds(m));
+    for (const auto& id : DoneIds(m)) ++reported[id];
+  }
+  ASSERT_EQ(reported.size(), 50u);
+  for (const auto& [id, n] : reported) EXPECT_EQ(n, 1) << id;
+  EXPECT_EQ(link_->outstanding(), 0);
+  EXPECT_EQ(writer_->held_since_us(), 0);
 }
 
 }  // namespace

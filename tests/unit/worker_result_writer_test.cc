@@ -59,6 +59,7 @@ class ResultWriterTest : public ::testing::Test {
     o.outbox_address = kOutbox;
     o.backoff_initial_ms = 20;
     o.backoff_max_ms = 100;
+    o.hold_notified_ids = hold_notified_ids_;
     writer_ = std::make_unique<ResultWriter>(&context_, o);
     writer_->Start();
   }
@@ -109,6 +110,7 @@ class ResultWriterTest : public ::testing::Test {
     WaitIdle();
   }
 
+  size_t hold_notified_ids_ = 0;  // set before SetUp by fixtures that keep DONEs
   testutil::RedisServer redis_;
   protocol::RedisEndpoint endpoint_;
   std::unique_ptr<protocol::RedisClient> client_;
@@ -285,6 +287,84 @@ TEST_F(ResultWriterTest, RedisWithoutScriptsGetsPlainWritesAndNoNotices) {
   Result decoded;
   ASSERT_TRUE(protocol::DecodeResult(record.data(), record.size(), &decoded).ok());
   EXPECT_EQ(decoded.id, "job-acl");
+}
+
+// With hold_notified_ids (as the worker sets it), a DONE whose jobs were all notified is kept in
+// the writer for BrokerLink to take, not handed to the outbox; the next DONE that goes out
+// (one not all notified, or one that would pass the bound of 2 here) carries the kept ids first.
+class ResultWriterKeepTest : public ResultWriterTest {
+ protected:
+  void SetUp() override {
+    hold_notified_ids_ = 2;
+    ResultWriterTest::SetUp();
+  }
+  // Writes one job whose producer asked for a notice (on a channel nobody listens to: PUBLISH
+  // does not care) and waits until it is written and reported.
+  void WriteNotified(const std::string& id, Status status = Status::Ok()) {
+    std::vector<JobResult> v = One(id);
+    v[0].job.entry.notify = "ferry:notify:keep-test";
+    v[0].status = std::move(status);
+    writer_->WriteOrSubmit(std::move(v));
+    WaitIdle();
+  }
+};
+
+TEST_F(ResultWriterKeepTest, NotifiedDonesAreKeptForTheLinkOrRideAlongWithTheNextDone) {
+  WarmUp();
+  EXPECT_EQ(writer_->held_since_us(), 0);
+  ResultWriter::HeldDone held;
+  EXPECT_FALSE(writer_->TakeHeldDone(&held));
+
+  // Kept, then taken (as BrokerLink does).
+  WriteNotified("k1");
+  EXPECT_FALSE(Stored("k1").empty());
+  EXPECT_GT(writer_->held_since_us(), 0);
+  ASSERT_TRUE(writer_->TakeHeldDone(&held));
+  EXPECT_EQ(held.ids, std::vector<std::string>{"k1"});
+  EXPECT_TRUE(held.not_done.empty());
+  EXPECT_GT(held.since_us, 0);
+  EXPECT_EQ(writer_->held_since_us(), 0);
+  EXPECT_FALSE(writer_->TakeHeldDone(&held));
+
+  // Kept, then carried by the next plain DONE (which proves k1 never went to the outbox).
+  WriteNotified("k2");
+  writer_->WriteOrSubmit(One("p1"));
+  Done d = NextDone();
+  EXPECT_EQ(d.ids, (std::vector<std::string>{"k2", "p1"}));
+  EXPECT_EQ(d.notified, std::vector<std::string>{"k2"});
+  ASSERT_EQ(d.inline_results.size(), 1u);  // p1's record rides inline; k2's producer has it
+  EXPECT_EQ(d.inline_results[0].first, "p1");
+  WaitIdle();
+  EXPECT_EQ(writer_->held_since_us(), 0);
+
+  // The bound: two kept; a third would pass it, so all three go out together.
+  WriteNotified("k3");
+  WriteNotified("k4");
+  WriteNotified("k5");
+  d = NextDone();
+  EXPECT_EQ(d.ids, (std::vector<std::string>{"k3", "k4", "k5"}));
+  EXPECT_EQ(d.notified, (std::vector<std::string>{"k3", "k4", "k5"}));
+  EXPECT_EQ(writer_->held_since_us(), 0);
+
+  // A failed job's status is kept with its id (for the broker's per-status counts).
+  WriteNotified("k6", Status(codes::kInvalidArgument, "bad input"));
+  ASSERT_TRUE(writer_->TakeHeldDone(&held));
+  EXPECT_EQ(held.ids, std::vector<std::string>{"k6"});
+  ASSERT_EQ(held.not_done.size(), 1u);
+  EXPECT_EQ(held.not_done[0].first, "k6");
+  EXPECT_EQ(held.not_done[0].second, "failed");
+}
+
+// Kept ids are not lost when the writer stops with some still kept: Stop hands them over.
+TEST_F(ResultWriterKeepTest, StopHandsOverWhatIsStillKept) {
+  WarmUp();
+  WriteNotified("k7");
+  ASSERT_GT(writer_->held_since_us(), 0);  // kept, not handed over yet
+  writer_->Stop();
+  Done d = NextDone();
+  EXPECT_EQ(d.ids, std::vector<std::string>{"k7"});
+  EXPECT_EQ(d.notified, std::vector<std::string>{"k7"});
+  writer_.reset();
 }
 
 }  // namespace

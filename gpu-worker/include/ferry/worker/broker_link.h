@@ -27,7 +27,11 @@
 // Options::done_hold_us and sends them as one, as long as at most capacity / 4 ids are held (a
 // DONE that is not all notified, or one that would pass that bound, sends the held ones first).
 // At light load that keeps the broker's DONE work (and the worker's send) off the next job's
-// path; the broker's view of this worker's credit lags by at most that long.
+// path; the broker's view of this worker's credit lags by at most that long. The ResultWriter
+// keeps such DONEs itself when asked to (ResultWriter::Options::hold_notified_ids), without
+// waking this thread: the link collects them when the oldest is due, on whatever wakes it, and
+// while it has jobs outstanding it sleeps at most done_hold_us so that it looks in time (a DONE
+// of notified jobs therefore waits between one and about two holds).
 //
 // Thread-safety: Start/Join from the owner; RequestDrain and the accessors from any thread.
 
@@ -116,6 +120,10 @@ class BrokerLink {
   void HoldDone(const std::vector<std::string>& ids, int64_t duplicates,
                 const protocol::DoneStatuses& not_done, const std::vector<std::string>& notified);
   void SendHeldDone();
+  // Takes the DONE ids the writer kept once the oldest is due, or at once with `all` (in a
+  // drain, which ends only when every job is accounted for), and sends them -- or, while
+  // draining, holds them until BYE.
+  void CollectWriterHeld(int64_t now_us, bool all);
   int64_t reconnect_interval_us_ = 0;  // loop thread only; current backoff
   int64_t next_reconnect_us_ = 0;      // loop thread only; wall clock
   int64_t reconnects_ = 0;
