@@ -17,6 +17,7 @@ struct ChunkHolder {
   msgpack::object_handle handle;
 };
 
+constexpr int64_t kKeptRecentlyUs = 10'000;  // collected kept DONE ids this recently: light load
 constexpr int64_t kMaxPollMs = 100;         // how often the loop looks at the drain flag
 constexpr int kMaxMessagesPerWakeup = 256;  // fairness between the two sockets
 constexpr int64_t kMaxReconnectIntervalUs = 32'000'000;
@@ -131,18 +132,27 @@ void BrokerLink::Loop() {
       const int64_t due_ms = std::max<int64_t>((hold_until_us_ - now + 999) / 1000, 0);
       wait_ms = std::min(wait_ms, due_ms);
     }
-    if (options_.done_hold_us > 0 && outstanding_.load() > 0) {
-      // The writer may be keeping DONE ids of these jobs (it does not wake us for them): look
-      // again when the oldest is due, or within one hold if it keeps none yet.
-      const int64_t since = writer_->held_since_us();
-      int64_t due = (since != 0 ? since : now) + options_.done_hold_us;
-      if (draining_ && since != 0) due = now;  // kept since the look above: take them now
-      wait_ms = std::min(wait_ms, std::max<int64_t>((due - now + 999) / 1000, 0));
-    }
     if (may_finish) wait_ms = 0;
+    // DONE ids the writer keeps: look again when the oldest is due (at once while draining).
+    // A sleep that would not look in time (nothing kept yet) asks the writer for a wake-up
+    // when it keeps the first -- said before reading held_since_us (see SetCollectorAsleep).
+    // While the writer keeps ids steadily (light load), sleeping at most one hold with jobs
+    // outstanding finds them in time without those wake-ups.
+    writer_->SetCollectorAsleep(true);
+    if (const int64_t since = writer_->held_since_us(); since != 0) {
+      const int64_t due = draining_ ? now : since + options_.done_hold_us;
+      wait_ms = std::min(wait_ms, std::max<int64_t>((due - now + 999) / 1000, 0));
+      writer_->SetCollectorAsleep(false);
+    } else if (outstanding_.load() > 0 && last_collected_us_ != 0 &&
+               now - last_collected_us_ < kKeptRecentlyUs) {
+      wait_ms = std::min(wait_ms, std::max<int64_t>((options_.done_hold_us + 999) / 1000, 1));
+      writer_->SetCollectorAsleep(false);
+    }
     zmq_pollitem_t items[] = {{dealer_->handle(), 0, ZMQ_POLLIN, 0},
                               {outbox_->handle(), 0, ZMQ_POLLIN, 0}};
-    if (protocol::PollSockets(items, 2, static_cast<long>(wait_ms)) < 0) {
+    const int poll_rc = protocol::PollSockets(items, 2, static_cast<long>(wait_ms));
+    writer_->SetCollectorAsleep(false);
+    if (poll_rc < 0) {
       if (zmq_errno() == ETERM) break;
       if (zmq_errno() != EINTR) spdlog::error("poll: {}", zmq_strerror(zmq_errno()));
       continue;
@@ -272,6 +282,7 @@ void BrokerLink::HandleCancel(const zmq::message_t& body) {
 }
 
 void BrokerLink::HandleOutbox(protocol::Message* m) {
+  if (m->command == ResultWriter::kKeptWake) return;  // the loop collects the kept ids
   if (m->command == protocol::kReady) {  // residency changed: re-announce (not while leaving)
     if (!draining_) SendReady();
     return;
@@ -317,6 +328,7 @@ void BrokerLink::CollectWriterHeld(int64_t now_us, bool all) {
   if (!all && now_us < since + options_.done_hold_us) return;
   ResultWriter::HeldDone held;
   if (!writer_->TakeHeldDone(&held)) return;
+  last_collected_us_ = now_us;
   outstanding_.fetch_sub(static_cast<int64_t>(held.ids.size()));
   HoldDone(held.ids, 0, held.not_done, held.ids);
   if (!draining_) SendHeldDone();

@@ -110,7 +110,10 @@ void ResultWriter::Stop() {
   if (thread_.joinable()) thread_.join();
   std::lock_guard<std::mutex> lock(mu_);
   HeldDone held;
-  if (push_ && TakeHeldDone(&held)) {  // normally BrokerLink took them all before it ended
+  if (push_ && TakeHeldDone(&held)) {
+    // BrokerLink takes them all before it ends: only an owner whose link still runs gets these.
+    spdlog::error("result writer: {} kept DONE ids left at stop; handing them to the outbox",
+                  held.ids.size());
     Status s = protocol::SendMessage(
         *push_, nullptr, protocol::kDone,
         protocol::EncodeDone(held.ids, 0, held.not_done, {}, held.ids));
@@ -124,7 +127,7 @@ bool ResultWriter::TakeHeldDone(HeldDone* out) {
   if (held_.ids.empty()) return false;
   *out = std::move(held_);
   held_ = HeldDone{};
-  held_since_us_.store(0, std::memory_order_release);
+  held_since_us_.store(0);
   return true;
 }
 
@@ -365,20 +368,24 @@ void ResultWriter::SendDone(const std::vector<JobResult>& results,
     std::lock_guard<std::mutex> lock(held_mu_);
     const bool all_notified = !ids.empty() && notified.size() == ids.size();
     if (all_notified && held_.ids.size() + ids.size() <= options_.hold_notified_ids) {
+      bool wake = false;
       if (held_.ids.empty()) {
         held_.since_us = protocol::MonotonicMicros();
-        held_since_us_.store(held_.since_us, std::memory_order_release);
+        held_since_us_.store(held_.since_us);
+        wake = collector_asleep_.load();  // it would not look in time by itself
       }
       held_.ids.insert(held_.ids.end(), ids.begin(), ids.end());
       held_.not_done.insert(held_.not_done.end(), not_done.begin(), not_done.end());
-      return;  // BrokerLink collects them (TakeHeldDone)
+      // Otherwise BrokerLink collects them (TakeHeldDone) without being woken.
+      if (wake) protocol::SendMessage(*push_, nullptr, kKeptWake, protocol::EncodeEmpty());
+      return;
     }
     if (!held_.ids.empty()) {  // this DONE goes now: what was kept rides along, first
       ids.insert(ids.begin(), held_.ids.begin(), held_.ids.end());
       notified.insert(notified.begin(), held_.ids.begin(), held_.ids.end());
       not_done.insert(not_done.begin(), held_.not_done.begin(), held_.not_done.end());
       held_ = HeldDone{};
-      held_since_us_.store(0, std::memory_order_release);
+      held_since_us_.store(0);
     }
   }
   Status s = protocol::SendMessage(

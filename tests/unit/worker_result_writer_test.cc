@@ -355,6 +355,27 @@ TEST_F(ResultWriterKeepTest, NotifiedDonesAreKeptForTheLinkOrRideAlongWithTheNex
   EXPECT_EQ(held.not_done[0].second, "failed");
 }
 
+// A collector (BrokerLink) that sleeps without looking in time gets one wake-up on the outbox
+// when the first id is kept, and none for the ids kept after it.
+TEST_F(ResultWriterKeepTest, SleepingCollectorIsWokenOnceForTheFirstKeptId) {
+  WarmUp();
+  writer_->SetCollectorAsleep(true);
+  WriteNotified("w1");
+  WriteNotified("w2");
+  protocol::Message m;
+  ASSERT_TRUE(protocol::RecvMessage(outbox_, /*router=*/false, &m, /*dont_wait=*/false).ok());
+  EXPECT_EQ(m.command, ResultWriter::kKeptWake);
+  writer_->SetCollectorAsleep(false);
+  ResultWriter::HeldDone held;
+  ASSERT_TRUE(writer_->TakeHeldDone(&held));
+  EXPECT_EQ(held.ids, (std::vector<std::string>{"w1", "w2"}));
+  // Awake: keeping sends nothing; the next thing on the outbox is the next plain DONE.
+  WriteNotified("w3");
+  writer_->WriteOrSubmit(One("p2"));
+  Done d = NextDone();
+  EXPECT_EQ(d.ids, (std::vector<std::string>{"w3", "p2"}));
+}
+
 // Kept ids are not lost when the writer stops with some still kept: Stop hands them over.
 TEST_F(ResultWriterKeepTest, StopHandsOverWhatIsStillKept) {
   WarmUp();

@@ -11,6 +11,7 @@
 //                 result; jobs an executor already took run to the end (their result loses
 //                 to the broker's if it wrote one first -- fencing)
 //   -> DONE       forwarded from the outbox: the ResultWriter sends ids once they are in Redis
+//                 (or collected from the ResultWriter: the DONE ids of notified jobs it kept)
 //   <-> HEARTBEAT sent every heartbeat interval; the time of the broker's last message is kept.
 //                 A broker silent for heartbeat x liveness is presumed dead (Paranoid Pirate):
 //                 the link closes the socket, opens a new one and announces itself again,
@@ -27,11 +28,13 @@
 // Options::done_hold_us and sends them as one, as long as at most capacity / 4 ids are held (a
 // DONE that is not all notified, or one that would pass that bound, sends the held ones first).
 // At light load that keeps the broker's DONE work (and the worker's send) off the next job's
-// path; the broker's view of this worker's credit lags by at most that long. The ResultWriter
-// keeps such DONEs itself when asked to (ResultWriter::Options::hold_notified_ids), without
-// waking this thread: the link collects them when the oldest is due, on whatever wakes it, and
-// while it has jobs outstanding it sleeps at most done_hold_us so that it looks in time (a DONE
-// of notified jobs therefore waits between one and about two holds).
+// path. The ResultWriter keeps such DONEs itself when asked to
+// (ResultWriter::Options::hold_notified_ids) instead of handing each over: the link collects
+// them once the oldest is due, on whatever wakes it, and sleeps no longer than that while any
+// are kept (or, while it keeps collecting some, no longer than one hold with jobs outstanding);
+// only the first id kept while it sleeps with no such deadline wakes it. A DONE of
+// notified jobs thus waits one hold and up to the next whole millisecond (poll's unit), so the
+// broker's view of this worker's credit lags by about two holds at most.
 //
 // Thread-safety: Start/Join from the owner; RequestDrain and the accessors from any thread.
 
@@ -117,6 +120,7 @@ class BrokerLink {
   protocol::DoneStatuses held_not_done_;  // their non-"done" statuses
   std::vector<std::string> held_notified_;  // those notified
   int64_t hold_until_us_ = 0;  // monotonic; when notified DONEs held outside a drain go out
+  int64_t last_collected_us_ = 0;  // monotonic; when kept DONE ids were last taken (0: never)
   void HoldDone(const std::vector<std::string>& ids, int64_t duplicates,
                 const protocol::DoneStatuses& not_done, const std::vector<std::string>& notified);
   void SendHeldDone();

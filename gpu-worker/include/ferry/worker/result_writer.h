@@ -34,10 +34,11 @@
 // notified is not urgent -- its producers already have their notices, and the broker sends them
 // nothing -- so instead of handing it to the I/O thread at once, which wakes that thread once per
 // batch, the writer keeps its ids (up to hold_notified_ids of them) for BrokerLink to collect
-// with TakeHeldDone when it next looks (it does so on its own wake-ups, at least every
-// done_hold_us while it has jobs outstanding). A DONE that is not all notified, or one that
-// would pass the bound, carries the kept ids along, first. At light load that takes a context
-// switch and a dozen system calls per job off the worker's busiest CPU.
+// with TakeHeldDone when it next looks. The link looks on its own wake-ups; only when it sleeps
+// with no deadline near enough (SetCollectorAsleep) does the first id kept wake it, with a
+// kKeptWake message on the outbox. A DONE that is not all notified, or one that would pass the
+// bound, carries the kept ids along, first. At light load that takes most of a context switch
+// and a dozen system calls per job off the worker's busiest CPU.
 //
 // Thread-safety: Submit/WriteOrSubmit/pending/TakeHeldDone may be called from any thread.
 // Start/Stop from one owner.
@@ -49,6 +50,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 #include <zmq.hpp>
@@ -108,7 +110,14 @@ class ResultWriter {
   // Moves the kept DONE ids into *out; false when none are kept.
   bool TakeHeldDone(HeldDone* out);
   // Monotonic microseconds since the oldest kept DONE id was kept; 0 when none are.
-  int64_t held_since_us() const { return held_since_us_.load(std::memory_order_acquire); }
+  int64_t held_since_us() const { return held_since_us_.load(); }
+  // BrokerLink says whether it sleeps without looking at the kept ids in time (true: the first
+  // id kept sends it kKeptWake). It sets this before reading held_since_us() and the writer
+  // sets held_since_us before reading this (both sequentially consistent), so one of the two
+  // always sees the other.
+  void SetCollectorAsleep(bool asleep) { collector_asleep_.store(asleep); }
+  // The outbox command that only wakes BrokerLink (it carries nothing).
+  static constexpr std::string_view kKeptWake = "KEPT";
 
   // Results submitted but not written yet.
   size_t pending() const;
@@ -178,6 +187,7 @@ class ResultWriter {
   std::mutex held_mu_;
   HeldDone held_;                            // guarded by held_mu_
   std::atomic<int64_t> held_since_us_{0};    // held_.since_us, or 0 when held_ is empty
+  std::atomic<bool> collector_asleep_{false};  // see SetCollectorAsleep
   std::thread thread_;
 };
 
