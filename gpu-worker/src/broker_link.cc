@@ -17,6 +17,9 @@ struct ChunkHolder {
   msgpack::object_handle handle;
 };
 
+// Microseconds until a moment, as poll's whole milliseconds: rounded up, never negative.
+int64_t CeilMs(int64_t us) { return std::max<int64_t>((us + 999) / 1000, 0); }
+
 constexpr int64_t kKeptRecentlyUs = 10'000;  // collected kept DONE ids this recently: light load
 constexpr int64_t kMaxPollMs = 100;         // how often the loop looks at the drain flag
 constexpr int kMaxMessagesPerWakeup = 256;  // fairness between the two sockets
@@ -127,10 +130,9 @@ void BrokerLink::Loop() {
 
     now = protocol::MonotonicMicros();
     if (hold_until_us_ != 0 && now >= hold_until_us_ && !draining_) SendHeldDone();
-    int64_t wait_ms = std::clamp<int64_t>((next_heartbeat - now + 999) / 1000, 0, kMaxPollMs);
+    int64_t wait_ms = std::min(CeilMs(next_heartbeat - now), kMaxPollMs);
     if (hold_until_us_ != 0 && !draining_) {  // wake up when the held DONEs are due
-      const int64_t due_ms = std::max<int64_t>((hold_until_us_ - now + 999) / 1000, 0);
-      wait_ms = std::min(wait_ms, due_ms);
+      wait_ms = std::min(wait_ms, CeilMs(hold_until_us_ - now));
     }
     if (may_finish) wait_ms = 0;
     // DONE ids the writer keeps: look again when the oldest is due (at once while draining).
@@ -141,11 +143,11 @@ void BrokerLink::Loop() {
     writer_->SetCollectorAsleep(true);
     if (const int64_t since = writer_->held_since_us(); since != 0) {
       const int64_t due = draining_ ? now : since + options_.done_hold_us;
-      wait_ms = std::min(wait_ms, std::max<int64_t>((due - now + 999) / 1000, 0));
+      wait_ms = std::min(wait_ms, CeilMs(due - now));
       writer_->SetCollectorAsleep(false);
     } else if (outstanding_.load() > 0 && last_collected_us_ != 0 &&
                now - last_collected_us_ < kKeptRecentlyUs) {
-      wait_ms = std::min(wait_ms, std::max<int64_t>((options_.done_hold_us + 999) / 1000, 1));
+      wait_ms = std::min(wait_ms, std::max<int64_t>(CeilMs(options_.done_hold_us), 1));
       writer_->SetCollectorAsleep(false);
     }
     zmq_pollitem_t items[] = {{dealer_->handle(), 0, ZMQ_POLLIN, 0},
@@ -311,7 +313,7 @@ void BrokerLink::HandleOutbox(protocol::Message* m) {
     return;
   }
   // A DONE of notified jobs only (then it carries no inline results) may wait a little.
-  const size_t hold_limit = static_cast<size_t>(std::max<int64_t>(options_.hello.capacity / 4, 0));
+  const size_t hold_limit = HeldIdsBound(options_.hello.capacity);
   if (options_.done_hold_us > 0 && !ids.empty() && notified.size() == ids.size() &&
       ids.size() <= hold_limit) {
     if (held_done_.size() + ids.size() > hold_limit) SendHeldDone();

@@ -3,7 +3,6 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "ferry/metrics/metrics_server.h"
@@ -120,10 +119,9 @@ Status Worker::Run() {
   lopts.outbox_address = outbox;
   lopts.hello = Hello();
   lopts.hello_fn = [this] { return Hello(); };
-  // DONEs of notified jobs wait in the writer until the link collects them (with the link's
-  // own bound on held ids: capacity / 4).
+  // DONEs of notified jobs wait in the writer until the link collects them (the link's bound).
   if (lopts.done_hold_us > 0)
-    wopts.hold_notified_ids = static_cast<size_t>(std::max<int64_t>(lopts.hello.capacity / 4, 0));
+    wopts.hold_notified_ids = BrokerLink::HeldIdsBound(lopts.hello.capacity);
 
   {
     std::lock_guard<std::mutex> lock(mu_);

@@ -38,6 +38,7 @@
 //
 // Thread-safety: Start/Join from the owner; RequestDrain and the accessors from any thread.
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <functional>
@@ -87,6 +88,12 @@ class BrokerLink {
   int64_t last_broker_message_us() const { return last_broker_us_.load(); }
   // Jobs received and not yet reported in a DONE.
   int64_t outstanding() const { return outstanding_.load(); }
+
+  // How many DONE ids of notified jobs may wait, for a worker of this capacity (the link's own
+  // bound, and the one to give ResultWriter::Options::hold_notified_ids).
+  static size_t HeldIdsBound(int64_t capacity) {
+    return static_cast<size_t>(std::max<int64_t>(capacity / 4, 0));
+  }
 
  private:
   void Loop();
