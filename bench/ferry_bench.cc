@@ -120,6 +120,9 @@ int main(int argc, char** argv) {
   flags.Bool("no-push", &no_push,
              "broker notices only: no result notices straight from workers (the SDK's "
              "push_results off), to measure what they save");
+  flags.Bool("run", &load.use_run,
+             "closed loop through Client::Run (submit and wait in one call; the broker sends no "
+             "ACCEPTED): --concurrency threads, one job each at a time");
   flags.Int("wait-workers", &wait_workers, "first wait (up to 60 s) for N workers at the broker");
   flags.String("label", &label, "name of this run in the output and JSON (default: the model)");
   flags.String("json", &json_path, "write the summary as one JSON object to this file");
@@ -137,6 +140,10 @@ int main(int argc, char** argv) {
   load.rate = std::strtod(rate_text.c_str(), &end);
   if (*end != '\0' || load.rate < 0) {
     std::fprintf(stderr, "ferry-bench: bad --rate %s\n", rate_text.c_str());
+    return 2;
+  }
+  if (load.use_run && (load.rate > 0 || !raw_path.empty())) {
+    std::fprintf(stderr, "ferry-bench: --run is a closed-loop fleet mode (no --rate, no --raw)\n");
     return 2;
   }
   if (load.jobs < 1 || load.concurrency < 1 || warmup < 0) {
@@ -207,7 +214,7 @@ int main(int argc, char** argv) {
       json.Add("rate", load.rate);
     } else {
       ferry::bench::RunClosed(*client, load, &result);
-      json.Add("mode", std::string("closed"));
+      json.Add("mode", std::string(load.use_run ? "closed-run" : "closed"));
       json.Add("concurrency", load.concurrency);
     }
     json.Add("bench_cpu_s", CpuSeconds() - cpu0);

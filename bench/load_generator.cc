@@ -50,6 +50,11 @@ class Recorder {
   void Finish(Client& client, const Pending& p, std::vector<Sample>* local) {
     Result r;
     Status s = client.Wait(p.id, static_cast<int>(options_.timeout_ms), &r);
+    Record(p, s, std::move(r), local);
+  }
+
+  // Records the outcome `s`, `r` of p, which ended now, into *local.
+  void Record(const Pending& p, const Status& s, Result r, std::vector<Sample>* local) {
     const auto end = Clock::now();
     const int64_t end_wall = WallMicros();
     if (!s.ok() || r.state != JobState::kDone) return Fail(p.id, s, &r);
@@ -145,8 +150,36 @@ std::vector<Tensor> MakeInputs(const LoadOptions& o, size_t count) {
   return pool;
 }
 
+// Closed loop through Client::Run: `concurrency` threads, each running one job at a time.
+void RunClosedWithRun(Client& client, const LoadOptions& o, LoadResult* out) {
+  const std::vector<Tensor> inputs = MakeInputs(o, kInputPool);
+  Recorder rec(o, out);
+  std::atomic<int64_t> next{0};
+  const auto start = Clock::now();
+  std::vector<std::thread> threads;
+  for (int64_t t = 0; t < o.concurrency; ++t) {
+    threads.emplace_back([&, t] {
+      Job job = BaseJob(o);
+      job.inputs.assign(1, inputs[static_cast<size_t>(t * 7) % inputs.size()]);
+      std::vector<Sample> local;
+      while (next.fetch_add(1) < o.jobs) {
+        job.id.clear();
+        Pending p{"", Clock::now(), WallMicros()};
+        Result r;
+        Status s = client.Run(job, static_cast<int>(o.timeout_ms), &r, &p.id);
+        rec.Record(p, s, std::move(r), &local);
+      }
+      rec.Merge(&local);
+    });
+  }
+  for (auto& th : threads) th.join();
+  out->seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  out->failed = rec.failed();
+}
+
 void RunClosed(Client& client, const LoadOptions& o, LoadResult* out) {
   *out = LoadResult();
+  if (o.use_run) return RunClosedWithRun(client, o, out);
   const int64_t loaders =
       std::max<int64_t>(1, o.loaders > 0 ? std::min(o.loaders, o.concurrency)
                                          : std::min<int64_t>(o.concurrency, 4));

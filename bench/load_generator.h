@@ -9,6 +9,9 @@
 // thread Submits one job and Waits for it. Latency: SubmitMany call start -> Wait returned (a
 // job whose result lands before an older one's is counted when the older one is read).
 //
+// With use_run, the closed loop is `concurrency` threads that each call Client::Run (Submit +
+// Wait in one call, no ACCEPTED) for one job at a time; latency: Run call start -> Run returned.
+//
 // Open loop (RunOpen): Poisson arrivals at `rate` jobs/s. One thread submits each job at its
 // intended time (jobs that are due together go in one SubmitMany); `loaders` threads Wait for
 // them. Latency is measured from the job's INTENDED start, so a submitter or fleet that falls
@@ -40,6 +43,7 @@ struct LoadOptions {
   int64_t timeout_ms = 120000;
   int64_t seed = 1;
   int64_t print_results = 0;  // keep the first N results for printing
+  bool use_run = false;       // closed: `concurrency` threads each call Client::Run (no ACCEPTED)
 };
 
 struct LoadResult {

@@ -8,8 +8,8 @@
 # one JSON file per run into DIR (default bench/results/<date>-cpu[-quick]) -- each with the exact
 # ferry-bench command, the fleet's command lines, the machine, and the CPU seconds every process
 # spent during the run -- plus machine.json and summary.txt, and prints one table.
-# Scenarios: tiny_closed tiny_light tiny_light_no_push tiny_light_pinned encoder resnet seed
-# ceiling bytes. The full
+# Scenarios: tiny_closed tiny_light tiny_light_run tiny_light_no_push tiny_light_pinned encoder
+# resnet seed ceiling bytes. The full
 # suite takes ~10 min on a 2-core machine; --quick is a ~1 minute smoke run (small job counts;
 # numbers not meaningful).
 # --perf also samples the whole machine (perf record -a) during each measured run and writes
@@ -216,12 +216,17 @@ if want tiny_closed; then
     --wait-workers 1 --model tiny --shape 8 --concurrency 1024 --loaders 4
   stop_fleet
 fi
-if want tiny_light || want tiny_light_no_push; then
-  echo "== tiny, concurrency 1: light-load latency (and with the SDK's result notices off)"
+if want tiny_light || want tiny_light_run || want tiny_light_no_push; then
+  echo "== tiny, concurrency 1: light-load latency (Submit + Wait, Run, and without notices)"
   start_fleet 1 "${TINY_WORKER[@]}"
   if want tiny_light; then
     bench tiny_light "$(q 1000 10000)" 500 --frontend "$FRONT" --redis "$REDIS" \
       --wait-workers 1 --model tiny --shape 8 --concurrency 1
+  fi
+  # The same fleet through Client::Run: no ACCEPTED per job (step 11).
+  if want tiny_light_run; then
+    bench tiny_light_run "$(q 1000 10000)" 500 --frontend "$FRONT" --redis "$REDIS" \
+      --wait-workers 1 --model tiny --shape 8 --concurrency 1 --run
   fi
   # The same fleet, broker FINISHED notices only: what the workers' notices save (step 9).
   if want tiny_light_no_push; then

@@ -4,7 +4,7 @@ import json
 import os
 import sys
 
-ORDER = ["tiny_closed", "tiny_light", "tiny_light_no_push", "tiny_light_pinned"] + [
+ORDER = ["tiny_closed", "tiny_light", "tiny_light_run", "tiny_light_no_push", "tiny_light_pinned"] + [
     f"{m}_{k}_r{r}" for m in ("encoder", "resnet", "resnet_u8") for r in range(1, 10)
     for k in ("raw", "fleet", "fleet_i2")
 ] + ["seed_maxbatch16", "seed_maxbatch1",
@@ -48,6 +48,8 @@ def main(out):
             mode = f"{r.get('rate', 0):.0f}/s"
         elif mode == "closed":
             mode = f"C={r.get('concurrency', '')}"
+        elif mode == "closed-run":  # Client::Run: submit and wait in one call
+            mode = f"C={r.get('concurrency', '')} Run"
         print(f"{n:<20}{mode:>7}{r['throughput']:>10.0f}{r['p50_ms']:>9.3f}{r.get('p95_ms', 0):>9.3f}"
               f"{r['p99_ms']:>9.3f}{r['max_ms']:>9.2f}{r['batch_size_mean']:>7.1f}{ratio:>8}  {cpu_text}"
               + ("" if r.get("failed", 0) == 0 else f"  FAILED {r['failed']}")

@@ -40,6 +40,7 @@ struct Broker::Impl {
   struct PendingReply {
     std::vector<zmq::message_t> envelope;
     protocol::Accepted accepted;
+    bool ack = true;  // false: SUBMIT "ack": false -- no ACCEPTED unless something was rejected
   };
   std::vector<PendingReply> pending_replies;
 

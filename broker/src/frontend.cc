@@ -83,8 +83,19 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
       return;
     }
   }
+  // "ack": false -- the producer waits for the results, not for ACCEPTED: send it only to report
+  // rejections (the SDK's Client::Run; one message fewer per job at light load).
+  bool ack = true;
+  if (const msgpack::object* a = protocol::Find(body, "ack")) {
+    if (a->type != msgpack::type::BOOLEAN) {
+      ReplyError(m, rid, codes::kInvalidArgument, "SUBMIT \"ack\" must be true or false");
+      return;
+    }
+    ack = a->via.boolean;
+  }
   PendingReply reply;
   reply.accepted.rid = rid;
+  reply.ack = ack;
   const std::string producer = m.envelope.empty() ? "" : Str(m.envelope[0]);
   const int64_t now = protocol::NowMicros();
   protocol::SubmitJob in;
@@ -151,6 +162,7 @@ void Broker::Impl::CommitAndReply(bool quiet) {
   }
   for (auto& reply : pending_replies) {
     telemetry.OnReply(reply.accepted, scheduler);
+    if (!reply.ack && reply.accepted.rejected.empty()) continue;  // all accepted: nothing to say
     protocol::SendMessage(frontend, &reply.envelope, protocol::kAccepted,
                           protocol::EncodeAccepted(reply.accepted));
   }

@@ -102,6 +102,7 @@ class Client::Impl {
   Status Wait(const std::string& id, int timeout_ms, Result* out) {
     return tracker_->Wait(id, timeout_ms, out);
   }
+  Status Run(const Job& job, int timeout_ms, Result* out, std::string* id);
   Status Stats(std::string* json);
   Status Cancel(const std::vector<std::string>& ids, CancelReport* report);
   Status Poll(const std::string& id, Result* out) {
@@ -111,6 +112,10 @@ class Client::Impl {
   }
 
  private:
+  // The SUBMIT body for jobs[i], i in `part`, with ids from *outcomes; `ack` false asks the
+  // broker to answer only rejections. Tracks the ids first (a result may come before any reply).
+  zmq::message_t EncodeSubmit(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
+                              const std::vector<SubmitOutcome>& outcomes, int64_t rid, bool ack);
   // Sends jobs[i] for i in `part` as one SUBMIT and records each verdict in *outcomes.
   Status SubmitOne(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
                    std::vector<SubmitOutcome>* outcomes);
@@ -199,26 +204,30 @@ std::string Client::Impl::PushChannel(size_t tracked) {
   return push_channel_;
 }
 
-Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
-                               const std::vector<size_t>& part,
-                               std::vector<SubmitOutcome>* outcomes) {
-  int64_t rid = frontend_->NextRid();
+zmq::message_t Client::Impl::EncodeSubmit(const std::vector<const Job*>& jobs,
+                                          const std::vector<size_t>& part,
+                                          const std::vector<SubmitOutcome>& outcomes, int64_t rid,
+                                          bool ack) {
   // Track before sending: the FINISHED notice may be dispatched before this thread sees
   // ACCEPTED. And before the notify channel is chosen: should the driver see the subscription
   // fail in between, its recheck then covers these ids too.
   std::vector<std::string> ids;
   ids.reserve(part.size());
-  for (size_t i : part) ids.push_back((*outcomes)[i].id);
+  for (size_t i : part) ids.push_back(outcomes[i].id);
   const size_t tracked = tracker_->Entries();
   tracker_->Track(ids);
   const std::string notify = PushChannel(tracked);
 
   msgpack::sbuffer buf;
   protocol::Packer pk(buf);
-  pk.pack_map(notify.empty() ? 3 : 4);
+  pk.pack_map(3 + (notify.empty() ? 0 : 1) + (ack ? 0 : 1));
   if (!notify.empty()) {  // results also come straight from the worker, through Redis Pub/Sub
     protocol::PackString(pk, "notify");
     protocol::PackString(pk, notify);
+  }
+  if (!ack) {
+    protocol::PackString(pk, "ack");
+    pk.pack_false();
   }
   // Small results come back inside FINISHED: Wait then needs no Redis read for them.
   protocol::PackString(pk, "inline_results");
@@ -227,16 +236,27 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
   pk.pack_array(static_cast<uint32_t>(part.size()));
   for (size_t i : part) {
     const Job& j = *jobs[i];
-    protocol::PackSubmitJob(pk, (*outcomes)[i].id, j.model, j.inputs, j.priority, j.timeout_ms,
+    protocol::PackSubmitJob(pk, outcomes[i].id, j.model, j.inputs, j.priority, j.timeout_ms,
                             j.result_ttl_s);
   }
   protocol::PackString(pk, "rid");
   pk.pack_int64(rid);
+  return protocol::ToMessage(std::move(buf));
+}
+
+Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
+                               const std::vector<size_t>& part,
+                               std::vector<SubmitOutcome>* outcomes) {
+  const int64_t rid = frontend_->NextRid();
+  std::vector<std::string> ids;
+  ids.reserve(part.size());
+  for (size_t i : part) ids.push_back((*outcomes)[i].id);
+  zmq::message_t message = EncodeSubmit(jobs, part, *outcomes, rid, /*ack=*/true);
 
   FrontendConnection::Reply reply;
   msgpack::object_handle body;
   protocol::Accepted accepted;
-  Status s = frontend_->Call(rid, protocol::kSubmit, protocol::ToMessage(std::move(buf)),
+  Status s = frontend_->Call(rid, protocol::kSubmit, std::move(message),
                              options_.request_timeout_ms, &reply);
   if (s.ok()) s = CheckReply(reply, protocol::kAccepted, &body);
   if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
@@ -258,6 +278,42 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
   }
   if (!not_accepted.empty()) tracker_->Untrack(not_accepted);
   return Status::Ok();
+}
+
+Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::string* id_out) {
+  std::vector<SubmitOutcome> outcome(1);
+  outcome[0].id = job.id.empty() ? protocol::NewUuid() : job.id;
+  if (id_out) *id_out = outcome[0].id;
+  const std::string& id = outcome[0].id;
+  *out = Result();
+  out->id = id;
+  FERRY_RETURN_IF_ERROR(ValidateJob(job, id));
+  const int64_t rid = frontend_->NextRid();
+  zmq::message_t message = EncodeSubmit({&job}, {0}, outcome, rid, /*ack=*/false);
+  // A reply comes only when the job was not accepted (or the SUBMIT was refused as a whole).
+  // Runs on the socket's driver, possibly this thread inside the Wait below.
+  frontend_->Post(rid, protocol::kSubmit, std::move(message),
+                  [this, id](FrontendConnection::Reply reply) {
+                    msgpack::object_handle body;
+                    protocol::Accepted accepted;
+                    Status s = CheckReply(reply, protocol::kAccepted, &body);
+                    if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
+                    if (s.ok()) {
+                      for (const auto& r : accepted.rejected) {
+                        if (r.id == id) s = Status(r.code, r.message);
+                      }
+                    }
+                    // A duplicate is pending already: its result is this job's result.
+                    if (!s.ok() && s.code() != codes::kDuplicate) tracker_->Reject(id, s);
+                  });
+  Status s = tracker_->Wait(id, timeout_ms, out);
+  if (frontend_->Unpost(rid)) {  // never sent: no broker connected in all that time
+    tracker_->Untrack({id});
+    return Status::Unavailable("no broker at " + options_.frontend + " within " +
+                               std::to_string(timeout_ms) +
+                               " ms (is ferry-broker running and reachable?); the job was not sent");
+  }
+  return s;
 }
 
 Status Client::Impl::Stats(std::string* json) {
@@ -330,6 +386,10 @@ Status Client::SubmitMany(const std::vector<Job>& jobs, std::vector<SubmitOutcom
   ptrs.reserve(jobs.size());
   for (const Job& j : jobs) ptrs.push_back(&j);
   return impl_->SubmitMany(ptrs, outcomes);
+}
+
+Status Client::Run(const Job& job, int timeout_ms, Result* out, std::string* id) {
+  return impl_->Run(job, timeout_ms, out, id);
 }
 
 Status Client::Poll(const std::string& id, Result* out) { return impl_->Poll(id, out); }

@@ -55,6 +55,7 @@ FrontendConnection::~FrontendConnection() {
     // Pending calls get unavailable (an empty reply).
     for (auto& [rid, p] : pending_) SignalLocked(p.waiter);
     pending_.clear();
+    posted_.clear();
     outbox_.clear();
     while (parked_head_) {
       Waiter* w = parked_head_;
@@ -191,6 +192,27 @@ Status FrontendConnection::Call(int64_t rid, std::string_view command, zmq::mess
   }
   if (reply->command.empty()) return Status::Unavailable("client is shutting down");
   return Status::Ok();
+}
+
+void FrontendConnection::Post(int64_t rid, std::string_view command, zmq::message_t body,
+                              ReplyFn on_reply) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_) return;
+  posted_[rid] = std::move(on_reply);
+  outbox_.push_back(Outgoing{rid, std::string(command), std::move(body)});
+  // A driver asleep in poll sends it now; with none, the poster's own Await (or, after
+  // kIdleHandback, the background thread) drives and sends it first thing.
+  if (driver_ != Driver::kNone) WakeDriver();
+}
+
+bool FrontendConnection::Unpost(int64_t rid) {
+  std::lock_guard<std::mutex> lock(mu_);
+  posted_.erase(rid);
+  auto it = std::find_if(outbox_.begin(), outbox_.end(),
+                         [rid](const Outgoing& o) { return o.rid == rid; });
+  if (it == outbox_.end()) return false;
+  outbox_.erase(it);
+  return true;
 }
 
 // ---- driving the socket ----------------------------------------------------------------------
@@ -351,13 +373,23 @@ void FrontendConnection::Dispatch(std::string command, zmq::message_t body) {
     // matched; their caller times out.
     if (!protocol::GetInt(oh.get(), "rid", &rid, 0).ok() || rid == 0) return;
   }
-  std::lock_guard<std::mutex> lock(mu_);
-  auto it = pending_.find(rid);
-  if (it == pending_.end()) return;  // its caller gave up
-  *it->second.reply = Reply{std::move(command), std::move(body)};
-  Waiter* w = it->second.waiter;
-  pending_.erase(it);
-  SignalLocked(w);
+  ReplyFn posted;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = pending_.find(rid);
+    if (it != pending_.end()) {
+      *it->second.reply = Reply{std::move(command), std::move(body)};
+      Waiter* w = it->second.waiter;
+      pending_.erase(it);
+      SignalLocked(w);
+      return;
+    }
+    auto p = posted_.find(rid);
+    if (p == posted_.end()) return;  // its caller gave up, or nobody waits for this reply
+    posted = std::move(p->second);
+    posted_.erase(p);
+  }
+  posted(Reply{std::move(command), std::move(body)});  // outside mu_: it may Signal waiters
 }
 
 }  // namespace ferry::client

@@ -26,8 +26,8 @@
 // callback as FINISHED. If the subscription fails it is dropped (push_active() turns false) and
 // its `on_lost` callback runs (the broker sends no FINISHED for jobs whose notice went there).
 //
-// Thread-safety: NextRid, Call, Await, Signal, SetPush and push_active may be called from any
-// number of threads.
+// Thread-safety: NextRid, Call, Post, Unpost, Await, Signal, SetPush and push_active may be
+// called from any number of threads.
 
 #include <atomic>
 #include <chrono>
@@ -79,6 +79,17 @@ class FrontendConnection : public Parking {
   // unavailable when no reply came within timeout_ms (the broker is down or overloaded).
   Status Call(int64_t rid, std::string_view command, zmq::message_t body, int timeout_ms,
               Reply* reply);
+
+  // Called on the driving thread with the reply to a Post()ed request. Must not block, and must
+  // not call Await.
+  using ReplyFn = std::function<void(Reply reply)>;
+  // Sends [FERRY1, command, body] without waiting: a request the broker may leave unanswered
+  // (SUBMIT with "ack": false). If a reply whose "rid" equals `rid` comes before Unpost(rid),
+  // `on_reply` gets it (once).
+  void Post(int64_t rid, std::string_view command, zmq::message_t body, ReplyFn on_reply);
+  // Forgets `rid`'s reply handler. Returns true when the request had not been sent yet (no
+  // broker connected): it is dropped and never will be.
+  bool Unpost(int64_t rid);
 
   // Hands over a subscribed Redis connection for result notices; the driver polls it from its
   // next turn on. Replaces any earlier one. `on_lost` is called (on the driving thread, like
@@ -153,6 +164,7 @@ class FrontendConnection : public Parking {
   Waiter* parked_tail_ = nullptr;                        //   oldest first
   std::deque<Outgoing> outbox_;                          // guarded by mu_
   std::unordered_map<int64_t, Pending> pending_;         // by rid; guarded by mu_
+  std::unordered_map<int64_t, ReplyFn> posted_;          // by rid; guarded by mu_
 };
 
 }  // namespace ferry::client

@@ -93,6 +93,16 @@ void ResultTracker::Notify(
   MaybeSweep(Clock::now());
 }
 
+void ResultTracker::Reject(const std::string& id, const Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;  // nobody tracks or waits for it
+  Entry* e = it->second.get();
+  if (e->state != State::kSubmitted && e->state != State::kUnknown) return;  // a result came
+  e->rejection = why;
+  SetState(e, State::kRejected);
+}
+
 void ResultTracker::RecheckSubmitted() {
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [id, e] : entries_) {
@@ -187,6 +197,13 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out) {
       e->raw.clear();
       e->raw.shrink_to_fit();
       if (!d.ok()) SetState(e, State::kNoticed);  // not usable: read Redis below
+    }
+    if (e->state == State::kRejected) {
+      *out = Result();
+      out->id = id;
+      const Status why = e->rejection;
+      Leave(entries_.find(id), &self);  // the last waiter drops the entry
+      return why;
     }
     if (e->state == State::kHeld) {
       if (e->waiters.size() > 1)

@@ -65,6 +65,9 @@ class ResultTracker {
   // result record's bytes). Called by the socket's driver; never blocks on I/O.
   void Notify(const std::vector<std::string>& ids,
               const std::vector<std::pair<std::string_view, std::string_view>>& records = {});
+  // The broker rejected `id` (a SUBMIT that only answers rejections: Client::Run). A Wait on it
+  // returns `why` instead of waiting for a result that will not come; the entry is dropped then.
+  void Reject(const std::string& id, const Status& why);
   // Notices may have been lost (the result push subscription failed): every id of ours without
   // a notice is to be read from Redis by its next Wait at once, as after a notice.
   void RecheckSubmitted();
@@ -82,6 +85,7 @@ class ResultTracker {
     kReading,    // in some waiter's MGET
     kHeld,       // read: `result` holds it (or `raw`, an inline record not decoded yet)
     kNoticed,    // noticed but not held (read failed or over the byte cap): waiter GETs
+    kRejected,   // the broker rejected it: `rejection` says why; no result will come
   };
   struct Entry {
     State state = State::kUnknown;
@@ -89,6 +93,7 @@ class ResultTracker {
     size_t held_bytes = 0;
     Result result;
     std::string raw;  // kHeld from an inline record: decoded by the first Wait
+    Status rejection;  // kRejected
     std::chrono::steady_clock::time_point touched;
   };
   using EntryMap = std::unordered_map<std::string, std::unique_ptr<Entry>>;

@@ -2,6 +2,7 @@
 // on free ports, ZeroMQ over TCP, TorchScript models, and the producer SDK.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <initializer_list>
@@ -427,6 +428,142 @@ TEST_F(EndToEnd, RawNotifyChannelGetsTheNoticeInsteadOfFinished) {
   std::vector<std::string> finished;
   ASSERT_TRUE(protocol::GetStringArray(fh.get(), "ids", &finished).ok());
   EXPECT_EQ(finished, std::vector<std::string>{"raw-plain"});
+}
+
+// SUBMIT "ack": false on the wire: the broker sends ACCEPTED only to report a rejection, and a
+// job it accepted silently still runs (its FINISHED comes).
+TEST_F(EndToEnd, RawSubmitWithoutAckIsAnsweredOnlyForRejections) {
+  StartFleet(FleetOptions{1});
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::rcvtimeo, 20000);
+  s.connect(fleet_->frontend());
+  // A one-job SUBMIT body; `ack` is packed as given ("" = absent).
+  auto submit = [](const std::string& id, const std::string& model, const std::string& ack,
+                   int64_t rid) {
+    msgpack::sbuffer buf;
+    protocol::Packer pk(buf);
+    pk.pack_map(ack.empty() ? 2 : 3);
+    if (ack == "false") {
+      protocol::PackString(pk, "ack");
+      pk.pack_false();
+    } else if (!ack.empty()) {
+      protocol::PackString(pk, "ack");
+      protocol::PackString(pk, ack);
+    }
+    protocol::PackString(pk, "rid");
+    pk.pack_int64(rid);
+    protocol::PackString(pk, "jobs");
+    pk.pack_array(1);
+    protocol::PackSubmitJob(pk, id, model, {testutil::RandomFloats({8}, 11)}, 0, 0, 0);
+    return std::string(buf.data(), buf.size());
+  };
+  auto send = [&s](const std::string& body) {
+    s.send(zmq::str_buffer("FERRY1"), zmq::send_flags::sndmore);
+    s.send(zmq::str_buffer("SUBMIT"), zmq::send_flags::sndmore);
+    s.send(zmq::buffer(body), zmq::send_flags::none);
+  };
+  // The next message that is not FINISHED, into *m (*oh: its body, which refers to m's bytes);
+  // FINISHED ids go to *finished.
+  auto next_reply = [&s](std::vector<std::string>* finished, protocol::Message* m,
+                         msgpack::object_handle* oh) {
+    while (true) {
+      if (!protocol::RecvMessage(s, false, m, /*dont_wait=*/false).ok()) return std::string();
+      if (!protocol::UnpackMap(m->body.data(), m->body.size(), oh).ok()) return std::string("?");
+      if (m->command != protocol::kFinished) return m->command;
+      std::vector<std::string> ids;
+      EXPECT_TRUE(protocol::GetStringArray(oh->get(), "ids", &ids).ok());
+      finished->insert(finished->end(), ids.begin(), ids.end());
+    }
+  };
+  std::string code;
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", submit("raw-ack-bad", "tiny", "no", 1)}, &code),
+            "ERROR");
+  EXPECT_EQ(code, "invalid_argument");
+
+  std::vector<std::string> finished;
+  protocol::Message reply;
+  msgpack::object_handle oh;
+  protocol::Accepted a;
+  send(submit("raw-quiet-rejected", "no-such-model", "false", 2));
+  ASSERT_EQ(next_reply(&finished, &reply, &oh), "ACCEPTED") << fleet_->Logs();
+  ASSERT_TRUE(protocol::DecodeAccepted(oh.get(), &a).ok());
+  EXPECT_EQ(a.rid, 2);
+  EXPECT_TRUE(a.ids.empty());
+  ASSERT_EQ(a.rejected.size(), 1u);
+  EXPECT_EQ(a.rejected[0].id, "raw-quiet-rejected");
+  EXPECT_EQ(a.rejected[0].code, "unknown_model");
+
+  // Accepted silently, then one with the default ack: the first reply is the second one's (an
+  // ACCEPTED for the first would have been sent before it).
+  send(submit("raw-quiet", "tiny", "false", 3));
+  send(submit("raw-loud", "tiny", "", 4));
+  ASSERT_EQ(next_reply(&finished, &reply, &oh), "ACCEPTED") << fleet_->Logs();
+  ASSERT_TRUE(protocol::DecodeAccepted(oh.get(), &a).ok());
+  EXPECT_EQ(a.rid, 4);
+  EXPECT_EQ(a.ids, std::vector<std::string>{"raw-loud"});
+  // Both ran: a FINISHED names each (the worker reports in order; nothing else arrives).
+  while (std::count(finished.begin(), finished.end(), "raw-quiet") == 0 ||
+         std::count(finished.begin(), finished.end(), "raw-loud") == 0) {
+    protocol::Message m;
+    ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok())
+        << "no FINISHED for both jobs\n" << fleet_->Logs();
+    ASSERT_EQ(m.command, "FINISHED");
+    ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+    std::vector<std::string> ids;
+    ASSERT_TRUE(protocol::GetStringArray(oh.get(), "ids", &ids).ok());
+    finished.insert(finished.end(), ids.begin(), ids.end());
+  }
+  Result stored;
+  ASSERT_TRUE(client_->Poll("raw-quiet", &stored).ok());
+  EXPECT_EQ(stored.state, JobState::kDone);
+}
+
+// Client::Run on the real fleet, with and without notices from the worker: the model's results;
+// a rejection as Run's status.
+TEST_F(EndToEnd, RunReturnsTheModelsResultsAndRejections) {
+  StartFleet(FleetOptions{1});
+  for (const bool push : {true, false}) {
+    auto c = Connect(*fleet_, push);
+    for (int i = 0; i < 30; ++i) {
+      const Job job = TinyJob(3000 + i);
+      Result r;
+      std::string id;
+      Status s = c->Run(job, 60000, &r, &id);
+      ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << fleet_->Logs();
+      ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
+      EXPECT_EQ(r.id, id);
+      auto expected = testutil::RunReference(testutil::ModelPath("tiny"), job.inputs);
+      EXPECT_LT(testutil::MaxAbsDiff(r.outputs.at(0), expected[0]), 1e-5) << i;
+    }
+  }
+  Job bad = TinyJob(1);
+  bad.model = "no-such-model";
+  Result r;
+  EXPECT_EQ(client_->Run(bad, 60000, &r).code(), "unknown_model");
+}
+
+// Run with the id of a job that is still pending waits for THAT job (the broker rejects the
+// resubmission as a duplicate, and nothing runs twice): the way to keep waiting after a timeout.
+TEST_F(EndToEnd, RunOfAPendingIdWaitsForTheJobAlreadyThere) {
+  FleetOptions o;
+  o.workers = 1;
+  o.models = {"slow"};
+  StartFleet(o);
+  Job first;
+  first.id = "run-pending";
+  first.model = "slow";
+  first.inputs = {Tensor::From<float>({300.f}, {1}, DType::kFloat32)};  // ~300 ms of matmuls
+  ASSERT_TRUE(client_->Submit(first, nullptr).ok());
+  Job again = first;
+  again.inputs = {Tensor::From<float>({1.f}, {1}, DType::kFloat32)};
+  Result r;
+  Status s = client_->Run(again, 60000, &r);
+  ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << fleet_->Logs();
+  ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
+  EXPECT_EQ(r.outputs.at(0).As<float>(), std::vector<float>{300.f})
+      << "Run returned its own input's result: the job ran twice";
 }
 
 TEST_F(EndToEnd, StatsListWorkersAndQueues) {

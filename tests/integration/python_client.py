@@ -2,7 +2,8 @@
 """A Ferry producer written only from docs/protocol.md (stdlib + zmq + msgpack + redis).
 
 Submits jobs for the "tiny" test model, checks rejections, ERROR and STATS replies, waits for
-the results in Redis and compares them with the model's reference formula.
+the results in Redis and compares them with the model's reference formula; then a SUBMIT with
+"ack": false (no ACCEPTED, the job still runs).
 """
 import argparse
 import random
@@ -173,7 +174,30 @@ def main():
     check(not pending, "results within 60 s", 0, "%d missing, e.g. %s" % (len(pending), sorted(pending)[:3]))
     stray = finished - set(acc.get("ids", []))
     check(not stray, "FINISHED ids", "only accepted ids", sorted(stray))
-    return report(args, len(good) - len(pending), len(finished & good))
+    n_results, n_finished = len(good) - len(pending), len(finished & good)
+
+    # 4. "ack": false: no ACCEPTED for a job that was accepted -- the next SUBMIT's ACCEPTED is
+    #    the first reply -- and the job still gets its result.
+    if not args.no_results:
+        x = [rng.uniform(-1.0, 1.0) for _ in range(8)]
+        quiet, loud = "py-%s-quiet" % run, "py-%s-loud" % run
+        send(sock, b"SUBMIT", {"jobs": [{"id": quiet, "model": "tiny", "inputs": [tensor(x)]}],
+                               "ack": False, "rid": 4})
+        send(sock, b"SUBMIT", {"jobs": [{"id": loud, "model": "tiny", "inputs": [tensor(x)]}],
+                               "rid": 5})
+        cmd, acc = recv(sock, finished)
+        check(cmd == "ACCEPTED" and acc.get("rid") == 5 and acc.get("ids") == [loud],
+              "first reply after a SUBMIT with ack false", "ACCEPTED rid 5 for the second job",
+              (cmd, acc))
+        deadline = time.monotonic() + 60.0
+        raw = None
+        while raw is None and time.monotonic() < deadline:
+            raw = store.get(args.prefix + "result:" + quiet)
+            if raw is None:
+                time.sleep(0.005)
+        if check(raw is not None, quiet + " (ack false) result within 60 s", "a result", None):
+            check_result(quiet, raw, list(struct.unpack("<8f", struct.pack("<8f", *x))))
+    return report(args, n_results, n_finished)
 
 
 def report(args, n_results, n_finished=0):

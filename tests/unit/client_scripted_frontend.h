@@ -3,7 +3,8 @@
 // socket on a free port, run by its own thread, speaking wire protocol v1 through the protocol
 // library. It accepts jobs for model "m" and rejects other models as unknown_model, answers
 // STATS, sends FINISHED on request (Finish), and can echo every accepted job back at once
-// (set_echo) or answer everything with ERROR (set_error_reply).
+// (set_echo) or answer everything with ERROR (set_error_reply). Like the broker, it sends no
+// ACCEPTED for a SUBMIT with "ack": false whose jobs were all accepted.
 
 #include <atomic>
 #include <chrono>
@@ -38,6 +39,8 @@ class ScriptedFrontend {
     to_finish_.push_back({std::move(ids), std::move(records)});
   }
   int submits() const { return submits_; }
+  // SUBMITs that said "ack": false (answered only when a job was rejected).
+  int unacked_submits() const { return unacked_submits_; }
   // Whether the last SUBMIT asked for inline results ("inline_results": true).
   bool asked_inline() const { return asked_inline_; }
   // The last SUBMIT's "notify" channel ("" when it named none).
@@ -79,6 +82,9 @@ class ScriptedFrontend {
         ++submits_;
         const msgpack::object* flag = protocol::Find(oh.get(), "inline_results");
         asked_inline_ = flag && flag->type == msgpack::type::BOOLEAN && flag->via.boolean;
+        const msgpack::object* ack = protocol::Find(oh.get(), "ack");
+        const bool quiet = ack && ack->type == msgpack::type::BOOLEAN && !ack->via.boolean;
+        if (quiet) ++unacked_submits_;
         const msgpack::object* notify = protocol::Find(oh.get(), "notify");
         {
           std::lock_guard<std::mutex> lock(mu_);
@@ -108,7 +114,8 @@ class ScriptedFrontend {
             echoes.emplace_back(job.id, std::string(buf.data(), buf.size()));
           }
         }
-        protocol::SendTo(socket_, peer, protocol::kAccepted, protocol::EncodeAccepted(a));
+        if (!quiet || !a.rejected.empty())  // "ack": false -- answer rejections only
+          protocol::SendTo(socket_, peer, protocol::kAccepted, protocol::EncodeAccepted(a));
         if (!echoes.empty()) {
           protocol::InlineResults views(echoes.begin(), echoes.end());
           protocol::SendTo(socket_, peer, protocol::kFinished,
@@ -137,6 +144,7 @@ class ScriptedFrontend {
   std::thread thread_;
   std::atomic<bool> stop_{false};
   std::atomic<int> submits_{0};
+  std::atomic<int> unacked_submits_{0};
   std::atomic<int> jobs_seen_{0};
   std::atomic<bool> error_reply_{false};
   std::atomic<bool> asked_inline_{false};

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -514,10 +515,11 @@ TEST_F(ClientSubmitTest, LostSubscriptionFallsBackToRedisAndResubscribes) {
 // Leader/follower: many threads submit and wait at once through one client. Each reply and
 // notice is dispatched by whichever thread drives the socket, and every thread gets its own
 // results (the scripted broker echoes each job's input back as its output).
-TEST_F(ClientSubmitTest, ManyThreadsSubmitAndWaitThroughOneConnection) {
-  ScriptedFrontend broker(port_);
-  broker.set_echo(true);
-  auto client = MakeClient();
+// kThreads threads each send kJobsEach echo jobs through `call` (Submit + Wait, or Run) and check
+// that each got its own job's result back; returns how many did, and ADD_FAILUREs the first few
+// that did not.
+int EchoFromManyThreads(
+    const std::function<Status(const Job& job, std::string* id, Result* r)>& call) {
   constexpr int kThreads = 8, kJobsEach = 40;
   std::atomic<int> good{0};
   std::vector<std::string> failures;
@@ -530,9 +532,8 @@ TEST_F(ClientSubmitTest, ManyThreadsSubmitAndWaitThroughOneConnection) {
         Job job = MakeJob("m");
         job.inputs[0] = Tensor::From<float>({tag, -tag}, {2}, DType::kFloat32);
         std::string id;
-        Status s = client->Submit(job, &id);
         Result r;
-        if (s.ok()) s = client->Wait(id, 10000, &r);
+        Status s = call(job, &id, &r);
         const bool echoed = s.ok() && r.state == JobState::kDone && r.id == id &&
                             r.outputs.size() == 1 &&
                             r.outputs[0].As<float>() == std::vector<float>{tag, -tag};
@@ -547,8 +548,74 @@ TEST_F(ClientSubmitTest, ManyThreadsSubmitAndWaitThroughOneConnection) {
     });
   }
   for (auto& th : threads) th.join();
-  EXPECT_EQ(good.load(), kThreads * kJobsEach);
   for (size_t i = 0; i < failures.size() && i < 5; ++i) ADD_FAILURE() << failures[i];
+  return good.load();
+}
+constexpr int kEchoJobs = 8 * 40;
+
+TEST_F(ClientSubmitTest, ManyThreadsSubmitAndWaitThroughOneConnection) {
+  ScriptedFrontend broker(port_);
+  broker.set_echo(true);
+  auto client = MakeClient();
+  EXPECT_EQ(EchoFromManyThreads([&](const Job& job, std::string* id, Result* r) {
+              Status s = client->Submit(job, id);
+              return s.ok() ? client->Wait(*id, 10000, r) : s;
+            }),
+            kEchoJobs);
+}
+
+// Client::Run: each SUBMIT says "ack": false (so the broker sends no ACCEPTED), and each caller
+// gets its own job's result, as Submit + Wait would give it.
+TEST_F(ClientSubmitTest, RunAsksForNoAcceptedAndReturnsEachCallersResult) {
+  ScriptedFrontend broker(port_);
+  broker.set_echo(true);
+  auto client = MakeClient();
+  EXPECT_EQ(EchoFromManyThreads([&](const Job& job, std::string* id, Result* r) {
+              return client->Run(job, 10000, r, id);
+            }),
+            kEchoJobs);
+  EXPECT_EQ(broker.unacked_submits(), kEchoJobs);
+  EXPECT_EQ(broker.submits(), kEchoJobs);
+}
+
+// A rejection comes back as Run's status (the reply to a request nobody Calls for reaches Run
+// through the tracker) -- not as a timeout; so does an ERROR; invalid jobs fail locally.
+TEST_F(ClientSubmitTest, RunReturnsRejectionsAndErrors) {
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  Result r;
+  std::string id;
+  Status s = client->Run(MakeJob("other", "run-rejected"), 30000, &r, &id);
+  EXPECT_EQ(s.code(), codes::kUnknownModel) << s.ToString();
+  EXPECT_EQ(id, "run-rejected");
+  EXPECT_EQ(r.id, "run-rejected");
+  EXPECT_EQ(r.state, JobState::kPending);
+  broker.set_error_reply(true);
+  s = client->Run(MakeJob("m"), 30000, &r);
+  EXPECT_EQ(s.code(), codes::kMalformed) << s.ToString();
+  EXPECT_NE(s.message().find("scripted error"), std::string::npos) << s.message();
+  broker.set_error_reply(false);
+  const int submits = broker.submits();
+  EXPECT_EQ(client->Run(MakeJob("m", "bad id!"), 30000, &r, &id).code(),
+            codes::kInvalidArgument);
+  EXPECT_EQ(id, "bad id!");
+  std::string json;
+  ASSERT_TRUE(client->Stats(&json).ok());  // answered after anything sent before it
+  EXPECT_EQ(broker.submits(), submits) << "the invalid job was sent";
+}
+
+// No broker: Run gives up at its timeout with unavailable, and the job it could not send is
+// dropped -- a broker that comes up later never gets it.
+TEST_F(ClientSubmitTest, RunWithoutBrokerIsUnavailableAndTheJobIsNeverSent) {
+  auto client = MakeClient();
+  Result r;
+  Status s = client->Run(MakeJob("m", "run-unsent"), 300, &r);
+  EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("not sent"), std::string::npos) << s.message();
+  ScriptedFrontend broker(port_);
+  std::string json;
+  ASSERT_TRUE(client->Stats(&json).ok());  // connected: an unsent SUBMIT would precede STATS
+  EXPECT_EQ(broker.jobs_seen(), 0);
 }
 
 }  // namespace

@@ -12,6 +12,7 @@
 //   s = client->Submit(job, &id);              // accepted, or the rejection's code
 //   ferry::Result result;
 //   s = client->Wait(id, 10000, &result);      // result.state: kDone / kFailed / ...
+//   s = client->Run(job, 10000, &result);      // the same in one call (no ACCEPTED travels)
 //
 // Jobs travel to the broker's frontend over ZeroMQ (SUBMIT -> ACCEPTED); results are read from
 // Redis (<prefix>result:<id>), where workers write them. Wait() does not busy-poll: the broker
@@ -137,6 +138,20 @@ class Client {
   // to every 1 s. For a job this client submitted whose notice has not come yet the first check
   // is the 50 ms one (the notice says when to read), except with timeout_ms == 0.
   Status Wait(const std::string& id, int timeout_ms, Result* out);
+
+  // Submit + Wait in one call, for a caller that wants the result now (a request handler): the
+  // SUBMIT asks the broker not to confirm acceptance ("ack": false), so no ACCEPTED travels and
+  // this thread is woken once per job, by the result, instead of twice. Rejections still come
+  // back. Sets *id (when non-null) to the job's id. Returns:
+  //   - like Wait once the job has a result (ok; out->state kDone, kFailed, kCancelled, kExpired);
+  //   - the rejection, as Submit would (invalid_argument, unknown_model, too_large, queue_full,
+  //     unavailable) -- except duplicate: a job with this id is still pending (e.g. an earlier
+  //     Run of it that timed out), so Run waits for that job's result instead;
+  //   - unavailable when no broker was connected within timeout_ms: the job was never sent;
+  //   - timeout (out->state kPending) otherwise: the broker may or may not have the job (Run
+  //     cannot tell a slow job from a lost SUBMIT) -- Run again with the same id to keep waiting.
+  // timeout_ms < 0 waits without limit. The job is copied; the caller keeps ownership.
+  Status Run(const Job& job, int timeout_ms, Result* out, std::string* id = nullptr);
 
   // Cancels jobs (one CANCEL message, one round trip) and says what happened to each id.
   // Errors: invalid_argument (a bad id; nothing is sent), unavailable (no answer in time).
