@@ -7,7 +7,7 @@
 # then runs `ferry-bench --concurrency 1 --jobs JOBS` and prints, for every thread of redis, the
 # broker and the worker that did work, its CPU time and voluntary context switches (wake-ups)
 # per job, read from /proc before and after the run. BUILD_DIR needs ferry-bench, ferry-broker,
-# ferry-worker and ferry-make-models.
+# ferry-worker and ferry-make-models. BENCH_FLAGS: extra ferry-bench flags (e.g. --run).
 set -uo pipefail
 [ $# -ge 1 ] || { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 B=$(cd "$1" && pwd); JOBS=${2:-4000}; shift $(( $# >= 2 ? 2 : 1 )); [ "${1:-}" = "--" ] && shift
@@ -36,7 +36,7 @@ BP=$!
   --log-level warn "$@" >"$W/worker.log" 2>&1 & PIDS+=($!)
 bench() {
   "$B/bench/ferry-bench" --frontend "tcp://127.0.0.1:$F" --redis "redis://127.0.0.1:$R" \
-    --wait-workers 1 --model tiny --shape 8 --concurrency 1 --jobs "$1"
+    --wait-workers 1 --model tiny --shape 8 --concurrency 1 --jobs "$1" ${BENCH_FLAGS:-}
 }
 bench 500 >/dev/null 2>&1 || { echo "thread_profile.sh: warm-up run failed (logs in $W)" >&2; trap - EXIT; exit 1; }
 WP=$(pgrep -f "ferry-worker.*127.0.0.1:$K" | head -1)
