@@ -122,7 +122,8 @@ int main(int argc, char** argv) {
              "push_results off), to measure what they save");
   flags.Bool("run", &load.use_run,
              "closed loop through Client::Run (submit and wait in one call; the broker sends no "
-             "ACCEPTED): --concurrency threads, one job each at a time");
+             "ACCEPTED): --concurrency threads, one job each at a time (--loaders, --submit-batch "
+             "do not apply)");
   flags.Int("wait-workers", &wait_workers, "first wait (up to 60 s) for N workers at the broker");
   flags.String("label", &label, "name of this run in the output and JSON (default: the model)");
   flags.String("json", &json_path, "write the summary as one JSON object to this file");

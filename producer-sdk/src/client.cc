@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -284,34 +285,50 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
   std::vector<SubmitOutcome> outcome(1);
   outcome[0].id = job.id.empty() ? protocol::NewUuid() : job.id;
   if (id_out) *id_out = outcome[0].id;
-  const std::string& id = outcome[0].id;
+  const std::string id = outcome[0].id;
   *out = Result();
   out->id = id;
   FERRY_RETURN_IF_ERROR(ValidateJob(job, id));
+  if (timeout_ms == 0)
+    return Status::InvalidArgument("Run needs a timeout (or -1: none); to check once, use Poll");
+  // A Run again after a timeout whose result has come since: nothing to send.
+  if (tracker_->Finished(id)) return tracker_->Wait(id, timeout_ms, out);
+
   const int64_t rid = frontend_->NextRid();
   zmq::message_t message = EncodeSubmit({&job}, {0}, outcome, rid, /*ack=*/false);
-  // A reply comes only when the job was not accepted (or the SUBMIT was refused as a whole).
-  // Runs on the socket's driver, possibly this thread inside the Wait below.
+  // A reply comes only when the job was not accepted (or the SUBMIT was refused as a whole): it
+  // is this call's verdict, not the id's (another submission of the id may be accepted). The
+  // handler runs on the socket's driver -- possibly this thread, inside the Wait below -- and
+  // possibly after this call returned, hence the shared verdict.
+  auto verdict = std::make_shared<ResultTracker::Verdict>();
   frontend_->Post(rid, protocol::kSubmit, std::move(message),
-                  [this, id](FrontendConnection::Reply reply) {
+                  [this, id, verdict](FrontendConnection::Reply reply) {
                     msgpack::object_handle body;
                     protocol::Accepted accepted;
                     Status s = CheckReply(reply, protocol::kAccepted, &body);
                     if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
-                    if (s.ok()) {
-                      for (const auto& r : accepted.rejected) {
-                        if (r.id == id) s = Status(r.code, r.message);
-                      }
+                    // One job per SUBMIT: any rejection is its own (whatever id the broker could
+                    // read); listed as accepted (a broker that ignores "ack"), it is not one.
+                    if (s.ok() && !accepted.rejected.empty()) {
+                      s = Status(accepted.rejected[0].code, accepted.rejected[0].message);
+                    } else if (s.ok() && std::find(accepted.ids.begin(), accepted.ids.end(), id) ==
+                                             accepted.ids.end()) {
+                      s = Status::Internal("the broker did not report on this job");
                     }
                     // A duplicate is pending already: its result is this job's result.
-                    if (!s.ok() && s.code() != codes::kDuplicate) tracker_->Reject(id, s);
+                    if (!s.ok() && s.code() != codes::kDuplicate)
+                      tracker_->Reject(id, verdict.get(), s);
                   });
-  Status s = tracker_->Wait(id, timeout_ms, out);
-  if (frontend_->Unpost(rid)) {  // never sent: no broker connected in all that time
-    tracker_->Untrack({id});
-    return Status::Unavailable("no broker at " + options_.frontend + " within " +
+  Status s = tracker_->Wait(id, timeout_ms, out, verdict.get());
+  const bool unsent = frontend_->Unpost(rid);  // dropped if still queued: never sent late
+  if (s.ok() || s.code() == codes::kTimeout) {
+    if (!unsent || s.ok()) return s;  // a timeout with the job sent: the caller may Run again
+  }
+  tracker_->Untrack({id});  // no result of ours to expect: not sent, rejected, or no Redis
+  if (unsent) {
+    return Status::Unavailable("no broker at " + options_.frontend + " took the job within " +
                                std::to_string(timeout_ms) +
-                               " ms (is ferry-broker running and reachable?); the job was not sent");
+                               " ms (is ferry-broker running and reachable?); it was not sent");
   }
   return s;
 }

@@ -93,14 +93,21 @@ void ResultTracker::Notify(
   MaybeSweep(Clock::now());
 }
 
-void ResultTracker::Reject(const std::string& id, const Status& why) {
+void ResultTracker::Reject(const std::string& id, Verdict* verdict, const Status& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  verdict->rejected = true;
+  verdict->why = why;
+  auto it = entries_.find(id);
+  if (it == entries_.end()) return;  // its Wait has not started: it looks at the verdict first
+  for (Waiter* w : it->second->waiters) parking_->Signal(w);  // the others look and sleep on
+}
+
+bool ResultTracker::Finished(const std::string& id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(id);
-  if (it == entries_.end()) return;  // nobody tracks or waits for it
-  Entry* e = it->second.get();
-  if (e->state != State::kSubmitted && e->state != State::kUnknown) return;  // a result came
-  e->rejection = why;
-  SetState(e, State::kRejected);
+  if (it == entries_.end()) return false;
+  const State st = it->second->state;  // not kNoticed: also "re-read, notices may be lost"
+  return st == State::kFinished || st == State::kReading || st == State::kHeld;
 }
 
 void ResultTracker::RecheckSubmitted() {
@@ -164,7 +171,8 @@ Status ResultTracker::ReadReady(const std::string& id, std::unique_lock<std::mut
   return s;
 }
 
-Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out) {
+Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out,
+                           const Verdict* verdict) {
   const bool forever = timeout_ms < 0;
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + std::chrono::milliseconds(std::max(0, timeout_ms));
@@ -198,13 +206,6 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out) {
       e->raw.shrink_to_fit();
       if (!d.ok()) SetState(e, State::kNoticed);  // not usable: read Redis below
     }
-    if (e->state == State::kRejected) {
-      *out = Result();
-      out->id = id;
-      const Status why = e->rejection;
-      Leave(entries_.find(id), &self);  // the last waiter drops the entry
-      return why;
-    }
     if (e->state == State::kHeld) {
       if (e->waiters.size() > 1)
         *out = e->result;
@@ -212,6 +213,12 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out) {
         *out = std::move(e->result);
       Leave(entries_.find(id), &self);
       return Status::Ok();
+    }
+    if (verdict != nullptr && verdict->rejected && e->state != State::kReading) {
+      *out = Result();
+      out->id = id;
+      Leave(entries_.find(id), &self);
+      return verdict->why;
     }
     Clock::time_point now = Clock::now();
     if (e->state == State::kNoticed) next_read = now;  // finished but not held: read it now

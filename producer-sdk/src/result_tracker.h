@@ -65,14 +65,25 @@ class ResultTracker {
   // result record's bytes). Called by the socket's driver; never blocks on I/O.
   void Notify(const std::vector<std::string>& ids,
               const std::vector<std::pair<std::string_view, std::string_view>>& records = {});
-  // The broker rejected `id` (a SUBMIT that only answers rejections: Client::Run). A Wait on it
-  // returns `why` instead of waiting for a result that will not come; the entry is dropped then.
-  void Reject(const std::string& id, const Status& why);
+  // One submission's verdict, for a caller that does not wait for ACCEPTED (Client::Run): set by
+  // Reject when the broker rejects that submission; the caller's own Wait(..., verdict) then
+  // returns it. Scoped to the one call: other waiters on the id, and later submissions of it,
+  // never see it. Shared by the reply handler and the call (the handler may run after the call).
+  struct Verdict {
+    bool rejected = false;  // guarded by the tracker's mutex
+    Status why;             // likewise
+  };
+  // Records `why` in *verdict and wakes `id`'s waiters (the one it concerns returns it).
+  void Reject(const std::string& id, Verdict* verdict, const Status& why);
+  // Whether a notice said `id` has a result (held, or about to be read): a Wait will get it.
+  bool Finished(const std::string& id) const;
   // Notices may have been lost (the result push subscription failed): every id of ours without
   // a notice is to be read from Redis by its next Wait at once, as after a notice.
   void RecheckSubmitted();
-  // Client::Wait's contract (see client.h); `id` is already validated.
-  Status Wait(const std::string& id, int timeout_ms, Result* out);
+  // Client::Wait's contract (see client.h); `id` is already validated. With `verdict`, also
+  // returns its rejection as soon as Reject sets it (a result for the id still comes first).
+  Status Wait(const std::string& id, int timeout_ms, Result* out,
+              const Verdict* verdict = nullptr);
 
   // For tests: ids with an entry (tracked, waited on, or holding a result).
   size_t Entries() const;
@@ -85,7 +96,6 @@ class ResultTracker {
     kReading,    // in some waiter's MGET
     kHeld,       // read: `result` holds it (or `raw`, an inline record not decoded yet)
     kNoticed,    // noticed but not held (read failed or over the byte cap): waiter GETs
-    kRejected,   // the broker rejected it: `rejection` says why; no result will come
   };
   struct Entry {
     State state = State::kUnknown;
@@ -93,7 +103,6 @@ class ResultTracker {
     size_t held_bytes = 0;
     Result result;
     std::string raw;  // kHeld from an inline record: decoded by the first Wait
-    Status rejection;  // kRejected
     std::chrono::steady_clock::time_point touched;
   };
   using EntryMap = std::unordered_map<std::string, std::unique_ptr<Entry>>;

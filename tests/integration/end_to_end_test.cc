@@ -551,19 +551,28 @@ TEST_F(EndToEnd, RunOfAPendingIdWaitsForTheJobAlreadyThere) {
   o.workers = 1;
   o.models = {"slow"};
   StartFleet(o);
-  Job first;
-  first.id = "run-pending";
-  first.model = "slow";
-  first.inputs = {Tensor::From<float>({300.f}, {1}, DType::kFloat32)};  // ~300 ms of matmuls
-  ASSERT_TRUE(client_->Submit(first, nullptr).ok());
-  Job again = first;
-  again.inputs = {Tensor::From<float>({1.f}, {1}, DType::kFloat32)};
+  auto slow = [](const std::string& id, float spins) {
+    Job j;
+    j.id = id;
+    j.model = "slow";
+    j.inputs = {Tensor::From<float>({spins}, {1}, DType::kFloat32)};  // ~1 ms per spin
+    return j;
+  };
+  // Result writes: a plain SET, or the SET inside the notice script (Redis counts both).
+  const int64_t writes_before = CommandCalls(*fleet_, {"set"});
+  ASSERT_TRUE(client_->Submit(slow("run-pending", 1000), nullptr).ok());
   Result r;
-  Status s = client_->Run(again, 60000, &r);
+  Status s = client_->Run(slow("run-pending", 1), 60000, &r);
   ASSERT_TRUE(s.ok()) << s.ToString() << "\n" << fleet_->Logs();
   ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
-  EXPECT_EQ(r.outputs.at(0).As<float>(), std::vector<float>{300.f})
-      << "Run returned its own input's result: the job ran twice";
+  EXPECT_EQ(r.outputs.at(0).As<float>(), std::vector<float>{1000.f})
+      << "Run returned its own input's result";
+  // One worker runs jobs in order: once a later job is done, a second run of "run-pending"
+  // (had the resubmission been accepted) would have written its result too.
+  Result after;
+  ASSERT_TRUE(client_->Run(slow("run-after", 1), 60000, &after).ok()) << fleet_->Logs();
+  EXPECT_EQ(CommandCalls(*fleet_, {"set"}) - writes_before, 2)
+      << "result writes: run-pending once, run-after once";
 }
 
 TEST_F(EndToEnd, StatsListWorkersAndQueues) {

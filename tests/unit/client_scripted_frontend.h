@@ -53,6 +53,8 @@ class ScriptedFrontend {
   // Answers every accepted job at once: FINISHED right after ACCEPTED, with an inline "done"
   // record whose one output is the job's first input (an echo).
   void set_echo(bool on) { echo_ = on; }
+  // Answers "ack": false SUBMITs with ACCEPTED anyway, as a broker from before "ack" does.
+  void set_ignore_ack(bool on) { ignore_ack_ = on; }
 
  private:
   void Run() {
@@ -85,6 +87,7 @@ class ScriptedFrontend {
         const msgpack::object* ack = protocol::Find(oh.get(), "ack");
         const bool quiet = ack && ack->type == msgpack::type::BOOLEAN && !ack->via.boolean;
         if (quiet) ++unacked_submits_;
+        const bool silent = quiet && !ignore_ack_;
         const msgpack::object* notify = protocol::Find(oh.get(), "notify");
         {
           std::lock_guard<std::mutex> lock(mu_);
@@ -114,7 +117,7 @@ class ScriptedFrontend {
             echoes.emplace_back(job.id, std::string(buf.data(), buf.size()));
           }
         }
-        if (!quiet || !a.rejected.empty())  // "ack": false -- answer rejections only
+        if (!silent || !a.rejected.empty())  // "ack": false -- answer rejections only
           protocol::SendTo(socket_, peer, protocol::kAccepted, protocol::EncodeAccepted(a));
         if (!echoes.empty()) {
           protocol::InlineResults views(echoes.begin(), echoes.end());
@@ -147,6 +150,7 @@ class ScriptedFrontend {
   std::atomic<int> unacked_submits_{0};
   std::atomic<int> jobs_seen_{0};
   std::atomic<bool> error_reply_{false};
+  std::atomic<bool> ignore_ack_{false};
   std::atomic<bool> asked_inline_{false};
   std::atomic<bool> echo_{false};
   mutable std::mutex mu_;

@@ -15,6 +15,7 @@
 #include "client_redis_fixture.h"
 #include "client_scripted_frontend.h"
 #include "ferry/client.h"
+#include "ferry/protocol/codec.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/wire.h"
@@ -595,6 +596,7 @@ TEST_F(ClientSubmitTest, RunReturnsRejectionsAndErrors) {
   EXPECT_EQ(s.code(), codes::kMalformed) << s.ToString();
   EXPECT_NE(s.message().find("scripted error"), std::string::npos) << s.message();
   broker.set_error_reply(false);
+  EXPECT_EQ(client->Run(MakeJob("m"), 0, &r).code(), codes::kInvalidArgument) << "timeout 0";
   const int submits = broker.submits();
   EXPECT_EQ(client->Run(MakeJob("m", "bad id!"), 30000, &r, &id).code(),
             codes::kInvalidArgument);
@@ -602,6 +604,84 @@ TEST_F(ClientSubmitTest, RunReturnsRejectionsAndErrors) {
   std::string json;
   ASSERT_TRUE(client->Stats(&json).ok());  // answered after anything sent before it
   EXPECT_EQ(broker.submits(), submits) << "the invalid job was sent";
+}
+
+// A broker from before "ack" answers every SUBMIT with ACCEPTED: Run ignores it and still
+// returns the result.
+TEST_F(ClientSubmitTest, RunWorksWithABrokerThatAlwaysAnswersAccepted) {
+  ScriptedFrontend broker(port_);
+  broker.set_echo(true);
+  broker.set_ignore_ack(true);
+  auto client = MakeClient();
+  for (int i = 0; i < 20; ++i) {
+    Result r;
+    std::string id;
+    Status s = client->Run(MakeJob("m"), 10000, &r, &id);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(r.state, JobState::kDone);
+    EXPECT_EQ(r.id, id);
+  }
+  EXPECT_EQ(broker.unacked_submits(), 20);
+}
+
+// A Run that timed out, run again after its result came: returns the result and sends nothing.
+TEST_F(ClientSubmitTest, RunAgainAfterATimeoutTakesTheResultThatCameWithoutResending) {
+  client_test::RedisProcess redis;  // reachable, so the wait ends as a timeout
+  ASSERT_TRUE(redis.ok());
+  options_.redis = redis.url();
+  ScriptedFrontend broker(port_);  // accepts silently, finishes nothing by itself
+  auto client = MakeClient();
+  Job job = MakeJob("m", "run-late");
+  Result r;
+  Status s = client->Run(job, 300, &r);
+  ASSERT_EQ(s.code(), codes::kTimeout) << s.ToString();
+  ASSERT_EQ(broker.submits(), 1);
+  protocol::ResultRecord record;
+  record.id = "run-late";
+  record.status = "done";
+  record.model = "m";
+  const Tensor& x = job.inputs[0];
+  record.outputs.push_back(protocol::TensorRef{x.dtype, x.shape, x.data.data(), x.data.size()});
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  protocol::PackResult(pk, record);
+  broker.Finish({"run-late"}, {{"run-late", std::string(buf.data(), buf.size())}});
+  // Make sure the FINISHED has reached the client first: the scripted broker sends queued
+  // FINISHEDs at the top of each turn, so the one queued before the first STATS went out
+  // precedes the second STATS's reply, and the STATS caller dispatches it on the way.
+  std::string json;
+  ASSERT_TRUE(client->Stats(&json).ok());
+  ASSERT_TRUE(client->Stats(&json).ok());
+  s = client->Run(job, 30000, &r);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(r.state, JobState::kDone);
+  EXPECT_EQ(r.outputs.at(0).As<float>(), (std::vector<float>{1.f, 2.f}));
+  ASSERT_TRUE(client->Stats(&json).ok());  // answered after anything sent before it
+  EXPECT_EQ(broker.submits(), 1) << "the job was sent again";
+}
+
+// A rejection belongs to the Run that got it: another caller waiting on the same id (whose own
+// submission was accepted) keeps waiting and gets the result.
+TEST_F(ClientSubmitTest, ARejectedRunDoesNotEndAnotherWaitOnTheSameId) {
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  ASSERT_TRUE(client->Submit(MakeJob("m", "shared-id"), nullptr).ok());
+  Result waited;
+  Status waited_status;
+  std::thread waiter([&] { waited_status = client->Wait("shared-id", 30000, &waited); });
+  Result r;
+  EXPECT_EQ(client->Run(MakeJob("other", "shared-id"), 30000, &r).code(), codes::kUnknownModel);
+  protocol::ResultRecord record;
+  record.id = "shared-id";
+  record.status = "done";
+  record.model = "m";
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  protocol::PackResult(pk, record);
+  broker.Finish({"shared-id"}, {{"shared-id", std::string(buf.data(), buf.size())}});
+  waiter.join();
+  ASSERT_TRUE(waited_status.ok()) << waited_status.ToString();
+  EXPECT_EQ(waited.state, JobState::kDone);
 }
 
 // No broker: Run gives up at its timeout with unavailable, and the job it could not send is

@@ -144,13 +144,20 @@ class Client {
   // this thread is woken once per job, by the result, instead of twice. Rejections still come
   // back. Sets *id (when non-null) to the job's id. Returns:
   //   - like Wait once the job has a result (ok; out->state kDone, kFailed, kCancelled, kExpired);
-  //   - the rejection, as Submit would (invalid_argument, unknown_model, too_large, queue_full,
-  //     unavailable) -- except duplicate: a job with this id is still pending (e.g. an earlier
-  //     Run of it that timed out), so Run waits for that job's result instead;
-  //   - unavailable when no broker was connected within timeout_ms: the job was never sent;
+  //   - this submission's rejection, as Submit would (invalid_argument, unknown_model, too_large,
+  //     queue_full, unavailable) -- except duplicate: a job with this id is still pending (e.g.
+  //     an earlier Run of it that timed out, or another producer's job with the same id), so Run
+  //     waits for that job's result instead;
+  //   - unavailable "... it was not sent" when no broker took the SUBMIT within timeout_ms;
+  //     unavailable when Redis stayed unreachable (as Wait);
   //   - timeout (out->state kPending) otherwise: the broker may or may not have the job (Run
-  //     cannot tell a slow job from a lost SUBMIT) -- Run again with the same id to keep waiting.
-  // timeout_ms < 0 waits without limit. The job is copied; the caller keeps ownership.
+  //     cannot tell a slow job from a SUBMIT lost with a crashed broker) -- Run again with the
+  //     same id: a result that came meanwhile is returned without sending anything, a pending
+  //     job is waited for. (A job that finished and whose result this client did not see is run
+  //     again; its first result stands -- SET NX -- and is the one returned.)
+  // timeout_ms must not be 0 (invalid_argument; use Poll to check once); < 0 waits without
+  // limit, which a SUBMIT lost with its broker turns into forever: prefer a bound and a retry.
+  // The job is copied; the caller keeps ownership.
   Status Run(const Job& job, int timeout_ms, Result* out, std::string* id = nullptr);
 
   // Cancels jobs (one CANCEL message, one round trip) and says what happened to each id.
