@@ -181,9 +181,7 @@ Status FrontendConnection::Call(int64_t rid, std::string_view command, zmq::mess
   if (!AwaitLocked(&w, deadline, /*wake_driver=*/true, lock)) {
     // The reply is delivered under mu_: if it is still pending, it did not come.
     if (pending_.erase(rid) == 1) {
-      auto it = std::find_if(outbox_.begin(), outbox_.end(),
-                             [rid](const Outgoing& o) { return o.rid == rid; });
-      if (it != outbox_.end()) outbox_.erase(it);
+      DropQueued(rid);
       if (stop_) return Status::Unavailable("client is shutting down");
       return Status::Unavailable("broker at " + endpoint_ + " did not answer " +
                                  std::string(command) + " within " + std::to_string(timeout_ms) +
@@ -208,6 +206,10 @@ void FrontendConnection::Post(int64_t rid, std::string_view command, zmq::messag
 bool FrontendConnection::Unpost(int64_t rid) {
   std::lock_guard<std::mutex> lock(mu_);
   posted_.erase(rid);
+  return DropQueued(rid);
+}
+
+bool FrontendConnection::DropQueued(int64_t rid) {
   auto it = std::find_if(outbox_.begin(), outbox_.end(),
                          [rid](const Outgoing& o) { return o.rid == rid; });
   if (it == outbox_.end()) return false;

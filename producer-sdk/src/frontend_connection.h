@@ -130,6 +130,7 @@ class FrontendConnection : public Parking {
   void Park(Waiter* w);
   void Unpark(Waiter* w);
   void ReleaseDriver();  // the socket is free: lets the longest-parked caller take it
+  bool DropQueued(int64_t rid);  // removes rid's request if still unsent; whether it was
   void ReceiveAll();  // drains the socket
   void SendQueued();  // sends while the socket takes messages
   void Dispatch(std::string command, zmq::message_t body);
