@@ -9,7 +9,9 @@ include(GoogleTest)
 add_executable(client_unit_tests
   ${CMAKE_CURRENT_LIST_DIR}/client_cli_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/client_frontend_connection_test.cc
+  ${CMAKE_CURRENT_LIST_DIR}/client_notice_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/client_poll_wait_test.cc
+  ${CMAKE_CURRENT_LIST_DIR}/client_run_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/client_submit_test.cc)
 target_link_libraries(client_unit_tests PRIVATE ferry::client ferry_cli GTest::gtest_main)
 # client_frontend_connection_test.cc tests the SDK's internal FrontendConnection.

@@ -1,0 +1,277 @@
+// The frontend's wire protocol spoken by hand over a raw DEALER, against real redis-server,
+// ferry-broker and ferry-worker processes (one worker serving `tiny`): what a client in another
+// language sees (docs/protocol.md) -- garbage frames, SUBMIT's "notify" and "ack" fields.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+
+#include "ferry/client.h"
+#include "ferry/protocol/codec.h"
+#include "ferry/protocol/messages.h"
+#include "ferry/protocol/redis.h"
+#include "ferry/protocol/wire.h"
+#include "fleet.h"
+#include "process.h"
+#include "reference.h"
+
+namespace ferry {
+namespace {
+
+using testutil::Fleet;
+using testutil::FleetOptions;
+
+// A fleet of one worker, and an SDK client to read results with.
+class Wire : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    fleet_ = std::make_unique<Fleet>(FleetOptions{1});
+    ASSERT_TRUE(fleet_->WaitForWorkers(1)) << fleet_->Logs();
+    client::ClientOptions o;
+    o.frontend = fleet_->frontend();
+    o.redis = fleet_->redis().url();
+    Status s = client::Client::Create(o, &client_);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+  }
+  std::unique_ptr<Fleet> fleet_;
+  std::unique_ptr<client::Client> client_;
+};
+
+// A DEALER connected to `endpoint`, for speaking the wire protocol by hand.
+zmq::socket_t RawDealer(zmq::context_t& ctx, const std::string& endpoint, int rcvtimeo_ms) {
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::rcvtimeo, rcvtimeo_ms);
+  s.connect(endpoint);
+  return s;
+}
+
+// Sends raw frames over a DEALER as one message.
+void RawSend(zmq::socket_t& s, const std::vector<std::string>& frames) {
+  for (size_t i = 0; i < frames.size(); ++i)
+    s.send(zmq::buffer(frames[i]), i + 1 < frames.size() ? zmq::send_flags::sndmore
+                                                          : zmq::send_flags::none);
+}
+
+// Sends raw frames over a DEALER and returns the reply's command ("" when none within its
+// receive timeout).
+std::string RawExchange(zmq::socket_t& s, const std::vector<std::string>& frames,
+                        std::string* code = nullptr) {
+  RawSend(s, frames);
+  protocol::Message m;
+  if (!protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) return "";
+  if (code) {
+    msgpack::object_handle oh;
+    if (protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok())
+      protocol::GetString(oh.get(), "code", code);
+  }
+  return m.command;
+}
+
+// The optional fields of RawSubmitBody, each packed only when set.
+struct RawSubmitFields {
+  std::string notify;  // "notify"
+  std::string ack;     // "ack": packed as false when "false", else as this string (a bad type)
+  int64_t rid = 0;     // "rid"
+};
+
+// The body of a SUBMIT of one job `id` of `model` with a random [8] float32 input.
+std::string RawSubmitBody(const std::string& id, const std::string& model,
+                          const RawSubmitFields& f = {}) {
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  pk.pack_map(1 + !f.notify.empty() + !f.ack.empty() + (f.rid != 0));
+  if (!f.notify.empty()) {
+    protocol::PackString(pk, "notify");
+    protocol::PackString(pk, f.notify);
+  }
+  if (!f.ack.empty()) {
+    protocol::PackString(pk, "ack");
+    if (f.ack == "false")
+      pk.pack_false();
+    else
+      protocol::PackString(pk, f.ack);
+  }
+  if (f.rid != 0) {
+    protocol::PackString(pk, "rid");
+    pk.pack_int64(f.rid);
+  }
+  protocol::PackString(pk, "jobs");
+  pk.pack_array(1);
+  protocol::PackSubmitJob(pk, id, model, {testutil::RandomFloats({8}, 7)}, 0, 0, 0);
+  return std::string(buf.data(), buf.size());
+}
+
+TEST_F(Wire, GarbageFramesDoNotCrashTheBroker) {
+  zmq::context_t ctx(1);
+  zmq::socket_t s = RawDealer(ctx, fleet_->frontend(), 2000);
+  std::string code;
+  EXPECT_EQ(RawExchange(s, {"hello"}, &code), "ERROR");
+  EXPECT_EQ(code, "malformed");
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", "\xc1 not msgpack"}, &code), "ERROR");
+  EXPECT_EQ(code, "malformed");
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "submit", ""}, &code), "ERROR");
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", "\x93\x01\x02\x03"}, &code), "ERROR");  // array
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", ""}, &code), "ERROR");  // no "jobs"
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "FROB", ""}, &code), "ERROR");
+  EXPECT_EQ(code, "unknown_command");
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", "", "extra", "frames"}, &code), "ERROR");
+  // A job whose tensor has the wrong byte count is rejected in ACCEPTED, not fatal.
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  pk.pack_map(1);
+  protocol::PackString(pk, "jobs");
+  pk.pack_array(2);
+  pk.pack_int(7);  // not a map
+  protocol::PackTensor(pk, DType::kFloat32, {8}, "abc", 3);  // a map, but not a job
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", std::string(buf.data(), buf.size())}), "ACCEPTED");
+  // Worker-side garbage too.
+  zmq::socket_t w(ctx, zmq::socket_type::dealer);
+  w.set(zmq::sockopt::linger, 0);
+  w.connect(fleet_->backend());
+  w.send(zmq::str_buffer("junk"), zmq::send_flags::none);
+  w.send(zmq::str_buffer("FERRY1"), zmq::send_flags::sndmore);
+  w.send(zmq::str_buffer("READY"), zmq::send_flags::sndmore);
+  w.send(zmq::str_buffer("\x81\xa1x\x01"), zmq::send_flags::none);
+  // Still serving.
+  client::Job job;
+  job.model = "tiny";
+  job.inputs = {testutil::RandomFloats({8}, 5)};
+  std::string id;
+  ASSERT_TRUE(client_->Submit(job, &id).ok());
+  Result r;
+  ASSERT_TRUE(client_->Wait(id, 60000, &r).ok()) << fleet_->Logs();
+  EXPECT_EQ(r.state, JobState::kDone);
+  EXPECT_TRUE(fleet_->broker().Running());
+}
+
+// The same on the wire, as a client in another language does it: SUBSCRIBE, then SUBMIT with
+// "notify". The notice (a FINISHED body) arrives on the channel, and the broker sends no FINISHED
+// for that job -- proven by a second job without "notify", whose FINISHED comes and is the only
+// one. A "notify" that is not the fleet's channel form is refused with ERROR invalid_argument.
+TEST_F(Wire, RawNotifyChannelGetsTheNoticeInsteadOfFinished) {
+  protocol::RedisEndpoint ep;
+  ep.port = fleet_->redis().port();
+  const std::string channel = "ferry:notify:raw-test-1";
+  std::unique_ptr<protocol::RedisSubscriber> sub;
+  ASSERT_TRUE(protocol::RedisSubscriber::Connect(ep, 2000, channel, &sub).ok());
+
+  zmq::context_t ctx(1);
+  zmq::socket_t s = RawDealer(ctx, fleet_->frontend(), 20000);
+  auto submit = [](const std::string& id, const std::string& notify) {
+    return RawSubmitBody(id, "tiny", {notify});
+  };
+  std::string code;
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", submit("raw-bad", "elsewhere:x")}, &code), "ERROR");
+  EXPECT_EQ(code, "invalid_argument");
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", submit("raw-bad", "ferry:notify:")}, &code),
+            "ERROR");
+  EXPECT_EQ(code, "invalid_argument");
+
+  ASSERT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", submit("raw-notified", channel)}), "ACCEPTED");
+  // The notice, from Redis.
+  std::vector<std::string> notice_ids;
+  protocol::InlineResults notice_records;
+  std::string payload;
+  ASSERT_TRUE(testutil::NextPubSubMessage(sub.get(), &payload))
+      << "no notice on " << channel << "\n" << fleet_->Logs();
+  msgpack::object_handle oh;
+  ASSERT_TRUE(protocol::UnpackMap(payload.data(), payload.size(), &oh).ok());
+  ASSERT_TRUE(protocol::GetStringArray(oh.get(), "ids", &notice_ids).ok());
+  ASSERT_TRUE(protocol::DecodeInlineResults(oh.get(), &notice_records).ok());
+  EXPECT_EQ(notice_ids, std::vector<std::string>{"raw-notified"});
+  ASSERT_EQ(notice_records.size(), 1u);
+  Result stored;
+  ASSERT_TRUE(client_->Poll("raw-notified", &stored).ok());
+  EXPECT_EQ(stored.state, JobState::kDone);
+  std::unique_ptr<protocol::RedisClient> redis;
+  ASSERT_TRUE(protocol::RedisClient::Connect(ep, 2000, &redis).ok());
+  std::string value;
+  bool found = false;
+  ASSERT_TRUE(redis->Get("ferry:result:raw-notified", &value, &found).ok());
+  ASSERT_TRUE(found);
+  EXPECT_EQ(std::string(notice_records[0].second), value) << "the notice's record is Redis's";
+
+  // A job without "notify": its FINISHED is the first and only one this connection gets (the
+  // worker reports in order, so a FINISHED for the first job would have come before it).
+  ASSERT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", submit("raw-plain", "")}), "ACCEPTED");
+  protocol::Message m;
+  ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) << fleet_->Logs();
+  ASSERT_EQ(m.command, "FINISHED");
+  msgpack::object_handle fh;
+  ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &fh).ok());
+  std::vector<std::string> finished;
+  ASSERT_TRUE(protocol::GetStringArray(fh.get(), "ids", &finished).ok());
+  EXPECT_EQ(finished, std::vector<std::string>{"raw-plain"});
+}
+
+// SUBMIT "ack": false on the wire: the broker sends ACCEPTED only to report a rejection, and a
+// job it accepted silently still runs (its FINISHED comes).
+TEST_F(Wire, RawSubmitWithoutAckIsAnsweredOnlyForRejections) {
+  zmq::context_t ctx(1);
+  zmq::socket_t s = RawDealer(ctx, fleet_->frontend(), 20000);
+  // A one-job SUBMIT body with "rid" and, unless "", "ack" (see RawSubmitFields).
+  auto submit = [](const std::string& id, const std::string& model, const std::string& ack,
+                   int64_t rid) { return RawSubmitBody(id, model, {"", ack, rid}); };
+  auto send = [&s](const std::string& body) { RawSend(s, {"FERRY1", "SUBMIT", body}); };
+  // The next message that is not FINISHED, into *m (*oh: its body, which refers to m's bytes);
+  // FINISHED ids go to *finished.
+  auto next_reply = [&s](std::vector<std::string>* finished, protocol::Message* m,
+                         msgpack::object_handle* oh) {
+    while (true) {
+      if (!protocol::RecvMessage(s, false, m, /*dont_wait=*/false).ok()) return std::string();
+      if (!protocol::UnpackMap(m->body.data(), m->body.size(), oh).ok()) return std::string("?");
+      if (m->command != protocol::kFinished) return m->command;
+      std::vector<std::string> ids;
+      EXPECT_TRUE(protocol::GetStringArray(oh->get(), "ids", &ids).ok());
+      finished->insert(finished->end(), ids.begin(), ids.end());
+    }
+  };
+  std::string code;
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", submit("raw-ack-bad", "tiny", "no", 1)}, &code),
+            "ERROR");
+  EXPECT_EQ(code, "invalid_argument");
+
+  std::vector<std::string> finished;
+  protocol::Message reply;
+  msgpack::object_handle oh;
+  protocol::Accepted a;
+  send(submit("raw-quiet-rejected", "no-such-model", "false", 2));
+  ASSERT_EQ(next_reply(&finished, &reply, &oh), "ACCEPTED") << fleet_->Logs();
+  ASSERT_TRUE(protocol::DecodeAccepted(oh.get(), &a).ok());
+  EXPECT_EQ(a.rid, 2);
+  EXPECT_TRUE(a.ids.empty());
+  ASSERT_EQ(a.rejected.size(), 1u);
+  EXPECT_EQ(a.rejected[0].id, "raw-quiet-rejected");
+  EXPECT_EQ(a.rejected[0].code, "unknown_model");
+
+  // Accepted silently, then one with the default ack: the first reply is the second one's (an
+  // ACCEPTED for the first would have been sent before it).
+  send(submit("raw-quiet", "tiny", "false", 3));
+  send(submit("raw-loud", "tiny", "", 4));
+  ASSERT_EQ(next_reply(&finished, &reply, &oh), "ACCEPTED") << fleet_->Logs();
+  ASSERT_TRUE(protocol::DecodeAccepted(oh.get(), &a).ok());
+  EXPECT_EQ(a.rid, 4);
+  EXPECT_EQ(a.ids, std::vector<std::string>{"raw-loud"});
+  // Both ran: a FINISHED names each (the worker reports in order; nothing else arrives).
+  while (std::count(finished.begin(), finished.end(), "raw-quiet") == 0 ||
+         std::count(finished.begin(), finished.end(), "raw-loud") == 0) {
+    protocol::Message m;
+    ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok())
+        << "no FINISHED for both jobs\n" << fleet_->Logs();
+    ASSERT_EQ(m.command, "FINISHED");
+    ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+    std::vector<std::string> ids;
+    ASSERT_TRUE(protocol::GetStringArray(oh.get(), "ids", &ids).ok());
+    finished.insert(finished.end(), ids.begin(), ids.end());
+  }
+  Result stored;
+  ASSERT_TRUE(client_->Poll("raw-quiet", &stored).ok());
+  EXPECT_EQ(stored.state, JobState::kDone);
+}
+
+}  // namespace
+}  // namespace ferry
