@@ -261,6 +261,15 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
         protocol::RedisClient::Connect(options_.redis, options_.redis_timeout_ms, &client_));
   }
   const bool scripts = scripts_ok_.load(std::memory_order_relaxed);
+  // Notices first: Redis writes the replies of one event-loop turn to their clients newest-queued
+  // first, so a pipeline of scripts alone gets its reply to this worker written before the
+  // notices their PUBLISHes queued. A leading PING queues this connection before any notice;
+  // the producers, who wait for the notices, are then written to first, and this worker -- whom
+  // nobody waits for -- after them (docs/performance.md, step 12). Its reply is dropped below.
+  const bool leading_ping =
+      scripts && std::any_of(packed->begin(), packed->end(),
+                             [](const PackedResult& p) { return !p.notify.empty(); });
+  if (leading_ping) client_->Append({"PING"});
   for (auto& p : *packed) {
     if (!scripts) p.notify.clear();  // plain writes; the broker's FINISHED tells the producer
     if (p.notify.empty()) {
@@ -271,6 +280,7 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
   }
   std::vector<protocol::RedisReply> replies;
   Status s = client_->Flush(&replies);
+  if (s.ok() && leading_ping && !replies.empty()) replies.erase(replies.begin());
   // A Redis that refuses scripts for good (an ACL without EVAL or PUBLISH: NOPERM; a managed
   // service that disabled or renamed EVAL: unknown command) must not stop results from being
   // written: stop using them, and let the retry write plain SETs. Other errors (LOADING, BUSY,

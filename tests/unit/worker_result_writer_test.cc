@@ -269,6 +269,36 @@ TEST_F(ResultWriterTest, NotifyJobsArePublishedWithTheStoredRecordDuplicatesAreN
   EXPECT_EQ(d.notified, std::vector<std::string>{"job-n3"});
 }
 
+// A write with notices starts with a PING, so that Redis -- which writes one turn's replies
+// newest-queued first -- sends the producers' notices before this worker's replies; a write without
+// notices has none. The PING's reply is not counted as one of the results' (the test above checks
+// that the stored/duplicate verdicts still line up).
+TEST_F(ResultWriterTest, WritesWithNoticesLeadWithOnePing) {
+  WarmUp();
+  protocol::RedisReply reply;
+  // Calls of `command` since the last CONFIG RESETSTAT, from INFO commandstats.
+  auto calls = [&](const std::string& command) -> int64_t {
+    protocol::RedisReply info;
+    EXPECT_TRUE(client_->Command({"INFO", "commandstats"}, &info).ok());
+    const std::string key = "cmdstat_" + command + ":calls=";
+    const size_t at = info.str.find(key);
+    return at == std::string::npos ? 0 : std::stoll(info.str.substr(at + key.size()));
+  };
+  ASSERT_TRUE(client_->Command({"CONFIG", "RESETSTAT"}, &reply).ok());
+  writer_->WriteOrSubmit(One("job-plain"));
+  EXPECT_EQ(NextDone().ids, std::vector<std::string>{"job-plain"});
+  EXPECT_EQ(calls("set"), 1);
+  EXPECT_EQ(calls("ping"), 0);
+
+  std::vector<JobResult> v = One("job-notified");
+  v[0].job.entry.notify = "ferry:notify:ping-test";
+  writer_->WriteOrSubmit(std::move(v));
+  const Done d = NextDone();
+  EXPECT_EQ(d.notified, std::vector<std::string>{"job-notified"});
+  EXPECT_EQ(calls("eval"), 1);
+  EXPECT_EQ(calls("ping"), 1);
+}
+
 // A Redis that refuses scripts (here an ACL without EVAL) still gets every result: the writer
 // falls back to plain SET NX, and DONE then lists nothing as notified (the broker's FINISHED
 // tells the producer).
