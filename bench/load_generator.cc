@@ -69,6 +69,9 @@ class Recorder {
       smp.submit_us = at("submitted") - static_cast<double>(p.start_wall_us);
       smp.queue_us = at("dispatched") - at("submitted");
       smp.dispatch_us = at("compute_start") - at("dispatched");
+      smp.transfer_us = at("received") - at("dispatched");
+      smp.worker_us = at("compute_start") - at("received");
+      smp.has_stages = true;
       smp.compute_us = at("compute_end") - at("compute_start");
       smp.delivery_us = static_cast<double>(end_wall) - at("compute_end");
     }

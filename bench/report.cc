@@ -124,6 +124,28 @@ void Summarize(const std::string& label, const std::vector<Sample>& samples, int
   std::printf("\n");
   json->AddRaw("share", share + "}");
   json->AddRaw("stage_mean_us", mean + "}");
+
+  // Medians: at light load a few slow jobs (a preempted process) move the means a lot.
+  const std::pair<const char*, double Sample::*> parts[7] = {
+      {"submit", &Sample::submit_us},     {"queue", &Sample::queue_us},
+      {"dispatch", &Sample::dispatch_us}, {"transfer", &Sample::transfer_us},
+      {"worker", &Sample::worker_us},     {"compute", &Sample::compute_us},
+      {"delivery", &Sample::delivery_us}};
+  double median[7];
+  std::string p50 = "{";
+  for (int i = 0; i < 7; ++i) {
+    std::vector<double> v;
+    v.reserve(samples.size());
+    for (const Sample& s : samples)
+      if (s.has_stages) v.push_back(s.*parts[i].second);
+    std::sort(v.begin(), v.end());
+    median[i] = Percentile(v, 50);
+    p50 += std::string(i ? ", " : "") + JsonQuote(parts[i].first) + ": " + Number(median[i]);
+  }
+  std::printf("  stage p50 us: submit %.0f queue %.0f dispatch %.0f (transfer %.0f, worker %.0f) "
+              "compute %.0f delivery %.0f\n",
+              median[0], median[1], median[2], median[3], median[4], median[5], median[6]);
+  json->AddRaw("stage_p50_us", p50 + "}");
 }
 
 }  // namespace ferry::bench

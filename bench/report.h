@@ -17,11 +17,16 @@ struct Sample {
   // Fleet only, microseconds, from the result's `timing` and the bench's wall clock:
   //   submit   bench start of the job  -> broker accepted it (`submitted`)
   //   queue    `submitted`             -> `dispatched`
-  //   dispatch `dispatched`            -> `compute_start` (network, worker queue, stacking)
+  //   dispatch `dispatched`            -> `compute_start` (network, worker queue, stacking),
+  //            in two parts: transfer `dispatched` -> `received` (the broker's send, the
+  //            network, the worker's BrokerLink) and worker `received` -> `compute_start` (the
+  //            executor's queue and stacking)
   //   compute  `compute_start`         -> `compute_end`
   //   delivery `compute_end`           -> Wait() returned (split, encode, Redis SET, DONE,
   //                                       FINISHED, GET, decode)
   double submit_us = 0, queue_us = 0, dispatch_us = 0, compute_us = 0, delivery_us = 0;
+  double transfer_us = 0, worker_us = 0;  // the two parts of dispatch_us
+  bool has_stages = false;                // the result carried the timing stamps above
 };
 
 // An ordered JSON object built by hand (values are numbers, strings or raw JSON).
@@ -44,7 +49,8 @@ double Percentile(const std::vector<double>& sorted, double p);
 
 // Adds jobs, failed, seconds, throughput, p50/p90/p95/p99/max_ms, mean_ms, batch_size_mean,
 // batch_sizes (histogram) and, when `stages` is set, share {submit, queue, dispatch, compute,
-// delivery} and stage_mean_us to *json, and prints one line to stdout. `jobs` is the number of
+// delivery}, stage_mean_us, and stage_p50_us (the same stages plus dispatch's parts transfer and
+// worker; medians over the jobs with stamps) to *json, and prints them to stdout. `jobs` is the number of
 // jobs done (raw mode: forward calls x batch), `samples` their latencies.
 void Summarize(const std::string& label, const std::vector<Sample>& samples, int64_t jobs,
                int64_t failed, double seconds, bool stages, JsonObject* json);
