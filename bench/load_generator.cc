@@ -71,7 +71,7 @@ class Recorder {
       smp.dispatch_us = at("compute_start") - at("dispatched");
       smp.transfer_us = at("received") - at("dispatched");
       smp.worker_us = at("compute_start") - at("received");
-      smp.has_stages = true;
+      smp.has_stages = at("dispatched") > 0 && at("received") > 0 && at("compute_start") > 0;
       smp.compute_us = at("compute_end") - at("compute_start");
       smp.delivery_us = static_cast<double>(end_wall) - at("compute_end");
     }

@@ -22,11 +22,13 @@ struct Sample {
   //            network, the worker's BrokerLink) and worker `received` -> `compute_start` (the
   //            executor's queue and stacking)
   //   compute  `compute_start`         -> `compute_end`
-  //   delivery `compute_end`           -> Wait() returned (split, encode, Redis SET, DONE,
-  //                                       FINISHED, GET, decode)
+  //   delivery `compute_end`           -> Wait()/Run() returned (split, encode, the Redis
+  //                                       write, then the worker's notice -- or DONE, FINISHED
+  //                                       and an MGET -- and decode)
+  // Stamps from different hosts compare different clocks: submit and transfer then mean little.
   double submit_us = 0, queue_us = 0, dispatch_us = 0, compute_us = 0, delivery_us = 0;
   double transfer_us = 0, worker_us = 0;  // the two parts of dispatch_us
-  bool has_stages = false;                // the result carried the timing stamps above
+  bool has_stages = false;                // the result carried every stamp named above
 };
 
 // An ordered JSON object built by hand (values are numbers, strings or raw JSON).

@@ -261,11 +261,13 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
         protocol::RedisClient::Connect(options_.redis, options_.redis_timeout_ms, &client_));
   }
   const bool scripts = scripts_ok_.load(std::memory_order_relaxed);
-  // Notices first: Redis writes the replies of one event-loop turn to their clients newest-queued
-  // first, so a pipeline of scripts alone gets its reply to this worker written before the
-  // notices their PUBLISHes queued. A leading PING queues this connection before any notice;
-  // the producers, who wait for the notices, are then written to first, and this worker -- whom
-  // nobody waits for -- after them (docs/performance.md, step 12). Its reply is dropped below.
+  // Notices first: Redis (6 and 7, without io-threads) writes the replies of one event-loop turn
+  // to their clients newest-queued first. Without a PING this connection is queued by the first
+  // script's reply, after that script's notice, and is written to before it. A leading PING
+  // queues this connection before any notice, so the producers, who are blocked on the notices,
+  // are written to first and this worker after them (docs/performance.md, step 12). A pipeline
+  // longer than one read of Redis's (16 KiB) spans turns and keeps the ordering only in part.
+  // The PING's reply is dropped below.
   const bool leading_ping =
       scripts && std::any_of(packed->begin(), packed->end(),
                              [](const PackedResult& p) { return !p.notify.empty(); });

@@ -297,6 +297,24 @@ TEST_F(ResultWriterTest, WritesWithNoticesLeadWithOnePing) {
   EXPECT_EQ(d.notified, std::vector<std::string>{"job-notified"});
   EXPECT_EQ(calls("eval"), 1);
   EXPECT_EQ(calls("ping"), 1);
+
+  // One write of a plain job, a notified job and a notified losing duplicate: each job keeps its
+  // own verdict (the PING's reply is not taken for the first job's).
+  ASSERT_TRUE(client_->Command({"SET", keys_.Result("job-m3"), "earlier"}, &reply).ok());
+  std::vector<JobResult> mixed;
+  mixed.push_back(MakeResult("job-m1"));
+  mixed.push_back(MakeResult("job-m2"));
+  mixed.back().job.entry.notify = "ferry:notify:ping-test";
+  mixed.push_back(MakeResult("job-m3"));
+  mixed.back().job.entry.notify = "ferry:notify:ping-test";
+  writer_->WriteOrSubmit(std::move(mixed));
+  const Done m = NextDone();
+  EXPECT_EQ(m.ids, (std::vector<std::string>{"job-m1", "job-m2", "job-m3"}));
+  EXPECT_EQ(m.duplicates, 1);
+  EXPECT_EQ(m.notified, std::vector<std::string>{"job-m2"});
+  EXPECT_EQ(Stored("job-m3"), "earlier");
+  EXPECT_FALSE(Stored("job-m1").empty());
+  EXPECT_EQ(calls("ping"), 2);
 }
 
 // A Redis that refuses scripts (here an ACL without EVAL) still gets every result: the writer
