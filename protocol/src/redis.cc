@@ -111,6 +111,8 @@ Status RedisClient::Flush(std::vector<RedisReply>* replies) {
   for (const auto& cmd : commands) {
     argv.clear();
     lens.clear();
+    argv.reserve(cmd.size());  // one allocation each, not one per doubling
+    lens.reserve(cmd.size());
     for (const auto& a : cmd) {
       argv.push_back(a.data());
       lens.push_back(a.size());

@@ -112,7 +112,20 @@ TEST(Ids, ValidatesTheIdAlphabet) {
   EXPECT_FALSE(IsValidJobId("has space"));
   EXPECT_FALSE(IsValidJobId("slash/"));
   EXPECT_NE(NewUuid(), NewUuid());
-  EXPECT_EQ(NewUuid()[14], '4');
+  // An RFC 4122 version-4 UUID: 8-4-4-4-12 lowercase hex digits, version 4, variant 10.
+  for (int n = 0; n < 100; ++n) {
+    const std::string id = NewUuid();
+    ASSERT_EQ(id.size(), 36u) << id;
+    for (size_t i = 0; i < id.size(); ++i) {
+      if (i == 8 || i == 13 || i == 18 || i == 23) {
+        EXPECT_EQ(id[i], '-') << id;
+      } else {
+        EXPECT_TRUE((id[i] >= '0' && id[i] <= '9') || (id[i] >= 'a' && id[i] <= 'f')) << id;
+      }
+    }
+    EXPECT_EQ(id[14], '4') << id;
+    EXPECT_NE(std::string("89ab").find(id[19]), std::string::npos) << id;
+  }
 }
 
 TEST(Submit, JobRoundTripAndFieldErrors) {
