@@ -22,10 +22,7 @@ namespace ferry::worker {
 namespace {
 
 // Per process: ctest runs each test as its own process, in parallel.
-std::filesystem::path BatcherDir() {
-  return std::filesystem::path(::testing::TempDir()) /
-         ("ferry_worker_batcher_" + std::to_string(getpid()));
-}
+std::filesystem::path BatcherDir() { return testmodels::ScratchDir("ferry_worker_batcher_"); }
 
 using testmodels::MakeJob;
 

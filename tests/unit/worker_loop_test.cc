@@ -22,6 +22,7 @@
 #include "ferry/protocol/util.h"
 #include "ferry/protocol/wire.h"
 #include "ferry/worker/worker.h"
+#include "worker_test_models.h"
 
 namespace ferry::worker {
 namespace {
@@ -123,9 +124,8 @@ class WorkerLoopTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (!redis_.Start()) GTEST_SKIP() << "redis-server not available";
-    models_ = (std::filesystem::path(::testing::TempDir()) /
-               ("ferry_worker_loop_" + std::to_string(getpid())))
-                  .string();  // per process: ctest runs these tests in parallel
+    // Per process (ctest runs these tests in parallel), removed at exit.
+    models_ = testmodels::ScratchDir("ferry_worker_loop_").string();
     const std::string cmd = std::string(FERRY_MAKE_MODELS) + " " + models_ + " > /dev/null";
     ASSERT_EQ(std::system(cmd.c_str()), 0);
     router_.bind("tcp://127.0.0.1:*");

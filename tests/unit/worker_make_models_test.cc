@@ -28,9 +28,7 @@ class MakeModelsTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     // Per process: ctest runs each test of this suite as its own process, in parallel.
-    dir_ = (std::filesystem::path(::testing::TempDir()) /
-            ("ferry_make_models_" + std::to_string(getpid())))
-               .string();
+    dir_ = testmodels::ScratchDir("ferry_make_models_").string();  // removed at exit
     std::filesystem::remove_all(dir_);
     const std::string cmd = std::string(FERRY_MAKE_MODELS) + " " + dir_ + " > /dev/null";
     ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;

@@ -50,12 +50,32 @@ const std::map<std::string, Def>& Defs() {
 
 }  // namespace
 
+std::filesystem::path ScratchDir(const std::string& prefix) {
+  // Removes its directories when destroyed, i.e. at exit (a function-local static).
+  struct Scratch {
+    std::mutex mu;
+    std::map<std::string, std::filesystem::path> dirs;
+    ~Scratch() {
+      std::error_code ec;
+      for (const auto& [prefix, dir] : dirs) std::filesystem::remove_all(dir, ec);
+    }
+  };
+  static Scratch scratch;
+  std::lock_guard<std::mutex> lock(scratch.mu);
+  auto it = scratch.dirs.find(prefix);
+  if (it == scratch.dirs.end()) {
+    const auto dir =
+        std::filesystem::path(::testing::TempDir()) / (prefix + std::to_string(getpid()));
+    std::filesystem::create_directories(dir);
+    it = scratch.dirs.emplace(prefix, dir).first;
+  }
+  return it->second;
+}
+
 std::string Path(const std::string& name) {
   static std::mutex mu;
   std::lock_guard<std::mutex> lock(mu);
-  const auto dir = std::filesystem::path(::testing::TempDir()) /
-                   ("ferry_worker_engine_" + std::to_string(getpid()));
-  std::filesystem::create_directories(dir);
+  const auto dir = ScratchDir("ferry_worker_engine_");
   const std::string path = (dir / (name + ".pt")).string();
   if (std::filesystem::exists(path)) return path;
   torch::jit::Module m("Test_" + name);

@@ -14,6 +14,7 @@
 //   methods    embed(x) = x * 3, forward(x) = x
 //   linear8    x [8] -> x @ W [8, 3]                           (warmup with the wrong shape fails)
 #include <cstring>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
@@ -26,6 +27,10 @@ namespace ferry::worker::testmodels {
 
 // Saves the model (once per process) and returns its path.
 std::string Path(const std::string& name);
+// The directory "<prefix><pid>" under the test temp dir, created on first use and removed, with
+// everything in it, when the process exits: ctest runs each test as its own process, and the
+// model files each one writes (up to ~120 MB) must not pile up in /tmp.
+std::filesystem::path ScratchDir(const std::string& prefix);
 // The exact size of each big_* model's parameter.
 inline constexpr int64_t kBigBytes = 1 << 20;
 
