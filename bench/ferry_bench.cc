@@ -17,6 +17,7 @@
 
 #include "ferry/client.h"
 #include "ferry/protocol/flags.h"
+#include "ferry/protocol/malloc_policy.h"
 #include "load_generator.h"
 #include "raw_runner.h"
 #include "report.h"
@@ -169,6 +170,12 @@ int main(int argc, char** argv) {
     raw.warmup = warmup;
     raw.threads = threads;
     raw.seed = load.seed;
+    // The limit is taken with ferry-worker's allocator settings: the same model code allocates
+    // the same activations (without them, a ResNet-18 batch page-faults its ~25 MB buffers in
+    // afresh on every forward). The fleet mode leaves the producer's allocator as it is.
+    std::string malloc_policy;
+    json.AddRaw("malloc_keeps_freed",
+                ferry::protocol::KeepFreedMemory(&malloc_policy) ? "true" : "false");
     const double cpu0 = CpuSeconds();
     Status s = ferry::bench::RunRaw(raw, &samples, &jobs_done, &seconds);
     json.Add("bench_cpu_s", CpuSeconds() - cpu0);

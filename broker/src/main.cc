@@ -7,6 +7,7 @@
 #include "ferry/broker/broker.h"
 #include "ferry/protocol/flags.h"
 #include "ferry/protocol/logging.h"
+#include "ferry/protocol/malloc_policy.h"
 
 namespace {
 ferry::broker::Broker* g_broker = nullptr;
@@ -61,6 +62,10 @@ int main(int argc, char** argv) {
   }
   o.metrics_port = static_cast<int>(metrics_port);
   o.journal = !no_journal;
+
+  std::string malloc_policy;
+  ferry::protocol::KeepFreedMemory(&malloc_policy);  // big jobs: no page faults per buffer
+  spdlog::info("{}", malloc_policy);
 
   std::unique_ptr<ferry::broker::Broker> broker;
   ferry::Status s = ferry::broker::Broker::Create(o, &broker);

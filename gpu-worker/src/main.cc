@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "ferry/protocol/logging.h"
+#include "ferry/protocol/malloc_policy.h"
 #include "ferry/worker/options.h"
 #include "ferry/worker/worker.h"
 
@@ -47,6 +48,9 @@ int main(int argc, char** argv) {
     return 0;
   }
   ferry::logging::Configure(options.log_level, options.log_json, "worker");  // level checked
+  std::string malloc_policy;
+  ferry::protocol::KeepFreedMemory(&malloc_policy);  // big jobs and batches: fewer page faults
+  spdlog::info("{}", malloc_policy);
 
   // SIGINT/SIGTERM are blocked in every thread (they inherit the mask) and taken by sigtimedwait
   // below, so that a signal becomes an orderly drain instead of a handler racing the threads.

@@ -212,6 +212,37 @@ TEST_F(EndToEnd, LightLoadResultNoticesComeStraightFromTheWorker) {
   }
 }
 
+// Jobs of 602 KB (an RGB 224x224 image as float32) through a worker that returns its input:
+// every byte comes back, round after round, and the broker and the worker report that they keep
+// freed memory for reuse (protocol/malloc_policy.h), which is what spares them a page fault per
+// 4 KiB of every such message (docs/performance.md, step 13).
+TEST_F(EndToEnd, BigJobsComeBackWholeAndServersKeepFreedMemory) {
+  FleetOptions o;
+  o.workers = 1;
+  o.models = {"null"};
+  o.max_batch = 4;
+  StartFleet(o);
+  for (uint32_t round = 0; round < 3; ++round) {
+    std::vector<Job> jobs;
+    for (uint32_t i = 0; i < 6; ++i) {
+      Job j;
+      j.model = "null";
+      j.inputs = {testutil::RandomFloats({3, 224, 224}, 100 * round + i)};
+      jobs.push_back(std::move(j));
+    }
+    const std::vector<Result> results = RunAll(*client_, jobs, *fleet_);
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      ASSERT_EQ(results[i].state, JobState::kDone) << results[i].error.ToString();
+      ASSERT_EQ(results[i].outputs.size(), 1u);
+      EXPECT_EQ(results[i].outputs[0].shape, jobs[i].inputs[0].shape);
+      EXPECT_TRUE(results[i].outputs[0].data == jobs[i].inputs[0].data) << "round " << round
+                                                                         << ", job " << i;
+    }
+  }
+  for (const std::string& log : {fleet_->broker().Log(), fleet_->worker(0).Log()})
+    EXPECT_NE(log.find("malloc keeps freed memory"), std::string::npos) << log;
+}
+
 TEST_F(EndToEnd, UnknownModelAndInvalidJobsAreRejectedOthersAccepted) {
   StartFleet(FleetOptions{1});
   // Broker notices only: with a worker's notice, Wait may return up to ~2 ms before the broker

@@ -1,0 +1,39 @@
+#include "ferry/protocol/malloc_policy.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#if defined(__GLIBC__)
+#include <malloc.h>
+#endif
+
+namespace ferry::protocol {
+
+bool KeepFreedMemory(std::string* what, size_t trim_bytes) {
+#if defined(__GLIBC__)
+  const char* tunables = std::getenv("GLIBC_TUNABLES");
+  if ((tunables != nullptr && std::strstr(tunables, "glibc.malloc.") != nullptr) ||
+      std::getenv("MALLOC_ARENA_MAX") != nullptr ||
+      std::getenv("MALLOC_MMAP_THRESHOLD_") != nullptr ||
+      std::getenv("MALLOC_TRIM_THRESHOLD_") != nullptr) {
+    *what = "malloc settings left as the environment sets them";
+    return false;
+  }
+  constexpr int kMmapThreshold = 32 << 20;  // glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
+  if (mallopt(M_ARENA_MAX, 1) != 1 || mallopt(M_MMAP_THRESHOLD, kMmapThreshold) != 1 ||
+      mallopt(M_TRIM_THRESHOLD, static_cast<int>(std::min<size_t>(trim_bytes, 1u << 30))) != 1) {
+    *what = "malloc settings could not be changed; glibc's defaults apply";
+    return false;
+  }
+  *what = "malloc keeps freed memory (one arena, mmap threshold 32 MiB, trim threshold " +
+          std::to_string(trim_bytes >> 20) + " MiB)";
+  return true;
+#else
+  (void)trim_bytes;
+  *what = "malloc settings left alone (not glibc)";
+  return false;
+#endif
+}
+
+}  // namespace ferry::protocol
