@@ -285,7 +285,7 @@ if want resnet; then
   echo "== resnet-18 [3,${RES},${RES}]: fleet vs --raw at batch 8, 2 threads, $ROUNDS round(s)"
   pair resnet resnet "$M/resnet.pt" "3,$RES,$RES" float32 "$(q 16 160)" 16
   echo "== resnet-18, uint8 input [3,${RES},${RES}] converted in the model (4x fewer bytes per job)"
-  ROUNDS=1 pair resnet_u8 resnet_u8 "$M/resnet_u8.pt" "3,$RES,$RES" uint8 "$(q 16 160)" 16
+  pair resnet_u8 resnet_u8 "$M/resnet_u8.pt" "3,$RES,$RES" uint8 "$(q 16 160)" 16
 fi
 
 # ---- the seed scenario: 250 jobs/s open loop on the encoder, batching vs none -------------------
