@@ -50,6 +50,7 @@ struct LoadResult {
   std::vector<Sample> samples;  // one per job done
   int64_t failed = 0;           // rejected, timed out or not kDone
   double seconds = 0;           // wall time of the measured run
+  double inputs_cpu_s = 0;      // CPU spent making the input pool, before the timed window
   std::vector<std::pair<std::string, Result>> printed;
 };
 

@@ -1,5 +1,7 @@
 #include "report.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -146,6 +148,13 @@ void Summarize(const std::string& label, const std::vector<Sample>& samples, int
               "compute %.0f delivery %.0f\n",
               median[0], median[1], median[2], median[3], median[4], median[5], median[6]);
   json->AddRaw("stage_p50_us", p50 + "}");
+}
+
+double ProcessCpuSeconds() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
 }
 
 }  // namespace ferry::bench

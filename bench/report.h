@@ -49,6 +49,9 @@ std::string JsonQuote(const std::string& s);
 // The p-th percentile (0..100, nearest rank) of `sorted`, which must be sorted; 0 when empty.
 double Percentile(const std::vector<double>& sorted, double p);
 
+// User + system CPU seconds this process has used so far (getrusage).
+double ProcessCpuSeconds();
+
 // Adds jobs, failed, seconds, throughput, p50/p90/p95/p99/max_ms, mean_ms, batch_size_mean,
 // batch_sizes (histogram) and, when `stages` is set, share {submit, queue, dispatch, compute,
 // delivery}, stage_mean_us, and stage_p50_us (the same stages plus dispatch's parts transfer and
