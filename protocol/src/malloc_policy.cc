@@ -21,13 +21,19 @@ bool KeepFreedMemory(std::string* what, size_t trim_bytes) {
     return false;
   }
   constexpr int kMmapThreshold = 32 << 20;  // glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
-  if (mallopt(M_ARENA_MAX, 1) != 1 || mallopt(M_MMAP_THRESHOLD, kMmapThreshold) != 1 ||
-      mallopt(M_TRIM_THRESHOLD, static_cast<int>(std::min<size_t>(trim_bytes, 1u << 30))) != 1) {
-    *what = "malloc settings could not be changed; glibc's defaults apply";
+  const size_t trim = std::min<size_t>(trim_bytes, size_t{1} << 30);
+  const char* refused = mallopt(M_ARENA_MAX, 1) != 1                           ? "M_ARENA_MAX"
+                        : mallopt(M_MMAP_THRESHOLD, kMmapThreshold) != 1       ? "M_MMAP_THRESHOLD"
+                        : mallopt(M_TRIM_THRESHOLD, static_cast<int>(trim)) != 1 ? "M_TRIM_THRESHOLD"
+                                                                                : nullptr;
+  if (refused != nullptr) {
+    *what = std::string("malloc: mallopt(") + refused +
+            ") refused; the settings before it in (M_ARENA_MAX, M_MMAP_THRESHOLD, "
+            "M_TRIM_THRESHOLD) apply, the rest are glibc's defaults";
     return false;
   }
   *what = "malloc keeps freed memory (one arena, mmap threshold 32 MiB, trim threshold " +
-          std::to_string(trim_bytes >> 20) + " MiB)";
+          std::to_string(trim >> 20) + " MiB)";
   return true;
 #else
   (void)trim_bytes;

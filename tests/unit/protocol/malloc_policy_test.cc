@@ -100,11 +100,10 @@ TEST(MallocPolicyTest, FreedBlocksAreReusedWithoutPageFaults) {
   ASSERT_EQ(kept.applied, 1) << kept.what;
   EXPECT_NE(std::string(kept.what).find("keeps freed memory"), std::string::npos) << kept.what;
   const ChildReport plain = InChild(ClearMallocEnvironment, /*call=*/false);
-  // With glibc's defaults this pattern faults thousands of pages in again (25,600 of 512,000 on
-  // Debian 12); with the policy, (almost) none.
+  // With glibc's defaults this pattern faults pages in again (12,800 of 256,000 on Debian 12),
+  // with a trim threshold alone all of them; with the policy, (almost) none.
   EXPECT_LT(kept.faults * 100, kPagesTouched)
-      << "faults with the policy: " << kept.faults << ", without: " << plain.faults;
-  EXPECT_LT(kept.faults, plain.faults) << "faults with the policy: " << kept.faults;
+      << "faults with the policy: " << kept.faults << ", with glibc's defaults: " << plain.faults;
 }
 
 TEST(MallocPolicyTest, AnOperatorsMallocSettingsAreLeftAlone) {

@@ -9,8 +9,9 @@ namespace ferry::protocol {
 inline constexpr size_t kKeepFreedBytes = size_t{128} << 20;  // 128 MiB
 
 // Keeps freed memory in the process for reuse instead of giving it back to the kernel. Called
-// first thing in main() -- before any thread starts -- by ferry-broker, ferry-worker and
-// ferry-bench --raw; not by the SDK (a producer's process is the producer's to tune).
+// at the top of main(), before any thread starts (M_ARENA_MAX binds threads created after it),
+// by ferry-broker, ferry-worker and ferry-bench --raw; not by the SDK (a producer's process is
+// the producer's to tune).
 //
 // With glibc's defaults, an allocation above the mmap threshold (128 KiB at first, raised to
 // the size of each such block freed) is a fresh mmap; a heap's free top beyond the trim
@@ -25,7 +26,11 @@ inline constexpr size_t kKeepFreedBytes = size_t{128} << 20;  // 128 MiB
 // Sets M_ARENA_MAX 1 (every thread allocates from the main heap, which grows without a 64 MiB
 // bound), M_MMAP_THRESHOLD 32 MiB (glibc's largest) and M_TRIM_THRESHOLD trim_bytes: blocks up
 // to 32 MiB come from the heap and up to trim_bytes of free heap stay mapped (the process's
-// resident memory stays near its peak; ~50 MB more in the measurements of step 13).
+// resident memory stays near its peak; ~50 MB more in the measurements of step 13). Blocks
+// above 32 MiB -- a CPU worker's ResNet activations at batch 32 (~100 MB) -- are still fresh
+// mappings each time. One arena was measured on 2 cores only; on a many-core host with many
+// executors an operator who sees malloc contention can set MALLOC_ARENA_MAX (which turns
+// all of this off, see below).
 // Does nothing when the operator chose already -- GLIBC_TUNABLES naming any glibc.malloc.*
 // tunable, or MALLOC_ARENA_MAX, MALLOC_MMAP_THRESHOLD_ or MALLOC_TRIM_THRESHOLD_ set -- or with
 // a C library other than glibc. Returns true when it set
