@@ -235,7 +235,8 @@ int main(int argc, char** argv) {
   json.Add("shape", shape_text);
   json.Add("dtype", dtype_text);
   ferry::bench::Summarize(label, samples, jobs_done, failed, seconds, stages, &json);
-  json.Add("process_cpu_s", ferry::bench::ProcessCpuSeconds());  // the whole process so far, startup included
+  // The whole process so far, startup included.
+  json.Add("process_cpu_s", ferry::bench::ProcessCpuSeconds());
   if (!json_path.empty()) {
     std::ofstream out(json_path);
     out << json.Dump() << "\n";

@@ -55,8 +55,8 @@ double ProcessCpuSeconds();
 // Adds jobs, failed, seconds, throughput, p50/p90/p95/p99/max_ms, mean_ms, batch_size_mean,
 // batch_sizes (histogram) and, when `stages` is set, share {submit, queue, dispatch, compute,
 // delivery}, stage_mean_us, and stage_p50_us (the same stages plus dispatch's parts transfer and
-// worker; medians over the jobs with stamps) to *json, and prints them to stdout. `jobs` is the number of
-// jobs done (raw mode: forward calls x batch), `samples` their latencies.
+// worker; medians over the jobs with stamps) to *json, and prints them to stdout. `jobs` is the
+// number of jobs done (raw mode: forward calls x batch), `samples` their latencies.
 void Summarize(const std::string& label, const std::vector<Sample>& samples, int64_t jobs,
                int64_t failed, double seconds, bool stages, JsonObject* json);
 

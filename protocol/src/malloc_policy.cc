@@ -20,17 +20,23 @@ bool KeepFreedMemory(std::string* what, size_t trim_bytes) {
     *what = "malloc settings left as the environment sets them";
     return false;
   }
-  constexpr int kMmapThreshold = 32 << 20;  // glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
   const size_t trim = std::min<size_t>(trim_bytes, size_t{1} << 30);
-  const char* refused = mallopt(M_ARENA_MAX, 1) != 1                           ? "M_ARENA_MAX"
-                        : mallopt(M_MMAP_THRESHOLD, kMmapThreshold) != 1       ? "M_MMAP_THRESHOLD"
-                        : mallopt(M_TRIM_THRESHOLD, static_cast<int>(trim)) != 1 ? "M_TRIM_THRESHOLD"
-                                                                                : nullptr;
-  if (refused != nullptr) {
-    *what = std::string("malloc: mallopt(") + refused +
-            ") refused; the settings before it in (M_ARENA_MAX, M_MMAP_THRESHOLD, "
-            "M_TRIM_THRESHOLD) apply, the rest are glibc's defaults";
-    return false;
+  const struct {
+    int param;
+    int value;
+    const char* name;
+  } settings[] = {
+      {M_ARENA_MAX, 1, "M_ARENA_MAX"},
+      {M_MMAP_THRESHOLD, 32 << 20, "M_MMAP_THRESHOLD"},  // glibc's largest on 64-bit
+      {M_TRIM_THRESHOLD, static_cast<int>(trim), "M_TRIM_THRESHOLD"},
+  };
+  for (const auto& s : settings) {
+    if (mallopt(s.param, s.value) != 1) {
+      *what = std::string("malloc: mallopt(") + s.name +
+              ") refused; the settings before it in (M_ARENA_MAX, M_MMAP_THRESHOLD, "
+              "M_TRIM_THRESHOLD) apply, the rest are glibc's defaults";
+      return false;
+    }
   }
   *what = "malloc keeps freed memory (one arena, mmap threshold 32 MiB, trim threshold " +
           std::to_string(trim >> 20) + " MiB)";

@@ -110,7 +110,8 @@ TEST(MallocPolicyTest, AnOperatorsMallocSettingsAreLeftAlone) {
 #if !defined(__GLIBC__)
   GTEST_SKIP() << "glibc malloc only";
 #endif
-  for (const char* name : {"MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX"}) {
+  for (const char* name :
+       {"MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_ARENA_MAX"}) {
     const ChildReport r = InChild(
         [name] {
           ClearMallocEnvironment();

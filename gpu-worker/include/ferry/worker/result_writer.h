@@ -147,8 +147,9 @@ class ResultWriter {
   // Packs each result into its SET arguments (and releases the outputs' memory).
   std::vector<PackedResult> Pack(std::vector<JobResult>* results) const;
   // One pipelined round trip of SET NX for `packed` (the script that also publishes the notice
-  // for jobs with a notify channel, after a PING that puts the notices first). On the first try (`first_try`) records
-  // which were stored and counts the nils in *duplicates. Needs the writing role.
+  // for jobs with a notify channel, after a PING that puts the notices first). On the first try
+  // (`first_try`) records which were stored and counts the nils in *duplicates. Needs the
+  // writing role.
   Status WriteOnce(std::vector<PackedResult>* packed, bool first_try, int64_t* duplicates);
   // Writes `packed`, retrying with backoff until Redis accepts it or the writer is aborted
   // (returns false only then). `attempt` is the first try's number (2 after a caller's failed
