@@ -61,7 +61,10 @@ void Broker::Impl::Dispatch() {
   Chunk chunk;
   while (scheduler.NextChunk(&chunk)) {
     const int64_t now = protocol::NowMicros();
-    msgpack::sbuffer buf;
+    size_t size = 64;  // sized up front: no regrowth copies of the chunk's tensor bytes
+    for (const Job* j : chunk.jobs)
+      size += j->inputs_raw.size() + j->id.size() + j->model.size() + j->notify.size() + 160;
+    msgpack::sbuffer buf(size);
     protocol::Packer pk(buf);
     pk.pack_map(1);
     protocol::PackString(pk, "jobs");

@@ -33,8 +33,12 @@ std::string Journal::Encode(const Job& job) {
   protocol::PackString(pk, "attempt");
   pk.pack_int64(job.attempt);
   protocol::PackString(pk, "inputs");
-  buf.write(job.inputs_raw.data(), job.inputs_raw.size());  // already msgpack
-  return std::string(buf.data(), buf.size());
+  // The inputs are msgpack already: one copy of their bytes, after the small head.
+  std::string record;
+  record.reserve(buf.size() + job.inputs_raw.size());
+  record.append(buf.data(), buf.size());
+  record.append(job.inputs_raw);
+  return record;
 }
 
 Status Journal::Decode(const std::string& bytes, Job* out) {

@@ -231,7 +231,9 @@ std::vector<ResultWriter::PackedResult> ResultWriter::Pack(std::vector<JobResult
       rec.timing_us["compute_start"] = r.compute_start_us;
       rec.timing_us["compute_end"] = r.compute_end_us;
     }
-    msgpack::sbuffer buf;
+    size_t size = 512 + rec.id.size() + rec.model.size() + rec.worker.size();
+    for (const auto& t : rec.outputs) size += t.size + 16 * t.shape.size() + 64;
+    msgpack::sbuffer buf(size);  // sized up front: the output bytes are copied in once
     protocol::Packer pk(buf);
     protocol::PackResult(pk, rec);
     const int64_t ttl = e.result_ttl_s > 0 ? e.result_ttl_s : options_.default_ttl_s;

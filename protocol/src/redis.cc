@@ -4,6 +4,7 @@
 #include <hiredis/hiredis.h>
 
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 
 namespace ferry::protocol {
@@ -92,40 +93,40 @@ Status RedisClient::EnsureConnected() {
 }
 
 void RedisClient::Append(const std::vector<std::string_view>& argv) {
-  std::vector<std::string> copy;
-  copy.reserve(argv.size());
-  for (auto a : argv) copy.emplace_back(a);
-  queued_.push_back(std::move(copy));
+  size_t need = 16;
+  for (auto a : argv) need += a.size() + 24;
+  queued_.reserve(queued_.size() + need);  // grows geometrically
+  auto header = [this](char kind, size_t n) {
+    char digits[24];
+    auto end = std::to_chars(digits, digits + sizeof(digits), n).ptr;
+    queued_.push_back(kind);
+    queued_.append(digits, end);
+    queued_.append("\r\n", 2);
+  };
+  header('*', argv.size());
+  for (auto a : argv) {
+    header('$', a.size());
+    queued_.append(a.data(), a.size());
+    queued_.append("\r\n", 2);
+  }
   ++pending_;
 }
 
 Status RedisClient::Flush(std::vector<RedisReply>* replies) {
   if (replies) replies->clear();
-  std::vector<std::vector<std::string>> commands;
+  std::string commands;
   commands.swap(queued_);
+  const size_t n = pending_;
   pending_ = 0;
-  if (commands.empty()) return Status::Ok();
+  if (n == 0) return Status::Ok();
   FERRY_RETURN_IF_ERROR(EnsureConnected());
-  std::vector<const char*> argv;
-  std::vector<size_t> lens;
-  for (const auto& cmd : commands) {
-    argv.clear();
-    lens.clear();
-    argv.reserve(cmd.size());  // one allocation each, not one per doubling
-    lens.reserve(cmd.size());
-    for (const auto& a : cmd) {
-      argv.push_back(a.data());
-      lens.push_back(a.size());
-    }
-    if (redisAppendCommandArgv(ctx_, static_cast<int>(argv.size()), argv.data(), lens.data()) !=
-        REDIS_OK) {
-      std::string why = ctx_->errstr;
-      Drop();
-      return Status::Unavailable("redis append: " + why);
-    }
+  if (redisAppendFormattedCommand(ctx_, commands.data(), commands.size()) != REDIS_OK) {
+    std::string why = ctx_->errstr;
+    Drop();
+    return Status::Unavailable("redis append: " + why);
   }
   Status first_error;
-  for (size_t i = 0; i < commands.size(); ++i) {
+  for (size_t i = 0; i < n; ++i) {
     void* raw = nullptr;
     if (redisGetReply(ctx_, &raw) != REDIS_OK || raw == nullptr) {
       std::string why = ctx_->errstr[0] ? ctx_->errstr : "connection lost";

@@ -40,7 +40,8 @@ class RedisClient {
   RedisClient(const RedisClient&) = delete;
   RedisClient& operator=(const RedisClient&) = delete;
 
-  // Queues a command for the next Flush (copies the arguments).
+  // Queues a command for the next Flush: the arguments are copied once, straight into the
+  // pipeline's wire form (RESP), so a big value is not copied again before hiredis sends it.
   void Append(const std::vector<std::string_view>& argv);
   size_t pending() const { return pending_; }
   // Sends every appended command in one round trip and reads all replies in order. Error replies
@@ -62,7 +63,7 @@ class RedisClient {
   int timeout_ms_;
   redisContext* ctx_ = nullptr;
   size_t pending_ = 0;
-  std::vector<std::vector<std::string>> queued_;
+  std::string queued_;  // the pending_ commands, RESP-encoded back to back
 };
 
 // RedisSubscriber: one connection in Pub/Sub mode, subscribed to one channel, read without
