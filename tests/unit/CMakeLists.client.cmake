@@ -13,7 +13,8 @@ add_executable(client_unit_tests
   ${CMAKE_CURRENT_LIST_DIR}/client_poll_wait_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/client_run_test.cc
   ${CMAKE_CURRENT_LIST_DIR}/client_submit_test.cc)
-target_link_libraries(client_unit_tests PRIVATE ferry::client ferry_cli GTest::gtest_main)
+target_link_libraries(client_unit_tests PRIVATE ferry::client ferry_cli ferry_testutil
+  GTest::gtest_main)
 # client_frontend_connection_test.cc tests the SDK's internal FrontendConnection.
 target_include_directories(client_unit_tests PRIVATE ${PROJECT_SOURCE_DIR}/producer-sdk/src)
 target_link_libraries(client_unit_tests PRIVATE PkgConfig::ZMQ)

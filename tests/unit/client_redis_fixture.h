@@ -2,10 +2,7 @@
 // A real redis-server for the SDK's unit tests: a free port, a temp dir, fork/exec, PING before
 // use, SIGTERM + waitpid + rm -rf at the end. (Integration tests use tests/testutil instead.)
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -18,25 +15,11 @@
 
 #include "ferry/protocol/redis.h"
 #include "ferry/protocol/util.h"
+#include "process.h"
 
 namespace ferry::client_test {
 
-// A TCP port on 127.0.0.1 that was free a moment ago.
-inline int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (fd < 0 || bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    if (fd >= 0) close(fd);
-    return -1;
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+using testutil::FreePort;  // tests/testutil/process.h
 
 class RedisProcess {
  public:

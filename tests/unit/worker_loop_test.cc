@@ -3,9 +3,7 @@
 // exactly once, after its write), failures for undecodable entries and unknown models,
 // heartbeats, REANNOUNCE, and the drain on stop (DONE before BYE).
 #include <gtest/gtest.h>
-#include <netinet/in.h>
 #include <signal.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -22,6 +20,7 @@
 #include "ferry/protocol/util.h"
 #include "ferry/protocol/wire.h"
 #include "ferry/worker/worker.h"
+#include "process.h"
 #include "worker_test_models.h"
 
 namespace ferry::worker {
@@ -29,17 +28,7 @@ namespace {
 
 using protocol::Message;
 
-int FreePort() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
-}
+using testutil::FreePort;
 
 // A redis-server in a temp dir, stopped by the destructor.
 class RedisServer {
