@@ -100,6 +100,8 @@ void FrontendConnection::ReleaseDriver() {
   if (Waiter* next = parked_head_) {
     Unpark(next);
     next->cv.notify_one();  // it finds the socket free and drives
+  } else if (background_asleep_) {
+    background_cv_.notify_one();  // callers left it: the background thread's idle time starts
   }
 }
 
@@ -131,7 +133,7 @@ bool FrontendConnection::AwaitLocked(Waiter* w, Clock::time_point deadline, bool
   auto leave = [this, w](bool result) {
     if (offered_to_ == w) {
       offered_to_ = nullptr;
-      if (driver_ == Driver::kNone && parked_head_ != nullptr) ReleaseDriver();
+      if (driver_ == Driver::kNone) ReleaseDriver();  // to the next sleeper, or the background
     }
     return result;
   };
@@ -293,14 +295,30 @@ void FrontendConnection::Drive(Until until, Clock::time_point deadline) {
 void FrontendConnection::BackgroundLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
+    ++background_wakeups_;
     // Callers drive while they block; the socket is taken only after they left it idle, and
     // never while a caller sleeps or has just been handed it.
     const Clock::time_point now = Clock::now();
-    const Clock::time_point idle_until = caller_released_ + kIdleHandback;
     const bool callers_have_it =
         driver_ != Driver::kNone || offered_to_ != nullptr || parked_head_ != nullptr;
-    if (callers_have_it || now < idle_until) {
-      background_cv_.wait_until(lock, callers_have_it ? now + kIdleHandback : idle_until);
+    if (callers_have_it) {
+      if (now - caller_released_ < kIdleHandback) {
+        // Callers come and go faster than kIdleHandback (light load): look again then, rather
+        // than be woken at every job.
+        background_cv_.wait_until(lock, now + kIdleHandback);
+      } else {
+        // One caller keeps it (a long wait): sleep until ReleaseDriver finds nobody to hand
+        // it to. A sleeper is parked only while someone drives or has been offered the
+        // socket, so that is the only way callers leave it.
+        background_asleep_ = true;
+        background_cv_.wait(lock);
+        background_asleep_ = false;
+      }
+      continue;
+    }
+    const Clock::time_point idle_until = caller_released_ + kIdleHandback;
+    if (now < idle_until) {
+      background_cv_.wait_until(lock, idle_until);
       continue;
     }
     driver_ = Driver::kBackground;

@@ -13,6 +13,8 @@
 // A background thread drives the socket while no caller has for kIdleHandback, so replies and
 // notices that nobody is waiting for yet are still read (nothing is lost before that either:
 // ZeroMQ queues them). A caller that needs the socket while that thread drives asks it to yield.
+// While callers come and go, that thread looks every kIdleHandback; while one caller keeps the
+// socket longer (a long wait), it sleeps until the socket is left with nobody to hand it to.
 //
 // Each request carries a request id ("rid") that the broker echoes; replies are matched by it.
 // Unsolicited FINISHED notices go to a callback, on whichever thread drives.
@@ -98,8 +100,10 @@ class FrontendConnection : public Parking {
   // Whether a push subscription is in place and has not failed.
   bool push_active() const { return push_active_.load(std::memory_order_acquire); }
 
-  // How many times the background thread has handed the socket to a caller (for tests).
+  // How many times the background thread has handed the socket to a caller, and how many times
+  // it has woken up (for tests).
   int64_t background_yields() const { return background_yields_.load(); }
+  int64_t background_wakeups() const { return background_wakeups_.load(); }
 
   // Parking: a blocked caller drives the socket while nobody else does.
   bool Await(Waiter* w, Clock::time_point deadline) override;
@@ -159,7 +163,9 @@ class FrontendConnection : public Parking {
   Waiter* offered_to_ = nullptr;                         // guarded by mu_: woken to drive next
   std::atomic<bool> background_yield_{false};            // a caller wants the socket
   std::atomic<int64_t> background_yields_{0};
+  std::atomic<int64_t> background_wakeups_{0};
   Clock::time_point caller_released_;                    // guarded by mu_
+  bool background_asleep_ = false;  // guarded by mu_: waits for ReleaseDriver, not a timeout
   std::condition_variable background_cv_;                // the background thread parks here
   Waiter* parked_head_ = nullptr;                        // guarded by mu_: callers asleep,
   Waiter* parked_tail_ = nullptr;                        //   oldest first

@@ -1,7 +1,7 @@
 // The SDK's FrontendConnection (producer-sdk/src) on its own, over real ZeroMQ sockets against a
 // scripted frontend: its leader/follower driving -- the background thread reads while no caller
 // waits, a driving caller serves another caller's request, the background thread hands the socket
-// over once per idle caller, and Signal ends both kinds of wait.
+// over once per idle caller and sleeps while a caller drives, and Signal ends both kinds of wait.
 
 #include <gtest/gtest.h>
 
@@ -38,6 +38,22 @@ class FrontendConnectionTest : public ::testing::Test {
   std::string endpoint_;
 };
 
+// A SUBMIT of no jobs, so that the scripted broker knows where to send FINISHED.
+void SubmitNothing(FrontendConnection* conn) {
+  FrontendConnection::Reply reply;
+  const int64_t rid = conn->NextRid();
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  pk.pack_map(2);
+  protocol::PackString(pk, "jobs");
+  pk.pack_array(0);
+  protocol::PackString(pk, "rid");
+  pk.pack_int64(rid);
+  ASSERT_TRUE(conn->Call(rid, protocol::kSubmit, protocol::ToMessage(std::move(buf)), 5000,
+                         &reply).ok());
+  EXPECT_EQ(reply.command, protocol::kAccepted);
+}
+
 // Nobody waits: the background thread still reads the socket and hands FINISHED notices over.
 TEST_F(FrontendConnectionTest, BackgroundThreadReadsWhileNoCallerWaits) {
   ScriptedFrontend broker(port_);
@@ -52,19 +68,7 @@ TEST_F(FrontendConnectionTest, BackgroundThreadReadsWhileNoCallerWaits) {
                     noticed.insert(noticed.end(), ids.begin(), ids.end());
                     cv.notify_all();
                   }).ok());
-  // One SUBMIT, so that the scripted broker knows where to send FINISHED.
-  FrontendConnection::Reply reply;
-  const int64_t rid = conn->NextRid();
-  msgpack::sbuffer buf;
-  protocol::Packer pk(buf);
-  pk.pack_map(2);
-  protocol::PackString(pk, "jobs");
-  pk.pack_array(0);
-  protocol::PackString(pk, "rid");
-  pk.pack_int64(rid);
-  ASSERT_TRUE(conn->Call(rid, protocol::kSubmit, protocol::ToMessage(std::move(buf)), 5000,
-                         &reply).ok());
-  EXPECT_EQ(reply.command, protocol::kAccepted);
+  SubmitNothing(conn.get());
   broker.Finish({"bg-1", "bg-2"});
   // This thread only sleeps on its own condition variable: no Call, no Await.
   std::unique_lock<std::mutex> lock(mu);
@@ -118,6 +122,37 @@ TEST_F(FrontendConnectionTest, BackgroundThreadYieldsOncePerIdleCaller) {
   // period between being woken and taking the socket.
   EXPECT_GE(conn->background_yields(), 1);
   EXPECT_LE(conn->background_yields(), 2 * kCalls);
+}
+
+// While one caller drives the socket for long (a long wait for a result), the background thread
+// sleeps instead of checking every kIdleHandback (200 times a second), and it still takes the
+// socket back once the caller leaves: a FINISHED that comes afterwards is read with no caller waiting.
+TEST_F(FrontendConnectionTest, BackgroundThreadSleepsWhileACallerDrives) {
+  ScriptedFrontend broker(port_);
+  std::unique_ptr<FrontendConnection> conn;
+  ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> noticed;
+  ASSERT_TRUE(conn->Start([&](const std::vector<std::string>& ids,
+                              const protocol::InlineResults&) {
+                    std::lock_guard<std::mutex> lock(mu);
+                    noticed.insert(noticed.end(), ids.begin(), ids.end());
+                    cv.notify_all();
+                  }).ok());
+  SubmitNothing(conn.get());
+  constexpr auto kDrive = milliseconds(1000);
+  const int64_t before = conn->background_wakeups();
+  Waiter never_signaled;
+  EXPECT_FALSE(conn->Await(&never_signaled, Clock::now() + kDrive));
+  const int64_t woke = conn->background_wakeups() - before;
+  EXPECT_LE(woke, 10) << "the background thread woke " << woke << " times in "
+                     << kDrive.count() << " ms while a caller drove";
+  broker.Finish({"after-1"});
+  std::unique_lock<std::mutex> lock(mu);
+  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return !noticed.empty(); }))
+      << "the background thread did not take the socket back";
+  EXPECT_EQ(noticed, std::vector<std::string>{"after-1"});
 }
 
 // Signal from another thread ends a wait, whether the waiter drives the socket or sleeps.
