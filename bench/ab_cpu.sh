@@ -69,7 +69,8 @@ run() {  # NAME: one measured run, printed as one field group
   "${perf[@]}" "${BUILD[$name]}/bench/ferry-bench" --frontend "${FRONT[$name]}" \
     --redis "${REDIS[$name]}" --wait-workers 1 --model "$MODEL" --shape "$SHAPE" --dtype "$DTYPE" \
     --concurrency "$C" --loaders 2 --submit-batch 8 --jobs "$JOBS" --json "$WORK/$name/run.json" \
-    >"$WORK/$name/bench.log" 2>&1 || { echo "ferry-bench failed: $(tail -3 "$WORK/$name/bench.log")"; return; }
+    >"$WORK/$name/bench.log" 2>&1 ||
+    { echo "ferry-bench failed: $(tail -3 "$WORK/$name/bench.log")"; return; }
   r1=$(cpu_ticks "${REDIS_PID[$name]}"); b1=$(cpu_ticks "${BROKER_PID[$name]}")
   w1=$(cpu_ticks "${WORKER_PID[$name]}")
   python3 - "$WORK/$name" "$((b1 - b0))" "$((r1 - r0))" "$((w1 - w0))" "$(getconf CLK_TCK)" <<'PY'

@@ -38,6 +38,29 @@ class FrontendConnectionTest : public ::testing::Test {
   std::string endpoint_;
 };
 
+// Collects the ids of the FINISHED notices a connection hands over (on whichever thread drives).
+class Notices {
+ public:
+  FrontendConnection::FinishedFn Callback() {
+    return [this](const std::vector<std::string>& ids, const protocol::InlineResults&) {
+      std::lock_guard<std::mutex> lock(mu_);
+      ids_.insert(ids_.end(), ids.begin(), ids.end());
+      cv_.notify_all();
+    };
+  }
+  // The ids so far, once there are `n` (or after 30 s).
+  std::vector<std::string> WaitFor(size_t n) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, std::chrono::seconds(30), [&] { return ids_.size() >= n; });
+    return ids_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> ids_;
+};
+
 // A SUBMIT of no jobs, so that the scripted broker knows where to send FINISHED.
 void SubmitNothing(FrontendConnection* conn) {
   FrontendConnection::Reply reply;
@@ -59,22 +82,13 @@ TEST_F(FrontendConnectionTest, BackgroundThreadReadsWhileNoCallerWaits) {
   ScriptedFrontend broker(port_);
   std::unique_ptr<FrontendConnection> conn;
   ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::string> noticed;
-  ASSERT_TRUE(conn->Start([&](const std::vector<std::string>& ids,
-                              const protocol::InlineResults&) {
-                    std::lock_guard<std::mutex> lock(mu);
-                    noticed.insert(noticed.end(), ids.begin(), ids.end());
-                    cv.notify_all();
-                  }).ok());
+  Notices notices;
+  ASSERT_TRUE(conn->Start(notices.Callback()).ok());
   SubmitNothing(conn.get());
   broker.Finish({"bg-1", "bg-2"});
   // This thread only sleeps on its own condition variable: no Call, no Await.
-  std::unique_lock<std::mutex> lock(mu);
-  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return noticed.size() == 2; }))
+  EXPECT_EQ(notices.WaitFor(2), (std::vector<std::string>{"bg-1", "bg-2"}))
       << "FINISHED was not read while no caller waited";
-  EXPECT_EQ(noticed, (std::vector<std::string>{"bg-1", "bg-2"}));
 }
 
 // A caller that drives the socket for its own long wait also sends another caller's request and
@@ -126,20 +140,14 @@ TEST_F(FrontendConnectionTest, BackgroundThreadYieldsOncePerIdleCaller) {
 
 // While one caller drives the socket for long (a long wait for a result), the background thread
 // sleeps instead of checking every kIdleHandback (200 times a second), and it still takes the
-// socket back once the caller leaves: a FINISHED that comes afterwards is read with no caller waiting.
+// socket back once the caller leaves: a FINISHED that comes afterwards is read with no caller
+// waiting.
 TEST_F(FrontendConnectionTest, BackgroundThreadSleepsWhileACallerDrives) {
   ScriptedFrontend broker(port_);
   std::unique_ptr<FrontendConnection> conn;
   ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<std::string> noticed;
-  ASSERT_TRUE(conn->Start([&](const std::vector<std::string>& ids,
-                              const protocol::InlineResults&) {
-                    std::lock_guard<std::mutex> lock(mu);
-                    noticed.insert(noticed.end(), ids.begin(), ids.end());
-                    cv.notify_all();
-                  }).ok());
+  Notices notices;
+  ASSERT_TRUE(conn->Start(notices.Callback()).ok());
   SubmitNothing(conn.get());
   constexpr auto kDrive = milliseconds(1000);
   const int64_t before = conn->background_wakeups();
@@ -149,10 +157,8 @@ TEST_F(FrontendConnectionTest, BackgroundThreadSleepsWhileACallerDrives) {
   EXPECT_LE(woke, 10) << "the background thread woke " << woke << " times in "
                      << kDrive.count() << " ms while a caller drove";
   broker.Finish({"after-1"});
-  std::unique_lock<std::mutex> lock(mu);
-  ASSERT_TRUE(cv.wait_for(lock, std::chrono::seconds(30), [&] { return !noticed.empty(); }))
+  EXPECT_EQ(notices.WaitFor(1), std::vector<std::string>{"after-1"})
       << "the background thread did not take the socket back";
-  EXPECT_EQ(noticed, std::vector<std::string>{"after-1"});
 }
 
 // Signal from another thread ends a wait, whether the waiter drives the socket or sleeps.
