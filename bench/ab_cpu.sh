@@ -11,7 +11,8 @@
 # null model on [3,224,224] float32 inputs (602 KB), is run.sh's `bytes` scenario.
 # Environment: SHAPE (3,224,224), DTYPE (float32), C (16), INSTANCES (1), THREADS (1) for the
 # worker's --instances/--threads, PERF=1 to also print each run's producer page faults and
-# task-clock from `perf stat`.
+# task-clock from `perf stat`. ENV_BASE / ENV_NEW: environment assignments for that side's
+# broker and worker (e.g. ENV_NEW="MALLOC_ARENA_MAX=2"), to compare settings with one build.
 set -uo pipefail
 [ $# -ge 2 ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 BASE=$(cd "$1" && pwd); NEW=$(cd "$2" && pwd)
@@ -35,19 +36,19 @@ free_port() {
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
 "$NEW/gpu-worker/ferry-make-models" "$WORK/models" >/dev/null
 declare -A FRONT REDIS REDIS_PID BROKER_PID WORKER_PID BUILD
-start() {  # NAME BUILD
-  local name=$1 build=$2 rport fport bport
+start() {  # NAME BUILD ENV
+  local name=$1 build=$2 env=(env ${3:-}) rport fport bport
   rport=$(free_port); fport=$(free_port); bport=$(free_port)
   mkdir -p "$WORK/$name"
   redis-server --port "$rport" --bind 127.0.0.1 --dir "$WORK/$name" --save '' --appendonly no \
     >"$WORK/$name/redis.log" 2>&1 &
   REDIS_PID[$name]=$!; PIDS+=($!)
   for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.05; done
-  "$build/broker/ferry-broker" --frontend "tcp://127.0.0.1:$fport" \
+  "${env[@]}" "$build/broker/ferry-broker" --frontend "tcp://127.0.0.1:$fport" \
     --backend "tcp://127.0.0.1:$bport" --redis "redis://127.0.0.1:$rport" --log-level warn \
     >"$WORK/$name/broker.log" 2>&1 &
   BROKER_PID[$name]=$!; PIDS+=($!)
-  "$build/gpu-worker/ferry-worker" --model "$MODEL=$WORK/models/$MODEL.pt" --device cpu \
+  "${env[@]}" "$build/gpu-worker/ferry-worker" --model "$MODEL=$WORK/models/$MODEL.pt" --device cpu \
     --max-batch 8 --instances "${INSTANCES:-1}" --threads "${THREADS:-1}" \
     --broker "tcp://127.0.0.1:$bport" --redis "redis://127.0.0.1:$rport" --log-level warn \
     >"$WORK/$name/worker.log" 2>&1 &
@@ -55,8 +56,8 @@ start() {  # NAME BUILD
   FRONT[$name]="tcp://127.0.0.1:$fport"; REDIS[$name]="redis://127.0.0.1:$rport"
   BUILD[$name]=$build
 }
-start base "$BASE"
-start new "$NEW"
+start base "$BASE" "${ENV_BASE:-}"
+start new "$NEW" "${ENV_NEW:-}"
 sleep 3
 for name in base new; do  # the worker re-executes itself: the last match is the one that serves
   WORKER_PID[$name]=$(pgrep -f "ferry-worker.*${REDIS[$name]}" | tail -1)
