@@ -8,13 +8,15 @@
 # ferry-bench runs between them (concurrency C, 2 loaders, SUBMITs of 8 jobs). Each line is one
 # pair: jobs/s and the CPU microseconds per job of the broker, Redis, the worker (from
 # /proc/PID/stat around the run) and the producer (ferry-bench's bench_cpu_s). The default, the
-# null model on [3,224,224] float32 inputs (602 KB), is run.sh's `bytes` scenario.
+# null model on [3,224,224] float32 inputs (602 KB), is run.sh's `bytes` scenario. The order
+# within a pair alternates (base first in odd rounds, new first in even ones); CPU time is read
+# in nanoseconds from /proc/PID/task/*/schedstat.
 # Environment: SHAPE (3,224,224), DTYPE (float32), C (16), INSTANCES (1), THREADS (1) for the
 # worker's --instances/--threads, PERF=1 to also print each run's producer page faults and
 # task-clock from `perf stat`. ENV_BASE / ENV_NEW: environment assignments for that side's
 # broker and worker (e.g. ENV_NEW="MALLOC_ARENA_MAX=2"), to compare settings with one build.
 set -uo pipefail
-[ $# -ge 2 ] || { sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 BASE=$(cd "$1" && pwd); NEW=$(cd "$2" && pwd)
 ROUNDS=${3:-4}; JOBS=${4:-400}; MODEL=${5:-null}
 SHAPE=${SHAPE:-3,224,224}; DTYPE=${DTYPE:-float32}; C=${C:-16}
@@ -22,10 +24,8 @@ WORK=$(mktemp -d /tmp/ferry-abcpu-XXXXXX)
 PIDS=()
 cleanup() {
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  pkill -TERM -f "ferry-worker.*$WORK" 2>/dev/null || true
   sleep 0.5
   for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-  pkill -KILL -f "ferry-worker.*$WORK" 2>/dev/null || true
   wait 2>/dev/null || true
   rm -rf "$WORK"
 }
@@ -33,17 +33,20 @@ trap cleanup EXIT
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
-cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat" 2>/dev/null || echo 0; }
-"$NEW/gpu-worker/ferry-make-models" "$WORK/models" >/dev/null
+cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%.0f\n", s}'; }
+"$NEW/gpu-worker/ferry-make-models" "$WORK/models" >/dev/null || exit 1
 declare -A FRONT REDIS REDIS_PID BROKER_PID WORKER_PID BUILD
 start() {  # NAME BUILD ENV
-  local name=$1 build=$2 env=(env ${3:-}) rport fport bport
+  local name=$1 build=$2 rport fport bport env=(env)
+  read -r -a extra <<<"${3:-}"
+  env+=("${extra[@]}")
   rport=$(free_port); fport=$(free_port); bport=$(free_port)
   mkdir -p "$WORK/$name"
   redis-server --port "$rport" --bind 127.0.0.1 --dir "$WORK/$name" --save '' --appendonly no \
     >"$WORK/$name/redis.log" 2>&1 &
   REDIS_PID[$name]=$!; PIDS+=($!)
   for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.05; done
+  redis-cli -p "$rport" ping >/dev/null 2>&1 || { echo "ab_cpu.sh: redis-server did not start" >&2; exit 1; }
   "${env[@]}" "$build/broker/ferry-broker" --frontend "tcp://127.0.0.1:$fport" \
     --backend "tcp://127.0.0.1:$bport" --redis "redis://127.0.0.1:$rport" --log-level warn \
     >"$WORK/$name/broker.log" 2>&1 &
@@ -52,33 +55,34 @@ start() {  # NAME BUILD ENV
     --max-batch 8 --instances "${INSTANCES:-1}" --threads "${THREADS:-1}" \
     --broker "tcp://127.0.0.1:$bport" --redis "redis://127.0.0.1:$rport" --log-level warn \
     >"$WORK/$name/worker.log" 2>&1 &
-  PIDS+=($!)
+  WORKER_PID[$name]=$!; PIDS+=($!)  # env and the worker's re-exec keep the PID
   FRONT[$name]="tcp://127.0.0.1:$fport"; REDIS[$name]="redis://127.0.0.1:$rport"
   BUILD[$name]=$build
 }
 start base "$BASE" "${ENV_BASE:-}"
 start new "$NEW" "${ENV_NEW:-}"
 sleep 3
-for name in base new; do  # the worker re-executes itself: the last match is the one that serves
-  WORKER_PID[$name]=$(pgrep -f "ferry-worker.*${REDIS[$name]}" | tail -1)
+for name in base new; do
+  kill -0 "${BROKER_PID[$name]}" "${WORKER_PID[$name]}" 2>/dev/null ||
+    { echo "ab_cpu.sh: the $name fleet did not start: $(tail -3 "$WORK/$name/"*.log)" >&2; exit 1; }
 done
 run() {  # NAME: one measured run, printed as one field group
   local name=$1 r0 b0 w0 r1 b1 w1 perf=()
   [ "${PERF:-0}" = 1 ] && perf=(perf stat -e page-faults,task-clock -o "$WORK/$name/perf.txt")
-  r0=$(cpu_ticks "${REDIS_PID[$name]}"); b0=$(cpu_ticks "${BROKER_PID[$name]}")
-  w0=$(cpu_ticks "${WORKER_PID[$name]}")
+  r0=$(cpu_ns "${REDIS_PID[$name]}"); b0=$(cpu_ns "${BROKER_PID[$name]}")
+  w0=$(cpu_ns "${WORKER_PID[$name]}")
   "${perf[@]}" "${BUILD[$name]}/bench/ferry-bench" --frontend "${FRONT[$name]}" \
     --redis "${REDIS[$name]}" --wait-workers 1 --model "$MODEL" --shape "$SHAPE" --dtype "$DTYPE" \
     --concurrency "$C" --loaders 2 --submit-batch 8 --jobs "$JOBS" --json "$WORK/$name/run.json" \
     >"$WORK/$name/bench.log" 2>&1 ||
     { echo "ferry-bench failed: $(tail -3 "$WORK/$name/bench.log")"; return; }
-  r1=$(cpu_ticks "${REDIS_PID[$name]}"); b1=$(cpu_ticks "${BROKER_PID[$name]}")
-  w1=$(cpu_ticks "${WORKER_PID[$name]}")
-  python3 - "$WORK/$name" "$((b1 - b0))" "$((r1 - r0))" "$((w1 - w0))" "$(getconf CLK_TCK)" <<'PY'
+  r1=$(cpu_ns "${REDIS_PID[$name]}"); b1=$(cpu_ns "${BROKER_PID[$name]}")
+  w1=$(cpu_ns "${WORKER_PID[$name]}")
+  python3 - "$WORK/$name" "$((b1 - b0))" "$((r1 - r0))" "$((w1 - w0))" <<'PY'
 import json, os, re, sys
-d, broker, redis, worker, hz = sys.argv[1], *map(int, sys.argv[2:])
+d, broker, redis, worker = sys.argv[1], *map(int, sys.argv[2:])
 r = json.load(open(os.path.join(d, "run.json")))
-per_job = lambda ticks: ticks / hz / r["jobs"] * 1e6
+per_job = lambda ns: ns / 1e3 / r["jobs"]
 out = "%7.1f jobs/s  broker %5.0f  redis %5.0f  worker %6.0f  bench %5.0f" % (
     r["throughput"], per_job(broker), per_job(redis), per_job(worker),
     r["bench_cpu_s"] / r["jobs"] * 1e6)
@@ -95,6 +99,11 @@ PY
 echo "# ${JOBS} jobs of $MODEL [$SHAPE] $DTYPE per run, C=$C; CPU us per job"
 run base >/dev/null; run new >/dev/null  # warm-up pair, not shown
 for i in $(seq "$ROUNDS"); do
-  echo "round $i  base $(run base)"
-  echo "        new  $(run new)"
+  if [ $((i % 2)) = 1 ]; then
+    b=$(run base); n=$(run new)
+  else
+    n=$(run new); b=$(run base)
+  fi
+  echo "round $i  base $b"
+  echo "        new  $n"
 done

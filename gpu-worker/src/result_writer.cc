@@ -233,7 +233,7 @@ std::vector<ResultWriter::PackedResult> ResultWriter::Pack(std::vector<JobResult
     }
     size_t size = 512 + rec.id.size() + rec.model.size() + rec.worker.size();
     for (const auto& t : rec.outputs) size += t.size + 16 * t.shape.size() + 64;
-    msgpack::sbuffer buf(size);  // sized up front: the output bytes are copied in once
+    msgpack::sbuffer buf(size);  // sized up front: no regrowth copies of the output bytes
     protocol::Packer pk(buf);
     protocol::PackResult(pk, rec);
     const int64_t ttl = e.result_ttl_s > 0 ? e.result_ttl_s : options_.default_ttl_s;

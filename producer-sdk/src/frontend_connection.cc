@@ -295,7 +295,7 @@ void FrontendConnection::Drive(Until until, Clock::time_point deadline) {
 void FrontendConnection::BackgroundLoop() {
   std::unique_lock<std::mutex> lock(mu_);
   while (!stop_) {
-    ++background_wakeups_;
+    ++background_turns_;
     // Callers drive while they block; the socket is taken only after they left it idle, and
     // never while a caller sleeps or has just been handed it.
     const Clock::time_point now = Clock::now();

@@ -100,10 +100,10 @@ class FrontendConnection : public Parking {
   // Whether a push subscription is in place and has not failed.
   bool push_active() const { return push_active_.load(std::memory_order_acquire); }
 
-  // How many times the background thread has handed the socket to a caller, and how many times
-  // it has woken up (for tests).
+  // How many times the background thread has handed the socket to a caller, and how many turns
+  // its loop has made: one per wake-up and one per return from driving (for tests).
   int64_t background_yields() const { return background_yields_.load(); }
-  int64_t background_wakeups() const { return background_wakeups_.load(); }
+  int64_t background_turns() const { return background_turns_.load(); }
 
   // Parking: a blocked caller drives the socket while nobody else does.
   bool Await(Waiter* w, Clock::time_point deadline) override;
@@ -163,7 +163,7 @@ class FrontendConnection : public Parking {
   Waiter* offered_to_ = nullptr;                         // guarded by mu_: woken to drive next
   std::atomic<bool> background_yield_{false};            // a caller wants the socket
   std::atomic<int64_t> background_yields_{0};
-  std::atomic<int64_t> background_wakeups_{0};
+  std::atomic<int64_t> background_turns_{0};
   Clock::time_point caller_released_;                    // guarded by mu_
   bool background_asleep_ = false;  // guarded by mu_: waits for ReleaseDriver, not a timeout
   std::condition_variable background_cv_;                // the background thread parks here

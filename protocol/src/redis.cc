@@ -87,15 +87,19 @@ Status RedisClient::EnsureConnected() {
     std::string db = std::to_string(endpoint_.db);
     RedisReply reply;
     Status s = Command({"SELECT", db}, &reply);
-    if (!s.ok()) return s;
+    if (!s.ok()) {
+      Drop();  // an error reply leaves the connection up, on the wrong database
+      return s;
+    }
   }
   return Status::Ok();
 }
 
 void RedisClient::Append(const std::vector<std::string_view>& argv) {
+  if (argv.empty()) return;
   size_t need = 16;
   for (auto a : argv) need += a.size() + 24;
-  queued_.reserve(queued_.size() + need);  // grows geometrically
+  queued_.reserve(queued_.size() + need);
   auto header = [this](char kind, size_t n) {
     char digits[24];
     auto end = std::to_chars(digits, digits + sizeof(digits), n).ptr;

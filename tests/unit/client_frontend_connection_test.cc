@@ -84,7 +84,7 @@ TEST_F(FrontendConnectionTest, BackgroundThreadReadsWhileNoCallerWaits) {
   ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
   Notices notices;
   ASSERT_TRUE(conn->Start(notices.Callback()).ok());
-  SubmitNothing(conn.get());
+  ASSERT_NO_FATAL_FAILURE(SubmitNothing(conn.get()));
   broker.Finish({"bg-1", "bg-2"});
   // This thread only sleeps on its own condition variable: no Call, no Await.
   EXPECT_EQ(notices.WaitFor(2), (std::vector<std::string>{"bg-1", "bg-2"}))
@@ -148,17 +148,46 @@ TEST_F(FrontendConnectionTest, BackgroundThreadSleepsWhileACallerDrives) {
   ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
   Notices notices;
   ASSERT_TRUE(conn->Start(notices.Callback()).ok());
-  SubmitNothing(conn.get());
+  ASSERT_NO_FATAL_FAILURE(SubmitNothing(conn.get()));
   constexpr auto kDrive = milliseconds(1000);
-  const int64_t before = conn->background_wakeups();
+  const int64_t before = conn->background_turns();
   Waiter never_signaled;
   EXPECT_FALSE(conn->Await(&never_signaled, Clock::now() + kDrive));
-  const int64_t woke = conn->background_wakeups() - before;
-  EXPECT_LE(woke, 10) << "the background thread woke " << woke << " times in "
-                     << kDrive.count() << " ms while a caller drove";
+  const int64_t turns = conn->background_turns() - before;
+  EXPECT_LE(turns, 10) << "the background thread woke " << turns << " times in "
+                       << kDrive.count() << " ms while a caller drove";
   broker.Finish({"after-1"});
   EXPECT_EQ(notices.WaitFor(1), std::vector<std::string>{"after-1"})
       << "the background thread did not take the socket back";
+}
+
+// Two callers end their waits together after the background thread has gone to sleep: A drives
+// until its deadline, B sleeps; when A leaves it offers the socket to B, and A's thread signals B
+// at once, so B usually leaves before it takes the socket (otherwise it drives and leaves).
+// Either way the background thread must be woken to take the socket back.
+TEST_F(FrontendConnectionTest, CallersLeavingTogetherHandTheSocketBack) {
+  ScriptedFrontend broker(port_);
+  std::unique_ptr<FrontendConnection> conn;
+  ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
+  Notices notices;
+  ASSERT_TRUE(conn->Start(notices.Callback()).ok());
+  ASSERT_NO_FATAL_FAILURE(SubmitNothing(conn.get()));
+  for (int round = 0; round < 5; ++round) {
+    Waiter a, b;
+    std::thread tb([&] { EXPECT_TRUE(conn->Await(&b, Clock::now() + std::chrono::seconds(60))); });
+    std::thread ta([&] {
+      EXPECT_FALSE(conn->Await(&a, Clock::now() + milliseconds(200)));
+      conn->Signal(&b);
+    });
+    ta.join();
+    tb.join();
+    const std::string id = "after-" + std::to_string(round);
+    broker.Finish({id});
+    const std::vector<std::string> got = notices.WaitFor(static_cast<size_t>(round) + 1);
+    ASSERT_EQ(got.size(), static_cast<size_t>(round) + 1)
+        << "round " << round << ": the socket was left with nobody reading it";
+    EXPECT_EQ(got.back(), id);
+  }
 }
 
 // Signal from another thread ends a wait, whether the waiter drives the socket or sleeps.

@@ -1,6 +1,7 @@
 // protocol::RedisClient against a real redis-server: a pipeline of commands whose arguments are
 // binary (CR LF and NUL inside, empty, one of several MB) goes out in one round trip and every
-// reply comes back in order; an error reply in the middle is reported without losing the others.
+// reply comes back in order; an error reply in the middle is reported without losing the others;
+// a database Redis refuses is never silently replaced by database 0.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -81,6 +82,32 @@ TEST_F(RedisClientTest, AFlushWithNothingAppendedSendsNothing) {
   client_->Append({"PING"});
   EXPECT_EQ(client_->Flush(nullptr).code(), codes::kUnavailable);
   EXPECT_EQ(client_->pending(), 0u) << "a failed flush drops what it could not send";
+}
+
+TEST_F(RedisClientTest, AnEmptyCommandIsIgnored) {
+  client_->Append({});
+  client_->Append({"PING"});
+  EXPECT_EQ(client_->pending(), 1u);
+  std::vector<RedisReply> replies;
+  ASSERT_TRUE(client_->Flush(&replies).ok());
+  ASSERT_EQ(replies.size(), 1u);
+  EXPECT_EQ(replies[0].str, "PONG");
+}
+
+// A database Redis refuses to SELECT fails every command, not only the first: the connection
+// is not kept on database 0.
+TEST_F(RedisClientTest, ARefusedSelectFailsEveryTryInsteadOfUsingDatabaseZero) {
+  RedisEndpoint ep;
+  ASSERT_TRUE(ParseRedisUrl(server_.url() + "/99", &ep).ok());  // 16 databases by default
+  ASSERT_EQ(ep.db, 99);
+  auto lazy = RedisClient::Lazy(ep, 5000);
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    RedisReply reply;
+    EXPECT_FALSE(lazy->Command({"SET", "k:db", "v"}, &reply).ok()) << "attempt " << attempt;
+  }
+  RedisReply reply;
+  ASSERT_TRUE(client_->Command({"EXISTS", "k:db"}, &reply).ok());
+  EXPECT_EQ(reply.integer, 0) << "the SET went to database 0";
 }
 
 }  // namespace

@@ -41,7 +41,8 @@ class RedisClient {
   RedisClient& operator=(const RedisClient&) = delete;
 
   // Queues a command for the next Flush: the arguments are copied once, straight into the
-  // pipeline's wire form (RESP), so a big value is not copied again before hiredis sends it.
+  // pipeline's wire form (RESP); Flush hands that to hiredis, which copies it into its output
+  // buffer once more. An empty `argv` is ignored (Redis would not answer it).
   void Append(const std::vector<std::string_view>& argv);
   size_t pending() const { return pending_; }
   // Sends every appended command in one round trip and reads all replies in order. Error replies
