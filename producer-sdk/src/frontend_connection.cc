@@ -146,7 +146,14 @@ bool FrontendConnection::AwaitLocked(Waiter* w, Clock::time_point deadline, bool
       driver_thread_ = std::this_thread::get_id();
       driver_waiter_ = w;
       lock.unlock();
-      Drive([w] { return w->signaled.load(std::memory_order_acquire); }, deadline);
+      try {
+        Drive([w] { return w->signaled.load(std::memory_order_acquire); }, deadline);
+      } catch (...) {  // e.g. from the FINISHED callback: leave the socket to others, then throw
+        lock.lock();
+        caller_released_ = Clock::now();
+        ReleaseDriver();
+        throw;
+      }
       lock.lock();
       caller_released_ = Clock::now();
       ReleaseDriver();

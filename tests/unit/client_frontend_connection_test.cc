@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -188,6 +189,39 @@ TEST_F(FrontendConnectionTest, CallersLeavingTogetherHandTheSocketBack) {
         << "round " << round << ": the socket was left with nobody reading it";
     EXPECT_EQ(got.back(), id);
   }
+}
+
+// An exception out of the FINISHED callback reaches the caller that was driving, and the socket
+// is not left marked as driven: the next call still gets its reply.
+TEST_F(FrontendConnectionTest, AnExceptionWhileDrivingLeavesTheSocketToOthers) {
+  ScriptedFrontend broker(port_);
+  std::unique_ptr<FrontendConnection> conn;
+  ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
+  const std::thread::id test_thread = std::this_thread::get_id();
+  ASSERT_TRUE(conn->Start([&](const std::vector<std::string>&, const protocol::InlineResults&) {
+                    // Only on this thread: the background thread would end the process.
+                    if (std::this_thread::get_id() == test_thread)
+                      throw std::runtime_error("callback failed");
+                  }).ok());
+  ASSERT_NO_FATAL_FAILURE(SubmitNothing(conn.get()));
+  bool thrown = false;
+  // The test thread normally drives when FINISHED comes; should the background thread read it
+  // first (a slow scheduler), try again.
+  for (int round = 0; round < 20 && !thrown; ++round) {
+    broker.Finish({"x-" + std::to_string(round)});
+    Waiter w;
+    try {
+      conn->Await(&w, Clock::now() + milliseconds(500));
+    } catch (const std::runtime_error&) {
+      thrown = true;
+    }
+  }
+  ASSERT_TRUE(thrown) << "the callback never ran on the driving caller";
+  FrontendConnection::Reply reply;
+  const int64_t rid = conn->NextRid();
+  Status s = conn->Call(rid, protocol::kStats, protocol::EncodeEmpty(rid), 5000, &reply);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(reply.command, protocol::kStats);
 }
 
 // Signal from another thread ends a wait, whether the waiter drives the socket or sleeps.
