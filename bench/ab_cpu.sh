@@ -16,23 +16,14 @@
 # task-clock from `perf stat`. ENV_BASE / ENV_NEW: environment assignments for that side's
 # broker and worker (e.g. ENV_NEW="MALLOC_ARENA_MAX=2"), to compare settings with one build.
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"  # free_port, stop_pids_and_remove
 [ $# -ge 2 ] || { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 BASE=$(cd "$1" && pwd); NEW=$(cd "$2" && pwd)
 ROUNDS=${3:-4}; JOBS=${4:-400}; MODEL=${5:-null}
 SHAPE=${SHAPE:-3,224,224}; DTYPE=${DTYPE:-float32}; C=${C:-16}
 WORK=$(mktemp -d /tmp/ferry-abcpu-XXXXXX)
 PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  sleep 0.5
-  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+trap 'stop_pids_and_remove "$WORK"' EXIT
 cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%.0f\n", s}'; }
 "$NEW/gpu-worker/ferry-make-models" "$WORK/models" >/dev/null || exit 1
 declare -A FRONT REDIS REDIS_PID BROKER_PID WORKER_PID BUILD

@@ -19,21 +19,12 @@
 # IPC_BASE=1 / IPC_NEW=1 connect that side's broker endpoints over ipc:// (Unix domain sockets in
 # the work directory) instead of TCP loopback.
 set -uo pipefail
+. "$(dirname "$0")/lib.sh"  # free_port, stop_pids_and_remove
 [ $# -ge 2 ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 BASE=$(cd "$1" && pwd); NEW=$(cd "$2" && pwd); ROUNDS=${3:-8}; JOBS=${4:-3000}; CONC=${5:-1}
 WORK=$(mktemp -d /tmp/ferry-ab-XXXXXX)
 PIDS=()
-cleanup() {
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  sleep 0.5
-  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
-  wait 2>/dev/null || true
-  rm -rf "$WORK"
-}
-trap cleanup EXIT
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+trap 'stop_pids_and_remove "$WORK"' EXIT
 "$NEW/gpu-worker/ferry-make-models" "$WORK/models" >/dev/null
 # pin NAME INDEX: the taskset prefix for part INDEX (1 broker, 2 redis, 3 worker, 4 bench) of
 # side NAME, from PIN_BASE / PIN_NEW; nothing when unset.

@@ -31,9 +31,7 @@ stop_all() {
   PIDS=()
 }
 trap 'stop_all; rm -rf "$W"' EXIT
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+. "$(dirname "$0")/lib.sh"  # free_port
 "$B/gpu-worker/ferry-make-models" "$W/models" >/dev/null
 
 # lifetime NAME MEASURED_JOBS: one fleet with the broker under callgrind; warm-up, then

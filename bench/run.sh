@@ -52,9 +52,7 @@ FLEET_PIDS=()
 REDIS_PID=""
 FAILED=()
 
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+. "$HERE/lib.sh"  # free_port
 stop_fleet() {
   # Workers first (they drain and say BYE), then the broker.
   local pids=("${FLEET_PIDS[@]}")

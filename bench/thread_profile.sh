@@ -19,9 +19,7 @@ cleanup() {
   rm -rf "$W"
 }
 trap cleanup EXIT
-free_port() {
-  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
-}
+. "$(dirname "$0")/lib.sh"  # free_port
 R=$(free_port); F=$(free_port); K=$(free_port)
 "$B/gpu-worker/ferry-make-models" "$W/models" >/dev/null
 redis-server --port "$R" --dir "$W" --save '' --appendonly no >/dev/null 2>&1 & PIDS+=($!)
