@@ -35,6 +35,12 @@ class FrontendConnectionTest : public ::testing::Test {
     port_ = client_test::FreePort();
     endpoint_ = "tcp://127.0.0.1:" + std::to_string(port_);
   }
+  // A connection to this test's port, started with `on_finished` (null: notices are dropped).
+  void Connect(FrontendConnection::FinishedFn on_finished,
+               std::unique_ptr<FrontendConnection>* conn) {
+    ASSERT_TRUE(FrontendConnection::Create(endpoint_, conn).ok());
+    ASSERT_TRUE((*conn)->Start(std::move(on_finished)).ok());
+  }
   int port_ = 0;
   std::string endpoint_;
 };
@@ -81,10 +87,9 @@ void SubmitNothing(FrontendConnection* conn) {
 // Nobody waits: the background thread still reads the socket and hands FINISHED notices over.
 TEST_F(FrontendConnectionTest, BackgroundThreadReadsWhileNoCallerWaits) {
   ScriptedFrontend broker(port_);
-  std::unique_ptr<FrontendConnection> conn;
-  ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
   Notices notices;
-  ASSERT_TRUE(conn->Start(notices.Callback()).ok());
+  std::unique_ptr<FrontendConnection> conn;
+  ASSERT_NO_FATAL_FAILURE(Connect(notices.Callback(), &conn));
   ASSERT_NO_FATAL_FAILURE(SubmitNothing(conn.get()));
   broker.Finish({"bg-1", "bg-2"});
   // This thread only sleeps on its own condition variable: no Call, no Await.
@@ -97,8 +102,7 @@ TEST_F(FrontendConnectionTest, BackgroundThreadReadsWhileNoCallerWaits) {
 TEST_F(FrontendConnectionTest, DrivingCallerServesAnotherCallersRequest) {
   ScriptedFrontend broker(port_);
   std::unique_ptr<FrontendConnection> conn;
-  ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
-  ASSERT_TRUE(conn->Start(nullptr).ok());
+  ASSERT_NO_FATAL_FAILURE(Connect(nullptr, &conn));
   std::atomic<bool> first_returned{false};
   Waiter never_signaled;
   std::thread first([&] {
@@ -123,8 +127,7 @@ TEST_F(FrontendConnectionTest, DrivingCallerServesAnotherCallersRequest) {
 TEST_F(FrontendConnectionTest, BackgroundThreadYieldsOncePerIdleCaller) {
   ScriptedFrontend broker(port_);
   std::unique_ptr<FrontendConnection> conn;
-  ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
-  ASSERT_TRUE(conn->Start(nullptr).ok());
+  ASSERT_NO_FATAL_FAILURE(Connect(nullptr, &conn));
   constexpr int kCalls = 20;
   for (int i = 0; i < kCalls; ++i) {
     std::this_thread::sleep_for(FrontendConnection::kIdleHandback * 3);
@@ -145,10 +148,9 @@ TEST_F(FrontendConnectionTest, BackgroundThreadYieldsOncePerIdleCaller) {
 // waiting.
 TEST_F(FrontendConnectionTest, BackgroundThreadSleepsWhileACallerDrives) {
   ScriptedFrontend broker(port_);
-  std::unique_ptr<FrontendConnection> conn;
-  ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
   Notices notices;
-  ASSERT_TRUE(conn->Start(notices.Callback()).ok());
+  std::unique_ptr<FrontendConnection> conn;
+  ASSERT_NO_FATAL_FAILURE(Connect(notices.Callback(), &conn));
   ASSERT_NO_FATAL_FAILURE(SubmitNothing(conn.get()));
   constexpr auto kDrive = milliseconds(1000);
   const int64_t before = conn->background_turns();
@@ -168,10 +170,9 @@ TEST_F(FrontendConnectionTest, BackgroundThreadSleepsWhileACallerDrives) {
 // Either way the background thread must be woken to take the socket back.
 TEST_F(FrontendConnectionTest, CallersLeavingTogetherHandTheSocketBack) {
   ScriptedFrontend broker(port_);
-  std::unique_ptr<FrontendConnection> conn;
-  ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
   Notices notices;
-  ASSERT_TRUE(conn->Start(notices.Callback()).ok());
+  std::unique_ptr<FrontendConnection> conn;
+  ASSERT_NO_FATAL_FAILURE(Connect(notices.Callback(), &conn));
   ASSERT_NO_FATAL_FAILURE(SubmitNothing(conn.get()));
   for (int round = 0; round < 5; ++round) {
     Waiter a, b;
@@ -195,14 +196,14 @@ TEST_F(FrontendConnectionTest, CallersLeavingTogetherHandTheSocketBack) {
 // is not left marked as driven: the next call still gets its reply.
 TEST_F(FrontendConnectionTest, AnExceptionWhileDrivingLeavesTheSocketToOthers) {
   ScriptedFrontend broker(port_);
-  std::unique_ptr<FrontendConnection> conn;
-  ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
   const std::thread::id test_thread = std::this_thread::get_id();
-  ASSERT_TRUE(conn->Start([&](const std::vector<std::string>&, const protocol::InlineResults&) {
-                    // Only on this thread: the background thread would end the process.
-                    if (std::this_thread::get_id() == test_thread)
-                      throw std::runtime_error("callback failed");
-                  }).ok());
+  std::unique_ptr<FrontendConnection> conn;
+  ASSERT_NO_FATAL_FAILURE(Connect(
+      [&](const std::vector<std::string>&, const protocol::InlineResults&) {
+        // Only on this thread: the background thread would end the process.
+        if (std::this_thread::get_id() == test_thread) throw std::runtime_error("callback failed");
+      },
+      &conn));
   ASSERT_NO_FATAL_FAILURE(SubmitNothing(conn.get()));
   bool thrown = false;
   // The test thread normally drives when FINISHED comes; should the background thread read it
@@ -228,8 +229,7 @@ TEST_F(FrontendConnectionTest, AnExceptionWhileDrivingLeavesTheSocketToOthers) {
 TEST_F(FrontendConnectionTest, SignalFromAnotherThreadEndsAwait) {
   ScriptedFrontend broker(port_);
   std::unique_ptr<FrontendConnection> conn;
-  ASSERT_TRUE(FrontendConnection::Create(endpoint_, &conn).ok());
-  ASSERT_TRUE(conn->Start(nullptr).ok());
+  ASSERT_NO_FATAL_FAILURE(Connect(nullptr, &conn));
   Waiter a, b;
   std::atomic<int> ended{0};
   auto wait = [&](Waiter* w) {
