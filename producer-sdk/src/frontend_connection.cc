@@ -333,7 +333,14 @@ void FrontendConnection::BackgroundLoop() {
     driver_thread_ = std::this_thread::get_id();
     background_yield_ = false;
     lock.unlock();
-    Drive([this] { return background_yield_.load(); }, Clock::time_point::max());
+    try {
+      Drive([this] { return background_yield_.load(); }, Clock::time_point::max());
+    } catch (...) {
+      // Out of a callback (FINISHED, a posted reply): no caller to hand it to, and letting it
+      // leave the thread would end the process. The notice it was handling is dropped; waiters
+      // for those jobs are covered by their re-check of the result store.
+      ++background_errors_;
+    }
     lock.lock();
     // Yielded to a caller: callers are active, so stay away for kIdleHandback (taking the
     // socket back at once would make the two take it from each other in a loop).

@@ -17,7 +17,9 @@
 // socket longer (a long wait), it sleeps until the socket is left with nobody to hand it to.
 //
 // Each request carries a request id ("rid") that the broker echoes; replies are matched by it.
-// Unsolicited FINISHED notices go to a callback, on whichever thread drives.
+// Unsolicited FINISHED notices go to a callback, on whichever thread drives. An exception out of
+// a callback reaches the caller that drives (which leaves the socket to others first); on the
+// background thread it is caught and counted (background_errors()), and the thread goes on.
 //
 // The socket is ZMQ_IMMEDIATE: while no broker is connected nothing is queued, so a request
 // that timed out is never delivered to a broker that comes up later (it is dropped from the
@@ -104,6 +106,9 @@ class FrontendConnection : public Parking {
   // its loop has made: one per wake-up and one per return from driving (for tests).
   int64_t background_yields() const { return background_yields_.load(); }
   int64_t background_turns() const { return background_turns_.load(); }
+  // Exceptions the background thread caught while driving (e.g. std::bad_alloc out of the
+  // FINISHED callback): each one dropped the notice it was handling and the thread went on.
+  int64_t background_errors() const { return background_errors_.load(); }
 
   // Parking: a blocked caller drives the socket while nobody else does.
   bool Await(Waiter* w, Clock::time_point deadline) override;
@@ -164,6 +169,7 @@ class FrontendConnection : public Parking {
   std::atomic<bool> background_yield_{false};            // a caller wants the socket
   std::atomic<int64_t> background_yields_{0};
   std::atomic<int64_t> background_turns_{0};
+  std::atomic<int64_t> background_errors_{0};
   Clock::time_point caller_released_;                    // guarded by mu_
   bool background_asleep_ = false;  // guarded by mu_: waits for ReleaseDriver, not a timeout
   std::condition_variable background_cv_;                // the background thread parks here

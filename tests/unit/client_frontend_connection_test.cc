@@ -10,6 +10,7 @@
 #include <condition_variable>
 #include <memory>
 #include <mutex>
+#include <new>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -200,7 +201,7 @@ TEST_F(FrontendConnectionTest, AnExceptionWhileDrivingLeavesTheSocketToOthers) {
   std::unique_ptr<FrontendConnection> conn;
   ASSERT_NO_FATAL_FAILURE(Connect(
       [&](const std::vector<std::string>&, const protocol::InlineResults&) {
-        // Only on this thread: the background thread would end the process.
+        // Only on this thread (on the background thread it is caught: the next test).
         if (std::this_thread::get_id() == test_thread) throw std::runtime_error("callback failed");
       },
       &conn));
@@ -218,6 +219,35 @@ TEST_F(FrontendConnectionTest, AnExceptionWhileDrivingLeavesTheSocketToOthers) {
     }
   }
   ASSERT_TRUE(thrown) << "the callback never ran on the driving caller";
+  FrontendConnection::Reply reply;
+  const int64_t rid = conn->NextRid();
+  Status s = conn->Call(rid, protocol::kStats, protocol::EncodeEmpty(rid), 5000, &reply);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(reply.command, protocol::kStats);
+}
+
+// The same exception on the background thread (nobody waits, so it reads the FINISHED) is caught
+// there: the process goes on, the notice that threw is dropped, and the next ones still arrive.
+TEST_F(FrontendConnectionTest, AnExceptionOnTheBackgroundThreadIsCaughtAndCounted) {
+  ScriptedFrontend broker(port_);
+  Notices notices;
+  auto collect = notices.Callback();
+  std::unique_ptr<FrontendConnection> conn;
+  ASSERT_NO_FATAL_FAILURE(Connect(
+      [&](const std::vector<std::string>& ids, const protocol::InlineResults& records) {
+        if (ids.size() == 1 && ids[0] == "throws") throw std::bad_alloc();
+        collect(ids, records);
+      },
+      &conn));
+  ASSERT_NO_FATAL_FAILURE(SubmitNothing(conn.get()));
+  broker.Finish({"throws"});
+  // This thread neither calls nor waits on the connection until the error is counted.
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  while (conn->background_errors() == 0 && Clock::now() < deadline)
+    std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_EQ(conn->background_errors(), 1);
+  broker.Finish({"after-1", "after-2"});
+  EXPECT_EQ(notices.WaitFor(2), (std::vector<std::string>{"after-1", "after-2"}));
   FrontendConnection::Reply reply;
   const int64_t rid = conn->NextRid();
   Status s = conn->Call(rid, protocol::kStats, protocol::EncodeEmpty(rid), 5000, &reply);
