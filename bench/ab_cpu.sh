@@ -15,9 +15,12 @@
 # worker's --instances/--threads, PERF=1 to also print each run's producer page faults and
 # task-clock from `perf stat`. ENV_BASE / ENV_NEW: environment assignments for that side's
 # broker and worker (e.g. ENV_NEW="MALLOC_ARENA_MAX=2"), to compare settings with one build.
+# REDIS_ENV_BASE / REDIS_ENV_NEW and REDIS_ARGS_BASE / REDIS_ARGS_NEW: the same for that side's
+# redis-server, environment and extra arguments (e.g. transparent huge pages:
+# REDIS_ENV_NEW="MALLOC_CONF=thp:always,metadata_thp:always" REDIS_ARGS_NEW="--disable-thp no").
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"  # free_port, stop_pids_and_remove
-[ $# -ge 2 ] || { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 BASE=$(cd "$1" && pwd); NEW=$(cd "$2" && pwd)
 ROUNDS=${3:-4}; JOBS=${4:-400}; MODEL=${5:-null}
 SHAPE=${SHAPE:-3,224,224}; DTYPE=${DTYPE:-float32}; C=${C:-16}
@@ -27,14 +30,17 @@ trap 'stop_pids_and_remove "$WORK"' EXIT
 cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%.0f\n", s}'; }
 "$NEW/gpu-worker/ferry-make-models" "$WORK/models" >/dev/null || exit 1
 declare -A FRONT REDIS REDIS_PID BROKER_PID WORKER_PID BUILD
-start() {  # NAME BUILD ENV
-  local name=$1 build=$2 rport fport bport env=(env)
+start() {  # NAME BUILD ENV REDIS_ENV REDIS_ARGS
+  local name=$1 build=$2 rport fport bport env=(env) redis_env=(env) redis_args
   read -r -a extra <<<"${3:-}"
   env+=("${extra[@]}")
+  read -r -a extra <<<"${4:-}"
+  redis_env+=("${extra[@]}")
+  read -r -a redis_args <<<"${5:-}"
   rport=$(free_port); fport=$(free_port); bport=$(free_port)
   mkdir -p "$WORK/$name"
-  redis-server --port "$rport" --bind 127.0.0.1 --dir "$WORK/$name" --save '' --appendonly no \
-    >"$WORK/$name/redis.log" 2>&1 &
+  "${redis_env[@]}" redis-server --port "$rport" --bind 127.0.0.1 --dir "$WORK/$name" --save '' \
+    --appendonly no "${redis_args[@]}" >"$WORK/$name/redis.log" 2>&1 &
   REDIS_PID[$name]=$!; PIDS+=($!)
   for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.05; done
   redis-cli -p "$rport" ping >/dev/null 2>&1 || { echo "ab_cpu.sh: redis-server did not start" >&2; exit 1; }
@@ -50,8 +56,8 @@ start() {  # NAME BUILD ENV
   FRONT[$name]="tcp://127.0.0.1:$fport"; REDIS[$name]="redis://127.0.0.1:$rport"
   BUILD[$name]=$build
 }
-start base "$BASE" "${ENV_BASE:-}"
-start new "$NEW" "${ENV_NEW:-}"
+start base "$BASE" "${ENV_BASE:-}" "${REDIS_ENV_BASE:-}" "${REDIS_ARGS_BASE:-}"
+start new "$NEW" "${ENV_NEW:-}" "${REDIS_ENV_NEW:-}" "${REDIS_ARGS_NEW:-}"
 sleep 3
 for name in base new; do
   kill -0 "${BROKER_PID[$name]}" "${WORKER_PID[$name]}" 2>/dev/null ||
