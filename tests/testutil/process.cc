@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 #include <thread>
@@ -37,20 +39,50 @@ bool NextPubSubMessage(protocol::RedisSubscriber* sub, std::string* payload) {
   return got;
 }
 
-int FreePort() {
+namespace {
+
+// Whether nothing holds `port` on 127.0.0.1 (a listening or connected socket, or one in
+// TIME_WAIT: no SO_REUSEADDR here, so this is stricter than the servers' own bind).
+bool CanBind(int port) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return false;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    throw std::runtime_error("bind failed");
-  }
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
   close(fd);
-  return ntohs(addr.sin_port);
+  return ok;
+}
+
+// The lowest port of the kernel's ephemeral range, which connect() takes local ports from.
+int EphemeralLow() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0, high = 0;
+  if (range >> low >> high && low > 12000) return low;
+  return 32768;
+}
+
+}  // namespace
+
+int FreePort() {
+  // Below the ephemeral range: a port bind(0) hands out lies inside it, so an outgoing
+  // connection of another test (a client to its Redis, say) could take it as its local port
+  // before this test binds it, and a client that connects to it while nothing listens could
+  // even connect to itself. Walking from a random start keeps the ports of one process
+  // distinct and those of parallel test processes apart; each candidate is checked by binding.
+  static std::mutex mu;
+  static const int first = 10000;
+  static const int span = EphemeralLow() - first;
+  static int next = static_cast<int>((std::random_device{}() ^ static_cast<unsigned>(getpid())) %
+                                     static_cast<unsigned>(span));
+  std::lock_guard<std::mutex> lock(mu);
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int port = first + next;
+    next = (next + 1) % span;
+    if (CanBind(port)) return port;
+  }
+  throw std::runtime_error("FreePort: no free port below the ephemeral range");
 }
 
 bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {
