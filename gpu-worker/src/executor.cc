@@ -81,8 +81,15 @@ std::vector<JobResult> Executor::RunBatch(std::vector<Job> jobs) {
   return results;
 }
 
-void Executor::Loop() {
+void Executor::PrepareThread() {
   SetTorchThreads(options_.threads);  // per thread with OpenMP
+  if (options_.flush_denormals && !SetFlushDenormals(true))
+    spdlog::warn("executor {}: --flush-denormals: this CPU cannot flush denormals; ignored",
+                 options_.index);
+}
+
+void Executor::Loop() {
+  PrepareThread();
   spdlog::debug("executor {}: started on {} ({})", options_.index, options_.device,
                 cuda::Describe(stream_.get()));
   const auto limit = [this](const std::string& model) {

@@ -3,6 +3,7 @@
 // std::exception is caught here and turned into a Status.
 #include "ferry/worker/model.h"
 
+#include <ATen/Context.h>
 #include <ATen/Parallel.h>
 #include <c10/core/InferenceMode.h>
 #include <torch/cuda.h>
@@ -375,6 +376,14 @@ Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& in
 void SetTorchThreads(int intra_op_threads) {
   if (intra_op_threads > 0 && at::get_num_threads() != intra_op_threads)
     at::set_num_threads(intra_op_threads);
+}
+
+bool SetFlushDenormals(bool on) {
+  // The calling thread's MXCSR only. Its intra-op team copies it when the thread creates the
+  // team (at its first parallel region): threads inherit their creator's floating-point mode.
+  // (Setting an existing team from here would need an OpenMP region compiled into this file,
+  // and libtorch wheels bring their own OpenMP runtime.)
+  return at::globalContext().setFlushDenormal(on);
 }
 
 bool CudaAvailable() {

@@ -62,6 +62,9 @@ Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help,
   flags.Int("instances", &o.instances,
             "executor threads running batches concurrently (one CUDA stream each)");
   flags.Int("threads", &o.threads, "intra-op torch threads (0: hardware cores / instances)");
+  flags.Bool("flush-denormals", &o.flush_denormals,
+             "CPU inference threads treat float denormals (below 1.2e-38) as zero: much faster "
+             "where values underflow, but results then differ from PyTorch's in those values");
   flags.String("redis-prefix", &o.redis_prefix, "prefix of every Redis key");
   flags.String("name", &o.name, "worker name, unique in the fleet (default: host:pid:device)");
   flags.Int("heartbeat-ms", &o.heartbeat_ms, "interval of heartbeats to the broker");

@@ -143,15 +143,17 @@ Status Worker::Run() {
     eopts.index = static_cast<int>(i);
     eopts.device = options_.device;
     eopts.threads = static_cast<int>(options_.threads);
+    eopts.flush_denormals = options_.flush_denormals;
     eopts.default_max_batch = static_cast<size_t>(options_.max_batch);
     eopts.worker = options_.name;
     eopts.metrics = metrics_.get();
     executors_.push_back(std::make_unique<Executor>(eopts, registry_.get(), &queue_, writer_.get()));
     executors_.back()->Start();
   }
-  spdlog::info("worker {} running on {}: {} executor(s) x {} torch thread(s), {} model(s), "
+  spdlog::info("worker {} running on {}: {} executor(s) x {} torch thread(s){}, {} model(s), "
                "{} resident, capacity {}, memory budget {}",
                options_.name, options_.device, options_.instances, options_.threads,
+               options_.flush_denormals ? " flushing denormals" : "",
                options_.models.size(), registry_->Resident().size(), options_.capacity(),
                options_.memory_budget > 0 ? std::to_string(options_.memory_budget) + " bytes"
                                           : std::string("unlimited"));

@@ -19,6 +19,8 @@
 //   slow.pt     forward(x: [B,1] float32) -> x, after int(max(x)) chained 256x256 matmuls
 //               (about a millisecond each on one CPU core): a job that takes as long as its
 //               input says, for tests of jobs that are running when something happens.
+//   underflow.pt  the same chain with w = 0.5 I + 0.001, whose values shrink into float32
+//               denormals after ~290 steps: measures ferry-worker --flush-denormals.
 #include <torch/script.h>
 #include <torch/utils.h>
 
@@ -199,12 +201,12 @@ def forward(self, x):
   return m;
 }
 
-torch::jit::Module MakeSlow() {
-  torch::jit::Module m("FerrySlow");
-  // Off-diagonal 0.01: tanh(y w) settles near 0.995 in every entry. With 0.001 the chain shrank
-  // into float32 denormals after ~290 steps, and matmuls on denormals are ~25x slower on Intel
-  // CPUs (not on AMD), which made a 3000-step job take a minute instead of seconds there.
-  torch::Tensor w = torch::eye(256, torch::kFloat32) * 0.5 + 0.01;
+// Chained tanh(y w), w = 0.5 I + off_diagonal. With 0.01 it settles near 0.995 in every entry;
+// with 0.001 it shrinks into float32 denormals after ~290 steps, and matmuls on denormals are
+// ~50x slower on Intel CPUs (an Intel VM: 1000 steps 14.5 s instead of 0.3 s), not on AMD.
+torch::jit::Module MakeChain(const char* name, double off_diagonal) {
+  torch::jit::Module m(name);
+  torch::Tensor w = torch::eye(256, torch::kFloat32) * 0.5 + off_diagonal;
   m.register_buffer("w", w);
   m.define(R"(
 def forward(self, x):
@@ -223,8 +225,8 @@ int main(int argc, char** argv) {
   if (argc != 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
     std::fprintf(argc == 2 ? stdout : stderr,
                  "usage: ferry-make-models OUTDIR\n"
-                 "Writes tiny.pt, multi.pt, encoder.pt, resnet.pt, resnet_u8.pt, null.pt and\n"
-                 "slow.pt "
+                 "Writes tiny.pt, multi.pt, encoder.pt, resnet.pt, resnet_u8.pt, null.pt,\n"
+                 "slow.pt and underflow.pt "
                  "(TorchScript, fixed random weights) into OUTDIR.\n");
     return argc == 2 ? 0 : 2;
   }
@@ -239,7 +241,8 @@ int main(int argc, char** argv) {
         {"resnet.pt", MakeResNet(resnet, /*uint8_input=*/false)},
         {"resnet_u8.pt", MakeResNet(resnet, /*uint8_input=*/true)},
         {"null.pt", MakeNull()},
-        {"slow.pt", MakeSlow()}};
+        {"slow.pt", MakeChain("FerrySlow", 0.01)},
+        {"underflow.pt", MakeChain("FerryUnderflow", 0.001)}};
     for (const auto& [file, module] : models) {
       const std::string path = (dir / file).string();
       module.save(path);

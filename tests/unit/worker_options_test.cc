@@ -39,6 +39,7 @@ TEST(WorkerOptionsTest, DefaultsAndDerivedValues) {
   EXPECT_EQ(o.heartbeat_ms, 1000);
   EXPECT_EQ(o.result_ttl_s, 3600);
   EXPECT_EQ(o.log_level, "info");
+  EXPECT_FALSE(o.flush_denormals);
   EXPECT_NE(o.name.find(":cpu"), std::string::npos);
   EXPECT_EQ(o.capacity(), 64);
 }
@@ -48,7 +49,8 @@ TEST(WorkerOptionsTest, EveryFlag) {
   ASSERT_TRUE(Parse({"--broker", "tcp://b:1", "--redis=redis://r:2/3", "--model", "a=a.pt",
                      "--model", "b=b.pt", "--device", "cuda:1", "--max-batch", "8",
                      "--instances", "3", "--threads", "2", "--redis-prefix", "x:", "--name", "w1",
-                     "--heartbeat-ms", "250", "--result-ttl-s", "60", "--log-level", "debug"},
+                     "--heartbeat-ms", "250", "--result-ttl-s", "60", "--log-level", "debug",
+                     "--flush-denormals"},
                     &o)
                   .ok());
   EXPECT_EQ(o.broker, "tcp://b:1");
@@ -61,6 +63,7 @@ TEST(WorkerOptionsTest, EveryFlag) {
   EXPECT_EQ(o.name, "w1");
   EXPECT_EQ(o.heartbeat_ms, 250);
   EXPECT_EQ(o.result_ttl_s, 60);
+  EXPECT_TRUE(o.flush_denormals);
 }
 
 TEST(WorkerOptionsTest, BadInputIsRejected) {

@@ -35,6 +35,7 @@ class Executor {
     int index = 0;
     std::string device = "cpu";  // the worker's device: a CUDA device gets a stream per executor
     int threads = 0;             // intra-op torch threads for this thread (0: leave as is)
+    bool flush_denormals = false;  // CPU: denormals as zero in this thread and its intra-op team
     size_t default_max_batch = 32;  // for jobs of models the registry does not know
     std::string worker;             // the worker's name, for logs
     WorkerMetrics* metrics = nullptr;  // optional; must outlive the executor
@@ -51,6 +52,10 @@ class Executor {
   // Waits for the thread to end (after the queue is closed and drained).
   void Join();
 
+  // Sets up the calling thread as an executor thread: intra-op threads, denormal handling.
+  // Before the thread's first batch (its intra-op team copies the denormal mode when it is
+  // created). The thread's loop calls it first; public for tests that call RunBatch themselves.
+  void PrepareThread();
   // Runs one batch synchronously (the thread's loop body; public for tests).
   std::vector<JobResult> RunBatch(std::vector<Job> jobs);
 

@@ -91,6 +91,11 @@ class Model {
 // Sets the number of intra-op threads libtorch uses. Call it in every executor thread (with
 // OpenMP the setting is per thread) and once at start-up.
 void SetTorchThreads(int intra_op_threads);
+// Float denormals read and written as zero (the CPU's FTZ and DAZ modes) in the calling thread,
+// or back to IEEE behaviour. The mode is per thread, and the intra-op threads a thread starts
+// copy its mode when they are created, at its first parallel region: call it in each executor
+// thread before that thread runs anything. False where the CPU has no such mode.
+bool SetFlushDenormals(bool on);
 // True when libtorch was built with CUDA and sees at least one device.
 bool CudaAvailable();
 

@@ -27,6 +27,7 @@ struct WorkerOptions {
   int64_t max_batch = 32;                        // jobs per forward, per model
   int64_t instances = 1;                         // executor threads
   int64_t threads = 0;                           // intra-op torch threads; 0 = cores / instances
+  bool flush_denormals = false;  // CPU: float denormals read and written as zero (FTZ/DAZ)
   std::string redis_prefix = std::string(protocol::kDefaultPrefix);
   std::string name;                              // "" = host:pid:device
   int64_t heartbeat_ms = 1000;
