@@ -5,12 +5,25 @@ free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
 
-# stop_pids_and_remove DIR: SIGTERM to every pid in the PIDS array, SIGKILL to those still there
-# half a second later, then removes DIR (the script's work directory).
+# running PID: the process exists and has not exited (a zombie, exited but not yet reaped by
+# `wait`, still answers kill -0).
+running() {
+  local state
+  state=$(sed -E 's/.*\) ([A-Za-z]).*/\1/' "/proc/$1/stat" 2>/dev/null) || return 1
+  [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ]
+}
+
+# stop_pids_and_remove DIR: stops every pid in the PIDS array, the last started first (workers
+# before the broker and Redis they drain into): SIGTERM, up to 5 s to exit, then SIGKILL. Then
+# removes DIR (the script's work directory).
 stop_pids_and_remove() {
-  for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
-  sleep 0.5
-  for pid in "${PIDS[@]}"; do kill -KILL "$pid" 2>/dev/null || true; done
+  local i pid
+  for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
+    pid=${PIDS[$i]}
+    kill -TERM "$pid" 2>/dev/null || continue
+    for _ in $(seq 50); do running "$pid" || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
   wait 2>/dev/null || true
   rm -rf "$1"
 }
