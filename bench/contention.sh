@@ -47,7 +47,7 @@ for round in $(seq "$ROUNDS"); do
     wait "$pa" "$pb"
     t11=$(python3 -c "import sys; print('%.1f' % (float(sys.argv[1]) + float(sys.argv[2])))" \
       "$(cat "$WORK/a.out")" "$(cat "$WORK/b.out")")
-    [ -n "$bp" ] && { kill "$bp"; wait "$bp" 2>/dev/null; }
+    [ -n "$bp" ] && { kill "$bp"; wait "$bp" 2>/dev/null; PIDS=(); }
     load=none; [ "$busy" != 0 ] && load="${busy}us/5ms"
     printf '%-6s %-14s %10s %14s %12s\n' "$round" "$load" "$t2" "$t2p" "$t11"
   done

@@ -23,6 +23,7 @@ redis-server --port "$rport" --bind 127.0.0.1 --dir "$WORK" --save '' --appendon
   >"$WORK/redis.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 100); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.05; done
+redis-cli -p "$rport" ping >/dev/null 2>&1 || { echo "denormals.sh: redis-server did not start" >&2; exit 1; }
 "$BUILD/broker/ferry-broker" --frontend "tcp://127.0.0.1:$fport" --backend "tcp://127.0.0.1:$bport" \
   --redis "redis://127.0.0.1:$rport" --log-level warn >"$WORK/broker.log" 2>&1 &
 PIDS+=($!)
@@ -31,7 +32,7 @@ for n in ${STEPS//,/ }; do  # a [1] float32 .npy holding n
   python3 -c '
 import struct, sys
 header = "{'"'"'descr'"'"': '"'"'<f4'"'"', '"'"'fortran_order'"'"': False, '"'"'shape'"'"': (1,), }"
-header += " " * (64 - 10 - len(header) - 1) + "\n"
+header += " " * (-(10 + len(header) + 1) % 64) + "\n"  # data 64-byte aligned, as .npy wants
 open(sys.argv[2], "wb").write(b"\x93NUMPY\x01\x00" + struct.pack("<H", len(header)) +
                               header.encode() + struct.pack("<f", float(sys.argv[1])))
 ' "$n" "$WORK/steps-$n.npy"
@@ -48,6 +49,8 @@ for round in $(seq "$ROUNDS"); do
       "$FERRY" status "${CONN[@]}" 2>/dev/null | grep -q underflow && break
       sleep 0.1
     done
+    "$FERRY" status "${CONN[@]}" 2>/dev/null | grep -q underflow ||
+      { echo "denormals.sh: no worker registered: $(tail -3 "$WORK/worker.log" "$WORK/broker.log")" >&2; exit 1; }
     for n in ${STEPS//,/ }; do
       id=$("$FERRY" submit "${CONN[@]}" --model underflow --input "$WORK/steps-$n.npy") || exit 1
       line=$("$FERRY" wait "${CONN[@]}" "$id" | grep timing_us)

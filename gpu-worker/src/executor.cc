@@ -82,10 +82,12 @@ std::vector<JobResult> Executor::RunBatch(std::vector<Job> jobs) {
 }
 
 void Executor::PrepareThread() {
-  SetTorchThreads(options_.threads);  // per thread with OpenMP
+  // The denormal mode first: threads started from here (set_num_threads may build a pool)
+  // copy it.
   if (options_.flush_denormals && !SetFlushDenormals(true))
     spdlog::warn("executor {}: --flush-denormals: this CPU cannot flush denormals; ignored",
                  options_.index);
+  SetTorchThreads(options_.threads);  // per thread with OpenMP
 }
 
 void Executor::Loop() {

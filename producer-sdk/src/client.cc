@@ -71,6 +71,24 @@ Status CheckReply(const FrontendConnection::Reply& reply, std::string_view expec
   return Status::Ok();
 }
 
+// Client::Run's verdict from the broker's reply to its one-job SUBMIT (a reply comes only when
+// the job was not accepted): the job's rejection, or an error.
+Status RunVerdict(const FrontendConnection::Reply& reply, const std::string& id) {
+  msgpack::object_handle body;
+  protocol::Accepted accepted;
+  Status s = CheckReply(reply, protocol::kAccepted, &body);
+  if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
+  // One job per SUBMIT: any rejection is its own (whatever id the broker could read); listed as
+  // accepted (a broker that ignores "ack"), it is not one.
+  if (s.ok() && !accepted.rejected.empty()) {
+    s = Status(accepted.rejected[0].code, accepted.rejected[0].message);
+  } else if (s.ok() &&
+             std::find(accepted.ids.begin(), accepted.ids.end(), id) == accepted.ids.end()) {
+    s = Status::Internal("the broker did not report on this job");
+  }
+  return s;
+}
+
 }  // namespace
 
 class Client::Impl {
@@ -303,17 +321,11 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
   auto verdict = std::make_shared<ResultTracker::Verdict>();
   frontend_->Post(rid, protocol::kSubmit, std::move(message),
                   [this, id, verdict](FrontendConnection::Reply reply) {
-                    msgpack::object_handle body;
-                    protocol::Accepted accepted;
-                    Status s = CheckReply(reply, protocol::kAccepted, &body);
-                    if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
-                    // One job per SUBMIT: any rejection is its own (whatever id the broker could
-                    // read); listed as accepted (a broker that ignores "ack"), it is not one.
-                    if (s.ok() && !accepted.rejected.empty()) {
-                      s = Status(accepted.rejected[0].code, accepted.rejected[0].message);
-                    } else if (s.ok() && std::find(accepted.ids.begin(), accepted.ids.end(), id) ==
-                                             accepted.ids.end()) {
-                      s = Status::Internal("the broker did not report on this job");
+                    Status s;
+                    try {
+                      s = RunVerdict(reply, id);
+                    } catch (const std::exception& e) {  // e.g. std::bad_alloc
+                      s = Status::Internal(std::string("reading the broker's reply: ") + e.what());
                     }
                     // A duplicate is pending already: its result is this job's result.
                     if (!s.ok() && s.code() != codes::kDuplicate)

@@ -336,9 +336,12 @@ void FrontendConnection::BackgroundLoop() {
     try {
       Drive([this] { return background_yield_.load(); }, Clock::time_point::max());
     } catch (...) {
-      // Out of a callback (FINISHED, a posted reply): no caller to hand it to, and letting it
-      // leave the thread would end the process. The notice it was handling is dropped; waiters
-      // for those jobs are covered by their re-check of the result store.
+      // Out of a callback (FINISHED or a push notice, e.g. std::bad_alloc): no caller to hand
+      // it to, and letting it leave the thread would end the process. What that read was
+      // handling is dropped -- the notice, and any further ones already buffered from the same
+      // read of the push subscription until the next one arrives -- and the waiters for those
+      // jobs find their results by their re-check of the result store. (Client::Run's reply
+      // handler catches its own exceptions: a lost rejection would leave its caller waiting.)
       ++background_errors_;
     }
     lock.lock();

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <memory>
 
 namespace ferry::protocol {
 namespace {
@@ -212,14 +213,16 @@ Status RedisSubscriber::ReadAvailable(
     if (redisGetReplyFromReader(ctx_, &raw) != REDIS_OK)
       return Status::Unavailable(std::string("redis subscriber: ") + ctx_->errstr);
     if (raw == nullptr) return Status::Ok();  // no complete reply buffered
-    auto* r = static_cast<redisReply*>(raw);
+    // Freed even when on_message throws.
+    std::unique_ptr<redisReply, void (*)(void*)> owned(static_cast<redisReply*>(raw),
+                                                       freeReplyObject);
+    const redisReply* r = owned.get();
     // ["message", channel, payload]; anything else (a confirmation) is skipped.
     if (r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
         r->element[0]->type == REDIS_REPLY_STRING && r->element[2]->type == REDIS_REPLY_STRING &&
         std::string_view(r->element[0]->str, r->element[0]->len) == "message") {
       on_message(std::string_view(r->element[2]->str, r->element[2]->len));
     }
-    freeReplyObject(r);
   }
 }
 

@@ -17,6 +17,7 @@
 #include <sstream>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 
 #include "ferry/protocol/redis.h"
 
@@ -55,12 +56,15 @@ bool CanBind(int port) {
   return ok;
 }
 
-// The lowest port of the kernel's ephemeral range, which connect() takes local ports from.
-int EphemeralLow() {
-  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
-  int low = 0, high = 0;
-  if (range >> low >> high && low > 12000) return low;
-  return 32768;
+// Ports outside the kernel's ephemeral range (which connect() takes local ports from):
+// [10000, low) when the range starts above 12000 (Linux's default: 32768), else above it.
+std::pair<int, int> PortsOutsideTheEphemeralRange() {
+  std::ifstream file("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 32768, high = 60999;
+  if (!(file >> low >> high)) low = 32768, high = 60999;
+  if (low > 12000) return {10000, low};
+  if (high < 63000) return {high + 1, 65536};
+  throw std::runtime_error("FreePort: the ephemeral range leaves too few ports outside it");
 }
 
 }  // namespace
@@ -70,10 +74,12 @@ int FreePort() {
   // connection of another test (a client to its Redis, say) could take it as its local port
   // before this test binds it, and a client that connects to it while nothing listens could
   // even connect to itself. Walking from a random start keeps the ports of one process
-  // distinct and those of parallel test processes apart; each candidate is checked by binding.
+  // distinct; parallel test processes start at random places, so they rarely meet (about as
+  // rarely as two bind(0)s), and each candidate is checked by binding.
   static std::mutex mu;
-  static const int first = 10000;
-  static const int span = EphemeralLow() - first;
+  static const std::pair<int, int> ports = PortsOutsideTheEphemeralRange();
+  static const int first = ports.first;
+  static const int span = ports.second - ports.first;
   static int next = static_cast<int>((std::random_device{}() ^ static_cast<unsigned>(getpid())) %
                                      static_cast<unsigned>(span));
   std::lock_guard<std::mutex> lock(mu);

@@ -16,7 +16,7 @@ class RedisSubscriber;
 
 namespace ferry::testutil {
 
-// A TCP port on 127.0.0.1 that was free a moment ago, below the kernel's ephemeral range (so
+// A TCP port on 127.0.0.1 that was free a moment ago, outside the kernel's ephemeral range (so
 // no outgoing connection takes it meanwhile); distinct across one process's calls.
 int FreePort();
 

@@ -93,8 +93,9 @@ class Model {
 void SetTorchThreads(int intra_op_threads);
 // Float denormals read and written as zero (the CPU's FTZ and DAZ modes) in the calling thread,
 // or back to IEEE behaviour. The mode is per thread, and the intra-op threads a thread starts
-// copy its mode when they are created, at its first parallel region: call it in each executor
-// thread before that thread runs anything. False where the CPU has no such mode.
+// copy its mode when they are created, at its first parallel region (libgomp): call it in each
+// executor thread before that thread runs anything. The inter-op pool (torch.jit.fork) is not
+// covered. False where the CPU has no such mode.
 bool SetFlushDenormals(bool on);
 // True when libtorch was built with CUDA and sees at least one device.
 bool CudaAvailable();
