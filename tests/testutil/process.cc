@@ -70,7 +70,7 @@ std::pair<int, int> PortsOutsideTheEphemeralRange() {
 }  // namespace
 
 int FreePort() {
-  // Below the ephemeral range: a port bind(0) hands out lies inside it, so an outgoing
+  // Outside the ephemeral range: a port bind(0) hands out lies inside it, so an outgoing
   // connection of another test (a client to its Redis, say) could take it as its local port
   // before this test binds it, and a client that connects to it while nothing listens could
   // even connect to itself. Walking from a random start keeps the ports of one process
@@ -88,7 +88,7 @@ int FreePort() {
     next = (next + 1) % span;
     if (CanBind(port)) return port;
   }
-  throw std::runtime_error("FreePort: no free port below the ephemeral range");
+  throw std::runtime_error("FreePort: no free port outside the ephemeral range");
 }
 
 bool WaitFor(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {

@@ -270,9 +270,8 @@ TEST(EngineTest, FlushDenormalsZeroesThemInEveryIntraOpThread) {
   bool supported = false;
   std::thread([&] { supported = SetFlushDenormals(true); }).join();  // a throwaway thread
   if (!supported) GTEST_SKIP() << "this CPU cannot flush denormals";
-  // The outputs are counted afterwards on this thread: on a flushing thread even the
-  // comparison with a denormal would read it as zero.
-  // The input is made here too: Ramp's arithmetic on a flushing thread would make it zero.
+  // The input is made and the outputs are counted on this thread: on a flushing thread Ramp's
+  // arithmetic would make the input zero, and a comparison would read a denormal as zero.
   const Tensor input = Ramp({kN}, kTiny, 0.0f);
   auto run = [&](bool flush) {
     std::vector<float> out;
