@@ -15,8 +15,8 @@
 #include <thread>
 
 #include "ferry/client.h"
-#include "ferry/protocol/flags.h"
-#include "ferry/protocol/malloc_policy.h"
+#include "ferry/runtime/flags.h"
+#include "ferry/runtime/malloc_policy.h"
 #include "load_generator.h"
 #include "raw_runner.h"
 #include "report.h"
@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
   ferry::bench::LoadOptions load;
   int64_t warmup = 0, batch = 1, threads = 0, wait_workers = 0;
   bool no_push = false;
-  ferry::protocol::FlagSet flags(
+  ferry::runtime::FlagSet flags(
       "ferry-bench",
       "Drives a Ferry fleet through the SDK (closed loop: --concurrency; open loop: --rate) or "
       "runs the model in-process (--raw) and measures throughput and latency.");
@@ -120,7 +120,7 @@ int main(int argc, char** argv) {
   flags.Int("wait-workers", &wait_workers, "first wait (up to 60 s) for N workers at the broker");
   flags.String("label", &label, "name of this run in the output and JSON (default: the model)");
   flags.String("json", &json_path, "write the summary as one JSON object to this file");
-  int rc = ferry::protocol::HandleFlagResult(flags, flags.Parse(argc, argv));
+  int rc = ferry::runtime::HandleFlagResult(flags, flags.Parse(argc, argv));
   if (rc >= 0) return rc;
   if (!ferry::ParseDType(dtype_text, &load.dtype)) {
     std::fprintf(stderr, "ferry-bench: unknown dtype %s\n", dtype_text.c_str());
@@ -167,7 +167,7 @@ int main(int argc, char** argv) {
     // afresh on every forward). The fleet mode leaves the producer's allocator as it is.
     std::string malloc_policy;
     json.AddRaw("malloc_keeps_freed",
-                ferry::protocol::KeepFreedMemory(&malloc_policy) ? "true" : "false");
+                ferry::runtime::KeepFreedMemory(&malloc_policy) ? "true" : "false");
     const double cpu0 = ferry::bench::ProcessCpuSeconds();
     Status s = ferry::bench::RunRaw(raw, &samples, &jobs_done, &seconds);
     json.Add("bench_cpu_s", ferry::bench::ProcessCpuSeconds() - cpu0);

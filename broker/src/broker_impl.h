@@ -9,9 +9,9 @@
 #include <zmq.hpp>
 
 #include "ferry/broker/broker.h"
-#include "ferry/broker/final_results.h"
-#include "ferry/broker/journal.h"
-#include "ferry/broker/scheduler.h"
+#include "final_results.h"
+#include "journal.h"
+#include "scheduler.h"
 #include "ferry/metrics/metrics_server.h"
 #include "ferry/metrics/registry.h"
 #include "ferry/protocol/keys.h"

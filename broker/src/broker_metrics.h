@@ -21,8 +21,8 @@
 #include <unordered_map>
 #include <vector>
 
-#include "ferry/broker/job.h"
-#include "ferry/broker/scheduler.h"
+#include "job.h"
+#include "scheduler.h"
 #include "ferry/metrics/registry.h"
 #include "ferry/protocol/messages.h"
 

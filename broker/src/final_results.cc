@@ -1,4 +1,4 @@
-#include "ferry/broker/final_results.h"
+#include "final_results.h"
 
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/util.h"

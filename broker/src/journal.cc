@@ -1,4 +1,4 @@
-#include "ferry/broker/journal.h"
+#include "journal.h"
 
 #include <algorithm>
 

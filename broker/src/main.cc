@@ -5,9 +5,9 @@
 #include <spdlog/spdlog.h>
 
 #include "ferry/broker/broker.h"
-#include "ferry/protocol/flags.h"
-#include "ferry/protocol/logging.h"
-#include "ferry/protocol/malloc_policy.h"
+#include "ferry/runtime/flags.h"
+#include "ferry/runtime/logging.h"
+#include "ferry/runtime/malloc_policy.h"
 
 namespace {
 ferry::broker::Broker* g_broker = nullptr;
@@ -19,7 +19,7 @@ void OnSignal(int) {
 int main(int argc, char** argv) {
   ferry::broker::BrokerOptions o;
   std::string log_level = "info";
-  ferry::protocol::FlagSet flags("ferry-broker",
+  ferry::runtime::FlagSet flags("ferry-broker",
                                  "Accepts jobs from producers and feeds them to GPU workers.");
   flags.String("frontend", &o.frontend, "ZeroMQ endpoint for producers (ROUTER, bind)");
   flags.String("backend", &o.backend, "ZeroMQ endpoint for workers (ROUTER, bind)");
@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   bool log_json = false;
   flags.Bool("log-json", &log_json, "log one JSON object per line");
   flags.String("log-level", &log_level, "trace, debug, info, warn, error");
-  int rc = ferry::protocol::HandleFlagResult(flags, flags.Parse(argc, argv));
+  int rc = ferry::runtime::HandleFlagResult(flags, flags.Parse(argc, argv));
   if (rc >= 0) return rc;
   if (metrics_port < 0 || metrics_port > 65535) {
     std::fprintf(stderr, "ferry-broker: --metrics-port must be 0..65535\n");
@@ -64,7 +64,7 @@ int main(int argc, char** argv) {
   o.journal = !no_journal;
 
   std::string malloc_policy;
-  ferry::protocol::KeepFreedMemory(&malloc_policy);  // big jobs: no page faults per buffer
+  ferry::runtime::KeepFreedMemory(&malloc_policy);  // big jobs: no page faults per buffer
   spdlog::info("{}", malloc_policy);
 
   std::unique_ptr<ferry::broker::Broker> broker;

@@ -1,4 +1,4 @@
-#include "ferry/broker/scheduler.h"
+#include "scheduler.h"
 
 #include <algorithm>
 

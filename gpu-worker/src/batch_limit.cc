@@ -1,4 +1,4 @@
-#include "ferry/worker/batch_limit.h"
+#include "batch_limit.h"
 
 #include <algorithm>
 

@@ -1,4 +1,4 @@
-#include "ferry/worker/batcher.h"
+#include "batcher.h"
 
 #include <spdlog/spdlog.h>
 

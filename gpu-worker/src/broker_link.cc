@@ -1,4 +1,4 @@
-#include "ferry/worker/broker_link.h"
+#include "broker_link.h"
 
 #include <spdlog/spdlog.h>
 

@@ -1,7 +1,7 @@
 // The CUDA build of cuda_support.h; compiled only when libtorch has CUDA (see CMakeLists.txt).
 // Uses only APIs present in both libtorch 1.13 and 2.x: getStreamFromPool(bool, DeviceIndex),
 // CUDAStreamGuard, getDeviceStats(device).allocated_bytes[0] (index 0 = aggregate), emptyCache.
-#include "ferry/worker/cuda_support.h"
+#include "cuda_support.h"
 
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAGuard.h>

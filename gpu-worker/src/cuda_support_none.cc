@@ -1,5 +1,5 @@
 // The CPU-only build of cuda_support.h: no streams, no allocator. Torch-free.
-#include "ferry/worker/cuda_support.h"
+#include "cuda_support.h"
 
 namespace ferry::worker::cuda {
 

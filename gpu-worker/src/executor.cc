@@ -1,4 +1,4 @@
-#include "ferry/worker/executor.h"
+#include "executor.h"
 
 #include <spdlog/spdlog.h>
 

@@ -1,4 +1,4 @@
-#include "ferry/worker/job_queue.h"
+#include "job_queue.h"
 
 #include <unordered_set>
 

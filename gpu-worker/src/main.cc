@@ -11,8 +11,8 @@
 #include <memory>
 #include <thread>
 
-#include "ferry/protocol/logging.h"
-#include "ferry/protocol/malloc_policy.h"
+#include "ferry/runtime/logging.h"
+#include "ferry/runtime/malloc_policy.h"
 #include "ferry/worker/options.h"
 #include "ferry/worker/worker.h"
 
@@ -49,7 +49,7 @@ int main(int argc, char** argv) {
   }
   ferry::logging::Configure(options.log_level, options.log_json, "worker");  // level checked
   std::string malloc_policy;
-  ferry::protocol::KeepFreedMemory(&malloc_policy);  // big jobs and batches: fewer page faults
+  ferry::runtime::KeepFreedMemory(&malloc_policy);  // big jobs and batches: fewer page faults
   spdlog::info("{}", malloc_policy);
 
   // SIGINT/SIGTERM are blocked in every thread (they inherit the mask) and taken by sigtimedwait

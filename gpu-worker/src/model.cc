@@ -1,7 +1,7 @@
 // The worker's only libtorch translation unit for inference: loading, dtype mapping, stacking
 // with padding, device conversions, the method call, splitting and trimming. Every c10::Error /
 // std::exception is caught here and turned into a Status.
-#include "ferry/worker/model.h"
+#include "model.h"
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>

@@ -1,4 +1,4 @@
-#include "ferry/worker/model_registry.h"
+#include "model_registry.h"
 
 #include <spdlog/spdlog.h>
 
@@ -7,7 +7,7 @@
 #include <filesystem>
 
 #include "ferry/protocol/util.h"
-#include "ferry/worker/warmup.h"
+#include "warmup.h"
 
 namespace ferry::worker {
 namespace {

@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <thread>
 
-#include "ferry/protocol/flags.h"
+#include "ferry/runtime/flags.h"
 #include "ferry/protocol/util.h"
 
 namespace ferry::worker {
@@ -46,7 +46,7 @@ Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help,
   WorkerOptions& o = *out;
   std::vector<std::string> models;
   std::string memory_budget = "0";
-  protocol::FlagSet flags("ferry-worker",
+  runtime::FlagSet flags("ferry-worker",
                           "Runs TorchScript models on batches of jobs pulled from a Ferry broker "
                           "and writes the results to Redis.");
   flags.String("broker", &o.broker, "the broker's backend endpoint");

@@ -1,4 +1,4 @@
-#include "ferry/worker/padding.h"
+#include "padding.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "ferry/worker/result_writer.h"
+#include "result_writer.h"
 
 #include <spdlog/spdlog.h>
 

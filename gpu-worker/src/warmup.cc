@@ -1,4 +1,4 @@
-#include "ferry/worker/warmup.h"
+#include "warmup.h"
 
 #include <spdlog/spdlog.h>
 

@@ -3,14 +3,63 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <vector>
+#include <zmq.hpp>
 
+#include "broker_link.h"
+#include "executor.h"
 #include "ferry/metrics/metrics_server.h"
 #include "ferry/metrics/registry.h"
 #include "ferry/protocol/util.h"
+#include "ferry/protocol/wire.h"
+#include "job_queue.h"
+#include "model_registry.h"
+#include "result_writer.h"
 #include "worker_metrics.h"
 
 namespace ferry::worker {
+
+class Worker::Impl {
+ public:
+  Impl(WorkerOptions options, std::unique_ptr<ModelRegistry> registry);
+  ~Impl();
+  Status Run();
+  void RequestStop();
+  int metrics_port() const;
+  // What READY says now: every model, the resident ones, capacity, identity.
+  protocol::WorkerHello Hello() const;
+
+  const WorkerOptions options_;
+
+ private:
+  // Re-announces (READY through the I/O thread's outbox) after the resident set changed.
+  void AnnounceResidency();
+
+  std::unique_ptr<ModelRegistry> registry_;
+  std::unique_ptr<metrics::Registry> metrics_registry_;
+  std::unique_ptr<WorkerMetrics> metrics_;
+  std::unique_ptr<metrics::MetricsServer> metrics_server_;  // started by Run with a port
+  JobQueue queue_;
+  zmq::context_t context_;
+
+  std::mutex mu_;  // guards link_ against RequestStop during Run's start-up and shutdown
+  std::atomic<bool> stop_requested_{false};
+  std::unique_ptr<ResultWriter> writer_;
+  std::unique_ptr<BrokerLink> link_;
+  std::vector<std::unique_ptr<Executor>> executors_;
+  std::mutex announce_mu_;                   // guards announce_ (a PUSH into the outbox)
+  std::unique_ptr<zmq::socket_t> announce_;  // null unless running
+};
+
+Worker::Worker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Worker::~Worker() = default;
+Status Worker::Run() { return impl_->Run(); }
+void Worker::RequestStop() { impl_->RequestStop(); }
+const WorkerOptions& Worker::options() const { return impl_->options_; }
+int Worker::metrics_port() const { return impl_->metrics_port(); }
 
 Status Worker::Create(WorkerOptions options, std::unique_ptr<Worker>* out) {
   SetTorchThreads(static_cast<int>(options.threads));
@@ -24,11 +73,11 @@ Status Worker::Create(WorkerOptions options, std::unique_ptr<Worker>* out) {
   spdlog::info("{} of {} model(s) loaded and warm in {} ms; the rest load on first use",
                resident.size(), options.models.size(),
                (protocol::MonotonicMicros() - start) / 1000);
-  out->reset(new Worker(std::move(options), std::move(registry)));
+  out->reset(new Worker(std::make_unique<Impl>(std::move(options), std::move(registry))));
   return Status::Ok();
 }
 
-Worker::Worker(WorkerOptions options, std::unique_ptr<ModelRegistry> registry)
+Worker::Impl::Impl(WorkerOptions options, std::unique_ptr<ModelRegistry> registry)
     : options_(std::move(options)),
       registry_(std::move(registry)),
       metrics_registry_(std::make_unique<metrics::Registry>()),
@@ -36,9 +85,9 @@ Worker::Worker(WorkerOptions options, std::unique_ptr<ModelRegistry> registry)
       queue_(static_cast<size_t>(options_.capacity())),
       context_(1) {}
 
-int Worker::metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
+int Worker::Impl::metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
 
-Worker::~Worker() {
+Worker::Impl::~Impl() {
   // Normally Run() has already drained and joined everything; this is the error path.
   queue_.Close();
   {
@@ -55,7 +104,7 @@ Worker::~Worker() {
   metrics_server_.reset();
 }
 
-protocol::WorkerHello Worker::Hello() const {
+protocol::WorkerHello Worker::Impl::Hello() const {
   protocol::WorkerHello hello;
   hello.worker = options_.name;
   hello.device = options_.device;
@@ -67,7 +116,7 @@ protocol::WorkerHello Worker::Hello() const {
   return hello;
 }
 
-void Worker::AnnounceResidency() {
+void Worker::Impl::AnnounceResidency() {
   std::lock_guard<std::mutex> lock(announce_mu_);
   if (!announce_) return;
   std::string names;
@@ -78,13 +127,13 @@ void Worker::AnnounceResidency() {
   if (!s.ok()) spdlog::warn("worker {}: re-announce: {}", options_.name, s.ToString());
 }
 
-void Worker::RequestStop() {
+void Worker::Impl::RequestStop() {
   stop_requested_.store(true);
   std::lock_guard<std::mutex> lock(mu_);
   if (link_) link_->RequestDrain();
 }
 
-Status Worker::Run() {
+Status Worker::Impl::Run() {
   protocol::RedisEndpoint redis;
   FERRY_RETURN_IF_ERROR(protocol::ParseRedisUrl(options_.redis, &redis));
   const std::string outbox = "inproc://ferry-worker-outbox-" +

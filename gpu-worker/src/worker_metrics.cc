@@ -2,9 +2,9 @@
 
 #include "ferry/metrics/names.h"
 #include "ferry/protocol/util.h"
-#include "ferry/worker/cuda_support.h"
-#include "ferry/worker/executor.h"
-#include "ferry/worker/model_registry.h"
+#include "cuda_support.h"
+#include "executor.h"
+#include "model_registry.h"
 
 #ifndef FERRY_VERSION
 #define FERRY_VERSION "unknown"

@@ -19,7 +19,7 @@
 #include <vector>
 
 #include "ferry/metrics/registry.h"
-#include "ferry/worker/job.h"
+#include "job.h"
 #include "ferry/worker/options.h"
 
 namespace ferry::worker {

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "ferry/client.h"
-#include "ferry/protocol/flags.h"
+#include "ferry/runtime/flags.h"
 #include "npy.h"
 #include "ops_commands.h"
 #include "result_printer.h"
@@ -23,7 +23,7 @@ int ExitFor(const Status& s) {
 
 namespace {
 
-using protocol::FlagSet;
+using runtime::FlagSet;
 
 constexpr const char* kTopUsage =
     "usage: ferry COMMAND [flags]\n"
@@ -54,7 +54,7 @@ int Fail(const Status& s) { return FailWith(s); }
 // Parses flags; returns -1 to go on, else the exit code.
 int ParseFlags(FlagSet* flags, std::vector<char*>& args) {
   Status s = flags->Parse(static_cast<int>(args.size()), args.data());
-  return protocol::HandleFlagResult(*flags, s);
+  return runtime::HandleFlagResult(*flags, s);
 }
 
 // Prints a final result (and writes its outputs as .npy under out_dir); exit code by state.

@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "ferry/client.h"
-#include "ferry/protocol/flags.h"
+#include "ferry/runtime/flags.h"
 
 namespace ferry::cli {
 
@@ -25,7 +25,7 @@ struct BrokerFlags {
   std::string redis_prefix = "ferry:";
   int64_t request_timeout_ms = 5000;
 
-  void Register(protocol::FlagSet* f);
+  void Register(runtime::FlagSet* f);
   Status MakeClient(std::unique_ptr<client::Client>* out) const;
 };
 

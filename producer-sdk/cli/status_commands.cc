@@ -15,7 +15,7 @@
 namespace ferry::cli {
 namespace {
 
-using protocol::FlagSet;
+using runtime::FlagSet;
 using Clock = std::chrono::steady_clock;
 
 volatile sig_atomic_t g_top_stop = 0;
@@ -112,7 +112,7 @@ int RunStatus(std::vector<char*>& args) {
                 "queues (depth) and counters as tables. Works against a remote broker.");
   broker.Register(&flags);
   Status parsed = flags.Parse(static_cast<int>(args.size()), args.data());
-  if (int rc = protocol::HandleFlagResult(flags, parsed); rc >= 0) return rc;
+  if (int rc = runtime::HandleFlagResult(flags, parsed); rc >= 0) return rc;
   if (!flags.positional().empty()) {
     std::fprintf(stderr, "ferry status takes no arguments\n\n%s", flags.Usage().c_str());
     return kExitUsage;
@@ -141,7 +141,7 @@ int RunTop(std::vector<char*>& args) {
                  "a /metrics URL to scrape, e.g. http://host:9450/metrics (broker) or host:9460 (a worker)");
   broker.Register(&flags);
   Status parsed = flags.Parse(static_cast<int>(args.size()), args.data());
-  if (int rc = protocol::HandleFlagResult(flags, parsed); rc >= 0) return rc;
+  if (int rc = runtime::HandleFlagResult(flags, parsed); rc >= 0) return rc;
   if (!flags.positional().empty() || interval_ms < 10 || iterations < 0) {
     std::fprintf(stderr, "ferry top takes no arguments; --interval-ms >= 10\n\n%s",
                  flags.Usage().c_str());

@@ -19,7 +19,7 @@ namespace ferry::cli {
 namespace {
 
 namespace fs = std::filesystem;
-using protocol::FlagSet;
+using runtime::FlagSet;
 
 volatile sig_atomic_t g_up_stop = 0;
 void OnUpSignal(int) { g_up_stop = 1; }
@@ -139,7 +139,7 @@ int RunUp(std::vector<char*>& args) {
   flags.Int("ready-timeout-ms", &ready_timeout_ms, "how long to wait for the workers to register");
   flags.Int("drain-timeout-ms", &drain_timeout_ms, "per stage of the shutdown, then SIGKILL");
   Status parsed = flags.Parse(static_cast<int>(args.size()), args.data());
-  if (int rc = protocol::HandleFlagResult(flags, parsed); rc >= 0) return rc;
+  if (int rc = runtime::HandleFlagResult(flags, parsed); rc >= 0) return rc;
   if (!flags.positional().empty()) {
     std::fprintf(stderr, "ferry up takes no arguments\n\n%s", flags.Usage().c_str());
     return kExitUsage;

@@ -173,13 +173,6 @@ void PackIntMap(Packer& pk, const std::map<std::string, int64_t>& m) {
   }
 }
 
-zmq::message_t ToMessage(msgpack::sbuffer&& buffer) {
-  size_t size = buffer.size();
-  if (size == 0) return zmq::message_t();
-  char* data = buffer.release();
-  return zmq::message_t(data, size, [](void* d, void*) { std::free(d); }, nullptr);
-}
-
 }  // namespace ferry::protocol
 
 namespace ferry::protocol {

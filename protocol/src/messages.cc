@@ -1,6 +1,7 @@
 #include "ferry/protocol/messages.h"
 
 #include "ferry/protocol/keys.h"
+#include "ferry/protocol/wire.h"
 
 namespace ferry::protocol {
 namespace {
@@ -16,17 +17,6 @@ void PackRid(Packer& pk, int64_t rid) {
 }
 
 }  // namespace
-
-const char* JobStateNameImpl(JobState s) {
-  switch (s) {
-    case JobState::kPending: return "pending";
-    case JobState::kDone: return "done";
-    case JobState::kFailed: return "failed";
-    case JobState::kCancelled: return "cancelled";
-    case JobState::kExpired: return "expired";
-  }
-  return "unknown";
-}
 
 bool IsValidJobId(std::string_view id) {
   if (id.empty() || id.size() > 128) return false;
@@ -473,7 +463,3 @@ Status DecodeResult(const void* data, size_t size, Result* out) {
 }
 
 }  // namespace ferry::protocol
-
-namespace ferry {
-const char* JobStateName(JobState state) { return protocol::JobStateNameImpl(state); }
-}  // namespace ferry

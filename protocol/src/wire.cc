@@ -3,8 +3,16 @@
 #include <poll.h>
 
 #include <cerrno>
+#include <cstdlib>
 
 namespace ferry::protocol {
+
+zmq::message_t ToMessage(msgpack::sbuffer&& buffer) {
+  size_t size = buffer.size();
+  if (size == 0) return zmq::message_t();
+  char* data = buffer.release();
+  return zmq::message_t(data, size, [](void* d, void*) { std::free(d); }, nullptr);
+}
 
 int PollSockets(zmq_pollitem_t* items, int n, long timeout_ms) {
   constexpr int kMaxItems = 8;

@@ -1,5 +1,5 @@
 // The broker's queue and dispatch logic, without sockets.
-#include "ferry/broker/scheduler.h"
+#include "scheduler.h"
 
 #include <gtest/gtest.h>
 

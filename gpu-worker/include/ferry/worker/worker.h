@@ -19,28 +19,12 @@
 // Thread-safety: RequestStop() from any thread (not from a signal handler); the rest from the
 // owning thread.
 
-#include <atomic>
 #include <memory>
-#include <mutex>
-#include <vector>
-#include <zmq.hpp>
 
 #include "ferry/status.h"
-#include "ferry/worker/broker_link.h"
-#include "ferry/worker/executor.h"
-#include "ferry/worker/job_queue.h"
-#include "ferry/worker/model_registry.h"
 #include "ferry/worker/options.h"
-#include "ferry/worker/result_writer.h"
-
-namespace ferry::metrics {
-class MetricsServer;
-class Registry;
-}  // namespace ferry::metrics
 
 namespace ferry::worker {
-
-class WorkerMetrics;  // src/worker_metrics.h
 
 class Worker {
  public:
@@ -56,33 +40,14 @@ class Worker {
   Status Run();
   void RequestStop();
 
-  const WorkerOptions& options() const { return options_; }
-  ModelRegistry& registry() { return *registry_; }
-  // What READY says now: every model, the resident ones, capacity, identity.
-  protocol::WorkerHello Hello() const;
+  const WorkerOptions& options() const;
   // The port /metrics is served on while running; 0 when off.
   int metrics_port() const;
 
  private:
-  Worker(WorkerOptions options, std::unique_ptr<ModelRegistry> registry);
-  // Re-announces (READY through the I/O thread's outbox) after the resident set changed.
-  void AnnounceResidency();
-
-  const WorkerOptions options_;
-  std::unique_ptr<ModelRegistry> registry_;
-  std::unique_ptr<metrics::Registry> metrics_registry_;
-  std::unique_ptr<WorkerMetrics> metrics_;
-  std::unique_ptr<metrics::MetricsServer> metrics_server_;  // started by Run with a port
-  JobQueue queue_;
-  zmq::context_t context_;
-
-  std::mutex mu_;  // guards link_ against RequestStop during Run's start-up and shutdown
-  std::atomic<bool> stop_requested_{false};
-  std::unique_ptr<ResultWriter> writer_;
-  std::unique_ptr<BrokerLink> link_;
-  std::vector<std::unique_ptr<Executor>> executors_;
-  std::mutex announce_mu_;                   // guards announce_ (a PUSH into the outbox)
-  std::unique_ptr<zmq::socket_t> announce_;  // null unless running
+  class Impl;  // src/worker.cc
+  explicit Worker(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 }  // namespace ferry::worker

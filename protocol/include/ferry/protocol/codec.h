@@ -11,26 +11,14 @@
 #include <string>
 #include <string_view>
 #include <vector>
-#include <zmq.hpp>
 
+#include "ferry/protocol/types.h"
 #include "ferry/status.h"
 #include "ferry/tensor.h"
 
 namespace ferry::protocol {
 
 using Packer = msgpack::packer<msgpack::sbuffer>;
-
-// Limits applied while unpacking untrusted bodies.
-inline constexpr size_t kMaxTensorDims = 16;
-inline constexpr size_t kMaxInputsPerJob = 64;
-
-// A tensor whose bytes live in a received buffer (not owned).
-struct TensorRef {
-  DType dtype = DType::kFloat32;
-  std::vector<int64_t> shape;
-  const char* data = nullptr;
-  size_t size = 0;
-};
 
 // Unpacks a body that must be one msgpack map (an empty buffer is an empty map).
 // Returns kMalformed on anything else.
@@ -59,8 +47,6 @@ Tensor ToTensor(const TensorRef& ref);  // copies the bytes
 
 void PackString(Packer& pk, std::string_view s);
 
-// Moves an sbuffer's bytes into a ZeroMQ message without copying.
-zmq::message_t ToMessage(msgpack::sbuffer&& buffer);
 // Packs a string->int map (timings, counters).
 void PackIntMap(Packer& pk, const std::map<std::string, int64_t>& m);
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 #include <vector>
+#include <msgpack.hpp>
 #include <zmq.hpp>
 
 #include "ferry/status.h"
@@ -57,6 +58,9 @@ Status RecvMessage(zmq::socket_t& socket, bool router, Message* out, bool dont_w
 // message). Returns the number of items with revents, or -1 with zmq_errno() set (EINTR, ETERM).
 // At most 8 items.
 int PollSockets(zmq_pollitem_t* items, int n, long timeout_ms);
+
+// Moves an sbuffer's bytes into a ZeroMQ message without copying.
+zmq::message_t ToMessage(msgpack::sbuffer&& buffer);
 
 // Sends [envelope...] FERRY1 command body. `body` is moved into the last frame (no copy).
 Status SendMessage(zmq::socket_t& socket, const std::vector<zmq::message_t>* envelope,

@@ -1,0 +1,44 @@
+#pragma once
+// FinalResults: the results the broker writes itself -- `expired`, `cancelled` and `poisoned`
+// jobs, which no worker will report. They are kept until Redis takes them (retried every loop
+// turn while it is down), so an accepted job is never left without a final result.
+// Owned by the broker thread; not thread-safe.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "job.h"
+#include "ferry/protocol/keys.h"
+#include "ferry/protocol/redis.h"
+#include "ferry/status.h"
+
+namespace ferry::broker {
+
+class FinalResults {
+ public:
+  FinalResults(protocol::RedisClient* redis, protocol::Keys keys)
+      : redis_(redis), keys_(std::move(keys)) {}
+
+  // `status` is "expired", "cancelled" or "failed"; `code`/`message` go into the error.
+  void Add(std::unique_ptr<Job> job, std::string status, std::string code, std::string message);
+  bool empty() const { return entries_.empty(); }
+  size_t size() const { return entries_.size(); }
+
+  // Writes every entry (SET NX EX) in one round trip. On success moves the jobs into *written
+  // (for FINISHED notices and journal removal); on failure keeps them for the next call.
+  Status Flush(std::vector<std::unique_ptr<Job>>* written);
+
+ private:
+  struct Entry {
+    std::unique_ptr<Job> job;
+    std::string status;
+    std::string code;
+    std::string message;
+  };
+  protocol::RedisClient* redis_;
+  protocol::Keys keys_;
+  std::vector<Entry> entries_;
+};
+
+}  // namespace ferry::broker

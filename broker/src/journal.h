@@ -1,0 +1,67 @@
+#pragma once
+// Journal: the broker's durable record of accepted jobs, in Redis, so that a broker restarted
+// after a crash (kill -9 included) rebuilds its queues.
+//
+// Layout: HASH <prefix>journal, field = job id, value = a msgpack record (id, model, priority,
+// timeout_ms, result_ttl_s, submitted, deadline, seq, attempt, inputs). SET <prefix>models holds
+// every model a worker announced (so jobs for them are accepted right after a restart, before the
+// workers re-announce); it expires a week after the last announcement.
+//
+// Group commit: accepted jobs are staged and written in ONE pipelined round trip per turn of the
+// broker loop, before that turn's ACCEPTED replies go out. Removals of finished jobs are not
+// urgent (a restarted broker skips journaled jobs that already have a result), so the broker
+// lets them wait and ride along with the next write; it commits removals alone only when they
+// have waited a few milliseconds, pile up, or the loop is idle. At light load that saves one
+// Redis round trip per job. Owned by the broker thread; not thread-safe.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "job.h"
+#include "ferry/protocol/keys.h"
+#include "ferry/protocol/redis.h"
+#include "ferry/status.h"
+
+namespace ferry::broker {
+
+class Journal {
+ public:
+  // `redis` must outlive the journal.
+  Journal(protocol::RedisClient* redis, protocol::Keys keys)
+      : redis_(redis), keys_(std::move(keys)) {}
+
+  void Stage(const Job& job);               // HSET on the next Commit
+  void Forget(const std::string& id, int64_t now_mono_us);  // HDEL, with the next write
+  void NoteModel(const std::string& model);  // SADD + EXPIRE on the next Commit
+  bool has_staged() const { return !staged_.empty(); }
+  // Something other than removals waits to be written.
+  bool has_writes() const { return !staged_.empty() || !models_.empty(); }
+  bool idle() const { return staged_.empty() && forgotten_.empty() && models_.empty(); }
+  // Removals waiting, and when the oldest of them was queued (monotonic; 0 when none).
+  size_t removals() const { return forgotten_.size(); }
+  int64_t oldest_removal_us() const { return oldest_forget_us_; }
+
+  // Writes everything in one round trip. On failure the staged records are discarded (the
+  // caller rejects those jobs with `unavailable`); removals and models are kept for the next try.
+  Status Commit();
+
+  // Reads every journaled job (in acceptance order) and the known models. Jobs whose result is
+  // already in Redis (the broker died between the result and the removal) are dropped from the
+  // journal instead of returned.
+  Status Load(std::vector<std::unique_ptr<Job>>* jobs, std::vector<std::string>* models);
+
+  // The record's encoding, public for tests.
+  static std::string Encode(const Job& job);
+  static Status Decode(const std::string& bytes, Job* out);
+
+ private:
+  protocol::RedisClient* redis_;
+  protocol::Keys keys_;
+  std::vector<std::pair<std::string, std::string>> staged_;  // id -> record
+  std::vector<std::string> forgotten_;
+  int64_t oldest_forget_us_ = 0;
+  std::vector<std::string> models_;
+};
+
+}  // namespace ferry::broker

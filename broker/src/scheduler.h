@@ -1,0 +1,142 @@
+#pragma once
+// Scheduler: the broker's state and its dispatch policy, with no sockets -- per-model priority
+// queues, the worker registry with credit and in-flight jobs, and the choice of which worker
+// gets which chunk. Owned by the broker's one thread; not thread-safe by design.
+//
+// Dispatch: a worker announces a capacity (its credit when idle). A chunk goes to the least
+// recently served worker that has credit and serves a model with queued jobs; it holds up to
+// min(credit, that model's max_batch) jobs, highest priority first, FIFO within a priority.
+// Credit comes back one per job when the worker reports it DONE.
+//
+// Warm workers first: a model goes to a worker that has it resident (READY "resident"), so that
+// workers under a memory budget do not thrash loading and evicting. A worker takes a model it
+// does not have warm only when no worker with credit has it warm (load spills over to cold
+// workers once the warm ones are full) or when no worker has it warm at all (someone must load
+// it; it then competes by priority and age like any other model).
+//
+// Starvation: strict priority alone could starve low priorities forever under sustained
+// high-priority load, so every `aging_every`-th chunk of a model is taken oldest-first across all
+// priorities. Low priorities therefore get at least 1/aging_every of the dispatches while they
+// wait, and FIFO order still holds within each priority.
+
+#include <cstdint>
+#include <deque>
+#include <list>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "job.h"
+#include "ferry/protocol/types.h"
+#include "ferry/status.h"
+
+namespace ferry::broker {
+
+struct WorkerState {
+  std::string routing_id;
+  protocol::WorkerHello hello;
+  std::map<std::string, int64_t> max_batch;  // model -> max batch
+  std::set<std::string> in_flight;           // job ids
+  int64_t last_seen_us = 0;                  // monotonic
+  int64_t credit() const { return hello.capacity - static_cast<int64_t>(in_flight.size()); }
+  // True when the worker has the model loaded and warm (a READY without "resident": all).
+  bool IsWarm(const std::string& model) const;
+};
+
+struct Chunk {
+  std::string worker;       // routing id
+  std::vector<Job*> jobs;   // owned by the scheduler; valid until Complete/Remove
+};
+
+struct SchedulerCounters {
+  int64_t accepted = 0;
+  int64_t duplicates = 0;  // results that lost the race to an earlier one (fenced by SET NX)
+  int64_t expired = 0;
+  int64_t cancelled = 0;
+  int64_t poisoned = 0;
+  int64_t rejected = 0;
+  int64_t finished = 0;
+  int64_t requeued = 0;
+  int64_t chunks = 0;
+  int64_t dispatched = 0;
+};
+
+class Scheduler {
+ public:
+  explicit Scheduler(int64_t aging_every = 8) : aging_every_(aging_every) {}
+
+  // Adds an accepted job. Fails with kDuplicate when the id is pending.
+  Status Add(std::unique_ptr<Job> job);
+  bool IsPending(const std::string& id) const { return jobs_.count(id) != 0; }
+  // True once any worker has announced the model (since this broker started, or as restored
+  // from the journal by AddKnownModel).
+  bool KnowsModel(const std::string& model) const { return known_models_.count(model) != 0; }
+  void AddKnownModel(const std::string& model) { known_models_.insert(model); }
+  const Job* Find(const std::string& id) const;
+
+  // Registers (or re-registers) a worker. A re-announce of a known routing id keeps its jobs.
+  void AddWorker(const std::string& routing_id, protocol::WorkerHello hello, int64_t now_us);
+  bool HasWorker(const std::string& routing_id) const { return workers_.count(routing_id) != 0; }
+  void Touch(const std::string& routing_id, int64_t now_us);
+  // Removes a worker; its in-flight jobs go back to the front of their queues with attempt+1.
+  // Returns the requeued jobs.
+  std::vector<Job*> RemoveWorker(const std::string& routing_id);
+  // Workers silent since before `deadline_us` (monotonic).
+  std::vector<std::string> SilentWorkers(int64_t deadline_us) const;
+
+  // A worker reports these jobs finished: their results are in Redis. Returns the finished
+  // jobs, removed from the scheduler, wherever they were (ids it does not hold are ignored):
+  // a job requeued after its worker was presumed dead, or running elsewhere, is finished too,
+  // since the first result in Redis is the one that counts.
+  std::vector<std::unique_ptr<Job>> Complete(const std::string& routing_id,
+                                             const std::vector<std::string>& ids);
+  // Removes a job wherever it is (queued or dispatched); null when not pending.
+  std::unique_ptr<Job> Take(const std::string& id);
+  // Removes and returns queued jobs whose deadline is before `now_us` (wall clock).
+  std::vector<std::unique_ptr<Job>> TakeExpired(int64_t now_us);
+  // Total bytes of inputs held by pending jobs.
+  int64_t pending_bytes() const { return pending_bytes_; }
+
+  // The next chunk to send, or false when no worker with credit serves a queued model.
+  bool NextChunk(Chunk* out);
+
+  size_t QueueDepth(const std::string& model) const;
+  // `submitted_us` of the model's oldest queued job (0 when none is queued).
+  int64_t OldestQueuedSubmittedUs(const std::string& model) const;
+  std::map<std::string, size_t> QueueDepths() const;
+  const std::unordered_map<std::string, WorkerState>& workers() const { return workers_; }
+  const std::set<std::string>& known_models() const { return known_models_; }
+  size_t pending() const { return jobs_.size(); }
+  const SchedulerCounters& counters() const { return counters_; }
+  SchedulerCounters& mutable_counters() { return counters_; }
+
+ private:
+  using PriorityQueue = std::map<int64_t, std::deque<Job*>, std::greater<int64_t>>;
+  void Enqueue(Job* job, bool front);
+  // The queued job a worker should serve next (highest priority, then oldest), or null.
+  // With `warm_only`, only models eligible without a cold load: warm on `w`, or warm nowhere.
+  PriorityQueue* BestQueueFor(const WorkerState& w, bool warm_only, std::string* model);
+  bool WarmSomewhere(const std::string& model) const;
+
+  // The queue level holding the oldest job (lowest seq), for aging.
+  static PriorityQueue::iterator OldestLevel(PriorityQueue& pq);
+  void Unqueue(Job* job);
+
+  std::unordered_map<std::string, std::unique_ptr<Job>> jobs_;
+  std::multimap<int64_t, std::string> deadlines_;  // deadline -> id, queued jobs with one
+  std::unordered_map<std::string, int64_t> chunks_by_model_;
+  int64_t aging_every_;
+  int64_t pending_bytes_ = 0;
+  std::unordered_map<std::string, PriorityQueue> queues_;  // model -> queue
+  std::unordered_map<std::string, size_t> depth_;          // model -> queued count
+  std::unordered_map<std::string, WorkerState> workers_;
+  std::list<std::string> lru_;  // routing ids, least recently served first
+  std::set<std::string> known_models_;
+  SchedulerCounters counters_;
+  int64_t next_seq_ = 0;
+};
+
+}  // namespace ferry::broker

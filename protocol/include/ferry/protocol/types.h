@@ -1,0 +1,112 @@
+#pragma once
+// The decoded forms of wire protocol v1's message bodies and of the Redis result record, as
+// plain structs: what the broker, the worker and the SDK hold in memory. No msgpack, no
+// ZeroMQ: the encoders and decoders are in messages.h (docs/protocol.md is the prose version).
+
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "ferry/tensor.h"
+
+namespace ferry::protocol {
+
+// Limits every decoder applies.
+inline constexpr size_t kMaxTensorDims = 16;
+inline constexpr size_t kMaxInputsPerJob = 64;
+inline constexpr size_t kMaxModelName = 128;
+
+// Job ids: 1-128 characters of [A-Za-z0-9._:-].
+bool IsValidJobId(std::string_view id);
+
+// A tensor whose bytes live in a received buffer (not owned).
+struct TensorRef {
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  const char* data = nullptr;
+  size_t size = 0;
+};
+
+// ---- ACCEPTED {"ids": [...], "rejected": [{"id","code","message"}], "rid"?} ------------------
+struct Rejection {
+  std::string id;
+  std::string code;
+  std::string message;
+};
+struct Accepted {
+  int64_t rid = 0;
+  std::vector<std::string> ids;
+  std::vector<Rejection> rejected;
+};
+
+// ---- DONE and FINISHED --------------------------------------------------------------------
+// DONE's "not_done" {id: status}: the final status of those ids whose result is not "done"
+// ("failed", "expired", "cancelled"), for the broker's metrics.
+using DoneStatuses = std::vector<std::pair<std::string, std::string>>;  // id, status
+// "results" {id: bin} (DONE and FINISHED): small results inline, each the exact bytes of the
+// job's Redis result record, so that the submitting producer can return them without reading
+// Redis. Only results the writer's SET NX actually stored are inlined. Views into a buffer.
+using InlineResults = std::vector<std::pair<std::string_view, std::string_view>>;  // id, record
+
+// ---- CANCEL {"ids": [...], "rid"?} -> CANCELLED {"ids", "running", "not_found", "rid"?} ------
+struct Cancelled {
+  int64_t rid = 0;
+  std::vector<std::string> ids;        // were queued: now cancelled (final status "cancelled")
+  std::vector<std::string> running;    // were dispatched: the worker drops them if it still can
+  std::vector<std::string> not_found;  // not pending: unknown, or already finished
+};
+
+// ---- READY (worker -> broker) -------------------------------------------------------------
+struct ModelInfo {
+  std::string name;
+  int64_t max_batch = 1;
+};
+struct WorkerHello {
+  std::string worker;  // a name unique in the fleet, e.g. host:pid:device
+  std::string device;
+  std::string host;
+  int64_t pid = 0;
+  int64_t capacity = 0;  // jobs the worker can hold at once (its credit when idle)
+  std::vector<ModelInfo> models;
+  // Optional "resident": the models loaded and warm on the worker (a subset of `models`); a
+  // broker prefers such a worker for their jobs. Absent (nullopt): every model counts as warm.
+  std::optional<std::vector<std::string>> resident;
+};
+
+// ---- CHUNK (broker -> worker) {"jobs": [entry, ...]} ---------------------------------------
+// An entry: id, model, inputs, attempt, priority, result_ttl_s, submitted, dispatched, deadline
+// (wall-clock us by which the job must start; 0 = none), and "notify" (optional: the submitting
+// producer's Pub/Sub channel, see Keys::NotifyChannel).
+struct ChunkJob {
+  std::string id;
+  std::string model;
+  std::vector<TensorRef> inputs;
+  int64_t attempt = 1;
+  int64_t priority = 0;
+  int64_t result_ttl_s = 0;
+  int64_t submitted_us = 0;
+  int64_t dispatched_us = 0;
+  int64_t deadline_us = 0;
+  std::string notify;  // empty = none
+};
+
+// ---- Result record (Redis value) ------------------------------------------------------------
+struct ResultRecord {
+  std::string_view id;
+  std::string_view status;  // "done" | "failed" | "cancelled" | "expired"
+  std::string_view model;
+  std::string_view worker;
+  std::vector<TensorRef> outputs;  // when done
+  std::string error_code;          // otherwise
+  std::string error_message;
+  int64_t batch_size = 0;
+  int64_t attempt = 0;
+  std::map<std::string, int64_t> timing_us;
+};
+
+}  // namespace ferry::protocol

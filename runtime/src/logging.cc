@@ -1,0 +1,137 @@
+#include "ferry/runtime/logging.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+
+#include <spdlog/spdlog.h>
+
+namespace ferry::logging {
+namespace {
+
+// Length of the valid UTF-8 sequence starting at s[i], or 0 when it is not one.
+size_t Utf8Length(std::string_view s, size_t i) {
+  const auto c = static_cast<unsigned char>(s[i]);
+  size_t n = 0;
+  uint32_t min = 0;
+  if (c >= 0xC2 && c <= 0xDF) { n = 2; min = 0x80; }
+  else if (c >= 0xE0 && c <= 0xEF) { n = 3; min = 0x800; }
+  else if (c >= 0xF0 && c <= 0xF4) { n = 4; min = 0x10000; }
+  else return 0;
+  if (i + n > s.size()) return 0;
+  uint32_t cp = c & (0x7F >> n);
+  for (size_t k = 1; k < n; ++k) {
+    const auto cc = static_cast<unsigned char>(s[i + k]);
+    if ((cc & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (cc & 0x3F);
+  }
+  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return n;
+}
+
+class JsonFormatter final : public spdlog::formatter {
+ public:
+  explicit JsonFormatter(std::string component) : component_(std::move(component)) {}
+
+  void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
+    line_.clear();
+    line_ += "{\"ts\":\"";
+    const auto since = msg.time.time_since_epoch();
+    const auto secs = std::chrono::duration_cast<std::chrono::seconds>(since);
+    const auto micros = std::chrono::duration_cast<std::chrono::microseconds>(since - secs);
+    const std::time_t t = static_cast<std::time_t>(secs.count());
+    std::tm tm{};
+    gmtime_r(&t, &tm);
+    char ts[40];
+    std::snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900,
+                  tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
+                  static_cast<long long>(micros.count()));
+    line_ += ts;
+    line_ += "\",\"level\":\"";
+    const auto level = spdlog::level::to_string_view(msg.level);
+    line_.append(level.data(), level.size());
+    line_ += '"';
+    if (!component_.empty()) {
+      line_ += ",\"component\":\"";
+      AppendJsonEscaped(component_, &line_);
+      line_ += '"';
+    }
+    if (msg.logger_name.size() > 0) {
+      line_ += ",\"logger\":\"";
+      AppendJsonEscaped(std::string_view(msg.logger_name.data(), msg.logger_name.size()), &line_);
+      line_ += '"';
+    }
+    line_ += ",\"pid\":" + std::to_string(pid_);
+    line_ += ",\"tid\":" + std::to_string(msg.thread_id);
+    line_ += ",\"msg\":\"";
+    AppendJsonEscaped(std::string_view(msg.payload.data(), msg.payload.size()), &line_);
+    line_ += "\"}\n";
+    dest.append(line_.data(), line_.data() + line_.size());
+  }
+
+  std::unique_ptr<spdlog::formatter> clone() const override {
+    return std::make_unique<JsonFormatter>(component_);
+  }
+
+ private:
+  const std::string component_;
+  const long pid_ = static_cast<long>(getpid());
+  std::string line_;  // reused; format() runs under the sink's lock
+};
+
+}  // namespace
+
+void AppendJsonEscaped(std::string_view s, std::string* out) {
+  static const char kHex[] = "0123456789abcdef";
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x80) {
+      const size_t n = Utf8Length(s, i);
+      if (n == 0) {
+        *out += "\\ufffd";
+        ++i;
+      } else {
+        out->append(s.data() + i, n);
+        i += n;
+      }
+      continue;
+    }
+    switch (c) {
+      case '"': *out += "\\\""; break;
+      case '\\': *out += "\\\\"; break;
+      case '\n': *out += "\\n"; break;
+      case '\r': *out += "\\r"; break;
+      case '\t': *out += "\\t"; break;
+      case '\b': *out += "\\b"; break;
+      case '\f': *out += "\\f"; break;
+      default:
+        if (c < 0x20 || c == 0x7F) {
+          *out += "\\u00";
+          *out += kHex[c >> 4];
+          *out += kHex[c & 0xF];
+        } else {
+          *out += static_cast<char>(c);
+        }
+    }
+    ++i;
+  }
+}
+
+std::unique_ptr<spdlog::formatter> MakeJsonFormatter(const std::string& component) {
+  return std::make_unique<JsonFormatter>(component);
+}
+
+Status Configure(const std::string& level, bool json, const std::string& component) {
+  static const char* kLevels[] = {"trace", "debug", "info", "warn", "warning",
+                                  "error", "err",   "critical", "off"};
+  bool known = false;
+  for (const char* l : kLevels) known = known || level == l;
+  if (!known) return Status::InvalidArgument("unknown log level \"" + level + "\"");
+  spdlog::set_level(spdlog::level::from_str(level));
+  if (json) spdlog::set_formatter(MakeJsonFormatter(component));
+  return Status::Ok();
+}
+
+}  // namespace ferry::logging

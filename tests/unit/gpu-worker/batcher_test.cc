@@ -1,0 +1,312 @@
+// The worker's batch path, in-process, on real TorchScript models defined here: stacking,
+// sub-batches by shape, failing jobs isolated by halving, tuple/list outputs, every dtype.
+#include <gtest/gtest.h>
+#include <unistd.h>
+#include <torch/script.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "test_models.h"
+#include "batcher.h"
+#include "executor.h"
+#include "model.h"
+#include "model_registry.h"
+
+namespace ferry::worker {
+namespace {
+
+// Per process: ctest runs each test as its own process, in parallel.
+std::filesystem::path BatcherDir() { return testmodels::ScratchDir("ferry_worker_batcher_"); }
+
+using testmodels::MakeJob;
+
+Tensor Floats(std::vector<float> v, std::vector<int64_t> shape) {
+  return Tensor::From<float>(v, std::move(shape), DType::kFloat32);
+}
+
+std::vector<float> AsFloats(const protocol::TensorRef& r) {
+  std::vector<float> out(r.size / sizeof(float));
+  if (!out.empty()) std::memcpy(out.data(), r.data, r.size);
+  return out;
+}
+
+class BatcherTest : public ::testing::Test {
+ protected:
+  // Defines, saves and loads a TorchScript module.
+  std::unique_ptr<Model> Load(const std::string& name, const std::string& source,
+                              const std::function<void(torch::jit::Module&)>& setup = {}) {
+    const auto dir = BatcherDir();
+    std::filesystem::create_directories(dir);
+    const std::string path = (dir / (name + ".pt")).string();
+    torch::jit::Module m("Test_" + name);
+    if (setup) setup(m);
+    m.define(source);
+    m.save(path);
+    std::unique_ptr<Model> model;
+    Status s = Model::Create(name, path, "cpu", &model);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return model;
+  }
+
+  // A linear model forward(x: [B,8] float32) -> [B,3].
+  std::unique_ptr<Model> Linear() {
+    return Load("linear", "def forward(self, x):\n    return torch.matmul(x, self.w) + 1.0\n",
+                [](torch::jit::Module& m) {
+                  m.register_parameter("w", torch::arange(24, torch::kFloat32).reshape({8, 3}) /
+                                                10.0,
+                                       false);
+                });
+  }
+
+  // What the model gives for one job run alone.
+  std::vector<float> Alone(const Model& model, const Tensor& x) {
+    Batcher single;
+    auto results = single.Run(model, {MakeJob("alone", model.name(), {x})});
+    EXPECT_TRUE(results.at(0).status.ok()) << results[0].status.ToString();
+    EXPECT_EQ(results[0].batch_size, 1);
+    return AsFloats(results[0].outputs.at(0));
+  }
+
+  static void ExpectNear(const std::vector<float>& a, const std::vector<float>& b) {
+    ASSERT_EQ(a.size(), b.size());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(a[i], b[i], 1e-5 * (1 + std::abs(b[i])));
+  }
+
+  static Tensor Row(float base) {
+    std::vector<float> v(8);
+    for (int i = 0; i < 8; ++i) v[i] = base + 0.5f * i;
+    return Floats(v, {8});
+  }
+};
+
+TEST_F(BatcherTest, StacksIdenticalShapesIntoOneForward) {
+  auto model = Linear();
+  std::vector<Job> jobs;
+  for (int j = 0; j < 5; ++j) jobs.push_back(MakeJob("j" + std::to_string(j), "linear", {Row(j)}));
+  Batcher batcher;
+  auto results = batcher.Run(*model, std::move(jobs));
+  EXPECT_EQ(batcher.forward_calls(), 1);
+  ASSERT_EQ(results.size(), 5u);
+  for (int j = 0; j < 5; ++j) {
+    const JobResult& r = results[j];
+    ASSERT_TRUE(r.status.ok()) << r.status.ToString();
+    EXPECT_EQ(r.job.entry.id, "j" + std::to_string(j));
+    EXPECT_EQ(r.batch_size, 5);
+    EXPECT_GT(r.compute_end_us, 0);
+    EXPECT_LE(r.compute_start_us, r.compute_end_us);
+    EXPECT_TRUE(r.job.entry.inputs.empty());  // released after compute
+    ASSERT_EQ(r.outputs.size(), 1u);
+    EXPECT_EQ(r.outputs[0].dtype, DType::kFloat32);
+    EXPECT_EQ(r.outputs[0].shape, std::vector<int64_t>({3}));
+    ExpectNear(AsFloats(r.outputs[0]), Alone(*model, Row(j)));
+  }
+}
+
+TEST_F(BatcherTest, DifferentShapesRunAsSubBatches) {
+  auto model = Load("double", "def forward(self, x):\n    return x * 2.0\n");
+  std::vector<std::vector<int64_t>> shapes = {{3}, {3}, {5}, {3}, {5}, {2, 2}};
+  std::vector<Job> jobs;
+  for (size_t j = 0; j < shapes.size(); ++j) {
+    std::vector<float> v(static_cast<size_t>(NumElements(shapes[j])));
+    for (size_t i = 0; i < v.size(); ++i) v[i] = static_cast<float>(j * 10 + i);
+    jobs.push_back(MakeJob("j" + std::to_string(j), "double", {Floats(v, shapes[j])}));
+  }
+  Batcher batcher;
+  auto results = batcher.Run(*model, std::move(jobs));
+  EXPECT_EQ(batcher.forward_calls(), 3);
+  const std::vector<int64_t> want_batch = {3, 3, 2, 3, 2, 1};
+  for (size_t j = 0; j < shapes.size(); ++j) {
+    ASSERT_TRUE(results[j].status.ok()) << results[j].status.ToString();
+    EXPECT_EQ(results[j].batch_size, want_batch[j]) << j;
+    EXPECT_EQ(results[j].outputs.at(0).shape, shapes[j]);
+    auto out = AsFloats(results[j].outputs[0]);
+    for (size_t i = 0; i < out.size(); ++i) EXPECT_EQ(out[i], 2.0f * (j * 10 + i));
+  }
+}
+
+TEST_F(BatcherTest, WrongShapeJobFailsAloneWithModelError) {
+  auto model = Linear();
+  std::vector<Job> jobs;
+  for (int j = 0; j < 4; ++j) jobs.push_back(MakeJob("ok" + std::to_string(j), "linear", {Row(j)}));
+  jobs.insert(jobs.begin() + 2, MakeJob("bad", "linear", {Floats({1, 2, 3, 4, 5}, {5})}));
+  Batcher batcher;
+  auto results = batcher.Run(*model, std::move(jobs));
+  ASSERT_EQ(results.size(), 5u);
+  EXPECT_EQ(results[2].job.entry.id, "bad");
+  EXPECT_FALSE(results[2].status.ok());
+  EXPECT_EQ(results[2].status.code(), codes::kModelError);
+  EXPECT_FALSE(results[2].status.message().empty());
+  EXPECT_LE(results[2].status.message().size(), 1000u);
+  // The library's own message comes first, ahead of the TorchScript traceback.
+  EXPECT_NE(results[2].status.message().substr(0, 200).find("cannot be multiplied"),
+            std::string::npos)
+      << results[2].status.message();
+  EXPECT_EQ(results[2].batch_size, 1);
+  for (size_t j : {0, 1, 3, 4}) {
+    ASSERT_TRUE(results[j].status.ok()) << results[j].status.ToString();
+    EXPECT_EQ(results[j].batch_size, 4);
+    ExpectNear(AsFloats(results[j].outputs[0]), Alone(*model, Row(j < 2 ? j : j - 1)));
+  }
+}
+
+TEST_F(BatcherTest, JobThatMakesTheModelThrowIsIsolatedByHalving) {
+  // Same shapes, so all eight stack together; the model rejects negative inputs.
+  auto model = Load("picky",
+                    "def forward(self, x):\n"
+                    "    assert bool((x >= 0.0).all()), 'negative input'\n"
+                    "    return x + 1.0\n");
+  std::vector<Job> jobs;
+  for (int j = 0; j < 8; ++j) {
+    float v = (j == 3 || j == 6) ? -1.0f : static_cast<float>(j);
+    jobs.push_back(MakeJob("j" + std::to_string(j), "picky", {Floats({v, v}, {2})}));
+  }
+  Batcher batcher;
+  auto results = batcher.Run(*model, std::move(jobs));
+  EXPECT_GT(batcher.forward_calls(), 1);
+  for (int j = 0; j < 8; ++j) {
+    if (j == 3 || j == 6) {
+      EXPECT_EQ(results[j].status.code(), codes::kModelError) << j;
+      EXPECT_NE(results[j].status.message().find("negative input"), std::string::npos)
+          << results[j].status.message();
+      EXPECT_EQ(results[j].batch_size, 1);
+    } else {
+      ASSERT_TRUE(results[j].status.ok()) << j << " " << results[j].status.ToString();
+      EXPECT_EQ(AsFloats(results[j].outputs[0]), std::vector<float>(2, j + 1.0f));
+      EXPECT_GE(results[j].batch_size, 1);
+    }
+  }
+}
+
+TEST_F(BatcherTest, TupleOutputsOfMixedDtypesAreSplitPerJob) {
+  auto model = Load("multi", "def forward(self, a, b):\n    return (a * 2.0 + 1.0, b.sum(1))\n");
+  std::vector<Job> jobs;
+  for (int j = 0; j < 3; ++j) {
+    Tensor a = Floats({1.0f * j, 2, 3, 4}, {4});
+    Tensor b = Tensor::From<int64_t>({j, 10, 100}, {3}, DType::kInt64);
+    jobs.push_back(MakeJob("m" + std::to_string(j), "multi", {a, b}));
+  }
+  Batcher batcher;
+  auto results = batcher.Run(*model, std::move(jobs));
+  EXPECT_EQ(batcher.forward_calls(), 1);
+  for (int j = 0; j < 3; ++j) {
+    ASSERT_TRUE(results[j].status.ok()) << results[j].status.ToString();
+    ASSERT_EQ(results[j].outputs.size(), 2u);
+    EXPECT_EQ(AsFloats(results[j].outputs[0]), std::vector<float>({2.0f * j + 1, 5, 7, 9}));
+    const auto& sum = results[j].outputs[1];
+    EXPECT_EQ(sum.dtype, DType::kInt64);
+    EXPECT_TRUE(sum.shape.empty());
+    ASSERT_EQ(sum.size, sizeof(int64_t));
+    int64_t v;
+    std::memcpy(&v, sum.data, sizeof(v));
+    EXPECT_EQ(v, j + 110);
+  }
+}
+
+TEST_F(BatcherTest, ListOutputsAreSplitPerJob) {
+  auto model = Load("listy", "def forward(self, x):\n    return [x, x + 1.0]\n");
+  Batcher batcher;
+  auto results = batcher.Run(*model, {MakeJob("a", "listy", {Floats({1, 2}, {2})}),
+                                      MakeJob("b", "listy", {Floats({3, 4}, {2})})});
+  for (int j = 0; j < 2; ++j) {
+    ASSERT_TRUE(results[j].status.ok()) << results[j].status.ToString();
+    ASSERT_EQ(results[j].outputs.size(), 2u);
+    EXPECT_EQ(AsFloats(results[j].outputs[1]),
+              std::vector<float>({2.0f * j + 2, 2.0f * j + 3}));
+  }
+}
+
+TEST_F(BatcherTest, EveryDtypeRoundTrips) {
+  auto model = Load("identity", "def forward(self, x):\n    return x.clone()\n");
+  const DType all[] = {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64,
+                       DType::kInt64,   DType::kInt32,   DType::kInt16,    DType::kInt8,
+                       DType::kUInt8,   DType::kBool};
+  for (DType dtype : all) {
+    std::vector<Job> jobs;
+    std::vector<std::string> payloads;
+    for (int j = 0; j < 3; ++j) {
+      Tensor t;
+      t.dtype = dtype;
+      t.shape = {2, 3};
+      t.data.resize(6 * ItemSize(dtype));
+      for (size_t i = 0; i < t.data.size(); ++i)  // valid bit patterns for every dtype
+        t.data[i] = static_cast<char>(dtype == DType::kBool ? (i + j) % 2 : (i * 7 + j) % 60);
+      payloads.push_back(t.data);
+      jobs.push_back(MakeJob("d" + std::to_string(j), "identity", {t}));
+    }
+    Batcher batcher;
+    auto results = batcher.Run(*model, std::move(jobs));
+    for (int j = 0; j < 3; ++j) {
+      ASSERT_TRUE(results[j].status.ok()) << DTypeName(dtype) << results[j].status.ToString();
+      const auto& out = results[j].outputs.at(0);
+      EXPECT_EQ(out.dtype, dtype) << DTypeName(dtype);
+      EXPECT_EQ(out.shape, std::vector<int64_t>({2, 3}));
+      EXPECT_EQ(std::string(out.data, out.size), payloads[j]) << DTypeName(dtype);
+      EXPECT_EQ(results[j].batch_size, 3);
+    }
+  }
+}
+
+TEST_F(BatcherTest, OutputWithoutBatchDimensionFailsTheBatchOnce) {
+  auto model = Load("scalar", "def forward(self, x):\n    return x.sum()\n");
+  Batcher batcher;
+  auto results = batcher.Run(*model, {MakeJob("a", "scalar", {Floats({1, 2}, {2})}),
+                                      MakeJob("b", "scalar", {Floats({3, 4}, {2})})});
+  EXPECT_EQ(batcher.forward_calls(), 1);  // no batch size can fix it: no halving
+  for (const auto& r : results) {
+    EXPECT_EQ(r.status.code(), codes::kModelError);
+    EXPECT_NE(r.status.message().find("batch"), std::string::npos) << r.status.message();
+    EXPECT_EQ(r.batch_size, 2);
+  }
+}
+
+TEST_F(BatcherTest, UnencodableOutputsFailWithModelError) {
+  auto complex = Load("complex", "def forward(self, x):\n    return torch.view_as_complex(x)\n");
+  auto integer = Load("integer", "def forward(self, x):\n    return 3\n");
+  Batcher batcher;
+  auto r1 = batcher.Run(*complex, {MakeJob("c", "complex", {Floats({1, 2}, {2})})});
+  EXPECT_EQ(r1[0].status.code(), codes::kModelError);
+  EXPECT_NE(r1[0].status.message().find("dtype"), std::string::npos) << r1[0].status.message();
+  auto r2 = batcher.Run(*integer, {MakeJob("i", "integer", {Floats({1, 2}, {2})})});
+  EXPECT_EQ(r2[0].status.code(), codes::kModelError);
+}
+
+TEST_F(BatcherTest, ExecutorFailsJobsOfAnUnknownModel) {
+  ASSERT_TRUE(Linear());  // saves linear.pt
+  ModelConfig config;
+  config.name = "linear";
+  config.path = (BatcherDir() / "linear.pt").string();
+  config.device = "cpu";
+  config.max_batch = 32;
+  ModelRegistry registry(ModelRegistry::Options{}, {config});
+  Executor executor(Executor::Options{}, &registry, nullptr, nullptr);
+  auto results = executor.RunBatch({MakeJob("u1", "nope", {Row(0)}), MakeJob("u2", "nope", {Row(1)})});
+  ASSERT_EQ(results.size(), 2u);
+  for (const auto& r : results) {
+    EXPECT_EQ(r.status.code(), codes::kUnknownModel);
+    EXPECT_EQ(r.batch_size, 0);
+  }
+  auto ok = executor.RunBatch({MakeJob("k", "linear", {Row(0)})});
+  EXPECT_TRUE(ok.at(0).status.ok());
+}
+
+TEST_F(BatcherTest, ModelCreateReportsBadPathsAndDevices) {
+  std::unique_ptr<Model> model;
+  Status s = Model::Create("x", "/nonexistent/model.pt", "cpu", &model);
+  EXPECT_EQ(s.code(), codes::kInternal);
+  EXPECT_NE(s.message().find("/nonexistent/model.pt"), std::string::npos);
+  EXPECT_EQ(Model::Create("x", "/nonexistent/model.pt", "tpu", &model).code(),
+            codes::kInvalidArgument);
+  if (!CudaAvailable()) {
+    EXPECT_EQ(Model::Create("x", "/nonexistent/model.pt", "cuda:0", &model).code(),
+              codes::kInvalidArgument);
+  }
+}
+
+}  // namespace
+}  // namespace ferry::worker

@@ -1,0 +1,142 @@
+// ModelRegistry: lazy and eager loads, the memory budget with LRU eviction, pinned models, no
+// eviction while a batch holds the model, failures, and the residency listener. The big_*
+// models hold exactly 1 MiB of parameters each (worker_test_models.cc).
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "ferry/protocol/util.h"
+#include "model_registry.h"
+#include "test_models.h"
+
+namespace ferry::worker {
+namespace {
+
+constexpr int64_t kMiB = testmodels::kBigBytes;
+
+ModelConfig Big(char which, bool pinned = false, LoadPolicy load = LoadPolicy::kLazy) {
+  ModelConfig c;
+  c.name = std::string("big_") + which;
+  c.path = testmodels::Path(c.name);
+  c.device = "cpu";
+  c.max_batch = 4;
+  c.pinned = pinned;
+  c.load = load;
+  return c;
+}
+
+ModelRegistry::Options Budget(int64_t bytes, int64_t wait_ms = 60000) {
+  ModelRegistry::Options o;
+  o.memory_budget = bytes;
+  o.wait_for_room_ms = wait_ms;
+  return o;
+}
+
+Status Touch(ModelRegistry& r, const std::string& name) {
+  ModelRegistry::Lease lease;
+  return r.Acquire(name, &lease);
+}
+
+TEST(RegistryTest, LazyModelsLoadOnFirstUseAndAreMeasured) {
+  ModelRegistry r(Budget(0), {Big('a'), Big('b', false, LoadPolicy::kEager)});
+  EXPECT_TRUE(r.Resident().empty());
+  ASSERT_TRUE(r.LoadEager().ok());
+  EXPECT_EQ(r.Resident(), std::vector<std::string>({"big_b"}));
+  ModelRegistry::Lease lease;
+  ASSERT_TRUE(r.Acquire("big_a", &lease).ok());
+  EXPECT_EQ(lease.model().memory_bytes(), kMiB);
+  EXPECT_EQ(lease.model().name(), "big_a");
+  EXPECT_EQ(r.Resident(), std::vector<std::string>({"big_a", "big_b"}));
+  EXPECT_EQ(r.used_bytes(), 2 * kMiB);
+  EXPECT_EQ(r.loads(), 2);
+  EXPECT_EQ(r.Acquire("nope", &lease).code(), codes::kUnknownModel);
+}
+
+TEST(RegistryTest, LeastRecentlyUsedIdleModelIsEvicted) {
+  ModelRegistry r(Budget(2 * kMiB + kMiB / 2), {Big('a'), Big('b'), Big('c')});
+  std::atomic<int> announcements{0};
+  r.SetListener([&] { announcements.fetch_add(1); });
+  ASSERT_TRUE(Touch(r, "big_a").ok());
+  ASSERT_TRUE(Touch(r, "big_b").ok());
+  ASSERT_TRUE(Touch(r, "big_a").ok());  // b is now the least recently used
+  ASSERT_TRUE(Touch(r, "big_c").ok());
+  EXPECT_EQ(r.Resident(), std::vector<std::string>({"big_a", "big_c"}));
+  EXPECT_EQ(r.evictions(), 1);
+  EXPECT_LE(r.used_bytes(), 2 * kMiB + kMiB / 2);
+  EXPECT_EQ(announcements.load(), 4);  // a, b, c resident, b unloaded
+  ASSERT_TRUE(Touch(r, "big_b").ok());  // and back: a is now the LRU
+  EXPECT_EQ(r.Resident(), std::vector<std::string>({"big_b", "big_c"}));
+  EXPECT_EQ(r.loads(), 4);
+}
+
+TEST(RegistryTest, PinnedModelsAreNeverEvicted) {
+  ModelRegistry r(Budget(2 * kMiB + kMiB / 2), {Big('a', true), Big('b'), Big('c')});
+  for (const char* name : {"big_a", "big_b", "big_c", "big_b"}) ASSERT_TRUE(Touch(r, name).ok());
+  auto resident = r.Resident();
+  EXPECT_EQ(resident.front(), "big_a");
+  EXPECT_EQ(resident.size(), 2u);
+  // With a pinned model taking half of a 1.5 MiB budget, a 1 MiB model can never fit.
+  ModelRegistry tight(Budget(kMiB + kMiB / 2), {Big('a', true), Big('b')});
+  ASSERT_TRUE(Touch(tight, "big_a").ok());
+  Status s = Touch(tight, "big_b");
+  EXPECT_EQ(s.code(), codes::kTooLarge);
+  EXPECT_NE(s.message().find("big_b"), std::string::npos);
+}
+
+TEST(RegistryTest, AModelWithABatchRunningIsNotEvicted) {
+  ModelRegistry r(Budget(kMiB + kMiB / 2), {Big('a'), Big('b')});
+  ModelRegistry::Lease running;  // a batch of big_a in progress
+  ASSERT_TRUE(r.Acquire("big_a", &running).ok());
+  std::atomic<bool> loaded{false};
+  std::thread other([&] {
+    ModelRegistry::Lease lease;
+    EXPECT_TRUE(r.Acquire("big_b", &lease).ok());
+    loaded.store(true);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a wrong eviction would show
+  EXPECT_FALSE(loaded.load());
+  EXPECT_EQ(r.Resident(), std::vector<std::string>({"big_a"}));
+  EXPECT_EQ(running.model().name(), "big_a");
+  running.Reset();  // the batch ends: now big_a may go
+  other.join();
+  EXPECT_TRUE(loaded.load());
+  EXPECT_EQ(r.Resident(), std::vector<std::string>({"big_b"}));
+}
+
+TEST(RegistryTest, LoadWaitingTooLongForBusyModelsFails) {
+  ModelRegistry r(Budget(kMiB + kMiB / 2, /*wait_ms=*/100), {Big('a'), Big('b')});
+  ModelRegistry::Lease running;
+  ASSERT_TRUE(r.Acquire("big_a", &running).ok());
+  EXPECT_EQ(Touch(r, "big_b").code(), codes::kUnavailable);
+  EXPECT_EQ(r.Resident(), std::vector<std::string>({"big_a"}));
+}
+
+TEST(RegistryTest, FailedLoadsAreReportedAndRetried) {
+  ModelConfig broken = Big('a');
+  broken.name = "broken";
+  broken.path = "/nonexistent/broken.pt";
+  ModelConfig eager = broken;
+  eager.load = LoadPolicy::kEager;
+  ModelRegistry lazy(Budget(0), {broken});
+  EXPECT_TRUE(lazy.LoadEager().ok());  // lazy: nothing to load yet
+  EXPECT_EQ(Touch(lazy, "broken").code(), codes::kInternal);
+  EXPECT_EQ(Touch(lazy, "broken").code(), codes::kInternal);
+  EXPECT_EQ(lazy.used_bytes(), 0);
+  ModelRegistry start(Budget(0), {eager});
+  EXPECT_EQ(start.LoadEager().code(), codes::kInternal);
+}
+
+TEST(RegistryTest, MaxBatchFollowsTheBatchLimit) {
+  ModelRegistry r(Budget(0), {Big('a')});
+  EXPECT_EQ(r.MaxBatch("big_a", 99), 4u);
+  EXPECT_EQ(r.MaxBatch("unknown", 99), 99u);
+  ModelRegistry::Lease lease;
+  ASSERT_TRUE(r.Acquire("big_a", &lease).ok());
+  lease.limit()->OnOutOfMemory(4, protocol::MonotonicMicros());
+  EXPECT_EQ(r.MaxBatch("big_a", 99), 2u);
+}
+
+}  // namespace
+}  // namespace ferry::worker

@@ -1,0 +1,196 @@
+// Client::Poll and Client::Wait against a real redis-server, with result records written by the
+// test the way workers write them (protocol::PackResult + SET). No broker is needed: Poll and
+// Wait read Redis only, and Wait's fallback re-check finds results without a FINISHED notice.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <thread>
+
+#include "redis_fixture.h"
+#include "ferry/client.h"
+#include "ferry/protocol/keys.h"
+#include "ferry/protocol/messages.h"
+
+namespace ferry::client {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+class ClientPollWaitTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { redis_ = new client_test::RedisProcess(); }
+  static void TearDownTestSuite() {
+    delete redis_;
+    redis_ = nullptr;
+  }
+
+  void SetUp() override {
+    ASSERT_TRUE(redis_->ok()) << "redis-server did not start";
+    ClientOptions options;
+    options.frontend = "tcp://127.0.0.1:" + std::to_string(client_test::FreePort());  // no broker
+    options.redis = redis_->url();
+    options.redis_prefix = "test:";
+    options.request_timeout_ms = 2000;
+    ASSERT_TRUE(Client::Create(options, &client_).ok());
+    writer_ = redis_->Connect();
+    ASSERT_NE(writer_, nullptr);
+  }
+
+  // Writes a result record under test:result:<id>.
+  void WriteResult(const std::string& id, std::string_view status,
+                   const std::vector<Tensor>& outputs, std::string_view error_code = "",
+                   std::string_view error_message = "") {
+    protocol::ResultRecord r;
+    r.id = id;
+    r.status = status;
+    r.model = "double";
+    r.worker = "host:1:cpu";
+    r.batch_size = 4;
+    r.attempt = 1;
+    r.error_code = std::string(error_code);
+    r.error_message = std::string(error_message);
+    r.timing_us = {{"submitted", 1000}, {"dispatched", 1100}, {"compute_start", 1200},
+                   {"compute_end", 1300}, {"finished", 1400}};
+    for (const Tensor& t : outputs)
+      r.outputs.push_back(protocol::TensorRef{t.dtype, t.shape, t.data.data(), t.data.size()});
+    msgpack::sbuffer buf;
+    protocol::Packer pk(buf);
+    protocol::PackResult(pk, r);
+    SetRaw(id, std::string_view(buf.data(), buf.size()));
+  }
+  void SetRaw(const std::string& id, std::string_view value) {
+    protocol::RedisReply reply;
+    ASSERT_TRUE(writer_->Command({"SET", protocol::Keys("test:").Result(id), value}, &reply).ok());
+  }
+
+  static client_test::RedisProcess* redis_;
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<protocol::RedisClient> writer_;
+};
+client_test::RedisProcess* ClientPollWaitTest::redis_ = nullptr;
+
+TEST_F(ClientPollWaitTest, PollWithoutResultIsPending) {
+  Result r;
+  ASSERT_TRUE(client_->Poll("no-such-job", &r).ok());
+  EXPECT_EQ(r.state, JobState::kPending);
+  EXPECT_EQ(r.id, "no-such-job");
+  EXPECT_TRUE(r.outputs.empty());
+}
+
+TEST_F(ClientPollWaitTest, PollDecodesDoneResult) {
+  Tensor a = Tensor::From<float>({1.5f, -2.f, 3.25f}, {3}, DType::kFloat32);
+  Tensor b = Tensor::From<int64_t>({7, 8, 9, 10}, {2, 2}, DType::kInt64);
+  WriteResult("job-done", "done", {a, b});
+  Result r;
+  Status s = client_->Poll("job-done", &r);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(r.state, JobState::kDone);
+  EXPECT_EQ(r.id, "job-done");
+  EXPECT_EQ(r.model, "double");
+  EXPECT_EQ(r.worker, "host:1:cpu");
+  EXPECT_EQ(r.batch_size, 4);
+  EXPECT_EQ(r.attempt, 1);
+  EXPECT_EQ(r.timing_us.at("compute_end"), 1300);
+  ASSERT_EQ(r.outputs.size(), 2u);
+  EXPECT_EQ(r.outputs[0].dtype, DType::kFloat32);
+  EXPECT_EQ(r.outputs[0].shape, std::vector<int64_t>{3});
+  EXPECT_EQ(r.outputs[0].As<float>(), (std::vector<float>{1.5f, -2.f, 3.25f}));
+  EXPECT_EQ(r.outputs[1].shape, (std::vector<int64_t>{2, 2}));
+  EXPECT_EQ(r.outputs[1].As<int64_t>(), (std::vector<int64_t>{7, 8, 9, 10}));
+  EXPECT_TRUE(r.error.ok());
+}
+
+TEST_F(ClientPollWaitTest, PollDecodesFailedResult) {
+  WriteResult("job-failed", "failed", {}, "model_error", "shape mismatch");
+  Result r;
+  ASSERT_TRUE(client_->Poll("job-failed", &r).ok());
+  EXPECT_EQ(r.state, JobState::kFailed);
+  EXPECT_EQ(r.error.code(), codes::kModelError);
+  EXPECT_EQ(r.error.message(), "shape mismatch");
+  EXPECT_TRUE(r.outputs.empty());
+}
+
+TEST_F(ClientPollWaitTest, PollRejectsBadIdAndGarbageRecord) {
+  Result r;
+  EXPECT_EQ(client_->Poll("bad id with spaces", &r).code(), codes::kInvalidArgument);
+  EXPECT_EQ(client_->Wait("", 10, &r).code(), codes::kInvalidArgument);
+  SetRaw("job-garbage", "not msgpack at all");
+  Status s = client_->Poll("job-garbage", &r);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find("job-garbage"), std::string::npos) << s.ToString();
+  EXPECT_EQ(r.state, JobState::kPending);
+}
+
+TEST_F(ClientPollWaitTest, WaitReturnsResultWrittenLater) {
+  Tensor out = Tensor::From<float>({42.f}, {1}, DType::kFloat32);
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    WriteResult("job-later", "done", {out});
+  });
+  Result r;
+  auto start = Clock::now();
+  Status s = client_->Wait("job-later", 10000, &r);
+  auto elapsed = Clock::now() - start;
+  writer.join();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(r.state, JobState::kDone);
+  ASSERT_EQ(r.outputs.size(), 1u);
+  EXPECT_EQ(r.outputs[0].As<float>(), std::vector<float>{42.f});
+  // No FINISHED notice here: the fallback re-check (50, 100, 200, 400 ms ...) finds it.
+  EXPECT_GE(elapsed, std::chrono::milliseconds(300));
+  EXPECT_LT(elapsed, std::chrono::milliseconds(1500));
+}
+
+TEST_F(ClientPollWaitTest, WaitTimesOutWhenNeverWritten) {
+  Result r;
+  auto start = Clock::now();
+  Status s = client_->Wait("job-never", 250, &r);
+  auto elapsed = Clock::now() - start;
+  EXPECT_EQ(s.code(), codes::kTimeout) << s.ToString();
+  EXPECT_EQ(r.state, JobState::kPending);
+  EXPECT_GE(elapsed, std::chrono::milliseconds(250));
+  EXPECT_LT(elapsed, std::chrono::milliseconds(1000));
+}
+
+TEST_F(ClientPollWaitTest, WaitZeroChecksOnce) {
+  Result r;
+  EXPECT_EQ(client_->Wait("job-zero", 0, &r).code(), codes::kTimeout);
+  WriteResult("job-zero", "done", {});
+  EXPECT_TRUE(client_->Wait("job-zero", 0, &r).ok());
+  EXPECT_EQ(r.state, JobState::kDone);
+}
+
+TEST_F(ClientPollWaitTest, ManyThreadsShareOneClient) {
+  constexpr int kThreads = 12;  // more than the pool keeps idle
+  std::vector<std::thread> threads;
+  std::atomic<int> done{0};
+  for (int i = 0; i < kThreads; ++i) {
+    threads.emplace_back([&, i] {
+      Result r;
+      if (client_->Wait("job-mt-" + std::to_string(i), 10000, &r).ok() &&
+          r.state == JobState::kDone && r.outputs.at(0).As<int32_t>().at(0) == i)
+        ++done;
+    });
+  }
+  for (int i = 0; i < kThreads; ++i)
+    WriteResult("job-mt-" + std::to_string(i), "done",
+                {Tensor::From<int32_t>({i}, {1}, DType::kInt32)});
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(done.load(), kThreads);
+}
+
+TEST(ClientRedisDownTest, PollReportsUnavailable) {
+  ClientOptions options;
+  options.frontend = "tcp://127.0.0.1:" + std::to_string(client_test::FreePort());
+  options.redis = "redis://127.0.0.1:" + std::to_string(client_test::FreePort());  // nobody
+  options.request_timeout_ms = 500;
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(Client::Create(options, &client).ok());  // lazy: Redis may come up later
+  Result r;
+  EXPECT_EQ(client->Poll("some-job", &r).code(), codes::kUnavailable);
+  EXPECT_EQ(client->Wait("some-job", 200, &r).code(), codes::kUnavailable);
+}
+
+}  // namespace
+}  // namespace ferry::client

@@ -1,0 +1,142 @@
+// Client::Run (submit and wait in one call, SUBMIT "ack": false) against a scripted broker
+// (client_scripted_frontend.h) that, like the real one, sends no ACCEPTED for such a SUBMIT when
+// it accepted the job -- and against no broker at all.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "scripted_frontend.h"
+#include "submit_fixture.h"
+#include "ferry/client.h"
+
+namespace ferry::client {
+namespace {
+
+using client_test::ClientSubmitTest;
+using client_test::MakeJob;
+using client_test::ScriptedFrontend;
+using client_test::DoneRecord;
+
+// Client::Run: each SUBMIT says "ack": false (so the broker sends no ACCEPTED), and each caller
+// gets its own job's result, as Submit + Wait would give it.
+TEST_F(ClientSubmitTest, RunAsksForNoAcceptedAndReturnsEachCallersResult) {
+  ScriptedFrontend broker(port_);
+  broker.set_echo(true);
+  auto client = MakeClient();
+  EXPECT_EQ(client_test::EchoFromManyThreads([&](const Job& job, std::string* id, Result* r) {
+              return client->Run(job, 10000, r, id);
+            }),
+            client_test::kEchoJobs);
+  EXPECT_EQ(broker.unacked_submits(), client_test::kEchoJobs);
+  EXPECT_EQ(broker.submits(), client_test::kEchoJobs);
+}
+
+// A rejection comes back as Run's status (the reply to a request nobody Calls for reaches Run
+// through the tracker) -- not as a timeout; so does an ERROR; invalid jobs fail locally.
+TEST_F(ClientSubmitTest, RunReturnsRejectionsAndErrors) {
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  Result r;
+  std::string id;
+  Status s = client->Run(MakeJob("other", "run-rejected"), 30000, &r, &id);
+  EXPECT_EQ(s.code(), codes::kUnknownModel) << s.ToString();
+  EXPECT_EQ(id, "run-rejected");
+  EXPECT_EQ(r.id, "run-rejected");
+  EXPECT_EQ(r.state, JobState::kPending);
+  broker.set_error_reply(true);
+  s = client->Run(MakeJob("m"), 30000, &r);
+  EXPECT_EQ(s.code(), codes::kMalformed) << s.ToString();
+  EXPECT_NE(s.message().find("scripted error"), std::string::npos) << s.message();
+  broker.set_error_reply(false);
+  EXPECT_EQ(client->Run(MakeJob("m"), 0, &r).code(), codes::kInvalidArgument) << "timeout 0";
+  const int submits = broker.submits();
+  EXPECT_EQ(client->Run(MakeJob("m", "bad id!"), 30000, &r, &id).code(),
+            codes::kInvalidArgument);
+  EXPECT_EQ(id, "bad id!");
+  std::string json;
+  ASSERT_TRUE(client->Stats(&json).ok());  // answered after anything sent before it
+  EXPECT_EQ(broker.submits(), submits) << "the invalid job was sent";
+}
+
+// A broker from before "ack" answers every SUBMIT with ACCEPTED: Run ignores it and still
+// returns the result.
+TEST_F(ClientSubmitTest, RunWorksWithABrokerThatAlwaysAnswersAccepted) {
+  ScriptedFrontend broker(port_);
+  broker.set_echo(true);
+  broker.set_ignore_ack(true);
+  auto client = MakeClient();
+  for (int i = 0; i < 20; ++i) {
+    Result r;
+    std::string id;
+    Status s = client->Run(MakeJob("m"), 10000, &r, &id);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(r.state, JobState::kDone);
+    EXPECT_EQ(r.id, id);
+  }
+  EXPECT_EQ(broker.unacked_submits(), 20);
+}
+
+// A Run that timed out, run again after its result came: returns the result and sends nothing.
+TEST_F(ClientSubmitTest, RunAgainAfterATimeoutTakesTheResultThatCameWithoutResending) {
+  client_test::RedisProcess redis;  // reachable, so the wait ends as a timeout
+  ASSERT_TRUE(redis.ok());
+  options_.redis = redis.url();
+  ScriptedFrontend broker(port_);  // accepts silently, finishes nothing by itself
+  auto client = MakeClient();
+  Job job = MakeJob("m", "run-late");
+  Result r;
+  Status s = client->Run(job, 300, &r);
+  ASSERT_EQ(s.code(), codes::kTimeout) << s.ToString();
+  ASSERT_EQ(broker.submits(), 1);
+  broker.Finish({"run-late"}, {{"run-late", DoneRecord("run-late", 1, &job.inputs[0])}});
+  // Make sure the FINISHED has reached the client first: the scripted broker sends queued
+  // FINISHEDs at the top of each turn, so the one queued before the first STATS went out
+  // precedes the second STATS's reply, and the STATS caller dispatches it on the way.
+  std::string json;
+  ASSERT_TRUE(client->Stats(&json).ok());
+  ASSERT_TRUE(client->Stats(&json).ok());
+  s = client->Run(job, 30000, &r);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(r.state, JobState::kDone);
+  EXPECT_EQ(r.outputs.at(0).As<float>(), (std::vector<float>{1.f, 2.f}));
+  ASSERT_TRUE(client->Stats(&json).ok());  // answered after anything sent before it
+  EXPECT_EQ(broker.submits(), 1) << "the job was sent again";
+}
+
+// A rejection belongs to the Run that got it: another caller waiting on the same id (whose own
+// submission was accepted) keeps waiting and gets the result.
+TEST_F(ClientSubmitTest, ARejectedRunDoesNotEndAnotherWaitOnTheSameId) {
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  ASSERT_TRUE(client->Submit(MakeJob("m", "shared-id"), nullptr).ok());
+  Result waited;
+  Status waited_status;
+  std::thread waiter([&] { waited_status = client->Wait("shared-id", 30000, &waited); });
+  Result r;
+  EXPECT_EQ(client->Run(MakeJob("other", "shared-id"), 30000, &r).code(), codes::kUnknownModel);
+  broker.Finish({"shared-id"}, {{"shared-id", DoneRecord("shared-id", 1)}});
+  waiter.join();
+  ASSERT_TRUE(waited_status.ok()) << waited_status.ToString();
+  EXPECT_EQ(waited.state, JobState::kDone);
+}
+
+// No broker: Run gives up at its timeout with unavailable, and the job it could not send is
+// dropped -- a broker that comes up later never gets it.
+TEST_F(ClientSubmitTest, RunWithoutBrokerIsUnavailableAndTheJobIsNeverSent) {
+  auto client = MakeClient();
+  Result r;
+  Status s = client->Run(MakeJob("m", "run-unsent"), 300, &r);
+  EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("not sent"), std::string::npos) << s.message();
+  ScriptedFrontend broker(port_);
+  std::string json;
+  ASSERT_TRUE(client->Stats(&json).ok());  // connected: an unsent SUBMIT would precede STATS
+  EXPECT_EQ(broker.jobs_seen(), 0);
+}
+
+}  // namespace
+}  // namespace ferry::client

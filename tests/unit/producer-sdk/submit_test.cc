@@ -1,0 +1,181 @@
+// Client::Submit/SubmitMany/Stats over real ZeroMQ sockets: against no broker at all, and
+// against a scripted frontend peer (client_scripted_frontend.h) that accepts model "m", rejects
+// other models and answers STATS. Results and their notices: client_notice_test.cc; Client::Run:
+// client_run_test.cc. The SDK's FrontendConnection is tested on its own in
+// client_frontend_connection_test.cc.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
+#include "scripted_frontend.h"
+#include "submit_fixture.h"
+#include "ferry/client.h"
+
+namespace ferry::client {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+using client_test::ClientSubmitTest;
+using client_test::MakeJob;
+using client_test::ScriptedFrontend;
+
+TEST_F(ClientSubmitTest, CreateRejectsBadOptions) {
+  std::unique_ptr<Client> c;
+  ClientOptions bad = options_;
+  bad.frontend = "not-an-endpoint";
+  EXPECT_EQ(Client::Create(bad, &c).code(), codes::kInvalidArgument);
+  bad = options_;
+  bad.redis = "redis://127.0.0.1:notaport";
+  EXPECT_EQ(Client::Create(bad, &c).code(), codes::kInvalidArgument);
+  bad = options_;
+  bad.request_timeout_ms = 0;
+  EXPECT_EQ(Client::Create(bad, &c).code(), codes::kInvalidArgument);
+  EXPECT_EQ(c, nullptr);
+}
+
+TEST_F(ClientSubmitTest, NoBrokerIsUnavailableAfterRequestTimeout) {
+  options_.request_timeout_ms = 300;
+  auto client = MakeClient();
+  std::string id;
+  auto start = Clock::now();
+  Status s = client->Submit(MakeJob("m"), &id);
+  auto elapsed = Clock::now() - start;
+  EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
+  EXPECT_TRUE(s.retryable());
+  EXPECT_NE(s.message().find("did not answer"), std::string::npos) << s.message();
+  EXPECT_EQ(id.size(), 36u) << "a UUIDv4 is made for an empty id";
+  EXPECT_GE(elapsed, milliseconds(300));
+  EXPECT_LT(elapsed, milliseconds(1500));
+  std::string json;
+  EXPECT_EQ(client->Stats(&json).code(), codes::kUnavailable);
+}
+
+TEST_F(ClientSubmitTest, InvalidJobsFailLocallyWithoutTheNetwork) {
+  auto client = MakeClient();
+  std::string id;
+  EXPECT_EQ(client->Submit(MakeJob("m", "bad id!"), &id).code(), codes::kInvalidArgument);
+  EXPECT_EQ(id, "bad id!");
+  EXPECT_EQ(client->Submit(MakeJob(""), &id).code(), codes::kInvalidArgument);
+  Job wrong_size = MakeJob("m");
+  wrong_size.inputs[0].shape = {3};  // 3 floats need 12 bytes, not 8
+  auto start = Clock::now();
+  Status s = client->Submit(wrong_size, &id);
+  EXPECT_EQ(s.code(), codes::kInvalidArgument);
+  EXPECT_NE(s.message().find("input 0"), std::string::npos) << s.message();
+  EXPECT_LT(Clock::now() - start, milliseconds(200)) << "nothing should have been sent";
+}
+
+TEST_F(ClientSubmitTest, SubmitManyIsOneMessageWithPerJobOutcomes) {
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::vector<Job> jobs = {MakeJob("m", "a-1"), MakeJob("other", "a-2"), MakeJob("m"),
+                           MakeJob("m", "a-1"), MakeJob("m", "bad id")};
+  std::vector<SubmitOutcome> outcomes;
+  Status s = client->SubmitMany(jobs, &outcomes);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(outcomes.size(), 5u);
+  EXPECT_EQ(outcomes[0].id, "a-1");
+  EXPECT_TRUE(outcomes[0].status.ok()) << outcomes[0].status.ToString();
+  EXPECT_EQ(outcomes[1].status.code(), codes::kUnknownModel);
+  EXPECT_EQ(outcomes[1].id, "a-2");
+  EXPECT_TRUE(outcomes[2].status.ok());
+  EXPECT_EQ(outcomes[2].id.size(), 36u);
+  EXPECT_EQ(outcomes[3].status.code(), codes::kDuplicate);
+  EXPECT_EQ(outcomes[4].status.code(), codes::kInvalidArgument);
+  EXPECT_EQ(broker.submits(), 1);
+  EXPECT_EQ(broker.jobs_seen(), 3);
+
+  std::string id;
+  EXPECT_EQ(client->Submit(MakeJob("other", "b-1"), &id).code(), codes::kUnknownModel);
+  EXPECT_EQ(id, "b-1");
+  EXPECT_TRUE(client->Submit(MakeJob("m", "b-2"), &id).ok());
+}
+
+TEST_F(ClientSubmitTest, LargeBatchesAreSplitIntoSeveralMessages) {
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::vector<Job> jobs(3, MakeJob("m"));
+  for (Job& j : jobs)
+    j.inputs[0] =
+        Tensor::From<float>(std::vector<float>(3 << 20), {3 << 20}, DType::kFloat32);  // 12 MiB
+  std::vector<SubmitOutcome> outcomes;
+  ASSERT_TRUE(client->SubmitMany(jobs, &outcomes).ok());
+  for (const auto& o : outcomes) EXPECT_TRUE(o.status.ok()) << o.status.ToString();
+  EXPECT_EQ(broker.submits(), 2) << "24 MiB fit one 32 MiB message; the third job goes alone";
+  EXPECT_EQ(broker.jobs_seen(), 3);
+}
+
+TEST_F(ClientSubmitTest, BrokerStartedAfterClientStillAnswers) {
+  auto client = MakeClient();
+  std::this_thread::sleep_for(milliseconds(200));  // let the client try to connect first
+  ScriptedFrontend broker(port_);  // binds after the client connected
+  std::string id;
+  Status s = client->Submit(MakeJob("m"), &id);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+TEST_F(ClientSubmitTest, ErrorReplyBecomesTheStatus) {
+  ScriptedFrontend broker(port_);
+  broker.set_error_reply(true);
+  auto client = MakeClient();
+  std::vector<SubmitOutcome> outcomes;
+  Status s = client->SubmitMany({MakeJob("m", "e-1"), MakeJob("m", "e-2")}, &outcomes);
+  EXPECT_EQ(s.code(), codes::kMalformed);
+  EXPECT_EQ(s.message(), "scripted error");
+  ASSERT_EQ(outcomes.size(), 2u);
+  EXPECT_EQ(outcomes[1].status.code(), codes::kMalformed);
+}
+
+TEST_F(ClientSubmitTest, StatsIsJsonWithoutTheRid) {
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::string json;
+  Status s = client->Stats(&json);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_NE(json.find("\"queues\""), std::string::npos) << json;
+  EXPECT_NE(json.find("\"m\":3"), std::string::npos) << json;
+  EXPECT_EQ(json.find("rid"), std::string::npos) << json;
+}
+
+TEST_F(ClientSubmitTest, ConcurrentSubmitsMatchTheirReplies) {
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::atomic<int> ok{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 8; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < 25; ++i) {
+        std::string id;
+        std::string want = "c-" + std::to_string(t) + "-" + std::to_string(i);
+        if (client->Submit(MakeJob(i % 5 ? "m" : "x", want), &id).ok() == (i % 5 != 0) &&
+            id == want)
+          ++ok;
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok.load(), 200);
+}
+
+// Leader/follower: many threads submit and wait at once through one client. Each reply and
+// notice is dispatched by whichever thread drives the socket, and every thread gets its own
+// results (the scripted broker echoes each job's input back as its output).
+TEST_F(ClientSubmitTest, ManyThreadsSubmitAndWaitThroughOneConnection) {
+  ScriptedFrontend broker(port_);
+  broker.set_echo(true);
+  auto client = MakeClient();
+  EXPECT_EQ(client_test::EchoFromManyThreads([&](const Job& job, std::string* id, Result* r) {
+              Status s = client->Submit(job, id);
+              return s.ok() ? client->Wait(*id, 10000, r) : s;
+            }),
+            client_test::kEchoJobs);
+}
+
+}  // namespace
+}  // namespace ferry::client
