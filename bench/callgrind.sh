@@ -13,15 +13,15 @@
 # SDK: the measured runs use ferry-bench-sdk (ferry-bench without libtorch, whose dependencies
 # valgrind cannot run) under callgrind, collecting only inside `ferry::client::Client::Run`: the
 # SDK's work on the caller's thread (encode, send, wait, decode), `--run --concurrency C`.
-# Prints instructions per job and the TOP functions by their own (exclusive) instructions per
-# job; keeps the callgrind.out files in $CALLGRIND_OUT (default bench/results/callgrind-<date>).
+# Prints instructions per job and the TOP functions by their own (exclusive) instructions per job;
+# keeps the callgrind.out files in $CALLGRIND_OUT (${TMPDIR:-/tmp}/ferry-bench-results/callgrind-<date>).
 # Everything runs ~50x slower under valgrind: latencies mean nothing here, counts do. Use a
 # Release build with ferry-bench-sdk, ferry-broker, ferry-worker and ferry-make-models.
 set -uo pipefail
 [ $# -ge 1 ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 command -v valgrind >/dev/null || { echo "callgrind.sh: needs valgrind (apt-get install valgrind)" >&2; exit 2; }
 B=$(cd "$1" && pwd); JOBS=${2:-2000}; CONC=${3:-1}; TOP=${4:-25}; WARMUP=300
-OUT=${CALLGRIND_OUT:-bench/results/callgrind-$(date -u +%Y-%m-%d)}
+OUT=${CALLGRIND_OUT:-${TMPDIR:-/tmp}/ferry-bench-results/callgrind-$(date -u +%Y-%m-%d)}
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 W=$(mktemp -d /tmp/ferry-callgrind-XXXXXX)
 PIDS=()

@@ -4,12 +4,12 @@
 #   bash bench/run.sh BUILD_DIR [--quick] [--out DIR] [--only NAME[,NAME...]] [--perf]
 #
 # Starts redis-server on a free port, makes the benchmark models, and for every scenario starts
-# a fresh ferry-broker and ferry-workers on free ports, runs ferry-bench, and stops them. Writes
-# one JSON file per run into DIR (default bench/results/<date>-cpu[-quick]) -- each with the exact
-# ferry-bench command, the fleet's command lines, the machine, and the CPU seconds every process
-# spent during the run -- plus machine.json and summary.txt, and prints one table.
+# a fresh ferry-broker and ferry-workers on free ports, runs ferry-bench, and stops them. Writes one
+# JSON file per run into DIR (default ${TMPDIR:-/tmp}/ferry-bench-results/<date>-cpu[-quick], outside
+# the repository) -- each with the exact ferry-bench command, the fleet's command lines, the machine,
+# and the CPU seconds every process spent during the run -- plus machine.json and summary.txt.
 # Scenarios: tiny_closed tiny_light tiny_light_run tiny_light_no_push tiny_light_pinned encoder
-# resnet seed ceiling bytes. The full
+# resnet seed ceiling bytes. It prints one table. The full
 # suite takes ~10 min on a 2-core machine; --quick is a ~1 minute smoke run (small job counts;
 # numbers not meaningful).
 # --perf also samples the whole machine (perf record -a) during each measured run and writes
@@ -44,7 +44,7 @@ for b in "$BENCH" "$BROKER" "$WORKER" "$MAKE_MODELS"; do
 done
 command -v redis-server >/dev/null || { echo "run.sh: redis-server not installed" >&2; exit 1; }
 if [ -z "$OUT" ]; then
-  OUT=$HERE/results/$(date +%Y-%m-%d)-cpu$([ $QUICK = 1 ] && echo -quick || true)
+  OUT=${TMPDIR:-/tmp}/ferry-bench-results/$(date +%Y-%m-%d)-cpu$([ $QUICK = 1 ] && echo -quick || true)
 fi
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d /tmp/ferry-bench-XXXXXX)
