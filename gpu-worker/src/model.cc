@@ -1,6 +1,6 @@
-// The worker's only libtorch translation unit for inference: loading, dtype mapping, stacking
-// with padding, device conversions, the method call, splitting and trimming. Every c10::Error /
-// std::exception is caught here and turned into a Status.
+// The worker's only libtorch translation unit for inference: loading, stacking with padding,
+// device and dtype conversions (the dtype table: ferry/torch_dtype.h), the method call,
+// splitting and trimming. Every c10::Error / std::exception is caught here as a Status.
 #include "model.h"
 
 #include <ATen/Context.h>
@@ -14,42 +14,12 @@
 #include <string_view>
 #include <utility>
 
+#include "ferry/torch_dtype.h"
+
 namespace ferry::worker {
 namespace {
 
 constexpr size_t kMaxErrorMessage = 1000;
-
-bool ToScalarType(DType d, c10::ScalarType* out) {
-  switch (d) {
-    case DType::kFloat32: *out = c10::kFloat; return true;
-    case DType::kFloat16: *out = c10::kHalf; return true;
-    case DType::kBFloat16: *out = c10::kBFloat16; return true;
-    case DType::kFloat64: *out = c10::kDouble; return true;
-    case DType::kInt64: *out = c10::kLong; return true;
-    case DType::kInt32: *out = c10::kInt; return true;
-    case DType::kInt16: *out = c10::kShort; return true;
-    case DType::kInt8: *out = c10::kChar; return true;
-    case DType::kUInt8: *out = c10::kByte; return true;
-    case DType::kBool: *out = c10::kBool; return true;
-  }
-  return false;
-}
-
-bool FromScalarType(c10::ScalarType s, DType* out) {
-  switch (s) {
-    case c10::kFloat: *out = DType::kFloat32; return true;
-    case c10::kHalf: *out = DType::kFloat16; return true;
-    case c10::kBFloat16: *out = DType::kBFloat16; return true;
-    case c10::kDouble: *out = DType::kFloat64; return true;
-    case c10::kLong: *out = DType::kInt64; return true;
-    case c10::kInt: *out = DType::kInt32; return true;
-    case c10::kShort: *out = DType::kInt16; return true;
-    case c10::kChar: *out = DType::kInt8; return true;
-    case c10::kByte: *out = DType::kUInt8; return true;
-    case c10::kBool: *out = DType::kBool; return true;
-    default: return false;
-  }
-}
 
 // The library's message, at most kMaxErrorMessage bytes. An error raised inside the
 // TorchScript interpreter comes as a long traceback that ends with the actual error
@@ -151,7 +121,7 @@ at::Tensor Model::Impl::Stack(const Padding& padding, size_t k,
   const protocol::TensorRef& first = (*inputs[0])[k];
   const int64_t batch = static_cast<int64_t>(inputs.size());
   c10::ScalarType st;
-  if (!ToScalarType(first.dtype, &st)) throw std::invalid_argument("unsupported input dtype");
+  if (!ToTorchDType(first.dtype, &st)) throw std::invalid_argument("unsupported input dtype");
   const bool pin = device.is_cuda();
   const auto options = at::TensorOptions().dtype(st).device(c10::kCPU).pinned_memory(pin);
   std::vector<int64_t> shape;
@@ -250,7 +220,7 @@ Status Model::Create(const ModelConfig& config, std::unique_ptr<Model>* out) {
     const int64_t after = index >= 0 ? cuda::AllocatedBytes(index) : -1;
     for (const InputConversion& c : config.convert) {
       Impl::Conversion conv{c.input, c10::kFloat, c.scale, {}, {}, c.channel_dim};
-      if (!ToScalarType(c.to, &conv.to)) return Status::InvalidArgument("bad convert dtype");
+      if (!ToTorchDType(c.to, &conv.to)) return Status::InvalidArgument("bad convert dtype");
       if (!c.mean.empty()) {
         conv.mean = at::tensor(c.mean, at::TensorOptions().dtype(c10::kDouble)).to(dev);
         conv.std = at::tensor(c.std, at::TensorOptions().dtype(c10::kDouble)).to(dev);
@@ -316,7 +286,7 @@ Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& in
                           std::to_string(batch));
       }
       if (config_.half && t.scalar_type() == c10::kHalf) t = t.to(c10::kFloat);
-      if (!FromScalarType(t.scalar_type(), &dtype)) {
+      if (!FromTorchDType(t.scalar_type(), &dtype)) {
         return ModelError("output " + std::to_string(k) + " has dtype " +
                           std::string(c10::toString(t.scalar_type())) +
                           ", which Ferry cannot encode");
@@ -351,7 +321,7 @@ Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& in
   const size_t untrimmed = outputs.size();
   for (size_t k = 0; k < untrimmed; ++k) {
     protocol::TensorRef ref;
-    FromScalarType(outputs[k].scalar_type(), &ref.dtype);
+    FromTorchDType(outputs[k].scalar_type(), &ref.dtype);
     for (int64_t j = 0; j < batch; ++j) {
       at::Tensor slice;
       if (trim[k] != nullptr) {

@@ -21,38 +21,9 @@
 
 #include "ferry/status.h"
 #include "ferry/tensor.h"
+#include "ferry/torch_dtype.h"
 
 namespace ferry {
-
-// The torch dtype of a Ferry dtype; false for none (cannot happen for a valid DType).
-inline bool ToTorchDType(DType d, c10::ScalarType* out) {
-  switch (d) {
-    case DType::kFloat32: *out = torch::kFloat32; return true;
-    case DType::kFloat16: *out = torch::kFloat16; return true;
-    case DType::kBFloat16: *out = torch::kBFloat16; return true;
-    case DType::kFloat64: *out = torch::kFloat64; return true;
-    case DType::kInt64: *out = torch::kInt64; return true;
-    case DType::kInt32: *out = torch::kInt32; return true;
-    case DType::kInt16: *out = torch::kInt16; return true;
-    case DType::kInt8: *out = torch::kInt8; return true;
-    case DType::kUInt8: *out = torch::kUInt8; return true;
-    case DType::kBool: *out = torch::kBool; return true;
-  }
-  return false;
-}
-// The Ferry dtype of a torch dtype; false for dtypes Ferry does not carry (complex, ...).
-inline bool FromTorchDType(c10::ScalarType s, DType* out) {
-  for (DType d : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64,
-                  DType::kInt64, DType::kInt32, DType::kInt16, DType::kInt8, DType::kUInt8,
-                  DType::kBool}) {
-    c10::ScalarType st = torch::kFloat32;
-    if (ToTorchDType(d, &st) && st == s) {
-      *out = d;
-      return true;
-    }
-  }
-  return false;
-}
 
 // Copies `in` into a new contiguous CPU torch::Tensor. invalid_argument when the data size
 // does not match dtype and shape.

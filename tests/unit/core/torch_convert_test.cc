@@ -1,4 +1,5 @@
-// <ferry/torch_convert.h>: round trips through torch::Tensor for all ten dtypes.
+// <ferry/torch_convert.h> and <ferry/torch_dtype.h>: the dtype table, and round trips through
+// torch::Tensor for all ten dtypes.
 
 #include "ferry/torch_convert.h"
 
@@ -6,6 +7,26 @@
 
 namespace ferry {
 namespace {
+
+// The one table the worker and the SDK share: every wire dtype has a torch type of the same
+// element size and the same name, and comes back; types Ferry does not carry are refused.
+TEST(ClientTorchConvertTest, DtypeTableCoversEveryWireDtype) {
+  int mapped = 0;
+  for (int i = 0; i <= static_cast<int>(DType::kBool); ++i) {
+    const DType d = static_cast<DType>(i);
+    c10::ScalarType st = c10::ScalarType::Undefined;
+    ASSERT_TRUE(ToTorchDType(d, &st)) << DTypeName(d);
+    EXPECT_EQ(c10::elementSize(st), ItemSize(d)) << DTypeName(d);
+    DType back = DType::kFloat32;
+    ASSERT_TRUE(FromTorchDType(st, &back)) << DTypeName(d);
+    EXPECT_EQ(back, d);
+    ++mapped;
+  }
+  EXPECT_EQ(mapped, 10);
+  DType unused;
+  EXPECT_FALSE(FromTorchDType(c10::ScalarType::ComplexFloat, &unused));
+  EXPECT_FALSE(FromTorchDType(c10::ScalarType::QInt8, &unused));
+}
 
 TEST(ClientTorchConvertTest, RoundTripsEveryDtype) {
   for (auto st : {torch::kFloat32, torch::kFloat16, torch::kBFloat16, torch::kFloat64,
