@@ -13,7 +13,7 @@
 #include "ferry/protocol/redis.h"
 #include "ferry/protocol/util.h"
 #include "ferry/protocol/wire.h"
-#include "frontend_connection.h"
+#include "io_thread.h"
 #include "result_store.h"
 #include "result_tracker.h"
 
@@ -56,7 +56,7 @@ Status ValidateJob(const Job& job, const std::string& id) {
 }
 
 // The reply to a request, decoded: ERROR becomes its status; anything but `expected` is a bug.
-Status CheckReply(const FrontendConnection::Reply& reply, std::string_view expected,
+Status CheckReply(const IoThread::Reply& reply, std::string_view expected,
                   msgpack::object_handle* body) {
   FERRY_RETURN_IF_ERROR(protocol::UnpackMap(reply.body.data(), reply.body.size(), body));
   if (reply.command == protocol::kError) {
@@ -73,7 +73,7 @@ Status CheckReply(const FrontendConnection::Reply& reply, std::string_view expec
 
 // Client::Run's verdict from the broker's reply to its one-job SUBMIT (a reply comes only when
 // the job was not accepted): the job's rejection, or an error.
-Status RunVerdict(const FrontendConnection::Reply& reply, const std::string& id) {
+Status RunVerdict(const IoThread::Reply& reply, const std::string& id) {
   msgpack::object_handle body;
   protocol::Accepted accepted;
   Status s = CheckReply(reply, protocol::kAccepted, &body);
@@ -98,28 +98,34 @@ class Client::Impl {
   // the DONE and FINISHED hops through the broker; under load batching amortizes them, and the
   // extra PUBLISH per job would only cost Redis CPU.
   static constexpr size_t kPushMaxTracked = 64;
-  // After a failed subscription, wait this long (doubling) before the next try.
-  static constexpr int kPushRetryMinMs = 1000, kPushRetryMaxMs = 30000;
 
   Impl(const ClientOptions& options, protocol::RedisEndpoint redis)
       : options_(options),
-        redis_(redis),
-        results_(std::move(redis), options.redis_prefix, options.request_timeout_ms) {}
+        redis_(std::move(redis)),
+        results_(redis_, options.redis_prefix, options.request_timeout_ms),
+        tracker_([this](const std::string& id, Result* out) { return results_.Read(id, out); }) {}
 
   Status Start() {
-    FERRY_RETURN_IF_ERROR(FrontendConnection::Create(options_.frontend, &frontend_));
-    // Waits park on the connection, which lets a waiting thread read the socket itself.
-    tracker_ = std::make_unique<ResultTracker>(&results_, frontend_.get());
-    return frontend_->Start(
-        [this](const std::vector<std::string>& ids, const protocol::InlineResults& records) {
-          tracker_->Notify(ids, records);
-        });
+    IoThread::Options o;
+    o.frontend = options_.frontend;
+    o.push_results = options_.push_results;
+    o.redis = redis_;
+    o.redis_prefix = options_.redis_prefix;
+    o.redis_timeout_ms = options_.request_timeout_ms;
+    o.on_finished = [this](const std::vector<std::string>& ids,
+                           const protocol::InlineResults& records) {
+      tracker_.Notify(ids, records);
+    };
+    // Notices published while a subscription was failing are gone, and the broker sends no
+    // FINISHED for those jobs: their Waits read Redis now instead of at the slow re-check.
+    o.on_push_lost = [this] { tracker_.RecheckOurs(); };
+    return IoThread::Start(std::move(o), &io_);
   }
 
   // Jobs by pointer so that Submit(job) need not copy the job's tensors.
   Status SubmitMany(const std::vector<const Job*>& jobs, std::vector<SubmitOutcome>* outcomes);
   Status Wait(const std::string& id, int timeout_ms, Result* out) {
-    return tracker_->Wait(id, timeout_ms, out);
+    return tracker_.Wait(id, timeout_ms, out);
   }
   Status Run(const Job& job, int timeout_ms, Result* out, std::string* id);
   Status Stats(std::string* json);
@@ -132,28 +138,25 @@ class Client::Impl {
 
  private:
   // The SUBMIT body for jobs[i], i in `part`, with ids from *outcomes; `ack` false asks the
-  // broker to answer only rejections. Tracks the ids first (a result may come before any reply).
+  // broker to answer only rejections. Tracks the ids first (a result may come before any
+  // reply).
   zmq::message_t EncodeSubmit(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
                               const std::vector<SubmitOutcome>& outcomes, int64_t rid, bool ack);
+  // The channel the next SUBMIT names ("" = none); `tracked` is how many of this client's jobs
+  // the tracker held before the SUBMIT's own. Only at light load; the first such SUBMIT (and the
+  // first after the subscription failed and its back-off passed) has the I/O thread subscribe
+  // first, and waits for that (at most min(request_timeout_ms, 1 s)).
+  std::string NotifyChannel(size_t tracked);
   // Sends jobs[i] for i in `part` as one SUBMIT and records each verdict in *outcomes.
   Status SubmitOne(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
                    std::vector<SubmitOutcome>* outcomes);
-  // The channel the next SUBMIT should name ("" = none); `tracked` is how many of this
-  // client's jobs the tracker held before the SUBMIT's own. Subscribes first when there is no
-  // subscription (yet, or any more) and the back-off allows.
-  std::string PushChannel(size_t tracked);
 
   const ClientOptions options_;
   const protocol::RedisEndpoint redis_;
   ResultStore results_;
-  std::mutex push_mu_;
-  std::string push_channel_;           // guarded by push_mu_: the current subscription's
-  bool subscribed_before_ = false;     // guarded by push_mu_
-  Clock::time_point push_retry_at_{};  // guarded by push_mu_
-  int push_backoff_ms_ = 0;            // guarded by push_mu_
-  // Destroyed after frontend_, whose background thread calls into it; unused by then.
-  std::unique_ptr<ResultTracker> tracker_;
-  std::unique_ptr<FrontendConnection> frontend_;
+  // Before io_: the I/O thread calls into it until io_'s destructor has joined the thread.
+  ResultTracker tracker_;
+  std::unique_ptr<IoThread> io_;
 };
 
 Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
@@ -195,47 +198,25 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
   return Status::Ok();
 }
 
-std::string Client::Impl::PushChannel(size_t tracked) {
+std::string Client::Impl::NotifyChannel(size_t tracked) {
   if (!options_.push_results || tracked >= kPushMaxTracked) return "";
-  std::lock_guard<std::mutex> lock(push_mu_);
-  if (frontend_->push_active()) return push_channel_;
-  if (Clock::now() < push_retry_at_) return "";
-  // A fresh channel for every subscription: nothing published for an earlier one can arrive on
-  // it (e.g. inside the read that brings the SUBSCRIBE confirmation).
-  std::string channel = protocol::Keys(options_.redis_prefix).NotifyChannel(protocol::NewUuid());
-  std::unique_ptr<protocol::RedisSubscriber> push;
-  const Status s = protocol::RedisSubscriber::Connect(
-      redis_, std::min(options_.request_timeout_ms, kPushRetryMinMs), channel, &push);
-  if (!s.ok()) {
-    push_backoff_ms_ = std::clamp(push_backoff_ms_ * 2, kPushRetryMinMs, kPushRetryMaxMs);
-    push_retry_at_ = Clock::now() + std::chrono::milliseconds(push_backoff_ms_);
-    return "";
-  }
-  push_backoff_ms_ = 0;
-  push_channel_ = std::move(channel);
-  // Notices published while a subscription was failing are gone, and the broker sends no
-  // FINISHED for those jobs: have their Waits read Redis now instead of at the slow re-check --
-  // when the driver sees the subscription fail, and again once a new one is in place (jobs
-  // submitted to the dead channel before the driver saw it fail).
-  frontend_->SetPush(std::move(push), [this] { tracker_->RecheckSubmitted(); });
-  if (subscribed_before_) tracker_->RecheckSubmitted();
-  subscribed_before_ = true;
-  return push_channel_;
+  if (io_->subscribe_due()) io_->Subscribe(std::min(options_.request_timeout_ms, 1000));
+  return io_->push_channel();
 }
 
 zmq::message_t Client::Impl::EncodeSubmit(const std::vector<const Job*>& jobs,
                                           const std::vector<size_t>& part,
                                           const std::vector<SubmitOutcome>& outcomes, int64_t rid,
                                           bool ack) {
-  // Track before sending: the FINISHED notice may be dispatched before this thread sees
-  // ACCEPTED. And before the notify channel is chosen: should the driver see the subscription
-  // fail in between, its recheck then covers these ids too.
+  // Track before sending: the FINISHED notice may come before this thread sees ACCEPTED. And
+  // before the notify channel is read: should the I/O thread see the subscription fail in
+  // between, its recheck then covers these ids too.
   std::vector<std::string> ids;
   ids.reserve(part.size());
   for (size_t i : part) ids.push_back(outcomes[i].id);
-  const size_t tracked = tracker_->Entries();
-  tracker_->Track(ids);
-  const std::string notify = PushChannel(tracked);
+  const size_t tracked = tracker_.Entries();
+  tracker_.Track(ids);
+  const std::string notify = NotifyChannel(tracked);
 
   msgpack::sbuffer buf;
   protocol::Packer pk(buf);
@@ -266,22 +247,22 @@ zmq::message_t Client::Impl::EncodeSubmit(const std::vector<const Job*>& jobs,
 Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
                                const std::vector<size_t>& part,
                                std::vector<SubmitOutcome>* outcomes) {
-  const int64_t rid = frontend_->NextRid();
+  const int64_t rid = io_->NextRid();
   std::vector<std::string> ids;
   ids.reserve(part.size());
   for (size_t i : part) ids.push_back((*outcomes)[i].id);
   zmq::message_t message = EncodeSubmit(jobs, part, *outcomes, rid, /*ack=*/true);
 
-  FrontendConnection::Reply reply;
+  IoThread::Reply reply;
   msgpack::object_handle body;
   protocol::Accepted accepted;
-  Status s = frontend_->Call(rid, protocol::kSubmit, std::move(message),
-                             options_.request_timeout_ms, &reply);
+  Status s = io_->Call(rid, protocol::kSubmit, std::move(message), options_.request_timeout_ms,
+                       &reply);
   if (s.ok()) s = CheckReply(reply, protocol::kAccepted, &body);
   if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
   if (!s.ok()) {
     for (size_t i : part) (*outcomes)[i].status = s;
-    tracker_->Untrack(ids);  // maybe accepted: Wait then reads before sleeping
+    tracker_.Untrack(ids);  // maybe accepted: Wait then reads before sleeping
     return s;
   }
   std::unordered_map<std::string_view, Status> verdicts;
@@ -295,7 +276,7 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
                                 : Status::Internal("the broker did not report on this job");
     if (!(*outcomes)[i].status.ok()) not_accepted.push_back((*outcomes)[i].id);
   }
-  if (!not_accepted.empty()) tracker_->Untrack(not_accepted);
+  if (!not_accepted.empty()) tracker_.Untrack(not_accepted);
   return Status::Ok();
 }
 
@@ -310,33 +291,38 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
   if (timeout_ms == 0)
     return Status::InvalidArgument("Run needs a timeout (or -1: none); to check once, use Poll");
   // A Run again after a timeout whose result has come since: nothing to send.
-  if (tracker_->Finished(id)) return tracker_->Wait(id, timeout_ms, out);
+  if (tracker_.Finished(id)) return tracker_.Wait(id, timeout_ms, out);
 
-  const int64_t rid = frontend_->NextRid();
+  const int64_t rid = io_->NextRid();
   zmq::message_t message = EncodeSubmit({&job}, {0}, outcome, rid, /*ack=*/false);
   // A reply comes only when the job was not accepted (or the SUBMIT was refused as a whole): it
   // is this call's verdict, not the id's (another submission of the id may be accepted). The
-  // handler runs on the socket's driver -- possibly this thread, inside the Wait below -- and
-  // possibly after this call returned, hence the shared verdict.
+  // handler runs on the I/O thread, possibly after this call returned: hence the shared verdict.
   auto verdict = std::make_shared<ResultTracker::Verdict>();
-  frontend_->Post(rid, protocol::kSubmit, std::move(message),
-                  [this, id, verdict](FrontendConnection::Reply reply) {
-                    Status s;
-                    try {
-                      s = RunVerdict(reply, id);
-                    } catch (const std::exception& e) {  // e.g. std::bad_alloc
-                      s = Status::Internal(std::string("reading the broker's reply: ") + e.what());
-                    }
-                    // A duplicate is pending already: its result is this job's result.
-                    if (!s.ok() && s.code() != codes::kDuplicate)
-                      tracker_->Reject(id, verdict.get(), s);
-                  });
-  Status s = tracker_->Wait(id, timeout_ms, out, verdict.get());
-  const bool unsent = frontend_->Unpost(rid);  // dropped if still queued: never sent late
+  auto request = io_->Post(
+      rid, protocol::kSubmit, std::move(message),
+      [this, id, verdict](IoThread::Reply reply) {
+        Status s;
+        try {
+          s = RunVerdict(reply, id);
+        } catch (const std::exception& e) {  // e.g. std::bad_alloc: a lost rejection would
+          s = Status::Internal(std::string("reading the broker's reply: ") + e.what());
+        }  // leave this Run waiting until its timeout
+        // A duplicate is pending already: its result is this job's result.
+        if (!s.ok() && s.code() != codes::kDuplicate) tracker_.Reject(id, verdict.get(), s);
+      });
+  Status s;
+  try {
+    s = tracker_.Wait(id, timeout_ms, out, verdict.get());
+  } catch (...) {
+    io_->Forget(request);
+    throw;
+  }
+  const bool unsent = io_->Forget(request);  // dropped if still queued: never sent late
   if (s.ok() || s.code() == codes::kTimeout) {
     if (!unsent || s.ok()) return s;  // a timeout with the job sent: the caller may Run again
   }
-  tracker_->Untrack({id});  // no result of ours to expect: not sent, rejected, or no Redis
+  tracker_.Untrack({id});  // no result of ours to expect: not sent, rejected, or no Redis
   if (unsent) {
     return Status::Unavailable("no broker at " + options_.frontend + " took the job within " +
                                std::to_string(timeout_ms) +
@@ -346,10 +332,10 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
 }
 
 Status Client::Impl::Stats(std::string* json) {
-  int64_t rid = frontend_->NextRid();
-  FrontendConnection::Reply reply;
-  FERRY_RETURN_IF_ERROR(frontend_->Call(rid, protocol::kStats, protocol::EncodeEmpty(rid),
-                                        options_.request_timeout_ms, &reply));
+  int64_t rid = io_->NextRid();
+  IoThread::Reply reply;
+  FERRY_RETURN_IF_ERROR(io_->Call(rid, protocol::kStats, protocol::EncodeEmpty(rid),
+                                  options_.request_timeout_ms, &reply));
   msgpack::object_handle body;
   FERRY_RETURN_IF_ERROR(CheckReply(reply, protocol::kStats, &body));
   // Everything but our "rid".
@@ -373,10 +359,10 @@ Status Client::Impl::Cancel(const std::vector<std::string>& ids, CancelReport* r
       return Status::InvalidArgument("job id \"" + id + "\" is not a valid Ferry id");
   }
   if (ids.empty()) return Status::Ok();
-  int64_t rid = frontend_->NextRid();
-  FrontendConnection::Reply reply;
-  FERRY_RETURN_IF_ERROR(frontend_->Call(rid, protocol::kCancel, protocol::EncodeIds(ids, rid),
-                                        options_.request_timeout_ms, &reply));
+  int64_t rid = io_->NextRid();
+  IoThread::Reply reply;
+  FERRY_RETURN_IF_ERROR(io_->Call(rid, protocol::kCancel, protocol::EncodeIds(ids, rid),
+                                  options_.request_timeout_ms, &reply));
   msgpack::object_handle body;
   FERRY_RETURN_IF_ERROR(CheckReply(reply, protocol::kCancelled, &body));
   protocol::Cancelled c;
@@ -387,60 +373,89 @@ Status Client::Impl::Cancel(const std::vector<std::string>& ids, CancelReport* r
   return Status::Ok();
 }
 
-// ---- Client: thin forwarding -----------------------------------------------------------------
+// ---- Client: forwarding; no exception leaves the SDK -------------------------------------------
+
+namespace {
+// Runs `fn`, turning an exception (std::bad_alloc, a library's) into an internal Status: every
+// Client method returns a Status and nothing throws (client.h).
+template <typename Fn>
+Status Guarded(const char* what, Fn&& fn) {
+  try {
+    return fn();
+  } catch (const std::exception& e) {
+    return Status::Internal(std::string(what) + ": " + e.what());
+  } catch (...) {
+    return Status::Internal(std::string(what) + ": unknown exception");
+  }
+}
+}  // namespace
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;
 
 Status Client::Create(const ClientOptions& options, std::unique_ptr<Client>* out) {
-  protocol::RedisEndpoint redis;
-  FERRY_RETURN_IF_ERROR(protocol::ParseRedisUrl(options.redis, &redis));
-  if (options.request_timeout_ms <= 0)
-    return Status::InvalidArgument("request_timeout_ms must be > 0");
-  auto impl = std::make_unique<Impl>(options, std::move(redis));
-  FERRY_RETURN_IF_ERROR(impl->Start());
-  out->reset(new Client(std::move(impl)));
-  return Status::Ok();
+  return Guarded("Create", [&] {
+    protocol::RedisEndpoint redis;
+    FERRY_RETURN_IF_ERROR(protocol::ParseRedisUrl(options.redis, &redis));
+    if (options.request_timeout_ms <= 0)
+      return Status::InvalidArgument("request_timeout_ms must be > 0");
+    auto impl = std::make_unique<Impl>(options, std::move(redis));
+    FERRY_RETURN_IF_ERROR(impl->Start());
+    out->reset(new Client(std::move(impl)));
+    return Status::Ok();
+  });
 }
 
 Status Client::Submit(const Job& job, std::string* id) {
-  std::vector<SubmitOutcome> outcomes;
-  Status s = impl_->SubmitMany({&job}, &outcomes);
-  if (id) *id = outcomes.at(0).id;
-  return s.ok() ? outcomes[0].status : s;
+  return Guarded("Submit", [&] {
+    std::vector<SubmitOutcome> outcomes;
+    Status s = impl_->SubmitMany({&job}, &outcomes);
+    if (id) *id = outcomes.at(0).id;
+    return s.ok() ? outcomes[0].status : s;
+  });
 }
 
 Status Client::SubmitMany(const std::vector<Job>& jobs, std::vector<SubmitOutcome>* outcomes) {
-  std::vector<const Job*> ptrs;
-  ptrs.reserve(jobs.size());
-  for (const Job& j : jobs) ptrs.push_back(&j);
-  return impl_->SubmitMany(ptrs, outcomes);
+  return Guarded("SubmitMany", [&] {
+    std::vector<const Job*> ptrs;
+    ptrs.reserve(jobs.size());
+    for (const Job& j : jobs) ptrs.push_back(&j);
+    return impl_->SubmitMany(ptrs, outcomes);
+  });
 }
 
 Status Client::Run(const Job& job, int timeout_ms, Result* out, std::string* id) {
-  return impl_->Run(job, timeout_ms, out, id);
+  return Guarded("Run", [&] { return impl_->Run(job, timeout_ms, out, id); });
 }
 
-Status Client::Poll(const std::string& id, Result* out) { return impl_->Poll(id, out); }
+Status Client::Poll(const std::string& id, Result* out) {
+  return Guarded("Poll", [&] { return impl_->Poll(id, out); });
+}
 
 Status Client::Wait(const std::string& id, int timeout_ms, Result* out) {
-  if (!protocol::IsValidJobId(id))
-    return Status::InvalidArgument("job id \"" + id + "\" is not a valid Ferry id");
-  return impl_->Wait(id, timeout_ms, out);
+  return Guarded("Wait", [&] {
+    if (!protocol::IsValidJobId(id))
+      return Status::InvalidArgument("job id \"" + id + "\" is not a valid Ferry id");
+    return impl_->Wait(id, timeout_ms, out);
+  });
 }
 
-Status Client::Stats(std::string* json) { return impl_->Stats(json); }
+Status Client::Stats(std::string* json) {
+  return Guarded("Stats", [&] { return impl_->Stats(json); });
+}
 
 Status Client::CancelMany(const std::vector<std::string>& ids, CancelReport* report) {
-  return impl_->Cancel(ids, report);
+  return Guarded("CancelMany", [&] { return impl_->Cancel(ids, report); });
 }
 
 Status Client::Cancel(const std::string& id) {
-  CancelReport report;
-  FERRY_RETURN_IF_ERROR(impl_->Cancel({id}, &report));
-  if (report.cancelled.empty() && report.running.empty())
-    return Status::NotFound("job \"" + id + "\" is not pending at the broker");
-  return Status::Ok();
+  return Guarded("Cancel", [&] {
+    CancelReport report;
+    FERRY_RETURN_IF_ERROR(impl_->Cancel({id}, &report));
+    if (report.cancelled.empty() && report.running.empty())
+      return Status::NotFound("job \"" + id + "\" is not pending at the broker");
+    return Status::Ok();
+  });
 }
 
 }  // namespace ferry::client

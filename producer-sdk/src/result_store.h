@@ -1,6 +1,6 @@
 #pragma once
 // ResultStore: reads job results from Redis (<prefix>result:<id>) for Poll and Wait, one GET
-// per id or one MGET for many.
+// per id, on the calling thread.
 //
 // protocol::RedisClient is not thread-safe, so the store keeps a small pool of connections:
 // a reader takes one (or opens a new one), uses it alone and gives it back. At most
@@ -30,17 +30,6 @@ class ResultStore {
   // One GET. No record: ok with out->state == kPending. Else the decoded record.
   // Errors: unavailable (Redis unreachable), malformed/invalid_argument (not a result record).
   Status Read(const std::string& id, Result* out);
-
-  // One id's outcome in ReadMany: status as Read's, the decoded result (kPending when there is
-  // no record), and the record's size in bytes.
-  struct Fetched {
-    Status status;
-    Result result;
-    size_t bytes = 0;
-  };
-  // One MGET for all ids (one round trip); (*out)[i] belongs to ids[i]. A transport failure
-  // fails the whole call (unavailable); a bad record fails only its own entry.
-  Status ReadMany(const std::vector<std::string>& ids, std::vector<Fetched>* out);
 
  private:
   Status Acquire(std::unique_ptr<protocol::RedisClient>* out);

@@ -1,37 +1,38 @@
 #pragma once
-// ResultTracker: Wait() without a Redis round trip per job.
+// ResultTracker: what this client knows about job results, per id, and Wait.
 //
-// The broker sends this client FINISHED (a list of ids) when results it submitted are in Redis.
-// The tracker turns those notices into batched reads:
-//   - Track(ids) before a SUBMIT is sent marks the ids as ours, so a FINISHED arriving before
-//     the submitter even sees ACCEPTED is not lost, and so Wait() on an id of ours that has no
-//     notice yet skips the speculative first GET (the notice will say when to read).
-//   - Notify(ids) (whichever thread drives the socket, FINISHED) marks tracked or waited-on ids "finished" and
-//     queues them as ready; it never touches Redis. Results that came inside the FINISHED
-//     (inline records: the same bytes as in Redis) are held at once instead: their Wait
-//     decodes them and never reads Redis.
-//   - The first Wait() that needs a finished id claims every ready id (up to kMaxBatchRead) and
-//     reads them all with one MGET, outside the lock; results for the other ids are held for
-//     their waiters (now or later), who then return without touching Redis.
-//   - The safety net is unchanged: an id with no notice is re-read with a GET every 50 ms,
-//     backing off to 1 s (lost notices after a broker restart; ids submitted elsewhere).
+// Per id it knows one thing: pending, or has a result -- a notice said the result is in Redis,
+// and if the notice carried the record inline, the record itself. Plus what the Redis re-check
+// needs: whether the id is ours (submitted through this client, so a notice will come) and
+// whether a notice may have been lost (read Redis now).
 //
-// Bounds: at most kMaxTracked ids are tracked without a waiter (beyond that Wait falls back to
-// a first GET); held results of ids nobody waits on are capped at kMaxHeldBytes (beyond that
-// the id's Wait does its own GET); entries nobody waits on are dropped kTrackTtl after their
-// last change (e.g. jobs submitted and never waited for).
+//   - Track(ids) before a SUBMIT is sent marks the ids as ours: a notice arriving before the
+//     submitter even sees ACCEPTED is kept, and a Wait on an id of ours skips the first GET
+//     (the notice says when to read).
+//   - Notify(ids, records), from the I/O thread (FINISHED from the broker, or a worker's notice
+//     on our channel), marks ours or waited-on ids as having a result and keeps inline records.
+//     It never touches Redis.
+//   - Wait(id) returns the inline record when there is one (decoded on the waiting thread),
+//     reads Redis once when a notice came without it, and otherwise re-checks Redis on its own
+//     every 50 ms backing off to 1 s: the safety net for lost notices (a broker restart) and
+//     for ids submitted elsewhere. The waiting thread does its own Redis reads; nothing else
+//     does them for it.
 //
-// Waiting: a Wait blocks through the Parking (the FrontendConnection), which lets the waiting
-// thread drive the broker socket itself while nobody else does -- so at light load the FINISHED
-// notice is received, dispatched and consumed on the waiting thread, with no other thread woken.
+// Bounds: at most kMaxTracked ids of ours without a waiter (beyond that Wait falls back to its
+// first GET); inline records kept for nobody are capped at kMaxHeldBytes in all (beyond that the
+// id's Wait reads Redis); entries nobody waits on are dropped kTrackTtl after their last change.
+// A record is delivered once: the Wait that returns it (and any Waits on the same id at that
+// moment) take it, and the entry goes. A later Wait on the id reads Redis.
 //
-// Thread-safety: all methods are safe to call concurrently; one mutex guards the state, and no
-// Redis call is made while holding it, nor is the Parking awaited (lock order: mu_, then the
-// Parking's own lock through Signal).
+// Thread-safety: every method may be called from any thread. One mutex guards all entries; no
+// Redis call is made and no callback is run while it is held. Waiters sleep on their entry's
+// condition variable; nothing outside a Wait call points into it, so a Wait that ends by an
+// exception leaves nothing behind.
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
-#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -42,31 +43,35 @@
 
 #include "ferry/result.h"
 #include "ferry/status.h"
-#include "result_store.h"
-#include "waiter.h"
 
 namespace ferry::client {
 
 class ResultTracker {
  public:
+  using Clock = std::chrono::steady_clock;
   static constexpr size_t kMaxTracked = 65536;
-  static constexpr size_t kMaxBatchRead = 1024;
   static constexpr size_t kMaxHeldBytes = size_t{64} << 20;
   static constexpr std::chrono::seconds kTrackTtl{60};
 
-  // Both must outlive the tracker.
-  ResultTracker(ResultStore* store, Parking* parking) : store_(store), parking_(parking) {}
+  // Reads one id's result from Redis (ResultStore::Read): ok with state kPending when there is
+  // none yet.
+  using ReadFn = std::function<Status(const std::string& id, Result* out)>;
+  explicit ResultTracker(ReadFn read) : read_(std::move(read)) {}
 
   // Marks ids as submitted by this client (call before sending them).
   void Track(const std::vector<std::string>& ids);
   // Forgets ids that were not accepted (rejected, or the SUBMIT got no answer).
   void Untrack(const std::vector<std::string>& ids);
-  // FINISHED: the results of `ids` are in Redis; `records` holds some of them inline (id, the
-  // result record's bytes). Called by the socket's driver; never blocks on I/O.
+  // The results of `ids` are in Redis; `records` holds some of them inline (id, the result
+  // record's bytes). Never blocks on I/O.
   void Notify(const std::vector<std::string>& ids,
               const std::vector<std::pair<std::string_view, std::string_view>>& records = {});
-  // One submission's verdict, for a caller that does not wait for ACCEPTED (Client::Run): set by
-  // Reject when the broker rejects that submission; the caller's own Wait(..., verdict) then
+  // Notices may have been lost (the result subscription failed): every id of ours without a
+  // result is to be read from Redis by its Wait now.
+  void RecheckOurs();
+
+  // One submission's verdict, for a caller that does not wait for ACCEPTED (Client::Run): set
+  // by Reject when the broker rejects that submission; the caller's own Wait(..., verdict) then
   // returns it. Scoped to the one call: other waiters on the id, and later submissions of it,
   // never see it. Shared by the reply handler and the call (the handler may run after the call).
   struct Verdict {
@@ -75,53 +80,47 @@ class ResultTracker {
   };
   // Records `why` in *verdict and wakes `id`'s waiters (the one it concerns returns it).
   void Reject(const std::string& id, Verdict* verdict, const Status& why);
-  // Whether a notice said `id` has a result (held, or about to be read): a Wait will get it.
+  // Whether a notice said `id` has a result (a Wait will get it without the broker).
   bool Finished(const std::string& id) const;
-  // Notices may have been lost (the result push subscription failed): every id of ours without
-  // a notice is to be read from Redis by its next Wait at once, as after a notice.
-  void RecheckSubmitted();
+
   // Client::Wait's contract (see client.h); `id` is already validated. With `verdict`, also
   // returns its rejection as soon as Reject sets it (a result for the id still comes first).
   Status Wait(const std::string& id, int timeout_ms, Result* out,
               const Verdict* verdict = nullptr);
 
-  // For tests: ids with an entry (tracked, waited on, or holding a result).
+  // Ids with an entry (ours, waited on, or holding a result): how busy this client is, for the
+  // choice of result notices at light load; and for tests.
   size_t Entries() const;
+  // For tests: the Waits in progress on `id`.
+  int Waiters(const std::string& id) const;
 
  private:
-  enum class State {
-    kUnknown,    // a waiter's id with no notice (not ours, or tracking was full)
-    kSubmitted,  // ours, no notice yet
-    kFinished,   // noticed, queued in ready_, not read yet
-    kReading,    // in some waiter's MGET
-    kHeld,       // read: `result` holds it (or `raw`, an inline record not decoded yet)
-    kNoticed,    // noticed but not held (read failed or over the byte cap): waiter GETs
-  };
   struct Entry {
-    State state = State::kUnknown;
-    std::vector<Waiter*> waiters;  // signaled on every state change
-    size_t held_bytes = 0;
-    Result result;
-    std::string raw;  // kHeld from an inline record: decoded by the first Wait
-    std::chrono::steady_clock::time_point touched;
+    bool ours = false;       // submitted through this client: a notice will come
+    bool has_result = false;  // a notice said the result is in Redis
+    bool recheck = false;    // read Redis now: a notice for it may have been lost
+    std::string record;      // the notice's inline record ("" = read Redis)
+    uint64_t version = 0;    // +1 on every change a waiter must look at
+    int waiters = 0;         // Wait calls in progress
+    bool delivered = false;  // a Wait returned its result: drop the entry when waiters leave
+    std::condition_variable cv;  // waiters sleep here (with mu_)
+    Clock::time_point touched;
   };
   using EntryMap = std::unordered_map<std::string, std::unique_ptr<Entry>>;
+  class WaitScope;  // counts one Wait on an entry, and drops the entry as it leaves
 
-  // Reads the ready ids (id first), stores the results. Called and returns with `lock` held.
-  Status ReadReady(const std::string& id, std::unique_lock<std::mutex>& lock);
-  void SetState(Entry* e, State s);
-  // Waiter `w` of `it` is done; drops the entry when nothing else needs it.
-  void Leave(EntryMap::iterator it, Waiter* w);
+  // Marks a change for the entry's waiters.
+  static void Changed(Entry* e);
+  // Moves the entry's record out (or drops it), keeping held_bytes_ in step.
+  std::string TakeRecord(Entry* e);
   void Erase(EntryMap::iterator it);
-  void MaybeSweep(std::chrono::steady_clock::time_point now);
+  void MaybeSweep(Clock::time_point now);
 
-  ResultStore* const store_;
-  Parking* const parking_;
+  const ReadFn read_;
   mutable std::mutex mu_;
-  EntryMap entries_;               // guarded by mu_
-  std::deque<std::string> ready_;  // guarded by mu_: ids in kFinished (plus stale names)
-  size_t held_bytes_ = 0;          // guarded by mu_: results held for nobody yet
-  std::chrono::steady_clock::time_point last_sweep_;  // guarded by mu_
+  EntryMap entries_;                 // guarded by mu_
+  size_t held_bytes_ = 0;            // guarded by mu_: inline records kept
+  Clock::time_point last_sweep_{};   // guarded by mu_
 };
 
 }  // namespace ferry::client

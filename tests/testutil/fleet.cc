@@ -16,7 +16,7 @@ std::string ModelPath(const std::string& name) { return ModelsDir() + "/" + name
 
 Fleet::Fleet(FleetOptions options)
     : options_(std::move(options)),
-      redis_(std::make_unique<RedisServer>(options_.redis_append_only)),
+      redis_(std::make_unique<RedisServer>(RedisServer::Options{0, options_.redis_append_only})),
       frontend_port_(FreePort()),
       backend_port_(FreePort()) {
   StartBroker();

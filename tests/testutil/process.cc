@@ -164,8 +164,21 @@ std::string Process::Log() const {
   return ss.str();
 }
 
-RedisServer::RedisServer(bool append_only) : port_(FreePort()), append_only_(append_only) {
+RedisServer::RedisServer(Options options)
+    : port_(options.port != 0 ? options.port : FreePort()), append_only_(options.append_only) {
   Start();
+}
+
+protocol::RedisEndpoint RedisServer::endpoint() const {
+  protocol::RedisEndpoint ep;
+  ep.port = port_;
+  return ep;
+}
+
+std::unique_ptr<protocol::RedisClient> RedisServer::Connect() const {
+  std::unique_ptr<protocol::RedisClient> c;
+  if (!protocol::RedisClient::Connect(endpoint(), 2000, &c).ok()) return nullptr;
+  return c;
 }
 
 void RedisServer::Start() {
@@ -180,9 +193,7 @@ void RedisServer::Start() {
 
 bool RedisServer::Ping() {
   std::unique_ptr<protocol::RedisClient> c;
-  protocol::RedisEndpoint ep;
-  ep.port = port_;
-  if (!protocol::RedisClient::Connect(ep, 200, &c).ok()) return false;
+  if (!protocol::RedisClient::Connect(endpoint(), 200, &c).ok()) return false;
   protocol::RedisReply r;
   return c->Command({"PING"}, &r).ok();
 }

@@ -10,9 +10,8 @@
 #include <string>
 #include <vector>
 
-namespace ferry::protocol {
-class RedisSubscriber;
-}
+#include "ferry/protocol/redis.h"
+#include "ferry/protocol/util.h"
 
 namespace ferry::testutil {
 
@@ -59,12 +58,22 @@ class Process {
   std::string log_path_;
 };
 
-// redis-server on a free port in its own temp dir; PING answers before the constructor returns.
+// redis-server on 127.0.0.1 in its own temp dir: the one launcher every test uses. PING answers
+// before the constructor returns (it throws std::runtime_error, with the server's log, when
+// redis-server does not come up within 10 s). The destructor stops it and removes the dir.
 class RedisServer {
  public:
-  explicit RedisServer(bool append_only = false);
+  struct Options {
+    int port = 0;              // 0: a free port
+    bool append_only = false;  // AOF with fsync always (for restart tests)
+  };
+  RedisServer() : RedisServer(Options{}) {}
+  explicit RedisServer(Options options);
   int port() const { return port_; }
   std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+  protocol::RedisEndpoint endpoint() const;
+  // A fresh connection for the test's own reads and writes; null when Redis does not answer.
+  std::unique_ptr<protocol::RedisClient> Connect() const;
   void Stop();     // SIGTERM and wait
   void Restart();  // on the same port and dir
   bool Ping();

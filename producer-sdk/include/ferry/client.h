@@ -16,14 +16,15 @@
 //
 // Jobs travel to the broker's frontend over ZeroMQ (SUBMIT -> ACCEPTED); results are read from
 // Redis (<prefix>result:<id>), where workers write them. Wait() does not busy-poll: the broker
-// tells this client (FINISHED) when a job it submitted has its result, and a slow re-check covers
-// notices that were lost (a broker restart) or jobs submitted by another process. The results a
-// FINISHED notice names are read together (one Redis MGET) and kept for their Wait calls, so a
-// busy producer makes about one Redis round trip per notice, not one per job. At light load the
-// worker also publishes each result notice on this client's Redis channel (push_results), which
+// tells this client (FINISHED) when a job it submitted has its result -- with the result record
+// inside when it is small (up to the worker's --inline-result-bytes, 16 KiB by default), so
+// Wait returns it without reading Redis -- and a slow re-check of Redis covers notices that
+// were lost (a broker restart) and jobs submitted by another process. At light load the worker
+// also publishes each result notice on this client's Redis channel (push_results), which
 // arrives sooner than the broker's.
 //
-// Errors: every method returns a ferry::Status; nothing throws. Codes (ferry::codes):
+// Errors: every method returns a ferry::Status; nothing throws (an exception inside, e.g.
+// std::bad_alloc, comes back as `internal`). Codes (ferry::codes):
 //   invalid_argument  the caller's input is wrong (bad id, empty model, tensor size mismatch)
 //   unknown_model, duplicate, too_large   the broker rejected a job
 //   queue_full, unavailable   retryable: back off and submit again with the SAME ids (a job the
@@ -35,10 +36,11 @@
 // "cancelled" at once; a job already sent to a worker is dropped there if its batch has not
 // started (then it too ends "cancelled"), else it runs and its result stands.
 //
-// Thread-safety: a Client is safe to share: any number of threads may call any method at once
-// (one background thread owns the socket; Redis connections come from a small pool). Create the
-// Client before and destroy it after all those calls. Ferry's value types (Job, Result, Tensor,
-// Status) are plain values.
+// Thread-safety: a Client is safe to share: any number of threads may call any method at once.
+// Inside, one I/O thread owns the broker socket and the Redis subscription; a calling thread
+// hands it its request and sleeps until the reply or its result comes. Wait and Poll read Redis
+// on the calling thread, over a small pool of connections. Create the Client before and destroy
+// it after all those calls. Ferry's value types (Job, Result, Tensor, Status) are plain values.
 //
 // Public header: includes only the standard library and Ferry's value types.
 

@@ -3,9 +3,6 @@
 // exactly once, after its write), failures for undecodable entries and unknown models,
 // heartbeats, REANNOUNCE, and the drain on stop (DONE before BYE).
 #include <gtest/gtest.h>
-#include <signal.h>
-#include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <cstdio>
@@ -29,53 +26,6 @@ namespace {
 using protocol::Message;
 
 using testutil::FreePort;
-
-// A redis-server in a temp dir, stopped by the destructor.
-class RedisServer {
- public:
-  bool Start(int port = 0) {
-    if (std::system("command -v redis-server > /dev/null 2>&1") != 0) return false;
-    port_ = port != 0 ? port : FreePort();
-    dir_ = std::filesystem::path(::testing::TempDir()) / ("ferry_redis_" + std::to_string(port_));
-    std::filesystem::create_directories(dir_);
-    pid_ = fork();
-    if (pid_ == 0) {
-      if (!std::freopen("/dev/null", "w", stdout)) _exit(126);
-      std::string port = std::to_string(port_), dir = dir_.string();
-      execlp("redis-server", "redis-server", "--port", port.c_str(), "--bind", "127.0.0.1",
-             "--save", "", "--appendonly", "no", "--dir", dir.c_str(), "--loglevel", "warning",
-             static_cast<char*>(nullptr));
-      _exit(127);
-    }
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-    while (std::chrono::steady_clock::now() < deadline) {
-      if (protocol::RedisClient::Connect(endpoint(), 200, &client_).ok()) return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    }
-    return false;
-  }
-  ~RedisServer() {
-    if (pid_ > 0) {
-      kill(pid_, SIGTERM);
-      waitpid(pid_, nullptr, 0);
-    }
-    std::error_code ec;
-    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
-  }
-  protocol::RedisEndpoint endpoint() const {
-    protocol::RedisEndpoint e;
-    e.port = port_;
-    return e;
-  }
-  protocol::RedisClient& client() { return *client_; }
-  int port() const { return port_; }
-
- private:
-  int port_ = 0;
-  pid_t pid_ = -1;
-  std::filesystem::path dir_;
-  std::unique_ptr<protocol::RedisClient> client_;
-};
 
 std::string InputsRaw(const std::vector<Tensor>& inputs) {
   msgpack::sbuffer buf;
@@ -112,7 +62,8 @@ Tensor Row(int j) {
 class WorkerLoopTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    if (!redis_.Start()) GTEST_SKIP() << "redis-server not available";
+    redis_client_ = redis_.Connect();
+    ASSERT_TRUE(redis_client_ != nullptr);
     // Per process (ctest runs these tests in parallel), removed at exit.
     models_ = testmodels::ScratchDir("ferry_worker_loop_").string();
     const std::string cmd = std::string(FERRY_MAKE_MODELS) + " " + models_ + " > /dev/null";
@@ -149,7 +100,7 @@ class WorkerLoopTest : public ::testing::Test {
   Result ReadResult(const std::string& id) {
     std::string value;
     bool found = false;
-    EXPECT_TRUE(redis_.client().Get("ferry:result:" + id, &value, &found).ok());
+    EXPECT_TRUE(redis_client_->Get("ferry:result:" + id, &value, &found).ok());
     EXPECT_TRUE(found) << id;
     Result r;
     EXPECT_TRUE(protocol::DecodeResult(value.data(), value.size(), &r).ok()) << id;
@@ -174,7 +125,8 @@ class WorkerLoopTest : public ::testing::Test {
     return o;
   }
 
-  RedisServer redis_;
+  testutil::RedisServer redis_;
+  std::unique_ptr<protocol::RedisClient> redis_client_;
   std::string models_;
   zmq::context_t context_{1};
   zmq::socket_t router_{context_, zmq::socket_type::router};
@@ -234,7 +186,7 @@ TEST_F(WorkerLoopTest, RunsChunksReportsEveryJobOnceAndDrainsOnStop) {
       done.insert(id);
       std::string value;
       bool found = false;  // DONE comes only after the write
-      ASSERT_TRUE(redis_.client().Get("ferry:result:" + id, &value, &found).ok());
+      ASSERT_TRUE(redis_client_->Get("ferry:result:" + id, &value, &found).ok());
       EXPECT_TRUE(found) << id;
     }
   }
@@ -271,9 +223,9 @@ TEST_F(WorkerLoopTest, RunsChunksReportsEveryJobOnceAndDrainsOnStop) {
   EXPECT_FALSE(wrong.error.message().empty());
 
   protocol::RedisReply ttl;
-  ASSERT_TRUE(redis_.client().Command({"TTL", "ferry:result:t0"}, &ttl).ok());
+  ASSERT_TRUE(redis_client_->Command({"TTL", "ferry:result:t0"}, &ttl).ok());
   EXPECT_TRUE(ttl.integer > 40 && ttl.integer <= 50) << ttl.integer;
-  ASSERT_TRUE(redis_.client().Command({"TTL", "ferry:result:t1"}, &ttl).ok());
+  ASSERT_TRUE(redis_client_->Command({"TTL", "ferry:result:t1"}, &ttl).ok());
   EXPECT_TRUE(ttl.integer > 90 && ttl.integer <= 100) << ttl.integer;
 
   // REANNOUNCE -> READY again.
@@ -303,7 +255,7 @@ TEST_F(WorkerLoopTest, RunsChunksReportsEveryJobOnceAndDrainsOnStop) {
   while (std::chrono::steady_clock::now() < deadline) {
     std::string value;
     bool found = false;
-    redis_.client().Get("ferry:result:s1", &value, &found);
+    redis_client_->Get("ferry:result:s1", &value, &found);
     if (found) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
@@ -335,8 +287,9 @@ TEST_F(WorkerLoopTest, HoldsResultsWhileRedisIsDownAndDoneFollowsTheWrite) {
                   .ok());
   EXPECT_FALSE(Next(&m, 500)) << "no DONE while the results cannot be written: " << m.command;
 
-  RedisServer late;
-  ASSERT_TRUE(late.Start(port));
+  testutil::RedisServer late({port});
+  auto late_client = late.Connect();
+  ASSERT_TRUE(late_client != nullptr);
   std::set<std::string> done;
   while (done.size() < 2) {
     ASSERT_TRUE(Next(&m, 10000));
@@ -346,7 +299,7 @@ TEST_F(WorkerLoopTest, HoldsResultsWhileRedisIsDownAndDoneFollowsTheWrite) {
   for (const char* id : {"r1", "r2"}) {
     std::string value;
     bool found = false;
-    ASSERT_TRUE(late.client().Get(std::string("ferry:result:") + id, &value, &found).ok());
+    ASSERT_TRUE(late_client->Get(std::string("ferry:result:") + id, &value, &found).ok());
     EXPECT_TRUE(found) << id;
   }
   worker->RequestStop();
@@ -462,7 +415,7 @@ TEST_F(WorkerLoopTest, CancelDropsQueuedJobsAndCountsDuplicateResults) {
   // The broker already wrote a final result for c0 (say it expired there): the worker's
   // result must not replace it, and DONE says it was a duplicate.
   protocol::RedisReply set;
-  ASSERT_TRUE(redis_.client().Command({"SET", "ferry:result:c0", "first"}, &set).ok());
+  ASSERT_TRUE(redis_client_->Command({"SET", "ferry:result:c0", "first"}, &set).ok());
   // One executor: c1 runs for a while, c2 and c3 wait in the worker's queue behind it.
   ASSERT_TRUE(protocol::SendTo(router_, peer, protocol::kChunk,
                                Chunk({{"c0", "slow", spin(1)},
@@ -489,7 +442,7 @@ TEST_F(WorkerLoopTest, CancelDropsQueuedJobsAndCountsDuplicateResults) {
   EXPECT_EQ(duplicates, 1);
   std::string value;
   bool found = false;
-  ASSERT_TRUE(redis_.client().Get("ferry:result:c0", &value, &found).ok());
+  ASSERT_TRUE(redis_client_->Get("ferry:result:c0", &value, &found).ok());
   EXPECT_EQ(value, "first") << "the first final result wins";
   EXPECT_EQ(ReadResult("c1").state, JobState::kDone);
   for (const char* id : {"c2", "c3"}) {

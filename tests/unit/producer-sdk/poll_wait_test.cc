@@ -7,7 +7,7 @@
 #include <chrono>
 #include <thread>
 
-#include "redis_fixture.h"
+#include "process.h"  // testutil: FreePort, RedisServer
 #include "ferry/client.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
@@ -19,16 +19,15 @@ using Clock = std::chrono::steady_clock;
 
 class ClientPollWaitTest : public ::testing::Test {
  protected:
-  static void SetUpTestSuite() { redis_ = new client_test::RedisProcess(); }
+  static void SetUpTestSuite() { redis_ = new testutil::RedisServer(); }
   static void TearDownTestSuite() {
     delete redis_;
     redis_ = nullptr;
   }
 
   void SetUp() override {
-    ASSERT_TRUE(redis_->ok()) << "redis-server did not start";
     ClientOptions options;
-    options.frontend = "tcp://127.0.0.1:" + std::to_string(client_test::FreePort());  // no broker
+    options.frontend = "tcp://127.0.0.1:" + std::to_string(testutil::FreePort());  // no broker
     options.redis = redis_->url();
     options.redis_prefix = "test:";
     options.request_timeout_ms = 2000;
@@ -64,11 +63,11 @@ class ClientPollWaitTest : public ::testing::Test {
     ASSERT_TRUE(writer_->Command({"SET", protocol::Keys("test:").Result(id), value}, &reply).ok());
   }
 
-  static client_test::RedisProcess* redis_;
+  static testutil::RedisServer* redis_;
   std::unique_ptr<Client> client_;
   std::unique_ptr<protocol::RedisClient> writer_;
 };
-client_test::RedisProcess* ClientPollWaitTest::redis_ = nullptr;
+testutil::RedisServer* ClientPollWaitTest::redis_ = nullptr;
 
 TEST_F(ClientPollWaitTest, PollWithoutResultIsPending) {
   Result r;
@@ -182,8 +181,8 @@ TEST_F(ClientPollWaitTest, ManyThreadsShareOneClient) {
 
 TEST(ClientRedisDownTest, PollReportsUnavailable) {
   ClientOptions options;
-  options.frontend = "tcp://127.0.0.1:" + std::to_string(client_test::FreePort());
-  options.redis = "redis://127.0.0.1:" + std::to_string(client_test::FreePort());  // nobody
+  options.frontend = "tcp://127.0.0.1:" + std::to_string(testutil::FreePort());
+  options.redis = "redis://127.0.0.1:" + std::to_string(testutil::FreePort());  // nobody
   options.request_timeout_ms = 500;
   std::unique_ptr<Client> client;
   ASSERT_TRUE(Client::Create(options, &client).ok());  // lazy: Redis may come up later

@@ -82,8 +82,7 @@ TEST_F(ClientSubmitTest, RunWorksWithABrokerThatAlwaysAnswersAccepted) {
 
 // A Run that timed out, run again after its result came: returns the result and sends nothing.
 TEST_F(ClientSubmitTest, RunAgainAfterATimeoutTakesTheResultThatCameWithoutResending) {
-  client_test::RedisProcess redis;  // reachable, so the wait ends as a timeout
-  ASSERT_TRUE(redis.ok());
+  testutil::RedisServer redis;  // reachable, so the wait ends as a timeout
   options_.redis = redis.url();
   ScriptedFrontend broker(port_);  // accepts silently, finishes nothing by itself
   auto client = MakeClient();

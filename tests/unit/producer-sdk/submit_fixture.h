@@ -15,13 +15,15 @@
 #include <thread>
 #include <vector>
 
-#include "redis_fixture.h"
+#include "process.h"  // testutil: FreePort, RedisServer
 #include "ferry/client.h"
 #include "ferry/protocol/codec.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
 
 namespace ferry::client_test {
+
+using testutil::FreePort;
 
 inline client::Job MakeJob(std::string model, std::string id = "") {
   client::Job j;
@@ -76,7 +78,7 @@ inline std::string Notice(const std::string& id, const std::string& record) {
 }
 
 // How many times Redis has run `command` (INFO commandstats).
-inline int64_t CommandCalls(RedisProcess& redis, const std::string& command) {
+inline int64_t CommandCalls(testutil::RedisServer& redis, const std::string& command) {
   protocol::RedisReply reply;
   auto c = redis.Connect();
   if (!c->Command({"INFO", "commandstats"}, &reply).ok()) return -1;
@@ -86,7 +88,7 @@ inline int64_t CommandCalls(RedisProcess& redis, const std::string& command) {
 }
 
 // Stores DoneRecord(id, batch_size) as id's result, as a worker does.
-inline void WriteDone(RedisProcess& redis, const std::string& id, int64_t batch_size) {
+inline void WriteDone(testutil::RedisServer& redis, const std::string& id, int64_t batch_size) {
   protocol::RedisReply reply;
   auto c = redis.Connect();
   ASSERT_TRUE(c->Command({"SET", protocol::Keys("test:").Result(id), DoneRecord(id, batch_size)},

@@ -1,0 +1,156 @@
+// The SDK's ResultTracker (producer-sdk/src) on its own, reading from a real redis-server through
+// the SDK's ResultStore: a Wait that ends by an exception leaves nothing behind (the regression
+// test for the use-after-scope of the leader/follower SDK, whose Wait left its stack Waiter
+// registered when the socket's callback threw, so the next notice signaled a dead object), a
+// record is delivered once, ids of ours skip the first read, and RecheckOurs makes waits read.
+
+#include "result_tracker.h"  // producer-sdk/src
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "ferry/protocol/keys.h"
+#include "process.h"  // testutil: RedisServer
+#include "result_store.h"
+#include "submit_fixture.h"  // DoneRecord, CommandCalls, WriteDone
+
+namespace ferry::client {
+namespace {
+
+using client_test::DoneRecord;
+using client_test::WriteDone;
+
+class ResultTrackerTest : public ::testing::Test {
+ protected:
+  ResultTrackerTest()
+      : store_(redis_.endpoint(), "test:", 2000),
+        tracker_([this](const std::string& id, Result* out) {
+          ++reads_;
+          if (throw_on_read_) throw std::runtime_error("read failed");
+          return store_.Read(id, out);
+        }) {}
+
+  testutil::RedisServer redis_;
+  ResultStore store_;
+  std::atomic<bool> throw_on_read_{false};
+  std::atomic<int> reads_{0};
+  ResultTracker tracker_;
+};
+
+// The regression test: an exception thrown inside Wait (here out of its Redis read, as the old
+// SDK's socket callback did) ends that Wait with no waiter left registered on the id; a notice
+// afterwards touches nothing of it (under AddressSanitizer, the old code's signal to the dead
+// waiter is a stack-use-after-scope), and the next Wait gets the notice's record.
+TEST_F(ResultTrackerTest, AWaitThatEndsByAnExceptionLeavesNothingBehind) {
+  tracker_.Track({"j-1"});
+  tracker_.RecheckOurs();  // so the Wait reads at once
+  throw_on_read_ = true;
+  Result r;
+  EXPECT_THROW(tracker_.Wait("j-1", 1000, &r), std::runtime_error);
+  EXPECT_EQ(tracker_.Waiters("j-1"), 0) << "the ended Wait is still registered";
+  throw_on_read_ = false;
+  const std::string record = DoneRecord("j-1", 7);
+  tracker_.Notify({"j-1"}, {{"j-1", record}});
+  const int reads = reads_;
+  ASSERT_TRUE(tracker_.Wait("j-1", 1000, &r).ok());
+  EXPECT_EQ(r.batch_size, 7);
+  EXPECT_EQ(reads_, reads) << "the inline record needed no read";
+  EXPECT_EQ(tracker_.Entries(), 0u) << "a delivered result leaves its entry";
+}
+
+// A notice that came before anyone waited is kept for the Wait, and delivered once: a later
+// Wait on the id reads Redis.
+TEST_F(ResultTrackerTest, ARecordIsDeliveredOnceThenRedisIsRead) {
+  tracker_.Track({"d-1"});
+  tracker_.Notify({"d-1"}, {{"d-1", DoneRecord("d-1", 3)}});
+  Result r;
+  ASSERT_TRUE(tracker_.Wait("d-1", 1000, &r).ok());
+  EXPECT_EQ(r.batch_size, 3);
+  EXPECT_EQ(reads_, 0);
+  WriteDone(redis_, "d-1", 4);
+  ASSERT_TRUE(tracker_.Wait("d-1", 1000, &r).ok());
+  EXPECT_EQ(r.batch_size, 4);
+  EXPECT_EQ(reads_, 1);
+}
+
+// An id of ours with no notice yet: Wait does not read at once (the notice will say when); a
+// notice without a record makes it read exactly once. An id not ours is read at once.
+TEST_F(ResultTrackerTest, OursWaitsForTheNoticeOthersReadAtOnce) {
+  tracker_.Track({"o-1"});
+  WriteDone(redis_, "o-1", 5);
+  Result r;
+  std::thread notifier([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    tracker_.Notify({"o-1"});
+  });
+  ASSERT_TRUE(tracker_.Wait("o-1", 10000, &r).ok());
+  notifier.join();
+  EXPECT_EQ(r.batch_size, 5);
+  EXPECT_EQ(reads_, 1);
+
+  WriteDone(redis_, "other-1", 6);
+  ASSERT_TRUE(tracker_.Wait("other-1", 0, &r).ok());  // one check
+  EXPECT_EQ(r.batch_size, 6);
+  EXPECT_EQ(reads_, 2);
+}
+
+// A lost subscription: RecheckOurs makes every Wait on an id of ours read now, not at its next
+// backed-off re-check.
+TEST_F(ResultTrackerTest, RecheckOursWakesWaitsToRead) {
+  tracker_.Track({"r-1"});
+  Result r;
+  Status s;
+  std::thread waiter([&] { s = tracker_.Wait("r-1", 60000, &r); });
+  ASSERT_TRUE(testutil::WaitFor([&] { return tracker_.Waiters("r-1") == 1; }));
+  WriteDone(redis_, "r-1", 9);
+  const int reads = reads_;
+  tracker_.RecheckOurs();
+  waiter.join();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(r.batch_size, 9);
+  EXPECT_EQ(reads_, reads + 1);
+}
+
+// A rejection ends only the Wait given that verdict; another Wait on the same id goes on.
+TEST_F(ResultTrackerTest, RejectEndsOnlyTheWaitWithThatVerdict) {
+  tracker_.Track({"v-1"});
+  ResultTracker::Verdict verdict;
+  Result r1, r2;
+  Status s1, s2;
+  std::thread w1([&] { s1 = tracker_.Wait("v-1", 60000, &r1, &verdict); });
+  std::thread w2([&] { s2 = tracker_.Wait("v-1", 60000, &r2); });
+  ASSERT_TRUE(testutil::WaitFor([&] { return tracker_.Waiters("v-1") == 2; }));
+  tracker_.Reject("v-1", &verdict, Status(codes::kQueueFull, "full"));
+  w1.join();
+  EXPECT_EQ(s1.code(), codes::kQueueFull);
+  EXPECT_EQ(tracker_.Waiters("v-1"), 1);
+  tracker_.Notify({"v-1"}, {{"v-1", DoneRecord("v-1", 2)}});
+  w2.join();
+  ASSERT_TRUE(s2.ok()) << s2.ToString();
+  EXPECT_EQ(r2.batch_size, 2);
+}
+
+// Inline records kept for nobody are capped: past kMaxHeldBytes a notice keeps only "has a
+// result", and that id's Wait reads Redis.
+TEST_F(ResultTrackerTest, RecordsKeptForNobodyAreCapped) {
+  const std::string big(1 << 20, 'x');  // not a valid record: never decoded here
+  const size_t fit = ResultTracker::kMaxHeldBytes / big.size();
+  std::vector<std::string> ids;
+  for (size_t i = 0; i <= fit; ++i) ids.push_back("c-" + std::to_string(i));
+  tracker_.Track(ids);
+  for (size_t i = 0; i < fit; ++i) tracker_.Notify({ids[i]}, {{ids[i], big}});
+  const std::string& last = ids.back();
+  tracker_.Notify({last}, {{last, DoneRecord(last, 1)}});  // over the cap: not kept
+  WriteDone(redis_, last, 8);
+  Result r;
+  ASSERT_TRUE(tracker_.Wait(last, 1000, &r).ok());
+  EXPECT_EQ(r.batch_size, 8) << "came from Redis, not from the dropped record";
+}
+
+}  // namespace
+}  // namespace ferry::client
