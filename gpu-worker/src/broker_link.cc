@@ -6,6 +6,7 @@
 #include <chrono>
 
 #include "ferry/protocol/codec.h"
+#include "ferry/protocol/messages.h"
 #include "ferry/protocol/util.h"
 
 namespace ferry::worker {
@@ -20,16 +21,19 @@ struct ChunkHolder {
 // Microseconds until a moment, as poll's whole milliseconds: rounded up, never negative.
 int64_t CeilMs(int64_t us) { return std::max<int64_t>((us + 999) / 1000, 0); }
 
-constexpr int64_t kKeptRecentlyUs = 10'000;  // collected kept DONE ids this recently: light load
 constexpr int64_t kMaxPollMs = 100;         // how often the loop looks at the drain flag
-constexpr int kMaxMessagesPerWakeup = 256;  // fairness between the two sockets
+constexpr int kMaxMessagesPerWakeup = 256;  // fairness between the socket and the outbox
 constexpr int64_t kMaxReconnectIntervalUs = 32'000'000;
 
 }  // namespace
 
 BrokerLink::BrokerLink(zmq::context_t* context, Options options, JobQueue* queue,
-                       ResultWriter* writer)
-    : context_(context), options_(std::move(options)), queue_(queue), writer_(writer) {}
+                       ResultWriter* writer, Outbox* outbox)
+    : context_(context),
+      options_(std::move(options)),
+      queue_(queue),
+      writer_(writer),
+      outbox_(outbox) {}
 
 BrokerLink::~BrokerLink() {
   if (thread_.joinable()) {
@@ -40,9 +44,6 @@ BrokerLink::~BrokerLink() {
 
 Status BrokerLink::Start() {
   try {
-    outbox_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::pull);
-    outbox_->set(zmq::sockopt::linger, 0);
-    outbox_->bind(options_.outbox_address);
     dealer_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::dealer);
     dealer_->set(zmq::sockopt::linger, 2000);  // let BYE get out on exit
     dealer_->connect(options_.endpoint);
@@ -123,37 +124,19 @@ void BrokerLink::Loop() {
       spdlog::info("worker {}: draining, {} job(s) still to finish", options_.hello.worker,
                    outstanding_.load());
     }
-    int64_t now = protocol::MonotonicMicros();
-    CollectWriterHeld(now, /*all=*/draining_);
-    // Done draining: nothing held, and a last look at the socket found no new chunk.
+    TakeOutbox();
+    // Done draining: every job reported, and a last look at the socket found no new chunk.
     const bool may_finish = draining_ && outstanding_.load() == 0;
 
-    now = protocol::MonotonicMicros();
-    if (hold_until_us_ != 0 && now >= hold_until_us_ && !draining_) SendHeldDone();
+    const int64_t now = protocol::MonotonicMicros();
+    if (hold_until_us_ != 0 && now >= hold_until_us_ && !draining_) SendHeld();
     int64_t wait_ms = std::min(CeilMs(next_heartbeat - now), kMaxPollMs);
-    if (hold_until_us_ != 0 && !draining_) {  // wake up when the held DONEs are due
-      wait_ms = std::min(wait_ms, CeilMs(hold_until_us_ - now));
-    }
-    if (may_finish) wait_ms = 0;
-    // DONE ids the writer keeps: look again when the oldest is due (at once while draining).
-    // A sleep that would not look in time (nothing kept yet) asks the writer for a wake-up
-    // when it keeps the first -- said before reading held_since_us (see SetCollectorAsleep).
-    // While the writer keeps ids steadily (light load), sleeping at most one hold with jobs
-    // outstanding finds them in time without those wake-ups.
-    writer_->SetCollectorAsleep(true);
-    if (const int64_t since = writer_->held_since_us(); since != 0) {
-      const int64_t due = draining_ ? now : since + options_.done_hold_us;
-      wait_ms = std::min(wait_ms, CeilMs(due - now));
-      writer_->SetCollectorAsleep(false);
-    } else if (outstanding_.load() > 0 && last_collected_us_ != 0 &&
-               now - last_collected_us_ < kKeptRecentlyUs) {
-      wait_ms = std::min(wait_ms, std::max<int64_t>(CeilMs(options_.done_hold_us), 1));
-      writer_->SetCollectorAsleep(false);
-    }
+    if (hold_until_us_ != 0 && !draining_) wait_ms = std::min(wait_ms, CeilMs(hold_until_us_ - now));
+    if (may_finish || !outbox_->Sleeping()) wait_ms = 0;
     zmq_pollitem_t items[] = {{dealer_->handle(), 0, ZMQ_POLLIN, 0},
-                              {outbox_->handle(), 0, ZMQ_POLLIN, 0}};
+                              {nullptr, outbox_->fd(), ZMQ_POLLIN, 0}};
     const int poll_rc = protocol::PollSockets(items, 2, static_cast<long>(wait_ms));
-    writer_->SetCollectorAsleep(false);
+    outbox_->Awake();
     if (poll_rc < 0) {
       if (zmq_errno() == ETERM) break;
       if (zmq_errno() != EINTR) spdlog::error("poll: {}", zmq_strerror(zmq_errno()));
@@ -172,13 +155,6 @@ void BrokerLink::Loop() {
         HandleBroker(&m);
       }
     }
-    if (items[1].revents & ZMQ_POLLIN) {
-      for (int i = 0; i < kMaxMessagesPerWakeup; ++i) {
-        Status s = protocol::RecvMessage(*outbox_, /*router=*/false, &m, /*dont_wait=*/true);
-        if (s.code() == codes::kUnavailable) break;
-        if (s.ok()) HandleOutbox(&m);
-      }
-    }
     if (protocol::MonotonicMicros() >= next_heartbeat) {
       // Skipped while the broker is unreachable and the send queue is full: a blocking send
       // would stall this thread, and stale heartbeats are worthless anyway.
@@ -194,8 +170,7 @@ void BrokerLink::Loop() {
       MaybeReconnect(protocol::NowMicros());
     }
   }
-  CollectWriterHeld(protocol::MonotonicMicros(), /*all=*/true);
-  SendHeldDone();
+  SendHeld();
   if (Writable()) Send(protocol::kBye, protocol::EncodeEmpty());
   spdlog::info("worker {}: drained after {} chunk(s), {} job(s); BYE sent",
                options_.hello.worker, chunks_, jobs_);
@@ -283,79 +258,55 @@ void BrokerLink::HandleCancel(const zmq::message_t& body) {
   writer_->Submit(std::move(results));
 }
 
-void BrokerLink::HandleOutbox(protocol::Message* m) {
-  if (m->command == ResultWriter::kKeptWake) return;  // the loop collects the kept ids
-  if (m->command == protocol::kReady) {  // residency changed: re-announce (not while leaving)
-    if (!draining_) SendReady();
-    return;
-  }
-  if (m->command != protocol::kDone) {
-    Send(m->command, std::move(m->body));
-    return;
-  }
-  std::vector<std::string> ids;
-  int64_t duplicates = 0;
-  msgpack::object_handle oh;
-  Status s = protocol::UnpackMap(m->body.data(), m->body.size(), &oh);
-  if (s.ok()) s = protocol::GetStringArray(oh.get(), "ids", &ids);
-  if (s.ok()) s = protocol::GetInt(oh.get(), "duplicates", &duplicates, 0);
-  protocol::DoneStatuses not_done;
-  if (s.ok()) s = protocol::DecodeDoneStatuses(oh.get(), &not_done);
-  std::vector<std::string> notified;
-  if (s.ok()) s = protocol::DecodeDoneNotified(oh.get(), &notified);
-  if (!s.ok()) {
-    spdlog::error("internal: bad DONE from the result writer: {}", s.message());
-    return;
-  }
-  outstanding_.fetch_sub(static_cast<int64_t>(ids.size()));
+void BrokerLink::TakeOutbox() {
+  std::vector<DoneReport> reports;
+  bool ready = false;
+  outbox_->TakeAll(&reports, &ready);
+  if (ready && !draining_) SendReady();  // residency changed (not while leaving)
+  for (auto& r : reports) HandleReport(std::move(r));
+}
+
+void BrokerLink::HandleReport(DoneReport report) {
+  outstanding_.fetch_sub(static_cast<int64_t>(report.ids.size()));
   if (draining_) {
-    HoldDone(ids, duplicates, not_done, notified);
+    Hold(std::move(report));
     return;
   }
   // A DONE of notified jobs only (then it carries no inline results) may wait a little.
   const size_t hold_limit = HeldIdsBound(options_.hello.capacity);
-  if (options_.done_hold_us > 0 && !ids.empty() && notified.size() == ids.size() &&
-      ids.size() <= hold_limit) {
-    if (held_done_.size() + ids.size() > hold_limit) SendHeldDone();
-    HoldDone(ids, duplicates, not_done, notified);
+  const bool all_notified = !report.ids.empty() && report.notified.size() == report.ids.size();
+  if (options_.done_hold_us > 0 && all_notified && report.ids.size() <= hold_limit) {
+    if (held_.ids.size() + report.ids.size() > hold_limit) SendHeld();
+    Hold(std::move(report));
     return;
   }
-  SendHeldDone();  // what was held goes first
-  Send(protocol::kDone, std::move(m->body));
+  SendHeld();  // what was held goes first
+  SendDone(report);
 }
 
-void BrokerLink::CollectWriterHeld(int64_t now_us, bool all) {
-  const int64_t since = writer_->held_since_us();
-  if (since == 0) return;
-  if (!all && now_us < since + options_.done_hold_us) return;
-  ResultWriter::HeldDone held;
-  if (!writer_->TakeHeldDone(&held)) return;
-  last_collected_us_ = now_us;
-  outstanding_.fetch_sub(static_cast<int64_t>(held.ids.size()));
-  HoldDone(held.ids, 0, held.not_done, held.ids);
-  if (!draining_) SendHeldDone();
+void BrokerLink::Hold(DoneReport report) {
+  if (held_.ids.empty()) hold_until_us_ = protocol::MonotonicMicros() + options_.done_hold_us;
+  auto append = [](auto* to, auto& from) {
+    to->insert(to->end(), std::make_move_iterator(from.begin()),
+               std::make_move_iterator(from.end()));
+  };
+  append(&held_.ids, report.ids);
+  held_.duplicates += report.duplicates;
+  append(&held_.not_done, report.not_done);
+  append(&held_.inline_results, report.inline_results);
+  append(&held_.notified, report.notified);
 }
 
-void BrokerLink::HoldDone(const std::vector<std::string>& ids, int64_t duplicates,
-                          const protocol::DoneStatuses& not_done,
-                          const std::vector<std::string>& notified) {
-  if (held_done_.empty()) hold_until_us_ = protocol::MonotonicMicros() + options_.done_hold_us;
-  held_done_.insert(held_done_.end(), ids.begin(), ids.end());
-  held_duplicates_ += duplicates;
-  held_not_done_.insert(held_not_done_.end(), not_done.begin(), not_done.end());
-  held_notified_.insert(held_notified_.end(), notified.begin(), notified.end());
-}
-
-void BrokerLink::SendHeldDone() {
-  if (!held_done_.empty()) {
-    Send(protocol::kDone, protocol::EncodeDone(held_done_, held_duplicates_, held_not_done_, {},
-                                               held_notified_));
-  }
-  held_done_.clear();
-  held_duplicates_ = 0;
-  held_not_done_.clear();
-  held_notified_.clear();
+void BrokerLink::SendHeld() {
+  if (!held_.ids.empty()) SendDone(held_);
+  held_ = DoneReport{};
   hold_until_us_ = 0;
+}
+
+void BrokerLink::SendDone(const DoneReport& report) {
+  protocol::InlineResults results(report.inline_results.begin(), report.inline_results.end());
+  Send(protocol::kDone, protocol::EncodeDone(report.ids, report.duplicates, report.not_done,
+                                             results, report.notified));
 }
 
 }  // namespace ferry::worker

@@ -141,11 +141,7 @@ void Executor::Loop() {
       for (auto& s : skeletons)
         results.push_back(FailedResult(std::move(s), Status::Internal(e.what())));
     }
-    // Nothing waiting for this thread: write the results here rather than wake the writer
-    // thread (one hand-off less per batch at light load). Under load the writer thread does it
-    // while this thread computes the next batch.
-    if (queue_->size() == 0) writer_->WriteOrSubmit(std::move(results));
-    else writer_->Submit(std::move(results));
+    writer_->Submit(std::move(results));  // written while this thread computes the next batch
     jobs.clear();
   }
   spdlog::debug("executor {}: stopped after {} batches, {} jobs", options_.index, batches_,

@@ -2,8 +2,8 @@
 // Executor: one inference thread. It takes a batch from the JobQueue (up to the model's
 // current max batch, of the oldest job's model), holds the model through the ModelRegistry
 // (loading it first when it is not resident; it is never unloaded while the batch runs), runs
-// the batch through its Batcher and hands the results to the ResultWriter (writing them itself,
-// ResultWriter::WriteOrSubmit, when no further job waits in the queue). A job for a model
+// the batch through its Batcher and hands the results to the ResultWriter, whose thread writes
+// them while this one computes the next batch. A job for a model
 // this worker does not hold fails with unknown_model, a model that cannot be loaded fails its
 // jobs with the load's Status, and anything unexpected fails the batch with internal -- no
 // exception leaves the thread. The thread ends when the queue is closed and drained.

@@ -7,7 +7,6 @@
 #include <memory>
 
 #include "ferry/protocol/messages.h"
-#include "ferry/protocol/wire.h"
 #include "worker_metrics.h"
 
 namespace ferry::worker {
@@ -34,8 +33,8 @@ std::string_view ResultStatus(const Status& s) {
 
 }  // namespace
 
-ResultWriter::ResultWriter(zmq::context_t* context, Options options)
-    : context_(context), options_(std::move(options)), keys_(options_.prefix) {}
+ResultWriter::ResultWriter(Options options, Outbox* outbox)
+    : options_(std::move(options)), keys_(options_.prefix), outbox_(outbox) {}
 
 ResultWriter::~ResultWriter() {
   {
@@ -45,60 +44,16 @@ ResultWriter::~ResultWriter() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  const size_t abandoned = queue_.size() + (retry_ ? retry_->results.size() : 0);
-  if (abandoned > 0) spdlog::error("result writer: {} results abandoned unwritten", abandoned);
+  if (!queue_.empty()) spdlog::error("result writer: {} results abandoned unwritten", queue_.size());
 }
 
-void ResultWriter::Start() {
-  try {
-    push_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::push);
-    push_->set(zmq::sockopt::linger, 0);
-    push_->connect(options_.outbox_address);
-  } catch (const zmq::error_t& e) {
-    spdlog::critical("result writer: cannot connect to {}: {}", options_.outbox_address, e.what());
-    push_.reset();
-  }
-  thread_ = std::thread([this] { Loop(); });
-}
+void ResultWriter::Start() { thread_ = std::thread([this] { Loop(); }); }
 
 void ResultWriter::Submit(std::vector<JobResult> results) {
   if (results.empty()) return;
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& r : results) queue_.push_back(std::move(r));
-  // Whoever holds the writing role looks at the queue when it lets go (the writer thread
-  // re-checks; a caller wakes it), so waking the thread now would only cost a context switch.
-  if (!writing_) cv_.notify_all();
-}
-
-void ResultWriter::WriteOrSubmit(std::vector<JobResult> results) {
-  if (results.empty()) return;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    const bool idle = !writing_ && queue_.empty() && !retry_ && !stopping_ && client_ && push_;
-    if (!idle) {
-      for (auto& r : results) queue_.push_back(std::move(r));
-      if (!writing_) cv_.notify_all();
-      return;
-    }
-    writing_ = true;
-    in_flight_ += results.size();
-  }
-  std::vector<PackedResult> packed = Pack(&results);
-  int64_t duplicates = 0;
-  const Status s = WriteOnce(&packed, /*first_try=*/true, &duplicates);
-  if (s.ok()) {
-    Report(results, packed, duplicates, /*by_caller=*/true);
-  } else {
-    if (options_.metrics != nullptr) options_.metrics->OnWriteError();
-    spdlog::warn("result writer: {} results not written ({}); the writer thread retries",
-                 packed.size(), s.ToString());
-  }
-  std::lock_guard<std::mutex> lock(mu_);
-  in_flight_ -= results.size();
-  writing_ = false;
-  if (!s.ok()) retry_ = PackedBatch{std::move(results), std::move(packed)};
-  // Wake the writer thread only if it has something to do (a wake-up costs a context switch).
-  if (stopping_ || !queue_.empty() || retry_) cv_.notify_all();
+  cv_.notify_one();
 }
 
 void ResultWriter::Stop() {
@@ -108,42 +63,16 @@ void ResultWriter::Stop() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  std::lock_guard<std::mutex> lock(mu_);
-  HeldDone held;
-  if (push_ && TakeHeldDone(&held)) {
-    // BrokerLink takes them all before it ends: only an owner whose link still runs gets these.
-    spdlog::error("result writer: {} kept DONE ids left at stop; handing them to the outbox",
-                  held.ids.size());
-    Status s = protocol::SendMessage(
-        *push_, nullptr, protocol::kDone,
-        protocol::EncodeDone(held.ids, 0, held.not_done, {}, held.ids));
-    if (!s.ok()) spdlog::error("result writer: {} kept DONE ids not handed over", held.ids.size());
-  }
-  push_.reset();  // nothing sends DONE any more (WriteOrSubmit queues once stopping)
-}
-
-bool ResultWriter::TakeHeldDone(HeldDone* out) {
-  std::lock_guard<std::mutex> lock(held_mu_);
-  if (held_.ids.empty()) return false;
-  *out = std::move(held_);
-  held_ = HeldDone{};
-  held_since_us_.store(0);
-  return true;
 }
 
 size_t ResultWriter::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return queue_.size() + in_flight_ + (retry_ ? retry_->results.size() : 0);
+  return queue_.size() + in_flight_;
 }
 
 int64_t ResultWriter::written() const {
   std::lock_guard<std::mutex> lock(mu_);
   return written_;
-}
-
-int64_t ResultWriter::written_by_callers() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return written_by_callers_;
 }
 
 int64_t ResultWriter::duplicates() const {
@@ -157,46 +86,25 @@ bool ResultWriter::Backoff(int ms) {
 }
 
 void ResultWriter::Loop() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    writing_ = true;
-  }
   // Connect early so that a wrong --redis shows in the log at start; writes retry anyway.
   Status s = protocol::RedisClient::Connect(options_.redis, options_.redis_timeout_ms, &client_);
   if (!s.ok()) spdlog::warn("result writer: {}; will retry when there are results", s.message());
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    writing_ = false;
-  }
   while (true) {
     std::vector<JobResult> batch;
-    std::vector<PackedResult> packed;
-    int64_t first_attempt = 1;
     {
       std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [this] {
-        return !writing_ && (stopping_ || !queue_.empty() || retry_);
-      });
-      if (aborted_ || (queue_.empty() && !retry_)) break;
-      writing_ = true;
-      if (retry_) {  // a caller's failed try: already packed, its first try spent
-        batch = std::move(retry_->results);
-        packed = std::move(retry_->packed);
-        retry_.reset();
-        first_attempt = 2;
-      } else {
-        batch.swap(queue_);
-      }
-      in_flight_ += batch.size();
+      cv_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (aborted_ || queue_.empty()) break;
+      batch.swap(queue_);
+      in_flight_ = batch.size();
     }
-    if (first_attempt == 1) packed = Pack(&batch);
+    std::vector<PackedResult> packed = Pack(&batch);
     int64_t duplicates = 0;
-    const bool written = WriteWithRetries(&packed, first_attempt, &duplicates);
-    if (written) Report(batch, packed, duplicates, /*by_caller=*/false);
+    const bool written = WriteWithRetries(&packed, &duplicates);
+    if (written) Report(batch, &packed, duplicates);
     {
       std::lock_guard<std::mutex> lock(mu_);
-      in_flight_ -= batch.size();
-      writing_ = false;
+      in_flight_ = 0;
     }
     if (!written) {
       spdlog::error("result writer: aborted with {} results unwritten", batch.size());
@@ -262,18 +170,7 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
     FERRY_RETURN_IF_ERROR(
         protocol::RedisClient::Connect(options_.redis, options_.redis_timeout_ms, &client_));
   }
-  const bool scripts = scripts_ok_.load(std::memory_order_relaxed);
-  // Notices first: Redis (6 and 7, without io-threads) writes the replies of one event-loop turn
-  // to their clients newest-queued first. Without a PING this connection is queued by the first
-  // script's reply, after that script's notice, and is written to before it. A leading PING
-  // queues this connection before any notice, so the producers, who are blocked on the notices,
-  // are written to first and this worker after them (docs/performance.md, step 12). A pipeline
-  // longer than one read of Redis's (16 KiB) spans turns and keeps the ordering only in part.
-  // The PING's reply is dropped below.
-  const bool leading_ping =
-      scripts && std::any_of(packed->begin(), packed->end(),
-                             [](const PackedResult& p) { return !p.notify.empty(); });
-  if (leading_ping) client_->Append({"PING"});
+  const bool scripts = scripts_ok_;
   for (auto& p : *packed) {
     if (!scripts) p.notify.clear();  // plain writes; the broker's FINISHED tells the producer
     if (p.notify.empty()) {
@@ -284,7 +181,6 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
   }
   std::vector<protocol::RedisReply> replies;
   Status s = client_->Flush(&replies);
-  if (s.ok() && leading_ping && !replies.empty()) replies.erase(replies.begin());
   // A Redis that refuses scripts for good (an ACL without EVAL or PUBLISH: NOPERM; a managed
   // service that disabled or renamed EVAL: unknown command) must not stop results from being
   // written: stop using them, and let the retry write plain SETs. Other errors (LOADING, BUSY,
@@ -294,7 +190,7 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
     if (!(*packed)[i].notify.empty() && replies[i].type == protocol::RedisReply::Type::kError &&
         (error.find("NOPERM") != std::string::npos ||
          error.find("unknown command") != std::string::npos)) {
-      scripts_ok_.store(false, std::memory_order_relaxed);
+      scripts_ok_ = false;
       spdlog::error("result writer: Redis refuses the result-notice script ({}); writing "
                     "results without notices from now on", error);
       return Status::Internal("redis: " + error);
@@ -317,15 +213,10 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
   return s;
 }
 
-bool ResultWriter::WriteWithRetries(std::vector<PackedResult>* packed, int64_t attempt,
-                                    int64_t* duplicates) {
+bool ResultWriter::WriteWithRetries(std::vector<PackedResult>* packed, int64_t* duplicates) {
   *duplicates = 0;
   int backoff_ms = options_.backoff_initial_ms;
-  if (attempt > 1) {  // a caller's try just failed: pause as after any failed try
-    if (!Backoff(backoff_ms)) return false;
-    backoff_ms = std::min(backoff_ms * 2, options_.backoff_max_ms);
-  }
-  for (;; ++attempt) {
+  for (int64_t attempt = 1;; ++attempt) {
     const Status s = WriteOnce(packed, attempt == 1, duplicates);
     if (s.ok()) {
       if (attempt > 1)
@@ -344,12 +235,10 @@ bool ResultWriter::WriteWithRetries(std::vector<PackedResult>* packed, int64_t a
 }
 
 void ResultWriter::Report(const std::vector<JobResult>& results,
-                          const std::vector<PackedResult>& packed, int64_t duplicates,
-                          bool by_caller) {
+                          std::vector<PackedResult>* packed, int64_t duplicates) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     written_ += static_cast<int64_t>(results.size());
-    if (by_caller) written_by_callers_ += static_cast<int64_t>(results.size());
     duplicates_ += duplicates;
   }
   if (duplicates > 0) {
@@ -357,58 +246,24 @@ void ResultWriter::Report(const std::vector<JobResult>& results,
                  duplicates, results.size());
   }
   if (options_.metrics != nullptr) options_.metrics->OnWritten(results, duplicates);
-  if (push_) SendDone(results, packed, duplicates);
-}
-
-void ResultWriter::SendDone(const std::vector<JobResult>& results,
-                            const std::vector<PackedResult>& packed, int64_t duplicates) {
-  std::vector<std::string> ids;
-  ids.reserve(results.size());
-  protocol::DoneStatuses not_done;  // for the broker's ferry_jobs_finished_total{status}
-  protocol::InlineResults inline_results;
-  std::vector<std::string> notified;  // stored, so the script published the notice
+  DoneReport report;
+  report.ids.reserve(results.size());
+  report.duplicates = duplicates;
   for (size_t i = 0; i < results.size(); ++i) {
     const JobResult& r = results[i];
-    ids.push_back(r.job.entry.id);
-    if (!r.status.ok()) not_done.emplace_back(r.job.entry.id, ResultStatus(r.status));
-    if (i >= packed.size() || !packed[i].stored) continue;
-    if (!packed[i].notify.empty()) {
-      notified.push_back(r.job.entry.id);  // its producer has the record: no need to inline it
-    } else if (packed[i].value.size() <= options_.inline_result_bytes) {
-      inline_results.emplace_back(r.job.entry.id, packed[i].value);
+    report.ids.push_back(r.job.entry.id);
+    if (!r.status.ok()) report.not_done.emplace_back(r.job.entry.id, ResultStatus(r.status));
+    PackedResult& p = (*packed)[i];
+    if (!p.stored) continue;
+    if (!p.notify.empty()) {
+      report.notified.push_back(r.job.entry.id);  // its producer has the record already
+    } else if (p.value.size() <= options_.inline_result_bytes) {
+      report.inline_results.emplace_back(r.job.entry.id, std::move(p.value));
     }
   }
-  if (options_.hold_notified_ids > 0) {
-    std::lock_guard<std::mutex> lock(held_mu_);
-    const bool all_notified = !ids.empty() && notified.size() == ids.size();
-    if (all_notified && held_.ids.size() + ids.size() <= options_.hold_notified_ids) {
-      bool wake = false;
-      if (held_.ids.empty()) {
-        held_.since_us = protocol::MonotonicMicros();
-        held_since_us_.store(held_.since_us);
-        wake = collector_asleep_.load();  // it would not look in time by itself
-      }
-      held_.ids.insert(held_.ids.end(), ids.begin(), ids.end());
-      held_.not_done.insert(held_.not_done.end(), not_done.begin(), not_done.end());
-      // Otherwise BrokerLink collects them (TakeHeldDone) without being woken.
-      if (wake) protocol::SendMessage(*push_, nullptr, kKeptWake, protocol::EncodeEmpty());
-      return;
-    }
-    if (!held_.ids.empty()) {  // this DONE goes now: what was kept rides along, first
-      ids.insert(ids.begin(), held_.ids.begin(), held_.ids.end());
-      notified.insert(notified.begin(), held_.ids.begin(), held_.ids.end());
-      not_done.insert(not_done.begin(), held_.not_done.begin(), held_.not_done.end());
-      held_ = HeldDone{};
-      held_since_us_.store(0);
-    }
-  }
-  Status s = protocol::SendMessage(
-      *push_, nullptr, protocol::kDone,
-      protocol::EncodeDone(ids, duplicates, not_done, inline_results, notified));
-  if (!s.ok()) {
-    spdlog::error("result writer: cannot hand {} DONE ids to the I/O thread: {}", ids.size(),
-                  s.ToString());
-  }
+  if (!outbox_->Push(std::move(report)))
+    spdlog::error("result writer: {} DONE ids not reported (the I/O thread has stopped)",
+                  results.size());
 }
 
 }  // namespace ferry::worker

@@ -17,6 +17,7 @@
 #include "ferry/protocol/wire.h"
 #include "job_queue.h"
 #include "model_registry.h"
+#include "outbox.h"
 #include "result_writer.h"
 #include "worker_metrics.h"
 
@@ -35,7 +36,7 @@ class Worker::Impl {
   const WorkerOptions options_;
 
  private:
-  // Re-announces (READY through the I/O thread's outbox) after the resident set changed.
+  // Has the I/O thread re-announce (READY) after the resident set changed.
   void AnnounceResidency();
 
   std::unique_ptr<ModelRegistry> registry_;
@@ -43,6 +44,7 @@ class Worker::Impl {
   std::unique_ptr<WorkerMetrics> metrics_;
   std::unique_ptr<metrics::MetricsServer> metrics_server_;  // started by Run with a port
   JobQueue queue_;
+  Outbox outbox_;  // the result writer and AnnounceResidency -> the I/O thread
   zmq::context_t context_;
 
   std::mutex mu_;  // guards link_ against RequestStop during Run's start-up and shutdown
@@ -50,8 +52,6 @@ class Worker::Impl {
   std::unique_ptr<ResultWriter> writer_;
   std::unique_ptr<BrokerLink> link_;
   std::vector<std::unique_ptr<Executor>> executors_;
-  std::mutex announce_mu_;                   // guards announce_ (a PUSH into the outbox)
-  std::unique_ptr<zmq::socket_t> announce_;  // null unless running
 };
 
 Worker::Worker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -83,6 +83,7 @@ Worker::Impl::Impl(WorkerOptions options, std::unique_ptr<ModelRegistry> registr
       metrics_registry_(std::make_unique<metrics::Registry>()),
       metrics_(std::make_unique<WorkerMetrics>(metrics_registry_.get(), options_, registry_.get())),
       queue_(static_cast<size_t>(options_.capacity())),
+      outbox_(static_cast<size_t>(options_.capacity()) + 16),
       context_(1) {}
 
 int Worker::Impl::metrics_port() const { return metrics_server_ ? metrics_server_->port() : 0; }
@@ -96,10 +97,7 @@ Worker::Impl::~Impl() {
   }
   executors_.clear();
   registry_->SetListener(nullptr);
-  {
-    std::lock_guard<std::mutex> lock(announce_mu_);
-    announce_.reset();
-  }
+  outbox_.Close();
   writer_.reset();
   metrics_server_.reset();
 }
@@ -117,14 +115,10 @@ protocol::WorkerHello Worker::Impl::Hello() const {
 }
 
 void Worker::Impl::AnnounceResidency() {
-  std::lock_guard<std::mutex> lock(announce_mu_);
-  if (!announce_) return;
   std::string names;
   for (const auto& n : registry_->Resident()) names += (names.empty() ? "" : ",") + n;
   spdlog::info("worker {}: resident models now [{}]; re-announcing", options_.name, names);
-  // A READY on the outbox asks the I/O thread to re-announce with Hello() (current residency).
-  Status s = protocol::SendMessage(*announce_, nullptr, protocol::kReady, protocol::EncodeEmpty());
-  if (!s.ok()) spdlog::warn("worker {}: re-announce: {}", options_.name, s.ToString());
+  outbox_.RequestReady();  // the I/O thread sends READY with Hello(): the current residency
 }
 
 void Worker::Impl::RequestStop() {
@@ -136,8 +130,7 @@ void Worker::Impl::RequestStop() {
 Status Worker::Impl::Run() {
   protocol::RedisEndpoint redis;
   FERRY_RETURN_IF_ERROR(protocol::ParseRedisUrl(options_.redis, &redis));
-  const std::string outbox = "inproc://ferry-worker-outbox-" +
-                             std::to_string(reinterpret_cast<uintptr_t>(this));
+  FERRY_RETURN_IF_ERROR(outbox_.Init());
 
   if (options_.metrics_port != 0 && !metrics_server_) {
     metrics::MetricsServerOptions mo;
@@ -158,32 +151,21 @@ Status Worker::Impl::Run() {
   wopts.default_ttl_s = options_.result_ttl_s;
   wopts.inline_result_bytes = static_cast<size_t>(options_.inline_result_bytes);
   wopts.worker_name = options_.name;
-  wopts.outbox_address = outbox;
   wopts.metrics = metrics_.get();
 
   BrokerLink::Options lopts;
   lopts.endpoint = options_.broker;
   lopts.heartbeat_ms = options_.heartbeat_ms;
   lopts.liveness = options_.liveness;
-  lopts.outbox_address = outbox;
   lopts.hello = Hello();
   lopts.hello_fn = [this] { return Hello(); };
-  // DONEs of notified jobs wait in the writer until the link collects them (the link's bound).
-  if (lopts.done_hold_us > 0)
-    wopts.hold_notified_ids = BrokerLink::HeldIdsBound(lopts.hello.capacity);
 
   {
     std::lock_guard<std::mutex> lock(mu_);
-    writer_ = std::make_unique<ResultWriter>(&context_, wopts);
-    link_ = std::make_unique<BrokerLink>(&context_, lopts, &queue_, writer_.get());
-    FERRY_RETURN_IF_ERROR(link_->Start());  // binds the outbox before the writer connects
+    writer_ = std::make_unique<ResultWriter>(wopts, &outbox_);
+    link_ = std::make_unique<BrokerLink>(&context_, lopts, &queue_, writer_.get(), &outbox_);
+    FERRY_RETURN_IF_ERROR(link_->Start());
     if (stop_requested_.load()) link_->RequestDrain();
-  }
-  {
-    std::lock_guard<std::mutex> lock(announce_mu_);
-    announce_ = std::make_unique<zmq::socket_t>(context_, zmq::socket_type::push);
-    announce_->set(zmq::sockopt::linger, 0);
-    announce_->connect(outbox);
   }
   registry_->SetListener([this] { AnnounceResidency(); });
   writer_->Start();
@@ -211,10 +193,7 @@ Status Worker::Impl::Run() {
   queue_.Close();
   for (auto& e : executors_) e->Join();
   registry_->SetListener(nullptr);
-  {
-    std::lock_guard<std::mutex> lock(announce_mu_);
-    announce_.reset();
-  }
+  outbox_.Close();  // nobody takes reports any more
   writer_->Stop();
   spdlog::info("worker {} stopped", options_.name);
   return Status::Ok();

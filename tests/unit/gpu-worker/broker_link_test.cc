@@ -1,8 +1,8 @@
-// BrokerLink with a ResultWriter behind it, as in the worker: CHUNKs from the broker become
-// queued jobs, their results are written to Redis and reported in DONE through the outbox, each
-// job exactly once, and a drain holds DONEs until BYE. Real parts: a redis-server, a test-side
-// ROUTER standing in for the broker over TCP, and the test thread playing the executor
-// (JobQueue::TakeBatch, then ResultWriter::WriteOrSubmit).
+// BrokerLink with a ResultWriter and an Outbox behind it, as in the worker: CHUNKs from the broker
+// become queued jobs, their results are written to Redis and reported in DONE, each job exactly
+// once; DONEs of notified jobs are held and coalesced; a drain holds DONEs until BYE. Real parts:
+// a redis-server, a test-side ROUTER standing in for the broker over TCP, and the test thread
+// playing the executor (JobQueue::TakeBatch, then ResultWriter::Submit).
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -19,13 +19,12 @@
 #include "ferry/protocol/wire.h"
 #include "broker_link.h"
 #include "job_queue.h"
+#include "outbox.h"
+#include "process.h"  // testutil: RedisServer, WaitFor
 #include "result_writer.h"
-#include "process.h"  // testutil: RedisServer
 
 namespace ferry::worker {
 namespace {
-
-constexpr char kOutbox[] = "inproc://broker-link-test-outbox";
 
 // A CHUNK of one job with no inputs (nothing here runs a model); `notify` names a producer's
 // channel for its result notice.
@@ -48,30 +47,26 @@ class BrokerLinkTest : public ::testing::Test {
   void SetUp() override {
     router_.set(zmq::sockopt::linger, 0);
     router_.bind("tcp://127.0.0.1:*");
-    protocol::RedisEndpoint redis;
-    ASSERT_TRUE(protocol::ParseRedisUrl(redis_.url(), &redis).ok());
+    ASSERT_TRUE(outbox_.Init().ok());
     ResultWriter::Options wo;
-    wo.redis = redis;
+    wo.redis = redis_.endpoint();
     wo.worker_name = "link-test";
-    wo.outbox_address = kOutbox;
-    wo.hold_notified_ids = hold_notified_ids_;
-    writer_ = std::make_unique<ResultWriter>(&context_, wo);
+    writer_ = std::make_unique<ResultWriter>(wo, &outbox_);
     BrokerLink::Options lo;
     lo.endpoint = router_.get(zmq::sockopt::last_endpoint);
     lo.hello.worker = "link-test";
     lo.hello.capacity = 8;
     lo.heartbeat_ms = 1000;
     lo.liveness = 1000;  // this broker sends no heartbeats
-    lo.outbox_address = kOutbox;
     lo.done_hold_us = done_hold_us_;
-    link_ = std::make_unique<BrokerLink>(&context_, lo, &queue_, writer_.get());
+    link_ = std::make_unique<BrokerLink>(&context_, lo, &queue_, writer_.get(), &outbox_);
   }
   int64_t done_hold_us_ = 1000;  // set before SetUp by fixtures that need another
-  size_t hold_notified_ids_ = 0;  // the same: > 0 lets the writer keep notified DONEs
   void TearDown() override {
     if (started_) {
       link_->RequestDrain();
       link_->Join();
+      outbox_.Close();
       writer_->Stop();
     }
   }
@@ -114,7 +109,7 @@ class BrokerLinkTest : public ::testing::Test {
       results[i].status = Status::Ok();
       results[i].batch_size = static_cast<int64_t>(jobs.size());
     }
-    writer_->WriteOrSubmit(std::move(results));
+    writer_->Submit(std::move(results));
   }
 
   // Sends `rounds` one-job CHUNKs, each after the previous job's DONE, and counts the DONE ids.
@@ -147,20 +142,18 @@ class BrokerLinkTest : public ::testing::Test {
     return ids;
   }
   // Sends a one-job CHUNK, plays the executor for it, and waits until its result is written
-  // and its DONE handed to the link (so that each job gets a DONE of its own).
+  // and its DONE report is in the outbox (so that each job gets a report of its own).
   void RunOne(const std::string& id, const std::string& notify = "") {
     ASSERT_TRUE(protocol::SendTo(router_, worker_id_, "CHUNK", Chunk(id, notify)).ok());
     RunBatch();
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while (writer_->pending() != 0 && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
-    ASSERT_EQ(writer_->pending(), 0u);
+    ASSERT_TRUE(testutil::WaitFor([&] { return writer_->pending() == 0; }));
   }
 
   testutil::RedisServer redis_;
   zmq::context_t context_{1};
   zmq::socket_t router_{context_, zmq::socket_type::router};
   JobQueue queue_{64};
+  Outbox outbox_{64};
   std::unique_ptr<ResultWriter> writer_;
   std::unique_ptr<BrokerLink> link_;
   std::string worker_id_;
@@ -193,8 +186,8 @@ TEST_F(BrokerLinkTest, DrainingLinkHoldsDonesUntilBye) {
   ASSERT_EQ(queue_.size(), 2u);
   link_->RequestDrain();
   // The link notices the drain at its next wake-up (within 100 ms).
-  std::this_thread::sleep_for(std::chrono::milliseconds(300));
-  RunBatch();  // both jobs, one DONE to the outbox
+  ASSERT_TRUE(testutil::WaitFor([&] { return link_->draining(); }));
+  RunBatch();  // both jobs, one DONE report
   protocol::Message m;
   ASSERT_TRUE(Next(&m));
   ASSERT_EQ(m.command, "DONE");
@@ -258,58 +251,25 @@ TEST_F(BrokerLinkTest, HeldNotifiedDoneGoesOutWhenItsHoldEnds) {
   EXPECT_EQ(NotifiedIds(done), std::vector<std::string>{"n0"});
 }
 
-// As in the worker: the writer keeps DONEs of notified jobs (up to capacity / 4 = 2 ids) instead
-// of handing each to the outbox, and the link collects them when the oldest is due -- here never
-// by itself (the hold is long), so only the other ways out are left: a plain DONE carries them,
-// and a drain takes them at once and sends them before BYE.
-class BrokerLinkWriterKeepsTest : public BrokerLinkTest {
- protected:
-  void SetUp() override {
-    done_hold_us_ = 60'000'000;
-    hold_notified_ids_ = 2;
-    BrokerLinkTest::SetUp();
-  }
-};
-
-TEST_F(BrokerLinkWriterKeepsTest, KeptDonesGoOutWithTheNextPlainDoneAndBeforeBye) {
+// A drain sends the held DONEs of notified jobs before BYE, however long their hold.
+TEST_F(BrokerLinkHoldTest, HeldNotifiedDonesGoOutBeforeBye) {
   Start();
-  const std::string channel = "ferry:notify:link-test";
-  RunOne("n0", channel);
-  RunOne("n1", channel);
-  EXPECT_GT(writer_->held_since_us(), 0) << "the writer did not keep them";
-  EXPECT_EQ(link_->outstanding(), 2);  // the link counts kept jobs as outstanding
-  RunOne("p0");
+  RunOne("n0", "ferry:notify:link-test");
+  ASSERT_TRUE(testutil::WaitFor([&] { return link_->outstanding() == 0; }));  // taken, held
+  link_->RequestDrain();
   protocol::Message m;
   ASSERT_TRUE(Next(&m));
   ASSERT_EQ(m.command, "DONE");
-  EXPECT_EQ(DoneIds(m), (std::vector<std::string>{"n0", "n1", "p0"}));
-  EXPECT_EQ(NotifiedIds(m), (std::vector<std::string>{"n0", "n1"}));
-
-  RunOne("n2", channel);
-  EXPECT_GT(writer_->held_since_us(), 0);
-  link_->RequestDrain();
-  ASSERT_TRUE(Next(&m));
-  ASSERT_EQ(m.command, "DONE");
-  EXPECT_EQ(DoneIds(m), std::vector<std::string>{"n2"});
-  EXPECT_EQ(NotifiedIds(m), std::vector<std::string>{"n2"});
+  EXPECT_EQ(DoneIds(m), std::vector<std::string>{"n0"});
+  EXPECT_EQ(NotifiedIds(m), std::vector<std::string>{"n0"});
   ASSERT_TRUE(Next(&m));
   EXPECT_EQ(m.command, "BYE");
   link_->Join();
-  EXPECT_EQ(link_->outstanding(), 0);
-  EXPECT_EQ(writer_->held_since_us(), 0);
 }
 
-// With the default hold (1 ms), what the writer keeps goes out by itself, each job once, and
-// the link ends with nothing outstanding.
-class BrokerLinkWriterKeepsDefaultHoldTest : public BrokerLinkTest {
- protected:
-  void SetUp() override {
-    hold_notified_ids_ = 2;
-    BrokerLinkTest::SetUp();
-  }
-};
-
-TEST_F(BrokerLinkWriterKeepsDefaultHoldTest, KeptDonesGoOutWhenDueEachJobOnce) {
+// With the default hold (1 ms), held DONEs go out by themselves, each job once, and the link
+// ends with nothing outstanding.
+TEST_F(BrokerLinkTest, NotifiedDonesGoOutWhenDueEachJobOnce) {
   Start();
   std::map<std::string, int> reported;
   for (int i = 0; i < 50; ++i) RunOne("k" + std::to_string(i), "ferry:notify:link-test");
@@ -324,7 +284,16 @@ TEST_F(BrokerLinkWriterKeepsDefaultHoldTest, KeptDonesGoOutWhenDueEachJobOnce) {
   ASSERT_EQ(reported.size(), 50u);
   for (const auto& [id, n] : reported) EXPECT_EQ(n, 1) << id;
   EXPECT_EQ(link_->outstanding(), 0);
-  EXPECT_EQ(writer_->held_since_us(), 0);
+}
+
+// The worker asks (Outbox::RequestReady, after its resident models changed): the link sends
+// READY again, with what hello_fn says now.
+TEST_F(BrokerLinkTest, ReannouncesWhenTheOutboxAsks) {
+  Start();
+  outbox_.RequestReady();
+  protocol::Message m;
+  ASSERT_TRUE(Next(&m));
+  EXPECT_EQ(m.command, "READY");
 }
 
 }  // namespace

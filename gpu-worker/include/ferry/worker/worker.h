@@ -6,11 +6,12 @@
 //
 //   BrokerLink (I/O thread) --jobs--> JobQueue --batches--> Executor x instances
 //        ^                                                      | results
-//        +---- DONE ids (inproc) ---- ResultWriter (Redis) <----+
+//        +--- DoneReports (Outbox) --- ResultWriter (Redis) <---+
 //
 // READY lists every model the worker serves and, in "resident", those loaded and warm; each
 // change of the resident set (a lazy load, an eviction under --memory-budget) re-announces it
-// through the I/O thread, so the broker can prefer workers that have a model warm.
+// through the I/O thread (Outbox::RequestReady), so the broker can prefer workers that have a
+// model warm.
 //
 // Lifetime: RequestStop() (from a signal-watching thread) makes the link drain -- no new
 // credit, every held job run, written and reported, then BYE -- after which Run() closes the
