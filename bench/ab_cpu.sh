@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Paired CPU-per-job comparison of two builds on big jobs (docs/performance.md, step 14).
+# Paired CPU-per-job comparison of two builds on big jobs (docs/performance.md, "Running the suite").
 #
 #   bash bench/ab_cpu.sh BASE_BUILD NEW_BUILD [ROUNDS=4] [JOBS=400] [MODEL=null]
 #

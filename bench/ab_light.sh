@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Paired light-load comparison of two builds (docs/performance.md, step 6).
+# Paired light-load comparison of two builds (docs/performance.md, "Running the suite").
 #
 #   bash bench/ab_light.sh BASE_BUILD NEW_BUILD [ROUNDS=8] [JOBS=3000] [CONCURRENCY=1]
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What a co-located single-threaded load costs the model run alone, by thread layout
-# (docs/performance.md, step 15).
+# (docs/performance.md, "CPU workers: two executors of one thread").
 #
 #   bash bench/contention.sh BUILD [ROUNDS=2] [JOBS=960] [MODEL=encoder] [SHAPE=64,384]
 #

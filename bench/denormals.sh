@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # What float denormals cost a CPU worker, and what ferry-worker --flush-denormals buys
-# (docs/performance.md, step 16).
+# (docs/performance.md, "Flushing float denormals").
 #
 #   bash bench/denormals.sh BUILD [ROUNDS=2] [STEPS=100,1000]
 #

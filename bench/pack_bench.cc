@@ -6,9 +6,9 @@
 //
 // Per step it prints microseconds per job and ns per input byte for a msgpack::sbuffer grown by
 // doubling ("grow") and a buffer reserved up front ("sized"). The broker's SUBMIT -> inputs_raw
-// step ships "sized" (protocol::PackObjectInto; before: "grow" plus a copy); the SDK's SUBMIT and
-// the broker's CHUNK ship "grow": "sized" was faster here but slower in the fleet (see
-// docs/performance.md, step 3).
+// step and the broker's CHUNK ship "sized" (protocol::PackObjectInto; the CHUNK buffer is
+// reserved up front); the SDK's SUBMIT ships "grow": "sized" was faster here but slower in the
+// fleet (docs/performance.md, "One copy of the inputs in the servers").
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>

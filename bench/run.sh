@@ -221,12 +221,12 @@ if want tiny_light || want tiny_light_run || want tiny_light_no_push; then
     bench tiny_light "$(q 1000 10000)" 500 --frontend "$FRONT" --redis "$REDIS" \
       --wait-workers 1 --model tiny --shape 8 --concurrency 1
   fi
-  # The same fleet through Client::Run: no ACCEPTED per job (step 11).
+  # The same fleet through Client::Run: no ACCEPTED per job (docs/performance.md, "Client::Run").
   if want tiny_light_run; then
     bench tiny_light_run "$(q 1000 10000)" 500 --frontend "$FRONT" --redis "$REDIS" \
       --wait-workers 1 --model tiny --shape 8 --concurrency 1 --run
   fi
-  # The same fleet, broker FINISHED notices only: what the workers' notices save (step 9).
+  # The same fleet, broker FINISHED notices only: what the workers' notices save (docs/performance.md, "Result notices straight from the worker").
   if want tiny_light_no_push; then
     bench tiny_light_no_push "$(q 1000 10000)" 500 --frontend "$FRONT" --redis "$REDIS" \
       --wait-workers 1 --model tiny --shape 8 --concurrency 1 --no-push
@@ -235,7 +235,7 @@ if want tiny_light || want tiny_light_run || want tiny_light_no_push; then
 fi
 
 # tiny_light with each process held to one CPU, as a deployment gets with CPUAffinity= or taskset
-# (docs/performance.md, step 8): broker and ferry-bench on CPU 0, redis and the worker on CPU 1.
+# (docs/performance.md, "Pinning processes to CPUs"): broker and ferry-bench on CPU 0, redis and the worker on CPU 1.
 if want tiny_light_pinned && taskset -c 0,1 true 2>/dev/null; then
   echo "== tiny, concurrency 1, processes pinned: broker and bench on CPU 0, redis and worker on CPU 1"
   start_fleet 1 "${TINY_WORKER[@]}"

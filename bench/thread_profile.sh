@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Per-thread cost of one light-load job (docs/performance.md, step 7).
+# Per-thread cost of one light-load job (docs/performance.md, "Running the suite").
 #
 #   bash bench/thread_profile.sh BUILD_DIR [JOBS=4000] [-- EXTRA_WORKER_FLAGS...]
 #

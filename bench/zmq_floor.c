@@ -1,5 +1,5 @@
 // The transport floor under Ferry's light-load latency: bare libzmq with Ferry's shape and no
-// Ferry code (docs/performance.md, step 9). Three processes:
+// Ferry code (docs/performance.md, "Result notices straight from the worker"). Three processes:
 //   cc -O2 -o /tmp/zmq_floor bench/zmq_floor.c -lzmq
 //   /tmp/zmq_floor relay tcp://127.0.0.1:7001 tcp://127.0.0.1:7002 &   # ROUTER/DEALER proxy
 //   /tmp/zmq_floor echo tcp://127.0.0.1:7002 &                         # REP: answers at once

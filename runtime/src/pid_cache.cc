@@ -1,11 +1,9 @@
 // getpid() with a cache, linked into Ferry's own executables (ferry-broker, ferry-worker,
 // ferry-bench, ferry) only.
 //
-// libzmq calls getpid() in every mailbox operation -- each send that wakes a pipe, each poll of a
-// socket's state, each receive that finds nothing -- to notice that it runs in a forked child
-// (signaler.cpp). glibc stopped caching getpid() in 2.25, so each of those is a system call: about
-// 50 per job at light load across the broker and a worker, which on a virtual machine where a
-// system call costs ~1 µs is ~10 % of the end-to-end latency (docs/performance.md, step 6).
+// libzmq calls getpid() in every mailbox operation to notice that it runs in a forked child
+// (signaler.cpp), and glibc no longer caches it: each call is a system call, tens per job at light
+// load (docs/performance.md#cached-getpid-and-fewer-system-calls).
 //
 // A definition in the executable interposes the C library's for every shared library the process
 // loads (ELF symbol lookup searches the executable first). The cache is cleared in a forked child
