@@ -136,7 +136,7 @@ void BrokerLink::Loop() {
     zmq_pollitem_t items[] = {{dealer_->handle(), 0, ZMQ_POLLIN, 0},
                               {nullptr, outbox_->fd(), ZMQ_POLLIN, 0}};
     const int poll_rc = protocol::PollSockets(items, 2, static_cast<long>(wait_ms));
-    outbox_->Awake();
+    outbox_->Awake(poll_rc > 0 && (items[1].revents & ZMQ_POLLIN));
     if (poll_rc < 0) {
       if (zmq_errno() == ETERM) break;
       if (zmq_errno() != EINTR) spdlog::error("poll: {}", zmq_strerror(zmq_errno()));

@@ -18,9 +18,13 @@ Status Outbox::Init() {
   return Status::Ok();
 }
 
-void Outbox::WakeLocked() {
-  if (!asleep_ || woken_) return;
+bool Outbox::NeedsWakeLocked() {
+  if (!asleep_ || woken_) return false;
   woken_ = true;
+  return true;
+}
+
+void Outbox::Wake() {
   uint64_t one = 1;
   if (write(fd_, &one, sizeof(one)) < 0) {
     // EAGAIN: the counter is already non-zero; the thread wakes anyway.
@@ -28,18 +32,26 @@ void Outbox::WakeLocked() {
 }
 
 bool Outbox::Push(DoneReport report) {
-  std::unique_lock<std::mutex> lock(mu_);
-  not_full_.wait(lock, [this] { return closed_ || reports_.size() < capacity_; });
-  if (closed_) return false;
-  reports_.push_back(std::move(report));
-  WakeLocked();
+  bool wake;
+  {
+    std::unique_lock<std::mutex> lock(mu_);
+    not_full_.wait(lock, [this] { return closed_ || reports_.size() < capacity_; });
+    if (closed_) return false;
+    reports_.push_back(std::move(report));
+    wake = NeedsWakeLocked();
+  }
+  if (wake) Wake();
   return true;
 }
 
 void Outbox::RequestReady() {
-  std::lock_guard<std::mutex> lock(mu_);
-  ready_ = true;
-  WakeLocked();
+  bool wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    ready_ = true;
+    wake = NeedsWakeLocked();
+  }
+  if (wake) Wake();
 }
 
 void Outbox::Close() {
@@ -52,23 +64,27 @@ bool Outbox::Sleeping() {
   std::lock_guard<std::mutex> lock(mu_);
   if (!reports_.empty() || ready_) return false;
   asleep_ = true;
+  woken_ = false;
   return true;
 }
 
-void Outbox::Awake() {
-  std::lock_guard<std::mutex> lock(mu_);
-  asleep_ = false;
-}
-
-void Outbox::TakeAll(std::vector<DoneReport>* reports, bool* ready) {
-  std::lock_guard<std::mutex> lock(mu_);
-  if (woken_) {
+void Outbox::Awake(bool fd_readable) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    asleep_ = false;
+  }
+  // A wake-up written after the thread woke for another reason is read on a later turn: one
+  // spare turn, never a lost report (TakeAll looks at the queue every turn).
+  if (fd_readable) {
     uint64_t count;
     if (read(fd_, &count, sizeof(count)) < 0) {
       // EAGAIN: nothing to clear.
     }
-    woken_ = false;
   }
+}
+
+void Outbox::TakeAll(std::vector<DoneReport>* reports, bool* ready) {
+  std::lock_guard<std::mutex> lock(mu_);
   for (auto& r : reports_) reports->push_back(std::move(r));
   reports_.clear();
   *ready = ready_;

@@ -55,14 +55,17 @@ class Outbox {
 
   // The I/O thread, before and after it polls: reports pushed while it sleeps wake it.
   // Sleeping returns false (and the thread should not sleep) when something waits already.
+  // Awake(true) when poll found fd() readable: clears the eventfd.
   bool Sleeping();
-  void Awake();
+  void Awake(bool fd_readable);
   // Moves everything queued into *reports (appended) and says whether READY was requested.
-  // Clears the eventfd.
   void TakeAll(std::vector<DoneReport>* reports, bool* ready);
 
  private:
-  void WakeLocked();
+  // With mu_ held: whether the I/O thread sleeps and has not been woken yet (then the caller
+  // writes the eventfd, after unlocking).
+  bool NeedsWakeLocked();
+  void Wake();
 
   const size_t capacity_;
   int fd_ = -1;
@@ -71,7 +74,7 @@ class Outbox {
   std::vector<DoneReport> reports_;  // guarded by mu_
   bool ready_ = false;               // guarded by mu_
   bool asleep_ = false;              // guarded by mu_
-  bool woken_ = false;               // guarded by mu_: the eventfd holds a wake-up
+  bool woken_ = false;               // guarded by mu_: a wake-up was sent since Sleeping
   bool closed_ = false;              // guarded by mu_
 };
 

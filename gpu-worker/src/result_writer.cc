@@ -51,8 +51,10 @@ void ResultWriter::Start() { thread_ = std::thread([this] { Loop(); }); }
 
 void ResultWriter::Submit(std::vector<JobResult> results) {
   if (results.empty()) return;
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& r : results) queue_.push_back(std::move(r));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& r : results) queue_.push_back(std::move(r));
+  }
   cv_.notify_one();
 }
 

@@ -128,10 +128,12 @@ struct Completion {
 
   IoThread::ReplyFn Setter(std::shared_ptr<Completion> self) {
     return [self = std::move(self)](IoThread::Reply r) {
-      std::lock_guard<std::mutex> lock(self->mu);
-      self->reply = std::move(r);
-      self->done = true;
-      self->cv.notify_one();
+      {
+        std::lock_guard<std::mutex> lock(self->mu);
+        self->reply = std::move(r);
+        self->done = true;
+      }
+      self->cv.notify_one();  // after the unlock: the woken caller does not block on mu again
     };
   }
   bool WaitUntil(IoThread::Clock::time_point deadline) {

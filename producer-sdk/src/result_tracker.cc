@@ -40,10 +40,14 @@ class ResultTracker::WaitScope {
   Entry* entry_;
 };
 
-void ResultTracker::Changed(Entry* e) {
+void ResultTracker::Changed(const std::shared_ptr<Entry>& e, WakeList* wake) {
   ++e->version;
   e->touched = Clock::now();
-  e->cv.notify_all();
+  if (e->waiters > 0) wake->push_back(e);
+}
+
+void ResultTracker::Wake(const WakeList& wake) {
+  for (const auto& e : wake) e->cv.notify_all();
 }
 
 std::string ResultTracker::TakeRecord(Entry* e) {
@@ -65,7 +69,7 @@ void ResultTracker::Track(const std::vector<std::string>& ids) {
     auto it = entries_.find(id);
     if (it == entries_.end()) {
       if (entries_.size() >= kMaxTracked) break;  // Wait falls back to its first GET
-      it = entries_.emplace(id, std::make_unique<Entry>()).first;
+      it = entries_.emplace(id, std::make_shared<Entry>()).first;
     }
     it->second->ours = true;
     it->second->touched = now;
@@ -86,42 +90,55 @@ void ResultTracker::Untrack(const std::vector<std::string>& ids) {
 void ResultTracker::Notify(
     const std::vector<std::string>& ids,
     const std::vector<std::pair<std::string_view, std::string_view>>& records) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const auto& [id, record] : records) {
-    auto it = entries_.find(std::string(id));
-    if (it == entries_.end() || it->second->has_result) continue;
-    Entry* e = it->second.get();
-    if (e->waiters == 0 && held_bytes_ + record.size() > kMaxHeldBytes) continue;  // read later
-    e->record.assign(record.data(), record.size());
-    held_bytes_ += e->record.size();
-    e->has_result = true;
-    Changed(e);
+  WakeList wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (const auto& [id, record] : records) {
+      auto it = entries_.find(std::string(id));
+      if (it == entries_.end() || it->second->has_result) continue;
+      Entry* e = it->second.get();
+      if (e->waiters == 0 && held_bytes_ + record.size() > kMaxHeldBytes) continue;  // read later
+      e->record.assign(record.data(), record.size());
+      held_bytes_ += e->record.size();
+      e->has_result = true;
+      Changed(it->second, &wake);
+    }
+    for (const auto& id : ids) {
+      auto it = entries_.find(id);
+      if (it == entries_.end() || it->second->has_result) continue;  // not ours, not waited on
+      it->second->has_result = true;
+      Changed(it->second, &wake);
+    }
+    MaybeSweep(Clock::now());
   }
-  for (const auto& id : ids) {
-    auto it = entries_.find(id);
-    if (it == entries_.end() || it->second->has_result) continue;  // not ours, not waited on
-    it->second->has_result = true;
-    Changed(it->second.get());
-  }
-  MaybeSweep(Clock::now());
+  Wake(wake);
 }
 
 void ResultTracker::RecheckOurs() {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (auto& [id, e] : entries_) {
-    if (!e->ours || e->has_result) continue;
-    e->recheck = true;
-    Changed(e.get());
+  WakeList wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto& [id, e] : entries_) {
+      if (!e->ours || e->has_result) continue;
+      e->recheck = true;
+      Changed(e, &wake);
+    }
   }
+  Wake(wake);
 }
 
 void ResultTracker::Reject(const std::string& id, Verdict* verdict, const Status& why) {
-  std::lock_guard<std::mutex> lock(mu_);
-  verdict->rejected = true;
-  verdict->why = why;
-  auto it = entries_.find(id);
-  // No entry: its Wait has not started, and looks at the verdict first.
-  if (it != entries_.end()) it->second->cv.notify_all();  // the others look and sleep on
+  WakeList wake;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    verdict->rejected = true;
+    verdict->why = why;
+    auto it = entries_.find(id);
+    // No entry: its Wait has not started, and looks at the verdict first. The others on the id
+    // look and sleep on.
+    if (it != entries_.end() && it->second->waiters > 0) wake.push_back(it->second);
+  }
+  Wake(wake);
 }
 
 bool ResultTracker::Finished(const std::string& id) const {
@@ -154,7 +171,7 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out,
   std::unique_lock<std::mutex> lock(mu_);
   auto it = entries_.find(id);
   if (it == entries_.end()) {
-    it = entries_.emplace(id, std::make_unique<Entry>()).first;
+    it = entries_.emplace(id, std::make_shared<Entry>()).first;
     it->second->touched = start;
   }
   Entry* e = it->second.get();  // stable: entries with waiters are never erased

@@ -106,11 +106,15 @@ class ResultTracker {
     std::condition_variable cv;  // waiters sleep here (with mu_)
     Clock::time_point touched;
   };
-  using EntryMap = std::unordered_map<std::string, std::unique_ptr<Entry>>;
+  // Shared so that a notifier can wake an entry's waiters after it let go of the mutex (a waiter
+  // woken under it would only block on the mutex again) without the entry going away meanwhile.
+  using EntryMap = std::unordered_map<std::string, std::shared_ptr<Entry>>;
+  using WakeList = std::vector<std::shared_ptr<Entry>>;
   class WaitScope;  // counts one Wait on an entry, and drops the entry as it leaves
 
-  // Marks a change for the entry's waiters.
-  static void Changed(Entry* e);
+  // Marks a change for the entry's waiters; they are woken by Wake once the mutex is released.
+  static void Changed(const std::shared_ptr<Entry>& e, WakeList* wake);
+  static void Wake(const WakeList& wake);
   // Moves the entry's record out (or drops it), keeping held_bytes_ in step.
   std::string TakeRecord(Entry* e);
   void Erase(EntryMap::iterator it);
