@@ -1,0 +1,198 @@
+// Admission (broker/src/admission.h) against a real Scheduler: every outcome of Admit, the
+// boundaries of each limit, and that the first failing check names the code.
+#include "admission.h"
+
+#include <gtest/gtest.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/broker/broker.h"
+#include "ferry/protocol/messages.h"
+#include "scheduler.h"
+
+namespace ferry::broker {
+namespace {
+
+class AdmissionTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    buffer_.assign(4096, '\0');
+    for (size_t i = 0; i < buffer_.size(); ++i) buffer_[i] = static_cast<char>(i & 0xff);
+    options_.max_job_bytes = 100;
+    options_.max_queue = 2;
+    options_.max_pending_bytes = 1000;
+    protocol::WorkerHello hello;
+    hello.worker = "w1";
+    hello.device = "cpu";
+    hello.capacity = 8;
+    hello.models = {{"m", 4}};
+    scheduler_.AddWorker("w1", hello, 0);
+  }
+
+  // A job whose inputs are uint8 tensors of these sizes, pointing into buffer_.
+  protocol::SubmitJob Submit(const std::string& id, const std::string& model,
+                             std::vector<size_t> sizes = {10}) {
+    protocol::SubmitJob in;
+    in.id = id;
+    in.model = model;
+    size_t offset = 0;
+    for (size_t n : sizes) {
+      protocol::TensorRef t;
+      t.dtype = DType::kUInt8;
+      t.shape = {static_cast<int64_t>(n)};
+      t.data = buffer_.data() + offset;
+      t.size = n;
+      offset += n;
+      in.inputs.push_back(t);
+    }
+    return in;
+  }
+
+  // Queues an accepted job holding `raw_bytes` bytes of inputs (what pending_bytes counts).
+  void Queue(const std::string& id, const std::string& model, size_t raw_bytes = 1) {
+    auto job = std::make_unique<Job>();
+    job->id = id;
+    job->model = model;
+    job->inputs_raw.assign(raw_bytes, 'x');
+    ASSERT_TRUE(scheduler_.Add(std::move(job)).ok()) << id;
+  }
+
+  Status AdmitJob(const protocol::SubmitJob& in) { return Admit(in, scheduler_, options_); }
+
+  std::string buffer_;
+  Scheduler scheduler_;
+  BrokerOptions options_;
+};
+
+bool Contains(const std::string& haystack, const std::string& needle) {
+  return haystack.find(needle) != std::string::npos;
+}
+
+TEST_F(AdmissionTest, AJobWithinEveryLimitIsAdmitted) {
+  Status s = AdmitJob(Submit("a", "m", {10, 20}));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+TEST_F(AdmissionTest, AModelNoWorkerAnnouncedIsUnknown) {
+  Status s = AdmitJob(Submit("a", "resnet50"));
+  EXPECT_EQ(s.code(), codes::kUnknownModel) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "\"resnet50\"")) << s.message();
+  EXPECT_FALSE(s.retryable());
+}
+
+TEST_F(AdmissionTest, AModelRestoredFromTheJournalIsKnownWithoutAWorker) {
+  ASSERT_EQ(AdmitJob(Submit("a", "bert")).code(), codes::kUnknownModel);
+  scheduler_.AddKnownModel("bert");
+  Status s = AdmitJob(Submit("a", "bert"));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+TEST_F(AdmissionTest, InputsOverMaxJobBytesAreTooLarge) {
+  // The limit counts the tensor bytes of all inputs together.
+  Status s = AdmitJob(Submit("a", "m", {60, 41}));
+  EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "101 bytes")) << s.message();
+  EXPECT_TRUE(Contains(s.message(), "limit is 100")) << s.message();
+  EXPECT_FALSE(s.retryable());
+}
+
+TEST_F(AdmissionTest, InputsExactlyAtMaxJobBytesAreAdmitted) {
+  Status s = AdmitJob(Submit("a", "m", {60, 40}));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  s = AdmitJob(Submit("b", "m", {100}));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+TEST_F(AdmissionTest, AnIdAlreadyPendingIsADuplicate) {
+  Queue("a", "m");
+  Status s = AdmitJob(Submit("a", "m"));
+  EXPECT_EQ(s.code(), codes::kDuplicate) << s.ToString();
+  // Dispatched is still pending.
+  Chunk chunk;
+  ASSERT_TRUE(scheduler_.NextChunk(&chunk));
+  EXPECT_EQ(AdmitJob(Submit("a", "m")).code(), codes::kDuplicate);
+  // Once it is finished the id may be used again.
+  ASSERT_EQ(scheduler_.Complete("w1", {"a"}).size(), 1u);
+  s = AdmitJob(Submit("a", "m"));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+TEST_F(AdmissionTest, AModelQueueAtMaxQueueIsFull) {
+  Queue("q1", "m");
+  Status s = AdmitJob(Submit("a", "m"));
+  EXPECT_TRUE(s.ok()) << "one below max_queue: " << s.ToString();
+  Queue("q2", "m");
+  s = AdmitJob(Submit("a", "m"));
+  EXPECT_EQ(s.code(), codes::kQueueFull) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "\"m\"")) << s.message();
+  EXPECT_TRUE(Contains(s.message(), "holds 2 jobs")) << s.message();
+  EXPECT_TRUE(s.retryable());
+}
+
+TEST_F(AdmissionTest, MaxQueueIsPerModelAndCountsQueuedJobsOnly) {
+  scheduler_.AddKnownModel("other");
+  Queue("q1", "m");
+  Queue("q2", "m");
+  ASSERT_EQ(AdmitJob(Submit("a", "m")).code(), codes::kQueueFull);
+  // Another model's queue is not m's.
+  Status s = AdmitJob(Submit("a", "other"));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  // Jobs dispatched to a worker leave the queue.
+  Chunk chunk;
+  ASSERT_TRUE(scheduler_.NextChunk(&chunk));
+  ASSERT_EQ(scheduler_.QueueDepth("m"), 0u);
+  s = AdmitJob(Submit("a", "m"));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+TEST_F(AdmissionTest, PendingBytesOverMaxPendingBytesAreQueueFull) {
+  options_.max_queue = 100;
+  Queue("q1", "m", 970);
+  // 970 pending + 30 = 1000: exactly at the limit.
+  Status s = AdmitJob(Submit("a", "m", {30}));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  s = AdmitJob(Submit("a", "m", {31}));
+  EXPECT_EQ(s.code(), codes::kQueueFull) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "pending input bytes (1000)")) << s.message();
+  EXPECT_TRUE(s.retryable());
+  // Dispatched jobs still hold their bytes until they finish.
+  Chunk chunk;
+  ASSERT_TRUE(scheduler_.NextChunk(&chunk));
+  EXPECT_EQ(AdmitJob(Submit("a", "m", {31})).code(), codes::kQueueFull);
+  ASSERT_EQ(scheduler_.Complete("w1", {"q1"}).size(), 1u);
+  s = AdmitJob(Submit("a", "m", {31}));
+  EXPECT_TRUE(s.ok()) << s.ToString();
+}
+
+// Several checks fail at once: the earliest in the documented order names the code.
+TEST_F(AdmissionTest, UnknownModelComesBeforeTooLarge) {
+  EXPECT_EQ(AdmitJob(Submit("a", "nope", {101})).code(), codes::kUnknownModel);
+}
+
+TEST_F(AdmissionTest, TooLargeComesBeforeDuplicateAndQueueLimits) {
+  options_.max_pending_bytes = 0;
+  Queue("a", "m");
+  Queue("b", "m");
+  EXPECT_EQ(AdmitJob(Submit("a", "m", {101})).code(), codes::kTooLarge);
+}
+
+TEST_F(AdmissionTest, DuplicateComesBeforeQueueLimits) {
+  options_.max_pending_bytes = 0;
+  Queue("a", "m");
+  Queue("b", "m");
+  EXPECT_EQ(AdmitJob(Submit("a", "m")).code(), codes::kDuplicate);
+}
+
+TEST_F(AdmissionTest, TheQueueLimitComesBeforeThePendingBytesLimit) {
+  options_.max_pending_bytes = 0;
+  Queue("q1", "m");
+  Queue("q2", "m");
+  Status s = AdmitJob(Submit("a", "m"));
+  EXPECT_EQ(s.code(), codes::kQueueFull);
+  EXPECT_TRUE(Contains(s.message(), "queue of model \"m\"")) << s.message();
+}
+
+}  // namespace
+}  // namespace ferry::broker
