@@ -69,9 +69,15 @@ void Broker::Impl::HandleBackend(protocol::Message& m) {
       spdlog::info("{} duplicate result(s) suppressed (an earlier result of the job won)",
                    duplicates);
     }
+    const msgpack::object* bye = protocol::Find(oh.get(), "bye");
     auto finished = scheduler.Complete(worker, ids);
     telemetry.OnDone(finished, not_done, duplicates, protocol::NowMicros());
     Finish(std::move(finished), results, notified);
+    // A draining worker's last DONE: remove it now, before this turn's dispatch could spend the
+    // credit those jobs returned. (Its BYE, which follows, then finds it gone.)
+    if (bye != nullptr && bye->type == msgpack::type::BOOLEAN && bye->via.boolean &&
+        scheduler.HasWorker(worker))
+      DropWorker(worker, "said bye with its last DONE");
   } else if (m.command == protocol::kBye) {
     DropWorker(worker, "said BYE");
   } else if (m.command != protocol::kHeartbeat) {

@@ -170,7 +170,9 @@ void BrokerLink::Loop() {
       MaybeReconnect(protocol::NowMicros());
     }
   }
-  SendHeld();
+  // The held DONEs say "bye": read alone, without the BYE behind them, their credit would be
+  // given back to a worker that is leaving, and new work sent to it.
+  SendHeld(/*bye=*/true);
   if (Writable()) Send(protocol::kBye, protocol::EncodeEmpty());
   spdlog::info("worker {}: drained after {} chunk(s), {} job(s); BYE sent",
                options_.hello.worker, chunks_, jobs_);
@@ -297,16 +299,16 @@ void BrokerLink::Hold(DoneReport report) {
   append(&held_.notified, report.notified);
 }
 
-void BrokerLink::SendHeld() {
-  if (!held_.ids.empty()) SendDone(held_);
+void BrokerLink::SendHeld(bool bye) {
+  if (!held_.ids.empty()) SendDone(held_, bye);
   held_ = DoneReport{};
   hold_until_us_ = 0;
 }
 
-void BrokerLink::SendDone(const DoneReport& report) {
+void BrokerLink::SendDone(const DoneReport& report, bool bye) {
   protocol::InlineResults results(report.inline_results.begin(), report.inline_results.end());
   Send(protocol::kDone, protocol::EncodeDone(report.ids, report.duplicates, report.not_done,
-                                             results, report.notified));
+                                             results, report.notified, bye));
 }
 
 }  // namespace ferry::worker

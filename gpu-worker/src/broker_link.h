@@ -19,7 +19,8 @@
 //                 the link closes the socket, opens a new one and announces itself again,
 //                 backing off from one heartbeat interval to 32 s while the broker stays away.
 //   -> BYE        after a drain: on RequestDrain the link stops re-announcing, waits until every
-//                 job it received has been reported, sends the held DONEs and BYE, and returns.
+//                 job it received has been reported, sends the held DONEs as one with "bye" (the
+//                 broker removes the worker as it finishes them) and BYE, and returns.
 //
 // Holding DONEs happens here and only here:
 //   - while draining, every DONE is held and sent at the end, so that the broker gets no credit
@@ -107,8 +108,9 @@ class BrokerLink {
   // True when a send would not block (the broker is connected or the queue has room).
   bool Writable();
   void Hold(DoneReport report);
-  void SendHeld();
-  void SendDone(const DoneReport& report);
+  // `bye`: the drain's last DONE (see protocol.md): the broker removes this worker with it.
+  void SendHeld(bool bye = false);
+  void SendDone(const DoneReport& report, bool bye = false);
 
   zmq::context_t* context_;
   const Options options_;

@@ -156,11 +156,11 @@ void PackInlineResults(Packer& pk, const InlineResults& results) {
 
 zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicates,
                           const DoneStatuses& not_done, const InlineResults& results,
-                          const std::vector<std::string>& notified) {
+                          const std::vector<std::string>& notified, bool bye) {
   msgpack::sbuffer buf;
   Packer pk(buf);
   pk.pack_map(1 + (duplicates > 0 ? 1 : 0) + (not_done.empty() ? 0 : 1) +
-              (results.empty() ? 0 : 1) + (notified.empty() ? 0 : 1));
+              (results.empty() ? 0 : 1) + (notified.empty() ? 0 : 1) + (bye ? 1 : 0));
   PackKey(pk, "ids");
   pk.pack_array(static_cast<uint32_t>(ids.size()));
   for (const auto& id : ids) PackString(pk, id);
@@ -181,6 +181,10 @@ zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicate
     PackKey(pk, "notified");
     pk.pack_array(static_cast<uint32_t>(notified.size()));
     for (const auto& id : notified) PackString(pk, id);
+  }
+  if (bye) {
+    PackKey(pk, "bye");
+    pk.pack_true();
   }
   return ToMessage(std::move(buf));
 }

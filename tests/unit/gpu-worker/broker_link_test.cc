@@ -192,6 +192,12 @@ TEST_F(BrokerLinkTest, DrainingLinkHoldsDonesUntilBye) {
   ASSERT_TRUE(Next(&m));
   ASSERT_EQ(m.command, "DONE");
   EXPECT_EQ(DoneIds(m), (std::vector<std::string>{"held-0", "held-1"}));
+  // The last DONE says "bye": the broker removes the worker with it (no credit back).
+  msgpack::object_handle oh;
+  ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+  const msgpack::object* bye = protocol::Find(oh.get(), "bye");
+  ASSERT_NE(bye, nullptr);
+  EXPECT_TRUE(bye->type == msgpack::type::BOOLEAN && bye->via.boolean);
   ASSERT_TRUE(Next(&m));
   EXPECT_EQ(m.command, "BYE");
   link_->Join();

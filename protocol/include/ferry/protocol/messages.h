@@ -42,14 +42,16 @@ Status DecodeError(const msgpack::object& body, Status* out);
 zmq::message_t EncodeIds(const std::vector<std::string>& ids, int64_t rid = 0);
 zmq::message_t EncodeEmpty(int64_t rid = 0);
 
-// ---- DONE {"ids", "duplicates"?, "not_done"?, "results"?, "notified"?} ---------------------
+// ---- DONE {"ids", "duplicates"?, "not_done"?, "results"?, "notified"?, "bye"?} -------------
 // "duplicates": how many of the ids already had a final result in Redis (fencing: the first
 // result wins); left out when 0. "not_done", "results": see types.h. "notified" [id, ...]: the
 // ids whose result notice the worker published on the job's "notify" channel (only for results
-// its SET NX stored); the broker sends no FINISHED for them. Empty parts are left out.
+// its SET NX stored); the broker sends no FINISHED for them. "bye": true on a draining worker's
+// last DONE: the broker removes the worker as it finishes the jobs, so the credit they return
+// is never used for new work. Empty parts (and a false "bye") are left out.
 zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicates,
                           const DoneStatuses& not_done = {}, const InlineResults& results = {},
-                          const std::vector<std::string>& notified = {});
+                          const std::vector<std::string>& notified = {}, bool bye = false);
 // Reads DONE's optional "not_done" map into *out (cleared first; empty when absent).
 Status DecodeDoneStatuses(const msgpack::object& body, DoneStatuses* out);
 // Reads DONE's optional "notified" array into *out (cleared first; empty when absent).
