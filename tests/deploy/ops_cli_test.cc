@@ -1,10 +1,13 @@
 // The operator commands against real processes: `ferry status` and `ferry top` against a live
 // redis-server + ferry-broker (no worker needed), and `ferry up` running a job end to end and
 // draining on SIGTERM.
+#include <dirent.h>
 #include <signal.h>
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -127,21 +130,78 @@ std::map<std::string, std::string> ReadEnvFile(const std::string& path) {
   return env;
 }
 
+// The program name of process `pid`: the base name of its argv[0] (ferry-worker re-executes
+// itself through /proc/self/exe, and redis-server rewrites its title, so neither the comm nor
+// the exe link says it).
+std::string ProgramName(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
+  std::string argv0;
+  std::getline(in, argv0, '\0');
+  argv0 = argv0.substr(0, argv0.find(' '));  // "redis-server 127.0.0.1:6379"
+  return argv0.substr(argv0.rfind('/') + 1);
+}
+
+// The child processes of `parent` (from /proc), by program name -> pid.
+std::map<std::string, pid_t> ChildrenOf(pid_t parent) {
+  std::map<std::string, pid_t> out;
+  DIR* proc = opendir("/proc");
+  if (!proc) return out;
+  while (dirent* e = readdir(proc)) {
+    const pid_t pid = static_cast<pid_t>(std::atoi(e->d_name));
+    if (pid <= 0) continue;
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat;
+    std::getline(in, stat);
+    // "PID (COMM) STATE PPID ...": COMM may hold spaces and parentheses; it ends at the last ')'.
+    const size_t close = stat.rfind(')');
+    if (close == std::string::npos) continue;
+    std::istringstream rest(stat.substr(close + 1));
+    std::string state;
+    pid_t ppid = 0;
+    if (rest >> state >> ppid && ppid == parent) out[ProgramName(pid)] = pid;
+  }
+  closedir(proc);
+  return out;
+}
+
+// Whether process `pid` has exited (gone, or a zombie its parent has not reaped yet).
+bool Exited(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat;
+  if (!std::getline(in, stat)) return true;
+  const size_t close = stat.rfind(')');
+  return close == std::string::npos || close + 2 >= stat.size() || stat[close + 2] == 'Z' ||
+         stat[close + 2] == 'X';
+}
+
 // `ferry up` finds ferry-broker/ferry-worker next to itself (the build tree), starts redis, the
-// broker and a CPU worker; a job runs through it; SIGTERM drains everything and it exits 0.
+// broker and a CPU worker; a job runs through it; SIGTERM drains everything -- the worker, then
+// the broker, then redis, each on its SIGTERM -- and it exits 0.
 TEST(FerryUp, StartsRunsAJobAndDrainsOnSigterm) {
   if (WorkerBin().empty()) GTEST_SKIP() << "built without ferry-worker (no libtorch)";
   TempDir dir;
   std::string env_file = dir.path() + "/fleet.env";
+  // A stage of the drain SIGKILLs what has not stopped after --drain-timeout-ms: up exiting well
+  // within one such timeout says nothing was killed.
+  constexpr int kDrainTimeoutS = 60;
   Process up({CliBin(), "up", "--cpu-workers", "1", "--model", "tiny=" + ModelPath("tiny"),
               "--frontend-port", "0", "--backend-port", "0", "--log-dir", dir.path() + "/logs",
-              "--env-file", env_file, "--max-batch", "8"},
+              "--env-file", env_file, "--max-batch", "8", "--drain-timeout-ms",
+              std::to_string(kDrainTimeoutS * 1000)},
              dir.path() + "/up.log");
+  // Ready: the env file is written once every worker registered.
   ASSERT_TRUE(WaitFor([&] { return ReadEnvFile(env_file).count("FERRY_REDIS") > 0; },
                       seconds(90)))
       << up.Log();
   auto env = ReadEnvFile(env_file);
-  EXPECT_NE(up.Log().find("ferry up: ready"), std::string::npos) << up.Log();
+  int workers = -1;  // the broker's first answer (-1 only while none comes)
+  WaitFor([&] { return (workers = CountWorkers(env["FERRY_FRONTEND"])) >= 0; }, seconds(20));
+  EXPECT_EQ(workers, 1) << up.Log();
+  // Its children: redis-server, the broker and the worker.
+  const std::map<std::string, pid_t> children = ChildrenOf(up.pid());
+  ASSERT_EQ(children.size(), 3u) << up.Log();
+  const std::vector<std::string> stop_order = {"ferry-worker", "ferry-broker", "redis-server"};
+  for (const auto& name : stop_order) ASSERT_EQ(children.count(name), 1u) << name << up.Log();
 
   // A job through the fleet, with the CLI.
   std::ofstream(dir.path() + "/x.f32", std::ios::binary)
@@ -156,22 +216,31 @@ TEST(FerryUp, StartsRunsAJobAndDrainsOnSigterm) {
   EXPECT_NE(out.find("finished 1"), std::string::npos) << out;
 
   up.Signal(SIGTERM);
-  EXPECT_EQ(up.Wait(seconds(60)), 0) << up.Log();
-  std::string log = up.Log();
-  EXPECT_NE(log.find("draining (workers, then the broker, then redis)"), std::string::npos) << log;
-  EXPECT_NE(log.find("ferry up: stopped\n"), std::string::npos) << log;  // nothing SIGKILLed
-  // Every child it started is gone.
-  std::istringstream lines(log);
-  std::string line;
-  int children = 0;
-  while (std::getline(lines, line)) {
-    size_t at = line.find(" pid ");
-    if (at == std::string::npos) continue;
-    pid_t pid = std::stoi(line.substr(at + 5));
-    ++children;
-    EXPECT_NE(kill(pid, 0), 0) << "pid " << pid << " still runs";
-  }
-  EXPECT_EQ(children, 3) << log;  // redis, broker, worker
+  const auto signalled = std::chrono::steady_clock::now();
+  // The order they stop in. Later ones are looked at first: one seen exited before an earlier
+  // one is seen running stopped first.
+  std::string out_of_order;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        std::string exited_later;
+        bool all = true;
+        for (auto it = stop_order.rbegin(); it != stop_order.rend(); ++it) {
+          const bool exited = Exited(children.at(*it));
+          if (exited && exited_later.empty()) exited_later = *it;
+          if (!exited && !exited_later.empty() && out_of_order.empty())
+            out_of_order = exited_later + " stopped before " + *it;
+          all = all && exited;
+        }
+        return all;
+      },
+      seconds(kDrainTimeoutS)))
+      << up.Log();
+  EXPECT_EQ(out_of_order, "") << up.Log();
+  EXPECT_EQ(up.Wait(seconds(kDrainTimeoutS)), 0) << up.Log();
+  EXPECT_LT(std::chrono::steady_clock::now() - signalled, seconds(kDrainTimeoutS))
+      << "a drain stage timed out: something was SIGKILLed\n" << up.Log();
+  // Every child it started is gone (reaped).
+  for (const auto& [name, pid] : children) EXPECT_NE(kill(pid, 0), 0) << name << " still runs";
   EXPECT_FALSE(WaitFor([&] { return !ReadEnvFile(env_file).empty(); }, std::chrono::milliseconds(1)));
 }
 

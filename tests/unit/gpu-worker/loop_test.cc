@@ -251,14 +251,13 @@ TEST_F(WorkerLoopTest, RunsChunksReportsEveryJobOnceAndDrainsOnStop) {
                                       {"s2", "tiny", InputsRaw({Row(2)})}}))
                   .ok());
   // Stop only once the chunk has arrived (so that it is held, not just in flight).
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-  while (std::chrono::steady_clock::now() < deadline) {
-    std::string value;
-    bool found = false;
-    redis_client_->Get("ferry:result:s1", &value, &found);
-    if (found) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
+  ASSERT_TRUE(testutil::WaitFor(
+      [&] {
+        std::string value;
+        bool found = false;
+        return redis_client_->Get("ferry:result:s1", &value, &found).ok() && found;
+      },
+      std::chrono::seconds(10)));
   worker->RequestStop();
   std::set<std::string> drained;
   while (true) {
@@ -423,13 +422,9 @@ TEST_F(WorkerLoopTest, CancelDropsQueuedJobsAndCountsDuplicateResults) {
                                       {"c2", "slow", spin(1)},
                                       {"c3", "slow", spin(1)}}))
                   .ok());
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  ASSERT_TRUE(protocol::SendTo(router_, peer, protocol::kCancel,
-                               protocol::EncodeIds({"c2", "c3", "not-here"}))
-                  .ok());
   std::set<std::string> done;
   int64_t duplicates = 0;
-  while (done.size() < 4) {
+  const auto next_done = [&] {
     ASSERT_TRUE(Next(&m));
     ASSERT_EQ(m.command, protocol::kDone);
     for (const auto& id : DoneIds(m)) done.insert(id);
@@ -438,7 +433,14 @@ TEST_F(WorkerLoopTest, CancelDropsQueuedJobsAndCountsDuplicateResults) {
     int64_t d = 0;
     ASSERT_TRUE(protocol::GetInt(oh.get(), "duplicates", &d, 0).ok());
     duplicates += d;
-  }
+  };
+  // Cancel once c0 is done: then c1 runs, and c2 and c3 wait behind it.
+  while (done.count("c0") == 0) ASSERT_NO_FATAL_FAILURE(next_done());
+  ASSERT_EQ(done.count("c1"), 0u) << "c1 must still run when the CANCEL comes";
+  ASSERT_TRUE(protocol::SendTo(router_, peer, protocol::kCancel,
+                               protocol::EncodeIds({"c2", "c3", "not-here"}))
+                  .ok());
+  while (done.size() < 4) ASSERT_NO_FATAL_FAILURE(next_done());
   EXPECT_EQ(duplicates, 1);
   std::string value;
   bool found = false;

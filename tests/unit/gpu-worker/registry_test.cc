@@ -95,7 +95,9 @@ TEST(RegistryTest, AModelWithABatchRunningIsNotEvicted) {
     EXPECT_TRUE(r.Acquire("big_b", &lease).ok());
     loaded.store(true);
   });
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));  // a wrong eviction would show
+  // Not synchronisation: a window for a wrong eviction (of big_a, under its running batch) to
+  // happen in; nothing may change within it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
   EXPECT_FALSE(loaded.load());
   EXPECT_EQ(r.Resident(), std::vector<std::string>({"big_a"}));
   EXPECT_EQ(running.model().name(), "big_a");

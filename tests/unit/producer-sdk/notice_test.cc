@@ -50,7 +50,8 @@ TEST_F(ClientNoticeTest, FinishedNoticeWakesWait) {
 
   Clock::time_point written;
   std::thread worker([&] {
-    // Re-checks happen at ~0, 50, 150, 350, 750, 1550, 2550 ms: write just after 1550.
+    // Part of the scenario, not synchronisation: re-checks happen at ~0, 50, 150, 350, 750,
+    // 1550, 2550 ms; write just after 1550, so that only FINISHED can wake Wait soon.
     std::this_thread::sleep_for(milliseconds(1650));
     WriteDone(redis_, id, 0);
     written = Clock::now();

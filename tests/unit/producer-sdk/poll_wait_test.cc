@@ -124,6 +124,7 @@ TEST_F(ClientPollWaitTest, PollRejectsBadIdAndGarbageRecord) {
 TEST_F(ClientPollWaitTest, WaitReturnsResultWrittenLater) {
   Tensor out = Tensor::From<float>({42.f}, {1}, DType::kFloat32);
   std::thread writer([&] {
+    // Part of the scenario: the result lands 300 ms into the Wait, between two re-checks.
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     WriteResult("job-later", "done", {out});
   });

@@ -113,7 +113,10 @@ TEST_F(ClientSubmitTest, LargeBatchesAreSplitIntoSeveralMessages) {
 
 TEST_F(ClientSubmitTest, BrokerStartedAfterClientStillAnswers) {
   auto client = MakeClient();
-  std::this_thread::sleep_for(milliseconds(200));  // let the client try to connect first
+  // Part of the scenario, not synchronisation: the broker comes up late, after the client's
+  // first connection attempt was refused (the attempt is made inside the SDK, where a test
+  // cannot see it).
+  std::this_thread::sleep_for(milliseconds(200));
   ScriptedFrontend broker(port_);  // binds after the client connected
   std::string id;
   Status s = client->Submit(MakeJob("m"), &id);

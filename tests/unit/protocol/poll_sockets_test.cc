@@ -3,16 +3,31 @@
 
 #include <gtest/gtest.h>
 #include <sys/eventfd.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <zmq.hpp>
 
 #include "ferry/protocol/wire.h"
+#include "process.h"
 
 namespace ferry::protocol {
 namespace {
+
+// Whether thread `tid` of this process sleeps (state S in /proc: blocked, e.g. in poll).
+bool Blocked(pid_t tid) {
+  std::ifstream in("/proc/self/task/" + std::to_string(tid) + "/stat");
+  std::string stat;
+  std::getline(in, stat);
+  const size_t end = stat.rfind(')');  // the state follows "(comm)"
+  return end != std::string::npos && end + 2 < stat.size() && stat[end + 2] == 'S';
+}
+
+pid_t ThisThread() { return static_cast<pid_t>(syscall(SYS_gettid)); }
 
 class PollSocketsTest : public ::testing::Test {
  protected:
@@ -53,8 +68,9 @@ TEST_F(PollSocketsTest, QueuedMessageIsReportedWithoutBlocking) {
 }
 
 TEST_F(PollSocketsTest, MessageArrivingWhileBlockedWakesIt) {
+  const pid_t poller = ThisThread();
   std::thread sender([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(testutil::WaitFor([&] { return Blocked(poller); })) << "never blocked";
     b_.send(zmq::str_buffer("later"), zmq::send_flags::none);
   });
   zmq_pollitem_t items[] = {{a_.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_, ZMQ_POLLIN, 0}};
@@ -68,8 +84,9 @@ TEST_F(PollSocketsTest, MessageArrivingWhileBlockedWakesIt) {
 }
 
 TEST_F(PollSocketsTest, PlainDescriptorWakesABlockedCall) {
+  const pid_t poller = ThisThread();
   std::thread kicker([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(testutil::WaitFor([&] { return Blocked(poller); })) << "never blocked";
     Kick();
   });
   zmq_pollitem_t items[] = {{a_.handle(), 0, ZMQ_POLLIN, 0}, {nullptr, wake_, ZMQ_POLLIN, 0}};
