@@ -141,8 +141,10 @@ TEST_F(IoThreadTest, ARequestForgottenBeforeABrokerCameIsNeverSent) {
   std::unique_ptr<IoThread> io;
   ASSERT_NO_FATAL_FAILURE(Start(nullptr, &io));
   const int64_t rid = io->NextRid();
+  const int64_t turns = io->loop_turns();
   auto request = io->Post(rid, protocol::kSubmit, EmptySubmit(rid), nullptr);
-  std::this_thread::sleep_for(milliseconds(50));  // the thread has taken it; nothing to send to
+  // The thread has taken it (a turn after the post), and had nothing to send it to.
+  ASSERT_TRUE(testutil::WaitFor([&] { return io->loop_turns() > turns + 1; }));
   EXPECT_TRUE(io->Forget(request)) << "sent without a broker";
 
   ScriptedFrontend broker(port_);

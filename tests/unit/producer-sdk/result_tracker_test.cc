@@ -84,8 +84,9 @@ TEST_F(ResultTrackerTest, OursWaitsForTheNoticeOthersReadAtOnce) {
   tracker_.Track({"o-1"});
   WriteDone(redis_, "o-1", 5);
   Result r;
-  std::thread notifier([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::thread notifier([&] {  // once the Wait sleeps: it did not read at once
+    ASSERT_TRUE(testutil::WaitFor([&] { return tracker_.Waiters("o-1") == 1; }));
+    EXPECT_EQ(reads_, 0);
     tracker_.Notify({"o-1"});
   });
   ASSERT_TRUE(tracker_.Wait("o-1", 10000, &r).ok());
