@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Compiles and links the worker's CUDA path -- src/cuda_support_cuda.cc, model.cc against CUDA
-# libtorch, tests/unit/worker_gpu_test.cc -- against Debian trixie's CUDA libtorch 2.6, on a
+# libtorch, tests/unit/gpu-worker/gpu_test.cc -- against Debian trixie's CUDA libtorch 2.6, on a
 # Debian bookworm host with no GPU, installing nothing:
 #
 #   1. downloads the .debs with `apt-get download` from a private package list (-o Dir::...; the
@@ -166,7 +166,8 @@ if [ -f /usr/include/c10/cuda/CUDAStream.h ]; then
   STUB=$(mktemp -d)
   mkdir -p "$STUB/c10/cuda/impl"
   printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' >"$STUB/c10/cuda/impl/cuda_cmake_macros.h"
-  ${CXX:-c++} -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I"$REPO/gpu-worker/include" \
+  ${CXX:-c++} -std=c++17 -fsyntax-only -Wall -Wextra -Werror -I"$REPO/gpu-worker/src" \
+    -I"$REPO/core/include" \
     -isystem "$STUB" -isystem "$CUDA_HOME/include" -isystem /usr/include/torch/csrc/api/include \
     "$REPO/gpu-worker/src/cuda_support_cuda.cc" || { rm -rf "$STUB"; fail "cuda_support_cuda.cc vs libtorch 1.13 headers"; }
   rm -rf "$STUB"
@@ -189,7 +190,7 @@ if [ "$RUN" = 1 ]; then
   # main() re-execs /proc/self/exe (the loader here) unless OMP_WAIT_POLICY is set.
   run() { OMP_WAIT_POLICY=PASSIVE "$LDSO" --library-path "$LP" "$@"; }
   W=$BUILD_DIR/gpu-worker/ferry-worker
-  T=$BUILD_DIR/tests/unit/ferry_worker_gpu_tests
+  T=$BUILD_DIR/tests/unit/gpu-worker/ferry_worker_gpu_tests
   for b in "$W" "$T"; do
     if run --list "$b" 2>&1 | grep -E "not found|error while loading"; then
       fail "$(basename "$b"): unresolved libraries under $LDSO"
