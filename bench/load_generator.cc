@@ -101,8 +101,8 @@ class Recorder {
 // Submits jobs[0..n) in one call; pushes each accepted job to `sink`, records rejections.
 template <typename Sink>
 void SubmitWindow(Client& client, const std::vector<Job>& window, size_t n, Clock::time_point start,
-                  int64_t start_wall, const std::vector<Clock::time_point>* intended,
-                  Recorder* rec, Sink&& sink) {
+                  int64_t start_wall, const std::vector<Clock::time_point>* intended, Recorder* rec,
+                  Sink&& sink) {
   std::vector<SubmitOutcome> outcomes;
   Status s = client.SubmitMany(window, &outcomes);
   for (size_t i = 0; i < n; ++i) {
@@ -114,8 +114,9 @@ void SubmitWindow(Client& client, const std::vector<Job>& window, size_t n, Cloc
     Pending p{o.id, start, start_wall};
     if (intended) {  // open loop: from the intended start, on both clocks
       p.start = (*intended)[i];
-      p.start_wall_us = start_wall - std::chrono::duration_cast<std::chrono::microseconds>(
-                                         start - p.start).count();
+      p.start_wall_us =
+          start_wall -
+          std::chrono::duration_cast<std::chrono::microseconds>(start - p.start).count();
     }
     sink(std::move(p));
   }
@@ -195,9 +196,8 @@ void RunClosedWithRun(Client& client, const LoadOptions& o, LoadResult* out) {
 void RunClosed(Client& client, const LoadOptions& o, LoadResult* out) {
   *out = LoadResult();
   if (o.use_run) return RunClosedWithRun(client, o, out);
-  const int64_t loaders =
-      std::max<int64_t>(1, o.loaders > 0 ? std::min(o.loaders, o.concurrency)
-                                         : std::min<int64_t>(o.concurrency, 4));
+  const int64_t loaders = std::max<int64_t>(
+      1, o.loaders > 0 ? std::min(o.loaders, o.concurrency) : std::min<int64_t>(o.concurrency, 4));
   const std::vector<Tensor> inputs = MakePool(o, out);
   Recorder rec(o, out);
   std::atomic<int64_t> next{0};
@@ -234,8 +234,8 @@ void RunClosed(Client& client, const LoadOptions& o, LoadResult* out) {
           std::vector<Job>& jobs = n == batch ? slots : window;
           if (n < batch) window.assign(slots.begin(), slots.begin() + n);
           for (auto& job : jobs) job.id.clear();
-          SubmitWindow(client, jobs, static_cast<size_t>(n), Clock::now(), WallMicros(),
-                       nullptr, &rec, [&](Pending p) { pending.push_back(std::move(p)); });
+          SubmitWindow(client, jobs, static_cast<size_t>(n), Clock::now(), WallMicros(), nullptr,
+                       &rec, [&](Pending p) { pending.push_back(std::move(p)); });
           continue;
         }
         if (pending.empty()) break;

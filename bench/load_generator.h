@@ -36,10 +36,10 @@ struct LoadOptions {
   std::vector<int64_t> shape{8};
   DType dtype = DType::kFloat32;
   int64_t jobs = 1000;
-  int64_t concurrency = 32;   // closed loop
-  double rate = 0;            // open loop: jobs/s
-  int64_t loaders = 0;        // threads; 0: closed min(concurrency, 4), open 64
-  int64_t submit_batch = 0;   // most jobs per SubmitMany; 0: closed max(1, k/4), open 64
+  int64_t concurrency = 32;  // closed loop
+  double rate = 0;           // open loop: jobs/s
+  int64_t loaders = 0;       // threads; 0: closed min(concurrency, 4), open 64
+  int64_t submit_batch = 0;  // most jobs per SubmitMany; 0: closed max(1, k/4), open 64
   int64_t timeout_ms = 120000;
   int64_t seed = 1;
   int64_t print_results = 0;  // keep the first N results for printing

@@ -18,14 +18,14 @@
 namespace ferry::bench {
 
 struct RawOptions {
-  std::string path;              // TorchScript file
-  std::string device = "cpu";    // cpu, cuda, cuda:N
-  int64_t batch = 1;             // jobs per forward
-  std::vector<int64_t> shape;    // one job's input shape (without the batch dim)
+  std::string path;            // TorchScript file
+  std::string device = "cpu";  // cpu, cuda, cuda:N
+  int64_t batch = 1;           // jobs per forward
+  std::vector<int64_t> shape;  // one job's input shape (without the batch dim)
   DType dtype = DType::kFloat32;
-  int64_t jobs = 1000;           // forwards = ceil(jobs / batch)
-  int64_t warmup = 0;            // jobs run first and not measured
-  int64_t threads = 0;           // at::set_num_threads; 0 leaves libtorch's default
+  int64_t jobs = 1000;  // forwards = ceil(jobs / batch)
+  int64_t warmup = 0;   // jobs run first and not measured
+  int64_t threads = 0;  // at::set_num_threads; 0 leaves libtorch's default
   int64_t seed = 1;
 };
 

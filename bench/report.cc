@@ -22,9 +22,7 @@ std::string Number(double v) {
 }  // namespace
 
 void JsonObject::Add(const std::string& key, double value) { AddRaw(key, Number(value)); }
-void JsonObject::Add(const std::string& key, int64_t value) {
-  AddRaw(key, std::to_string(value));
-}
+void JsonObject::Add(const std::string& key, int64_t value) { AddRaw(key, std::to_string(value)); }
 void JsonObject::Add(const std::string& key, const std::string& value) {
   AddRaw(key, JsonQuote(value));
 }
@@ -108,11 +106,12 @@ void Summarize(const std::string& label, const std::vector<Sample>& samples, int
   for (const auto& [b, count] : hist)
     h += (h.size() > 1 ? ", " : "") + JsonQuote(std::to_string(b)) + ": " + std::to_string(count);
   json->AddRaw("batch_sizes", h + "}");
-  std::printf("%s: %lld jobs, %lld failed, %.2f s: %.0f jobs/s; latency ms p50 %.3f p90 %.3f "
-              "p95 %.3f p99 %.3f max %.3f; mean batch %.1f\n",
-              label.c_str(), static_cast<long long>(jobs), static_cast<long long>(failed),
-              seconds, throughput, Percentile(lat, 50), Percentile(lat, 90), Percentile(lat, 95),
-              Percentile(lat, 99), lat.empty() ? 0.0 : lat.back(), batch_sum / n);
+  std::printf(
+      "%s: %lld jobs, %lld failed, %.2f s: %.0f jobs/s; latency ms p50 %.3f p90 %.3f "
+      "p95 %.3f p99 %.3f max %.3f; mean batch %.1f\n",
+      label.c_str(), static_cast<long long>(jobs), static_cast<long long>(failed), seconds,
+      throughput, Percentile(lat, 50), Percentile(lat, 90), Percentile(lat, 95),
+      Percentile(lat, 99), lat.empty() ? 0.0 : lat.back(), batch_sum / n);
   if (!stages) return;
   const char* names[5] = {"submit", "queue", "dispatch", "compute", "delivery"};
   const double total = std::max(1e-9, lat_sum * 1000.0);
@@ -144,9 +143,10 @@ void Summarize(const std::string& label, const std::vector<Sample>& samples, int
     median[i] = Percentile(v, 50);
     p50 += std::string(i ? ", " : "") + JsonQuote(parts[i].first) + ": " + Number(median[i]);
   }
-  std::printf("  stage p50 us: submit %.0f queue %.0f dispatch %.0f (transfer %.0f, worker %.0f) "
-              "compute %.0f delivery %.0f\n",
-              median[0], median[1], median[2], median[3], median[4], median[5], median[6]);
+  std::printf(
+      "  stage p50 us: submit %.0f queue %.0f dispatch %.0f (transfer %.0f, worker %.0f) "
+      "compute %.0f delivery %.0f\n",
+      median[0], median[1], median[2], median[3], median[4], median[5], median[6]);
   json->AddRaw("stage_p50_us", p50 + "}");
 }
 

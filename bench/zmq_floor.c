@@ -6,7 +6,8 @@
 //   /tmp/zmq_floor client tcp://127.0.0.1:7001 5000                    # REQ: p50/p90/p99
 // A round trip client -> relay -> echo -> relay -> client is four messages, as SUBMIT, CHUNK,
 // DONE and FINISHED were. `client URL N direct` talks to a ROUTER echo without the relay:
-//   /tmp/zmq_floor router-echo tcp://127.0.0.1:7003 & /tmp/zmq_floor client tcp://127.0.0.1:7003 5000 direct
+//   /tmp/zmq_floor router-echo tcp://127.0.0.1:7003 &
+//   /tmp/zmq_floor client tcp://127.0.0.1:7003 5000 direct
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +27,9 @@ static int Compare(const void* a, const void* b) {
 
 int main(int argc, char** argv) {
   if (argc < 3) {
-    fprintf(stderr, "usage: zmq_floor relay FRONT BACK | echo URL | router-echo URL | "
-                    "client URL N [direct]\n");
+    fprintf(stderr,
+            "usage: zmq_floor relay FRONT BACK | echo URL | router-echo URL | "
+            "client URL N [direct]\n");
     return 2;
   }
   void* ctx = zmq_ctx_new();

@@ -100,14 +100,16 @@ void Broker::Impl::DropWorker(const std::string& routing_id, const char* why) {
   auto it = scheduler.workers().find(routing_id);
   const std::string name = it != scheduler.workers().end() ? it->second.hello.worker : "?";
   auto requeued = scheduler.RemoveWorker(routing_id);
-  if (requeued.empty()) spdlog::info("worker {} removed ({})", name, why);
-  else spdlog::warn("worker {} removed ({}); {} job(s) requeued", name, why, requeued.size());
+  if (requeued.empty())
+    spdlog::info("worker {} removed ({})", name, why);
+  else
+    spdlog::warn("worker {} removed ({}); {} job(s) requeued", name, why, requeued.size());
   telemetry.OnRequeued(requeued);
   for (Job* job : requeued) {
     if (job->attempt <= options.max_attempts) continue;
-    std::string message = "the workers running this job died " +
-                          std::to_string(job->attempt - 1) + " times; giving up after " +
-                          std::to_string(options.max_attempts) + " attempts";
+    std::string message = "the workers running this job died " + std::to_string(job->attempt - 1) +
+                          " times; giving up after " + std::to_string(options.max_attempts) +
+                          " attempts";
     spdlog::warn("job {} poisoned: {}", job->id, message);
     ++scheduler.mutable_counters().poisoned;
     telemetry.OnBrokerFinished(*job, codes::kPoisoned);

@@ -134,8 +134,8 @@ int Broker::metrics_port() const {
 
 Status Broker::Run() {
   Impl& d = *impl_;
-  spdlog::info("broker serving producers on {} and workers on {} (journal {})",
-               frontend_endpoint(), backend_endpoint(), d.options.journal ? "on" : "off");
+  spdlog::info("broker serving producers on {} and workers on {} (journal {})", frontend_endpoint(),
+               backend_endpoint(), d.options.journal ? "on" : "off");
   zmq::pollitem_t items[] = {{d.backend.handle(), 0, ZMQ_POLLIN, 0},
                              {d.frontend.handle(), 0, ZMQ_POLLIN, 0}};
   protocol::Message m;

@@ -8,17 +8,17 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "broker_metrics.h"
 #include "ferry/broker/broker.h"
-#include "final_results.h"
-#include "journal.h"
-#include "scheduler.h"
 #include "ferry/metrics/metrics_server.h"
 #include "ferry/metrics/registry.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/redis.h"
 #include "ferry/protocol/wire.h"
-#include "broker_metrics.h"
+#include "final_results.h"
+#include "journal.h"
+#include "scheduler.h"
 
 namespace ferry::broker {
 

@@ -20,10 +20,9 @@ constexpr int64_t kRefreshEveryUs = 100 * 1000;
 constexpr int64_t kStalledAfterUs = 10 * 1000 * 1000;
 constexpr const char* kStatusNames[] = {"done", "failed", "cancelled", "expired", "poisoned"};
 // Codes SUBMIT can reject with, exposed at 0 from the start.
-constexpr const char* kRejectCodes[] = {codes::kInvalidArgument, codes::kMalformed,
-                                        codes::kUnknownModel,    codes::kDuplicate,
-                                        codes::kTooLarge,        codes::kQueueFull,
-                                        codes::kUnavailable};
+constexpr const char* kRejectCodes[] = {
+    codes::kInvalidArgument, codes::kMalformed, codes::kUnknownModel, codes::kDuplicate,
+    codes::kTooLarge,        codes::kQueueFull, codes::kUnavailable};
 
 double Seconds(int64_t us) { return us > 0 ? static_cast<double>(us) / 1e6 : 0.0; }
 }  // namespace
@@ -46,9 +45,9 @@ BrokerMetrics::ModelSeries* BrokerMetrics::Model(const std::string& name) {
   m->dispatched = registry_->Counter(names::kJobsDispatched, names::kJobsDispatchedHelp, model);
   m->requeued = registry_->Counter(names::kJobsRequeued, names::kJobsRequeuedHelp, model);
   for (int s = 0; s < kStatusCount; ++s) {
-    m->finished[s] = registry_->Counter(
-        names::kJobsFinished, names::kJobsFinishedHelp,
-        {{names::kLabelModel, name}, {names::kLabelStatus, kStatusNames[s]}});
+    m->finished[s] =
+        registry_->Counter(names::kJobsFinished, names::kJobsFinishedHelp,
+                           {{names::kLabelModel, name}, {names::kLabelStatus, kStatusNames[s]}});
   }
   m->latency = registry_->Histogram(names::kJobLatency, names::kJobLatencyHelp,
                                     names::LatencyBuckets(), model);
@@ -186,8 +185,9 @@ Status Broker::Impl::StartMetricsServer() {
   BrokerMetrics* t = &telemetry;
   mo.health = [t](std::string* why) { return t->Healthy(why); };
   Status s = metrics::MetricsServer::Start(&metrics_registry, mo, &metrics_server);
-  if (!s.ok()) return Status(s.code(), "--metrics-port " + std::to_string(options.metrics_port) +
-                                           ": " + s.message());
+  if (!s.ok())
+    return Status(s.code(),
+                  "--metrics-port " + std::to_string(options.metrics_port) + ": " + s.message());
   spdlog::info("metrics on http://0.0.0.0:{}/metrics", metrics_server->port());
   return Status::Ok();
 }

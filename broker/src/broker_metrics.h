@@ -21,10 +21,10 @@
 #include <unordered_map>
 #include <vector>
 
-#include "job.h"
-#include "scheduler.h"
 #include "ferry/metrics/registry.h"
 #include "ferry/protocol/messages.h"
+#include "job.h"
+#include "scheduler.h"
 
 namespace ferry::broker {
 
@@ -40,8 +40,8 @@ class BrokerMetrics {
   // A chunk goes to a worker: dispatched jobs, chunks, queue time of first dispatches.
   void OnChunk(const Chunk& chunk, int64_t now_us);
   // A worker reported these jobs finished (DONE); `not_done` gives the non-"done" statuses.
-  void OnDone(const std::vector<std::unique_ptr<Job>>& jobs,
-              const protocol::DoneStatuses& not_done, int64_t duplicates, int64_t now_us);
+  void OnDone(const std::vector<std::unique_ptr<Job>>& jobs, const protocol::DoneStatuses& not_done,
+              int64_t duplicates, int64_t now_us);
   // The broker finishes a job itself: status "expired", "cancelled" or "poisoned".
   void OnBrokerFinished(const Job& job, std::string_view status);
   // Jobs requeued after their worker was lost.

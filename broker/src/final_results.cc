@@ -28,8 +28,8 @@ Status FinalResults::Flush(std::vector<std::unique_ptr<Job>>* written) {
     protocol::PackResult(pk, rec);
     const std::string ttl = std::to_string(e.job->result_ttl_s > 0 ? e.job->result_ttl_s
                                                                    : protocol::kDefaultResultTtlS);
-    redis_->Append({"SET", keys_.Result(e.job->id), std::string_view(buf.data(), buf.size()),
-                    "EX", ttl, "NX"});
+    redis_->Append({"SET", keys_.Result(e.job->id), std::string_view(buf.data(), buf.size()), "EX",
+                    ttl, "NX"});
   }
   FERRY_RETURN_IF_ERROR(redis_->Flush(nullptr));
   for (auto& e : entries_) written->push_back(std::move(e.job));

@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "job.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/redis.h"
 #include "ferry/status.h"
+#include "job.h"
 
 namespace ferry::broker {
 

@@ -109,8 +109,8 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
 }
 
 void Broker::Impl::CommitAndReply(bool quiet) {
-  constexpr int64_t kRemovalDelayUs = 5000;       // removals wait at most this for a ride
-  constexpr size_t kMaxDeferredRemovals = 4096;   // or until this many have piled up
+  constexpr int64_t kRemovalDelayUs = 5000;      // removals wait at most this for a ride
+  constexpr size_t kMaxDeferredRemovals = 4096;  // or until this many have piled up
   const bool removals_due =
       quiet || journal.removals() >= kMaxDeferredRemovals ||
       (journal.removals() > 0 &&

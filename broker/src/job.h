@@ -12,19 +12,19 @@ struct Job {
   std::string id;
   std::string model;
   int64_t priority = 0;
-  int64_t timeout_ms = 0;    // 0 = no deadline
-  int64_t result_ttl_s = 0;  // 0 = the broker's default
-  int64_t attempt = 1;       // 1 for the first dispatch; +1 per requeue after a worker loss
-  int64_t submitted_us = 0;  // wall clock, when accepted
-  int64_t deadline_us = 0;   // wall clock by which it must start (submitted + timeout); 0 = none
-  int64_t seq = 0;           // acceptance order (FIFO within a priority)
-  std::string inputs_raw;    // the msgpack "inputs" array, forwarded to workers as is
-  std::string producer;      // routing id of the producer connection (for FINISHED notices)
+  int64_t timeout_ms = 0;      // 0 = no deadline
+  int64_t result_ttl_s = 0;    // 0 = the broker's default
+  int64_t attempt = 1;         // 1 for the first dispatch; +1 per requeue after a worker loss
+  int64_t submitted_us = 0;    // wall clock, when accepted
+  int64_t deadline_us = 0;     // wall clock by which it must start (submitted + timeout); 0 = none
+  int64_t seq = 0;             // acceptance order (FIFO within a priority)
+  std::string inputs_raw;      // the msgpack "inputs" array, forwarded to workers as is
+  std::string producer;        // routing id of the producer connection (for FINISHED notices)
   bool inline_result = false;  // the producer asked for small results inside FINISHED
-  std::string notify;  // the producer's Pub/Sub channel for result notices from the worker
-                       // ("" = none); not journaled: after a broker restart, FINISHED only
+  std::string notify;          // the producer's Pub/Sub channel for result notices from the worker
+                               // ("" = none); not journaled: after a broker restart, FINISHED only
   JobPhase phase = JobPhase::kQueued;
-  std::string worker;        // routing id of the worker holding it, when dispatched
+  std::string worker;  // routing id of the worker holding it, when dispatched
 };
 
 }  // namespace ferry::broker

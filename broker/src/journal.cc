@@ -131,14 +131,15 @@ Status Journal::Load(std::vector<std::unique_ptr<Job>>* jobs, std::vector<std::s
     FERRY_RETURN_IF_ERROR(redis_->Flush(&exists));
     size_t offset = exists.size() - batch.size();
     for (size_t i = 0; i < batch.size(); ++i) {
-      if (exists[offset + i].integer > 0) redis_->Append({"HDEL", journal, batch[i]->id});
-      else jobs->push_back(std::move(batch[i]));
+      if (exists[offset + i].integer > 0)
+        redis_->Append({"HDEL", journal, batch[i]->id});
+      else
+        jobs->push_back(std::move(batch[i]));
     }
     FERRY_RETURN_IF_ERROR(redis_->Flush(nullptr));
   } while (cursor != "0");
-  std::sort(jobs->begin(), jobs->end(), [](const auto& a, const auto& b) {
-    return a->seq < b->seq;
-  });
+  std::sort(jobs->begin(), jobs->end(),
+            [](const auto& a, const auto& b) { return a->seq < b->seq; });
   return Status::Ok();
 }
 

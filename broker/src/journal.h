@@ -18,10 +18,10 @@
 #include <string>
 #include <vector>
 
-#include "job.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/redis.h"
 #include "ferry/status.h"
+#include "job.h"
 
 namespace ferry::broker {
 
@@ -31,9 +31,9 @@ class Journal {
   Journal(protocol::RedisClient* redis, protocol::Keys keys)
       : redis_(redis), keys_(std::move(keys)) {}
 
-  void Stage(const Job& job);               // HSET on the next Commit
+  void Stage(const Job& job);                               // HSET on the next Commit
   void Forget(const std::string& id, int64_t now_mono_us);  // HDEL, with the next write
-  void NoteModel(const std::string& model);  // SADD + EXPIRE on the next Commit
+  void NoteModel(const std::string& model);                 // SADD + EXPIRE on the next Commit
   bool has_staged() const { return !staged_.empty(); }
   // Something other than removals waits to be written.
   bool has_writes() const { return !staged_.empty() || !models_.empty(); }

@@ -20,7 +20,7 @@ int main(int argc, char** argv) {
   ferry::broker::BrokerOptions o;
   std::string log_level = "info";
   ferry::runtime::FlagSet flags("ferry-broker",
-                                 "Accepts jobs from producers and feeds them to GPU workers.");
+                                "Accepts jobs from producers and feeds them to GPU workers.");
   flags.String("frontend", &o.frontend, "ZeroMQ endpoint for producers (ROUTER, bind)");
   flags.String("backend", &o.backend, "ZeroMQ endpoint for workers (ROUTER, bind)");
   flags.String("redis", &o.redis, "Redis URL of the result store");

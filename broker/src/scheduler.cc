@@ -23,8 +23,10 @@ const Job* Scheduler::Find(const std::string& id) const {
 
 void Scheduler::Enqueue(Job* job, bool front) {
   auto& q = queues_[job->model][job->priority];
-  if (front) q.push_front(job);
-  else q.push_back(job);
+  if (front)
+    q.push_front(job);
+  else
+    q.push_back(job);
   ++depth_[job->model];
   if (job->deadline_us > 0) deadlines_.emplace(job->deadline_us, job->id);
 }

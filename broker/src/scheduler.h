@@ -29,9 +29,9 @@
 #include <unordered_map>
 #include <vector>
 
-#include "job.h"
 #include "ferry/protocol/types.h"
 #include "ferry/status.h"
+#include "job.h"
 
 namespace ferry::broker {
 
@@ -47,8 +47,8 @@ struct WorkerState {
 };
 
 struct Chunk {
-  std::string worker;       // routing id
-  std::vector<Job*> jobs;   // owned by the scheduler; valid until Complete/Remove
+  std::string worker;      // routing id
+  std::vector<Job*> jobs;  // owned by the scheduler; valid until Complete/Remove
 };
 
 struct SchedulerCounters {

@@ -8,11 +8,11 @@ struct DTypeInfo {
   size_t size;
 };
 constexpr DTypeInfo kDTypes[] = {
-    {DType::kFloat32, "float32", 4}, {DType::kFloat16, "float16", 2},
+    {DType::kFloat32, "float32", 4},   {DType::kFloat16, "float16", 2},
     {DType::kBFloat16, "bfloat16", 2}, {DType::kFloat64, "float64", 8},
-    {DType::kInt64, "int64", 8},     {DType::kInt32, "int32", 4},
-    {DType::kInt16, "int16", 2},     {DType::kInt8, "int8", 1},
-    {DType::kUInt8, "uint8", 1},     {DType::kBool, "bool", 1},
+    {DType::kInt64, "int64", 8},       {DType::kInt32, "int32", 4},
+    {DType::kInt16, "int16", 2},       {DType::kInt8, "int8", 1},
+    {DType::kUInt8, "uint8", 1},       {DType::kBool, "bool", 1},
 };
 }  // namespace
 

@@ -1,8 +1,9 @@
 #pragma once
 // BatchLimit: a model's effective max batch, lowered when the device runs out of memory and
 // restored gradually. After an out-of-memory error on a batch of B the limit drops to
-// max(1, B / 2) (never raised by it) and stays there for `hold_us`; then it doubles every `step_us` until it is back
-// at the configured maximum. Another OOM while lowered lowers it again and restarts the hold.
+// max(1, B / 2) (never raised by it) and stays there for `hold_us`; then it doubles every `step_us`
+// until it is back at the configured maximum. Another OOM while lowered lowers it again and
+// restarts the hold.
 //
 // Thread-safety: every method may be called from any thread (one mutex). Times are monotonic
 // microseconds passed in by the caller, so tests need no sleeps.
@@ -31,7 +32,7 @@ class BatchLimit {
   const int64_t hold_us_;
   const int64_t step_us_;
   mutable std::mutex mu_;
-  int64_t lowered_ = 0;      // 0: not lowered
+  int64_t lowered_ = 0;  // 0: not lowered
   int64_t lowered_at_ = 0;
 };
 

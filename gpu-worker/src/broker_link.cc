@@ -131,7 +131,8 @@ void BrokerLink::Loop() {
     const int64_t now = protocol::MonotonicMicros();
     if (hold_until_us_ != 0 && now >= hold_until_us_ && !draining_) SendHeld();
     int64_t wait_ms = std::min(CeilMs(next_heartbeat - now), kMaxPollMs);
-    if (hold_until_us_ != 0 && !draining_) wait_ms = std::min(wait_ms, CeilMs(hold_until_us_ - now));
+    if (hold_until_us_ != 0 && !draining_)
+      wait_ms = std::min(wait_ms, CeilMs(hold_until_us_ - now));
     if (may_finish || !outbox_->Sleeping()) wait_ms = 0;
     zmq_pollitem_t items[] = {{dealer_->handle(), 0, ZMQ_POLLIN, 0},
                               {nullptr, outbox_->fd(), ZMQ_POLLIN, 0}};
@@ -174,8 +175,8 @@ void BrokerLink::Loop() {
   // given back to a worker that is leaving, and new work sent to it.
   SendHeld(/*bye=*/true);
   if (Writable()) Send(protocol::kBye, protocol::EncodeEmpty());
-  spdlog::info("worker {}: drained after {} chunk(s), {} job(s); BYE sent",
-               options_.hello.worker, chunks_, jobs_);
+  spdlog::info("worker {}: drained after {} chunk(s), {} job(s); BYE sent", options_.hello.worker,
+               chunks_, jobs_);
 }
 
 void BrokerLink::HandleBroker(protocol::Message* m) {
@@ -201,8 +202,7 @@ void BrokerLink::HandleChunk(zmq::message_t body) {
   Status s = protocol::UnpackMap(holder->message.data(), holder->message.size(), &holder->handle);
   const msgpack::object* entries = s.ok() ? protocol::Find(holder->handle.get(), "jobs") : nullptr;
   if (!entries || entries->type != msgpack::type::ARRAY) {
-    spdlog::error("CHUNK without a \"jobs\" array ignored ({})",
-                  s.ok() ? "no jobs" : s.message());
+    spdlog::error("CHUNK without a \"jobs\" array ignored ({})", s.ok() ? "no jobs" : s.message());
     return;
   }
   std::vector<Job> jobs;
@@ -248,14 +248,14 @@ void BrokerLink::HandleCancel(const zmq::message_t& body) {
     return;
   }
   std::vector<Job> removed = queue_->Remove(ids);
-  spdlog::info("worker {}: CANCEL for {} job(s): {} dropped before running",
-               options_.hello.worker, ids.size(), removed.size());
+  spdlog::info("worker {}: CANCEL for {} job(s): {} dropped before running", options_.hello.worker,
+               ids.size(), removed.size());
   if (removed.empty()) return;
   std::vector<JobResult> results;
   results.reserve(removed.size());
   for (auto& job : removed) {
-    results.push_back(FailedResult(std::move(job),
-                                   Status(codes::kCancelled, "cancelled by request")));
+    results.push_back(
+        FailedResult(std::move(job), Status(codes::kCancelled, "cancelled by request")));
   }
   writer_->Submit(std::move(results));
 }

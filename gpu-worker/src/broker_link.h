@@ -54,7 +54,7 @@ namespace ferry::worker {
 class BrokerLink {
  public:
   struct Options {
-    std::string endpoint;        // the broker's backend, tcp://HOST:5556
+    std::string endpoint;         // the broker's backend, tcp://HOST:5556
     protocol::WorkerHello hello;  // what READY says
     // When set, READY says what this returns instead (called on the link's thread): the
     // worker's current resident models. Outbox::RequestReady asks to re-announce now (ignored
@@ -124,9 +124,9 @@ class BrokerLink {
   std::atomic<int64_t> outstanding_{0};
   std::atomic<bool> draining_{false};  // written by the loop thread only
   // The loop thread's own.
-  bool broker_silent_ = false;  // for one log line per silence
-  DoneReport held_;             // held DONEs, merged (see "Holding DONEs" above)
-  int64_t hold_until_us_ = 0;   // monotonic; when notified DONEs held outside a drain go out
+  bool broker_silent_ = false;         // for one log line per silence
+  DoneReport held_;                    // held DONEs, merged (see "Holding DONEs" above)
+  int64_t hold_until_us_ = 0;          // monotonic; when notified DONEs held outside a drain go out
   int64_t reconnect_interval_us_ = 0;  // current backoff
   int64_t next_reconnect_us_ = 0;      // wall clock
   int64_t reconnects_ = 0;

@@ -52,14 +52,13 @@ void Synchronize(const Stream* stream) {
 
 int64_t AllocatedBytes(int device_index) {
   try {
-    const auto stats =
-        c10::cuda::CUDACachingAllocator::getDeviceStats(static_cast<c10::DeviceIndex>(device_index));
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(
+        static_cast<c10::DeviceIndex>(device_index));
     return static_cast<int64_t>(stats.allocated_bytes[0].current);  // [0]: StatType::AGGREGATE
   } catch (const std::exception&) {
     // Before the first CUDA allocation the caching allocator is not initialised and throws:
     // nothing is allocated yet on a device that exists.
-    return device_index >= 0 && device_index < static_cast<int>(c10::cuda::device_count()) ? 0
-                                                                                         : -1;
+    return device_index >= 0 && device_index < static_cast<int>(c10::cuda::device_count()) ? 0 : -1;
   }
 }
 
@@ -73,8 +72,8 @@ void ReleaseCachedMemory() {
 
 std::string Describe(const Stream* stream) {
   if (stream == nullptr) return "default stream";
-  return "stream " + std::to_string(stream->stream.id()) + " on cuda:" +
-         std::to_string(static_cast<int>(stream->stream.device_index()));
+  return "stream " + std::to_string(stream->stream.id()) +
+         " on cuda:" + std::to_string(static_cast<int>(stream->stream.device_index()));
 }
 
 }  // namespace ferry::worker::cuda

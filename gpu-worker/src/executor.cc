@@ -19,8 +19,7 @@ int Executor::CudaIndex(const std::string& device) {
   }
 }
 
-Executor::Executor(Options options, ModelRegistry* registry, JobQueue* queue,
-                   ResultWriter* writer)
+Executor::Executor(Options options, ModelRegistry* registry, JobQueue* queue, ResultWriter* writer)
     : options_(std::move(options)),
       registry_(registry),
       queue_(queue),
@@ -31,7 +30,9 @@ Executor::Executor(Options options, ModelRegistry* registry, JobQueue* queue,
 
 Executor::~Executor() { Join(); }
 
-void Executor::Start() { thread_ = std::thread([this] { Loop(); }); }
+void Executor::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
 
 void Executor::Join() {
   if (thread_.joinable()) thread_.join();
@@ -68,11 +69,13 @@ std::vector<JobResult> Executor::RunBatch(std::vector<Job> jobs) {
   if (failed > 0) {
     const auto* bad = &results.front();
     for (const auto& r : results) {
-      if (!r.status.ok()) { bad = &r; break; }
+      if (!r.status.ok()) {
+        bad = &r;
+        break;
+      }
     }
-    spdlog::warn("executor {}: model {} batch of {}: {} failed (first: job {}: {})",
-                 options_.index, model_name, n, failed, bad->job.entry.id,
-                 bad->status.ToString().substr(0, 300));
+    spdlog::warn("executor {}: model {} batch of {}: {} failed (first: job {}: {})", options_.index,
+                 model_name, n, failed, bad->job.entry.id, bad->status.ToString().substr(0, 300));
   } else {
     spdlog::debug("executor {}: batch {}.{} worker {} device {} model {} size {} in {} us",
                   options_.index, options_.index, batches_, options_.worker, options_.device,
@@ -144,8 +147,7 @@ void Executor::Loop() {
     writer_->Submit(std::move(results));  // written while this thread computes the next batch
     jobs.clear();
   }
-  spdlog::debug("executor {}: stopped after {} batches, {} jobs", options_.index, batches_,
-                jobs_);
+  spdlog::debug("executor {}: stopped after {} batches, {} jobs", options_.index, batches_, jobs_);
 }
 
 }  // namespace ferry::worker

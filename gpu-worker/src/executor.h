@@ -33,9 +33,9 @@ class Executor {
  public:
   struct Options {
     int index = 0;
-    std::string device = "cpu";  // the worker's device: a CUDA device gets a stream per executor
-    int threads = 0;             // intra-op torch threads for this thread (0: leave as is)
-    bool flush_denormals = false;  // CPU: denormals as zero in this thread and its intra-op team
+    std::string device = "cpu";     // the worker's device: a CUDA device gets a stream per executor
+    int threads = 0;                // intra-op torch threads for this thread (0: leave as is)
+    bool flush_denormals = false;   // CPU: denormals as zero in this thread and its intra-op team
     size_t default_max_batch = 32;  // for jobs of models the registry does not know
     std::string worker;             // the worker's name, for logs
     WorkerMetrics* metrics = nullptr;  // optional; must outlive the executor

@@ -19,18 +19,18 @@
 namespace ferry::worker {
 
 struct Job {
-  protocol::ChunkJob entry;            // id, model, inputs (refs into `chunk`), attempt, ...
-  std::shared_ptr<const void> chunk;   // owns the bytes entry.inputs point into
-  int64_t received_us = 0;             // wall clock when the CHUNK arrived
+  protocol::ChunkJob entry;           // id, model, inputs (refs into `chunk`), attempt, ...
+  std::shared_ptr<const void> chunk;  // owns the bytes entry.inputs point into
+  int64_t received_us = 0;            // wall clock when the CHUNK arrived
 };
 
 struct JobResult {
-  Job job;                                  // inputs/chunk are released once computed
-  Status status;                            // ok: "done"; otherwise "failed" with code/message
-  std::vector<protocol::TensorRef> outputs;  // when ok: one per model output, no batch dim
+  Job job;                                    // inputs/chunk are released once computed
+  Status status;                              // ok: "done"; otherwise "failed" with code/message
+  std::vector<protocol::TensorRef> outputs;   // when ok: one per model output, no batch dim
   std::shared_ptr<const void> outputs_owner;  // owns the bytes `outputs` point into
-  int64_t batch_size = 0;                   // size of the batch that produced this result
-  int64_t compute_start_us = 0;             // 0 when the job never reached the model
+  int64_t batch_size = 0;                     // size of the batch that produced this result
+  int64_t compute_start_us = 0;               // 0 when the job never reached the model
   int64_t compute_end_us = 0;
 };
 

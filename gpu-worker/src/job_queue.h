@@ -14,8 +14,8 @@
 #include <cstddef>
 #include <deque>
 #include <functional>
-#include <string>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "job.h"

@@ -1,8 +1,8 @@
 // ferry-worker: parse flags, Create (load the models), Run until SIGTERM/SIGINT has drained.
 #include <pthread.h>
 #include <signal.h>
-#include <unistd.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>

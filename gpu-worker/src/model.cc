@@ -59,7 +59,6 @@ bool CollectOutputs(const c10::IValue& v, std::vector<at::Tensor>* out) {
   return false;
 }
 
-
 bool IsOutOfMemory(std::string_view message) {
   // CUDA's caching allocator, and cuBLAS/cuDNN running out of workspace.
   for (std::string_view needle :
@@ -141,7 +140,8 @@ at::Tensor Model::Impl::Stack(const Padding& padding, size_t k,
     for (int64_t j = 0; j < batch; ++j) {
       const protocol::TensorRef& t = (*inputs[j])[k];
       if (t.size == 0) continue;
-      at::Tensor src = at::from_blob(const_cast<char*>(t.data), t.shape, at::TensorOptions().dtype(st));
+      at::Tensor src =
+          at::from_blob(const_cast<char*>(t.data), t.shape, at::TensorOptions().dtype(st));
       stacked.select(0, j).narrow(dim, 0, lengths[static_cast<size_t>(j)]).copy_(src);
     }
   }
@@ -215,7 +215,8 @@ Status Model::Create(const ModelConfig& config, std::unique_ptr<Model>* out) {
     if (!impl->module.find_method(config.method))
       return Status::InvalidArgument(what + "it has no method \"" + config.method + "\"");
     int64_t params = 0;
-    for (const at::Tensor& p : impl->module.parameters()) params += static_cast<int64_t>(p.nbytes());
+    for (const at::Tensor& p : impl->module.parameters())
+      params += static_cast<int64_t>(p.nbytes());
     for (const at::Tensor& b : impl->module.buffers()) params += static_cast<int64_t>(b.nbytes());
     const int64_t after = index >= 0 ? cuda::AllocatedBytes(index) : -1;
     for (const InputConversion& c : config.convert) {
@@ -270,7 +271,8 @@ Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& in
       args.emplace_back(impl_->Stack(padding_, k, inputs, lengths, target));
     impl_->Convert(config_.half, &args);
     if (padding_.policy().pass_lengths)
-      args.emplace_back(at::tensor(lengths, at::TensorOptions().dtype(c10::kLong)).to(impl_->device));
+      args.emplace_back(
+          at::tensor(lengths, at::TensorOptions().dtype(c10::kLong)).to(impl_->device));
     c10::IValue result = impl_->module.get_method(config_.method)(std::move(args));
 
     if (!CollectOutputs(result, &outputs)) {
@@ -281,9 +283,8 @@ Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& in
       at::Tensor& t = outputs[k];
       DType dtype;
       if (t.dim() < 1 || t.size(0) != batch) {
-        return ModelError("output " + std::to_string(k) + " has shape " +
-                          c10::str(t.sizes()) + "; its first dimension must be the batch size " +
-                          std::to_string(batch));
+        return ModelError("output " + std::to_string(k) + " has shape " + c10::str(t.sizes()) +
+                          "; its first dimension must be the batch size " + std::to_string(batch));
       }
       if (config_.half && t.scalar_type() == c10::kHalf) t = t.to(c10::kFloat);
       if (!FromTorchDType(t.scalar_type(), &dtype)) {

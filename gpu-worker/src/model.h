@@ -26,9 +26,9 @@
 #include <string>
 #include <vector>
 
+#include "cuda_support.h"
 #include "ferry/protocol/types.h"
 #include "ferry/status.h"
-#include "cuda_support.h"
 #include "ferry/worker/model_config.h"
 #include "padding.h"
 
@@ -74,8 +74,8 @@ class Model {
   // arguments. Every job must have the same signature up to the padded dimension (checked;
   // kInvalidArgument otherwise). `stream` (may be null) is made current for the whole call.
   // On success out->per_job has B entries.
-  Status Run(const std::vector<const std::vector<protocol::TensorRef>*>& inputs,
-             BatchOutput* out, const cuda::Stream* stream = nullptr) const;
+  Status Run(const std::vector<const std::vector<protocol::TensorRef>*>& inputs, BatchOutput* out,
+             const cuda::Stream* stream = nullptr) const;
 
  private:
   struct Impl;

@@ -53,9 +53,12 @@ class TableReader {
   Status Double(const std::string& key, double* out) {
     const toml::node* n = Get(key);
     if (!n) return Status::Ok();
-    if (n->is_integer()) *out = static_cast<double>(n->as_integer()->get());
-    else if (n->is_floating_point()) *out = n->as_floating_point()->get();
-    else return Error(n, key, "must be a number");
+    if (n->is_integer())
+      *out = static_cast<double>(n->as_integer()->get());
+    else if (n->is_floating_point())
+      *out = n->as_floating_point()->get();
+    else
+      return Error(n, key, "must be a number");
     return Status::Ok();
   }
   Status Bool(const std::string& key, bool* out) {
@@ -95,9 +98,12 @@ class TableReader {
     if (!Get(key)) return Status::Ok();
     out->clear();
     return Array(key, [&](const toml::node& e, size_t) {
-      if (e.is_integer()) out->push_back(static_cast<double>(e.as_integer()->get()));
-      else if (e.is_floating_point()) out->push_back(e.as_floating_point()->get());
-      else return Error(&e, key, "must be an array of numbers");
+      if (e.is_integer())
+        out->push_back(static_cast<double>(e.as_integer()->get()));
+      else if (e.is_floating_point())
+        out->push_back(e.as_floating_point()->get());
+      else
+        return Error(&e, key, "must be an array of numbers");
       return Status::Ok();
     });
   }
@@ -155,9 +161,12 @@ Status ReadModel(TableReader& r, ModelConfig* m) {
   FERRY_RETURN_IF_ERROR(r.Bool("pinned", &m->pinned));
   std::string load = "eager";
   FERRY_RETURN_IF_ERROR(r.String("load", &load));
-  if (load == "eager") m->load = LoadPolicy::kEager;
-  else if (load == "lazy") m->load = LoadPolicy::kLazy;
-  else return r.Error(r.Get("load"), "load", "must be \"eager\" or \"lazy\"");
+  if (load == "eager")
+    m->load = LoadPolicy::kEager;
+  else if (load == "lazy")
+    m->load = LoadPolicy::kLazy;
+  else
+    return r.Error(r.Get("load"), "load", "must be \"eager\" or \"lazy\"");
 
   FERRY_RETURN_IF_ERROR(r.Tables("convert", false, [&](TableReader& c) {
     InputConversion conv;
@@ -218,9 +227,11 @@ bool IsFloating(DType d) {
 const char* LoadPolicyName(LoadPolicy load) { return load == LoadPolicy::kLazy ? "lazy" : "eager"; }
 
 Status ValidateModelConfig(const ModelConfig& m) {
-  if (m.name.empty() || m.name.size() > 128) return Status::InvalidArgument("name must be 1-128 characters");
+  if (m.name.empty() || m.name.size() > 128)
+    return Status::InvalidArgument("name must be 1-128 characters");
   if (m.path.empty()) return Status::InvalidArgument("path must not be empty");
-  if (m.max_batch < 0 || m.max_batch > 65536) return Status::InvalidArgument("max_batch must be 1..65536");
+  if (m.max_batch < 0 || m.max_batch > 65536)
+    return Status::InvalidArgument("max_batch must be 1..65536");
   if (m.method.empty()) return Status::InvalidArgument("method must not be empty");
   std::set<size_t> converted;
   for (const auto& c : m.convert) {
@@ -270,8 +281,9 @@ Status ParseModelRepositoryText(std::string_view text, const std::string& source
 #else
   toml::parse_result parsed = toml::parse(text, source);
   if (!parsed) {
-    return Status::InvalidArgument(source + ":" + std::to_string(parsed.error().source().begin.line) +
-                                   ": " + std::string(parsed.error().description()));
+    return Status::InvalidArgument(source + ":" +
+                                   std::to_string(parsed.error().source().begin.line) + ": " +
+                                   std::string(parsed.error().description()));
   }
   root = std::move(parsed).table();
 #endif
@@ -302,7 +314,8 @@ Status ParseModelRepository(const std::string& path, std::vector<ModelConfig>* o
 
 Status ParseByteSize(std::string_view text, int64_t* out) {
   std::string s(text);
-  const Status bad = Status::InvalidArgument("bad byte size \"" + s + "\" (e.g. 2G, 512M, 1048576)");
+  const Status bad =
+      Status::InvalidArgument("bad byte size \"" + s + "\" (e.g. 2G, 512M, 1048576)");
   if (s.empty()) return bad;
   size_t end = 0;
   double value = 0;
@@ -315,9 +328,11 @@ Status ParseByteSize(std::string_view text, int64_t* out) {
   for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   if (unit.size() > 1 && (unit.substr(1) == "B" || unit.substr(1) == "IB")) unit.resize(1);
   if (unit == "B") unit.clear();
-  static const std::map<std::string, double> kUnits = {
-      {"", 1.0}, {"K", 1024.0}, {"M", 1024.0 * 1024}, {"G", 1024.0 * 1024 * 1024},
-      {"T", 1024.0 * 1024 * 1024 * 1024}};
+  static const std::map<std::string, double> kUnits = {{"", 1.0},
+                                                       {"K", 1024.0},
+                                                       {"M", 1024.0 * 1024},
+                                                       {"G", 1024.0 * 1024 * 1024},
+                                                       {"T", 1024.0 * 1024 * 1024 * 1024}};
   auto it = kUnits.find(unit);
   if (it == kUnits.end() || !(value >= 0) || !std::isfinite(value)) return bad;
   const double bytes = value * it->second;

@@ -14,8 +14,10 @@ namespace {
 
 std::string Mib(int64_t bytes) {
   char text[32];
-  if (bytes < 1024 * 1024) std::snprintf(text, sizeof(text), "%.1f KiB", bytes / 1024.0);
-  else std::snprintf(text, sizeof(text), "%.1f MiB", bytes / (1024.0 * 1024.0));
+  if (bytes < 1024 * 1024)
+    std::snprintf(text, sizeof(text), "%.1f KiB", bytes / 1024.0);
+  else
+    std::snprintf(text, sizeof(text), "%.1f MiB", bytes / (1024.0 * 1024.0));
   return text;
 }
 
@@ -80,9 +82,8 @@ int64_t ModelRegistry::Estimate(const Entry& e) const {
   return static_cast<int64_t>(size) / (e.config.half ? 2 : 1);
 }
 
-ModelRegistry::Room ModelRegistry::MakeRoom(
-    const std::string& for_model, int64_t need,
-    std::vector<std::shared_ptr<const Model>>* dropped) {
+ModelRegistry::Room ModelRegistry::MakeRoom(const std::string& for_model, int64_t need,
+                                            std::vector<std::shared_ptr<const Model>>* dropped) {
   const int64_t budget = options_.memory_budget;
   if (budget <= 0 || used_ + need <= budget) return Room::kFits;
   int64_t fixed = 0;  // bytes no eviction can free: pinned or loading models
@@ -192,12 +193,12 @@ Status ModelRegistry::Load(Entry* e, const cuda::Stream* stream,
   used_ += e->bytes;
   e->state = State::kResident;
   ++loads_;
-  spdlog::info("model {} resident on {}: {} ({} in parameters), {} warmup batch(es), {} ms; "
-               "{} of {} in use",
-               e->config.name, e->config.device, Mib(e->bytes),
-               Mib(e->model->parameter_bytes()), warm_batches,
-               (protocol::MonotonicMicros() - start) / 1000, Mib(used_),
-               options_.memory_budget > 0 ? Mib(options_.memory_budget) : "no budget");
+  spdlog::info(
+      "model {} resident on {}: {} ({} in parameters), {} warmup batch(es), {} ms; "
+      "{} of {} in use",
+      e->config.name, e->config.device, Mib(e->bytes), Mib(e->model->parameter_bytes()),
+      warm_batches, (protocol::MonotonicMicros() - start) / 1000, Mib(used_),
+      options_.memory_budget > 0 ? Mib(options_.memory_budget) : "no budget");
   // The estimate may have been low: make the budget true again if idle models allow it.
   std::vector<std::shared_ptr<const Model>> dropped;
   MakeRoom(e->config.name, 0, &dropped);

@@ -29,18 +29,18 @@
 #include <string>
 #include <vector>
 
-#include "ferry/status.h"
 #include "batch_limit.h"
 #include "cuda_support.h"
-#include "model.h"
+#include "ferry/status.h"
 #include "ferry/worker/model_config.h"
+#include "model.h"
 
 namespace ferry::worker {
 
 class ModelRegistry {
  public:
   struct Options {
-    int64_t memory_budget = 0;        // bytes; 0 = unlimited
+    int64_t memory_budget = 0;         // bytes; 0 = unlimited
     int64_t wait_for_room_ms = 60000;  // how long a load waits for busy models to finish
     int64_t oom_hold_us = BatchLimit::kDefaultHoldUs;
     int64_t oom_step_us = BatchLimit::kDefaultStepUs;
@@ -120,11 +120,11 @@ class ModelRegistry {
   std::condition_variable cv_;  // a load finished or a lease was released
   std::map<std::string, Entry> entries_;
   std::vector<std::string> order_;
-  int64_t used_ = 0;            // bytes of resident and loading models
+  int64_t used_ = 0;  // bytes of resident and loading models
   uint64_t clock_ = 0;
   int64_t loads_ = 0;
   int64_t evictions_ = 0;
-  std::mutex load_mu_;          // one load at a time
+  std::mutex load_mu_;  // one load at a time
   std::mutex listener_mu_;
   std::function<void()> listener_;
 };

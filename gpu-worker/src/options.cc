@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <thread>
 
-#include "ferry/runtime/flags.h"
 #include "ferry/protocol/util.h"
+#include "ferry/runtime/flags.h"
 
 namespace ferry::worker {
 namespace {
@@ -40,22 +40,23 @@ void ResolveModelDefaults(WorkerOptions* options) {
   }
 }
 
-Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help,
-                        std::string* usage) {
+Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help, std::string* usage) {
   *help = false;
   WorkerOptions& o = *out;
   std::vector<std::string> models;
   std::string memory_budget = "0";
   runtime::FlagSet flags("ferry-worker",
-                          "Runs TorchScript models on batches of jobs pulled from a Ferry broker "
-                          "and writes the results to Redis.");
+                         "Runs TorchScript models on batches of jobs pulled from a Ferry broker "
+                         "and writes the results to Redis.");
   flags.String("broker", &o.broker, "the broker's backend endpoint");
   flags.String("redis", &o.redis, "Redis for results, redis://HOST:PORT[/DB]");
-  flags.Repeated("model", &models, "a model to serve, NAME=PATH.pt (TorchScript; shorthand for "
+  flags.Repeated("model", &models,
+                 "a model to serve, NAME=PATH.pt (TorchScript; shorthand for "
                  "a --models entry with defaults)");
   flags.String("models", &o.models_file, "a model repository file (TOML, docs/models.md)");
   flags.String("device", &o.device, "cpu, cuda or cuda:N (models without a device of their own)");
-  flags.Int("max-batch", &o.max_batch, "most jobs per call (models without max_batch of their own)");
+  flags.Int("max-batch", &o.max_batch,
+            "most jobs per call (models without max_batch of their own)");
   flags.String("memory-budget", &memory_budget,
                "memory for resident models, e.g. 20G or 512M (0: unlimited); least recently "
                "used idle models are unloaded to make room");
@@ -134,9 +135,11 @@ Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help,
   ResolveModelDefaults(&o);
   for (ModelConfig& m : o.models) {
     if (!ValidDevice(m.device))
-      return Status::InvalidArgument("model \"" + m.name + "\": device must be cpu, cuda or cuda:N");
+      return Status::InvalidArgument("model \"" + m.name +
+                                     "\": device must be cpu, cuda or cuda:N");
     if (m.half && m.device == "cpu")
-      return Status::InvalidArgument("model \"" + m.name + "\": half precision needs a CUDA device");
+      return Status::InvalidArgument("model \"" + m.name +
+                                     "\": half precision needs a CUDA device");
   }
 
   // CPU rule: executors x intra-op threads = the cores, so that concurrent batches do not

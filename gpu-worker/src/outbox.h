@@ -26,12 +26,12 @@ namespace ferry::worker {
 
 // One written batch, for DONE.
 struct DoneReport {
-  std::vector<std::string> ids;        // every job of the batch
-  int64_t duplicates = 0;              // ids whose result another writer stored first
-  protocol::DoneStatuses not_done;     // ids whose result is not "done", with their status
+  std::vector<std::string> ids;     // every job of the batch
+  int64_t duplicates = 0;           // ids whose result another writer stored first
+  protocol::DoneStatuses not_done;  // ids whose result is not "done", with their status
   // Records this write stored that are small enough to travel in DONE (id, record bytes).
   std::vector<std::pair<std::string, std::string>> inline_results;
-  std::vector<std::string> notified;   // ids whose notice the write published on "notify"
+  std::vector<std::string> notified;  // ids whose notice the write published on "notify"
 };
 
 class Outbox {

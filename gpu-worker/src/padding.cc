@@ -24,10 +24,9 @@ Status Padding::Check(const std::vector<protocol::TensorRef>& inputs) const {
                                      " but the job has " + std::to_string(inputs.size()));
     const int64_t dim = DimOf(inputs[k]);
     if (dim < 0)
-      return Status::InvalidArgument("input " + std::to_string(k) + " has " +
-                                     std::to_string(inputs[k].shape.size()) +
-                                     " dimension(s); the padding policy pads dimension " +
-                                     std::to_string(policy_.dim));
+      return Status::InvalidArgument(
+          "input " + std::to_string(k) + " has " + std::to_string(inputs[k].shape.size()) +
+          " dimension(s); the padding policy pads dimension " + std::to_string(policy_.dim));
     const int64_t n = inputs[k].shape[static_cast<size_t>(dim)];
     if (length >= 0 && n != length)
       return Status::InvalidArgument("padded inputs disagree on the length (" +
@@ -51,8 +50,8 @@ int64_t Padding::Bucket(int64_t length) const {
 }
 
 int64_t Padding::Trimmed(const TrimRule& rule, int64_t length) {
-  return std::max<int64_t>(0, static_cast<int64_t>(std::ceil(static_cast<double>(length) *
-                                                             rule.ratio - 1e-9)));
+  return std::max<int64_t>(
+      0, static_cast<int64_t>(std::ceil(static_cast<double>(length) * rule.ratio - 1e-9)));
 }
 
 std::string Padding::GroupKey(const std::vector<protocol::TensorRef>& inputs) const {

@@ -32,7 +32,9 @@ class Padding {
   int64_t Length(const std::vector<protocol::TensorRef>& inputs) const;
   // Whether input `k` is padded, and along which dimension of it (after Check).
   bool IsPadded(size_t k) const;
-  int64_t DimOf(const protocol::TensorRef& t) const { return Normalize(policy_.dim, t.shape.size()); }
+  int64_t DimOf(const protocol::TensorRef& t) const {
+    return Normalize(policy_.dim, t.shape.size());
+  }
   // The length a job is padded to when alone: its bucket, or its own length.
   int64_t Bucket(int64_t length) const;
   // The length a batch whose longest job is `longest` is padded to.

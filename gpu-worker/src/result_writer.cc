@@ -44,10 +44,13 @@ ResultWriter::~ResultWriter() {
   }
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
-  if (!queue_.empty()) spdlog::error("result writer: {} results abandoned unwritten", queue_.size());
+  if (!queue_.empty())
+    spdlog::error("result writer: {} results abandoned unwritten", queue_.size());
 }
 
-void ResultWriter::Start() { thread_ = std::thread([this] { Loop(); }); }
+void ResultWriter::Start() {
+  thread_ = std::thread([this] { Loop(); });
+}
 
 void ResultWriter::Submit(std::vector<JobResult> results) {
   if (results.empty()) return;
@@ -135,8 +138,10 @@ std::vector<ResultWriter::PackedResult> ResultWriter::Pack(std::vector<JobResult
     }
     rec.batch_size = r.batch_size;
     rec.attempt = e.attempt;
-    rec.timing_us = {{"submitted", e.submitted_us}, {"dispatched", e.dispatched_us},
-                     {"received", r.job.received_us}, {"finished", finished}};
+    rec.timing_us = {{"submitted", e.submitted_us},
+                     {"dispatched", e.dispatched_us},
+                     {"received", r.job.received_us},
+                     {"finished", finished}};
     if (r.compute_start_us != 0) {
       rec.timing_us["compute_start"] = r.compute_start_us;
       rec.timing_us["compute_end"] = r.compute_end_us;
@@ -193,8 +198,10 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
         (error.find("NOPERM") != std::string::npos ||
          error.find("unknown command") != std::string::npos)) {
       scripts_ok_ = false;
-      spdlog::error("result writer: Redis refuses the result-notice script ({}); writing "
-                    "results without notices from now on", error);
+      spdlog::error(
+          "result writer: Redis refuses the result-notice script ({}); writing "
+          "results without notices from now on",
+          error);
       return Status::Internal("redis: " + error);
     }
   }
@@ -236,8 +243,8 @@ bool ResultWriter::WriteWithRetries(std::vector<PackedResult>* packed, int64_t* 
   }
 }
 
-void ResultWriter::Report(const std::vector<JobResult>& results,
-                          std::vector<PackedResult>* packed, int64_t duplicates) {
+void ResultWriter::Report(const std::vector<JobResult>& results, std::vector<PackedResult>* packed,
+                          int64_t duplicates) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     written_ += static_cast<int64_t>(results.size());

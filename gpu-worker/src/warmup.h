@@ -8,8 +8,8 @@
 
 #include <cstdint>
 
-#include "ferry/status.h"
 #include "cuda_support.h"
+#include "ferry/status.h"
 #include "model.h"
 
 namespace ferry::worker {

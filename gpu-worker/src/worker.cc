@@ -134,13 +134,14 @@ Status Worker::Impl::Run() {
 
   if (options_.metrics_port != 0 && !metrics_server_) {
     metrics::MetricsServerOptions mo;
-    mo.port = options_.metrics_port < 0 ? metrics::kAnyPort : static_cast<int>(options_.metrics_port);
+    mo.port =
+        options_.metrics_port < 0 ? metrics::kAnyPort : static_cast<int>(options_.metrics_port);
     WorkerMetrics* m = metrics_.get();
     mo.before_scrape = [m] { m->Sample(); };  // thread-safe reads: registry and allocator
     Status s = metrics::MetricsServer::Start(metrics_registry_.get(), mo, &metrics_server_);
     if (!s.ok())
-      return Status(s.code(), "--metrics-port " + std::to_string(options_.metrics_port) + ": " +
-                                  s.message());
+      return Status(s.code(),
+                    "--metrics-port " + std::to_string(options_.metrics_port) + ": " + s.message());
     spdlog::info("worker {}: metrics on http://0.0.0.0:{}/metrics", options_.name,
                  metrics_server_->port());
   }
@@ -178,16 +179,18 @@ Status Worker::Impl::Run() {
     eopts.default_max_batch = static_cast<size_t>(options_.max_batch);
     eopts.worker = options_.name;
     eopts.metrics = metrics_.get();
-    executors_.push_back(std::make_unique<Executor>(eopts, registry_.get(), &queue_, writer_.get()));
+    executors_.push_back(
+        std::make_unique<Executor>(eopts, registry_.get(), &queue_, writer_.get()));
     executors_.back()->Start();
   }
-  spdlog::info("worker {} running on {}: {} executor(s) x {} torch thread(s){}, {} model(s), "
-               "{} resident, capacity {}, memory budget {}",
-               options_.name, options_.device, options_.instances, options_.threads,
-               options_.flush_denormals ? " flushing denormals" : "",
-               options_.models.size(), registry_->Resident().size(), options_.capacity(),
-               options_.memory_budget > 0 ? std::to_string(options_.memory_budget) + " bytes"
-                                          : std::string("unlimited"));
+  spdlog::info(
+      "worker {} running on {}: {} executor(s) x {} torch thread(s){}, {} model(s), "
+      "{} resident, capacity {}, memory budget {}",
+      options_.name, options_.device, options_.instances, options_.threads,
+      options_.flush_denormals ? " flushing denormals" : "", options_.models.size(),
+      registry_->Resident().size(), options_.capacity(),
+      options_.memory_budget > 0 ? std::to_string(options_.memory_budget) + " bytes"
+                                 : std::string("unlimited"));
 
   link_->Join();  // returns once drained and BYE is sent
   queue_.Close();

@@ -1,9 +1,9 @@
 #include "worker_metrics.h"
 
-#include "ferry/metrics/names.h"
-#include "ferry/protocol/util.h"
 #include "cuda_support.h"
 #include "executor.h"
+#include "ferry/metrics/names.h"
+#include "ferry/protocol/util.h"
 #include "model_registry.h"
 
 #ifndef FERRY_VERSION
@@ -21,10 +21,11 @@ WorkerMetrics::WorkerMetrics(metrics::Registry* registry, const WorkerOptions& o
                              const ModelRegistry* models)
     : registry_(registry), models_(models), cuda_index_(Executor::CudaIndex(options.device)) {
   names::RegisterProcessInfo(registry_, "worker", FERRY_VERSION);
-  registry_->Gauge(names::kWorkerInfo, names::kWorkerInfoHelp,
-                   {{names::kLabelWorker, options.name},
-                    {names::kLabelDevice, options.device},
-                    {names::kLabelHost, protocol::HostName()}})
+  registry_
+      ->Gauge(names::kWorkerInfo, names::kWorkerInfoHelp,
+              {{names::kLabelWorker, options.name},
+               {names::kLabelDevice, options.device},
+               {names::kLabelHost, protocol::HostName()}})
       ->Set(1);
   registry_->Gauge(names::kExecutors, names::kExecutorsHelp)
       ->Set(static_cast<double>(options.instances));
@@ -47,9 +48,9 @@ std::unique_ptr<WorkerMetrics::ModelSeries> WorkerMetrics::MakeSeries(const std:
   const metrics::Labels model = {{names::kLabelModel, name}};
   m->batches = registry_->Counter(names::kBatches, names::kBatchesHelp, model);
   for (int s = 0; s < kStatusCount; ++s) {
-    m->jobs[s] = registry_->Counter(names::kWorkerJobs, names::kWorkerJobsHelp,
-                                    {{names::kLabelModel, name},
-                                     {names::kLabelStatus, kStatusNames[s]}});
+    m->jobs[s] =
+        registry_->Counter(names::kWorkerJobs, names::kWorkerJobsHelp,
+                           {{names::kLabelModel, name}, {names::kLabelStatus, kStatusNames[s]}});
   }
   m->batch_size = registry_->Histogram(names::kBatchSize, names::kBatchSizeHelp,
                                        names::BatchSizeBuckets(), model);
@@ -68,8 +69,8 @@ WorkerMetrics::ModelSeries* WorkerMetrics::Model(const std::string& name) {
   return slot.get();
 }
 
-void WorkerMetrics::OnBatch(int executor, const std::string& model, size_t size,
-                            double compute_s, double busy_s) {
+void WorkerMetrics::OnBatch(int executor, const std::string& model, size_t size, double compute_s,
+                            double busy_s) {
   if (executor >= 0 && static_cast<size_t>(executor) < busy_.size()) busy_[executor]->Add(busy_s);
   if (compute_s < 0) return;  // never reached the model (it could not be loaded)
   ModelSeries* m = Model(model);
@@ -88,9 +89,12 @@ void WorkerMetrics::OnWritten(const std::vector<JobResult>& results, int64_t dup
       model = &r.job.entry.model;
     }
     int s = kFailed;
-    if (r.status.ok()) s = kDone;
-    else if (r.status.code() == codes::kCancelled) s = kCancelled;
-    else if (r.status.code() == codes::kExpired) s = kExpired;
+    if (r.status.ok())
+      s = kDone;
+    else if (r.status.code() == codes::kCancelled)
+      s = kCancelled;
+    else if (r.status.code() == codes::kExpired)
+      s = kExpired;
     m->jobs[s]->Inc();
   }
 }

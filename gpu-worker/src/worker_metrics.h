@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "ferry/metrics/registry.h"
-#include "job.h"
 #include "ferry/worker/options.h"
+#include "job.h"
 
 namespace ferry::worker {
 
@@ -59,9 +59,9 @@ class WorkerMetrics {
 
   metrics::Registry* registry_;
   const ModelRegistry* models_;
-  const int cuda_index_;  // -1 on CPU
+  const int cuda_index_;                                                      // -1 on CPU
   std::unordered_map<std::string, std::unique_ptr<ModelSeries>> configured_;  // never changes
-  std::mutex mu_;                                                              // guards others_
+  std::mutex mu_;                                                             // guards others_
   std::unordered_map<std::string, std::unique_ptr<ModelSeries>> others_;
   std::vector<metrics::Counter*> busy_;  // per executor
   metrics::Counter* duplicates_;

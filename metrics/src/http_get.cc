@@ -7,7 +7,8 @@ namespace ferry::metrics {
 Status HttpGet(const std::string& url, int timeout_ms, std::string* body) {
   // http://HOST[:PORT][/PATH]; a bare HOST:PORT means http://HOST:PORT/metrics.
   std::string rest = url;
-  if (rest.rfind("http://", 0) == 0) rest = rest.substr(7);
+  if (rest.rfind("http://", 0) == 0)
+    rest = rest.substr(7);
   else if (rest.find("://") != std::string::npos)
     return Status::InvalidArgument("only http:// URLs are supported: " + url);
   size_t slash = rest.find('/');

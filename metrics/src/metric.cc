@@ -27,8 +27,7 @@ double Counter::Value() const {
 void Gauge::Inc(double amount) { AtomicAdd(&value_, amount); }
 
 Histogram::Histogram(std::vector<double> upper_bounds)
-    : bounds_(std::move(upper_bounds)),
-      counts_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
+    : bounds_(std::move(upper_bounds)), counts_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
   for (size_t i = 0; i <= bounds_.size(); ++i) counts_[i].store(0, std::memory_order_relaxed);
 }
 

@@ -84,9 +84,12 @@ Registry::Series* Registry::FindOrCreate(const std::string& name, const std::str
   if (!IsValidMetricName(name)) error = "invalid metric name \"" + name + "\"";
   for (size_t i = 0; error.empty() && i < sorted.size(); ++i) {
     const std::string& l = sorted[i].first;
-    if (!IsValidLabelName(l)) error = "invalid label name \"" + l + "\" on " + name;
-    else if (i > 0 && sorted[i - 1].first == l) error = "label \"" + l + "\" twice on " + name;
-    else if (type == Type::kHistogram && l == "le") error = "histogram " + name + " has label le";
+    if (!IsValidLabelName(l))
+      error = "invalid label name \"" + l + "\" on " + name;
+    else if (i > 0 && sorted[i - 1].first == l)
+      error = "label \"" + l + "\" twice on " + name;
+    else if (type == Type::kHistogram && l == "le")
+      error = "histogram " + name + " has label le";
   }
   if (error.empty() && type == Type::kHistogram) {
     bool ok = !upper_bounds.empty();
@@ -110,8 +113,12 @@ Registry::Series* Registry::FindOrCreate(const std::string& name, const std::str
   Series fresh;
   fresh.labels = sorted;
   switch (type) {
-    case Type::kCounter: fresh.counter = std::make_unique<metrics::Counter>(); break;
-    case Type::kGauge: fresh.gauge = std::make_unique<metrics::Gauge>(); break;
+    case Type::kCounter:
+      fresh.counter = std::make_unique<metrics::Counter>();
+      break;
+    case Type::kGauge:
+      fresh.gauge = std::make_unique<metrics::Gauge>();
+      break;
     case Type::kHistogram: {
       std::vector<double> bounds = upper_bounds;
       if (!error.empty()) bounds.clear();  // a detached histogram: everything in +Inf
@@ -163,7 +170,8 @@ void Registry::ExposeFamily(const std::string& name, const Family& family, std::
       case Type::kHistogram: {
         Histogram::Snapshot snap = s.histogram->Read();
         for (size_t i = 0; i <= snap.upper_bounds.size(); ++i) {
-          std::string le = i < snap.upper_bounds.size() ? FormatValue(snap.upper_bounds[i]) : "+Inf";
+          std::string le =
+              i < snap.upper_bounds.size() ? FormatValue(snap.upper_bounds[i]) : "+Inf";
           *out += name + "_bucket" + LabelText(s.labels, "le", le) + " " +
                   FormatValue(static_cast<double>(snap.cumulative[i])) + "\n";
         }
@@ -187,9 +195,8 @@ std::string Registry::Expose() const {
 namespace names {
 
 const std::vector<double>& LatencyBuckets() {
-  static const std::vector<double> kBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025,
-                                               0.05,   0.1,   0.25,   0.5,   1,    2.5,
-                                               5,      10,    30,     60};
+  static const std::vector<double> kBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                               0.25,   0.5,   1,      2.5,   5,    10,    30,   60};
   return kBuckets;
 }
 
@@ -200,10 +207,11 @@ const std::vector<double>& BatchSizeBuckets() {
 
 void RegisterProcessInfo(Registry* registry, const std::string& component,
                          const std::string& version) {
-  registry->Gauge(kBuildInfo, kBuildInfoHelp, {{kLabelComponent, component}, {kLabelVersion, version}})
+  registry
+      ->Gauge(kBuildInfo, kBuildInfoHelp, {{kLabelComponent, component}, {kLabelVersion, version}})
       ->Set(1);
-  double now = std::chrono::duration<double>(
-                   std::chrono::system_clock::now().time_since_epoch()).count();
+  double now =
+      std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   registry->Gauge(kProcessStartTime, kProcessStartTimeHelp)->Set(std::floor(now));
 }
 

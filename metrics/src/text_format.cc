@@ -14,9 +14,12 @@ bool IsNameChar(char c, bool first) {
 }
 
 bool ParseDouble(const std::string& s, double* out) {
-  if (s == "+Inf" || s == "Inf") *out = std::numeric_limits<double>::infinity();
-  else if (s == "-Inf") *out = -std::numeric_limits<double>::infinity();
-  else if (s == "NaN") *out = std::numeric_limits<double>::quiet_NaN();
+  if (s == "+Inf" || s == "Inf")
+    *out = std::numeric_limits<double>::infinity();
+  else if (s == "-Inf")
+    *out = -std::numeric_limits<double>::infinity();
+  else if (s == "NaN")
+    *out = std::numeric_limits<double>::quiet_NaN();
   else {
     if (s.empty()) return false;
     char* end = nullptr;
@@ -50,7 +53,10 @@ bool ParseSample(const std::string& line, Sample* out) {
     ++i;
     while (true) {
       while (i < line.size() && line[i] == ' ') ++i;
-      if (i < line.size() && line[i] == '}') { ++i; break; }
+      if (i < line.size() && line[i] == '}') {
+        ++i;
+        break;
+      }
       size_t start = i;
       while (i < line.size() && IsNameChar(line[i], i == start) && line[i] != ':') ++i;
       if (i == start || i + 1 >= line.size() || line[i] != '=' || line[i + 1] != '"') return false;
@@ -70,8 +76,14 @@ bool ParseSample(const std::string& line, Sample* out) {
       ++i;  // closing quote
       out->labels[key] = value;
       while (i < line.size() && line[i] == ' ') ++i;
-      if (i < line.size() && line[i] == ',') { ++i; continue; }
-      if (i < line.size() && line[i] == '}') { ++i; break; }
+      if (i < line.size() && line[i] == ',') {
+        ++i;
+        continue;
+      }
+      if (i < line.size() && line[i] == '}') {
+        ++i;
+        break;
+      }
       return false;
     }
   }
@@ -122,10 +134,14 @@ std::string EscapeLabelValue(const std::string& value) {
   std::string out;
   out.reserve(value.size());
   for (char c : value) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '"') out += "\\\"";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '"')
+      out += "\\\"";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -133,9 +149,12 @@ std::string EscapeLabelValue(const std::string& value) {
 std::string EscapeHelp(const std::string& help) {
   std::string out;
   for (char c : help) {
-    if (c == '\\') out += "\\\\";
-    else if (c == '\n') out += "\\n";
-    else out += c;
+    if (c == '\\')
+      out += "\\\\";
+    else if (c == '\n')
+      out += "\\n";
+    else
+      out += c;
   }
   return out;
 }
@@ -162,8 +181,10 @@ Status ParseText(const std::string& text, ParsedText* out) {
       std::string name = rest.substr(0, sp);
       std::string arg = sp == std::string::npos ? "" : rest.substr(sp + 1);
       if (name.empty()) return Status("malformed", "line " + std::to_string(line_no) + ": no name");
-      if (help) out->help[name] = Unescape(arg);
-      else out->types[name] = arg;
+      if (help)
+        out->help[name] = Unescape(arg);
+      else
+        out->types[name] = arg;
       continue;
     }
     Sample s;

@@ -48,7 +48,6 @@ constexpr const char* kTopUsage =
 // --frontend, --redis, --redis-prefix, --request-timeout-ms (ops_commands.h).
 using GlobalFlags = BrokerFlags;
 
-
 int Fail(const Status& s) { return FailWith(s); }
 
 // Parses flags; returns -1 to go on, else the exit code.
@@ -70,19 +69,26 @@ int PrintResult(const Result& r, const std::string& out_dir) {
     }
   }
   switch (r.state) {
-    case JobState::kDone: return kExitOk;
-    case JobState::kPending: return kExitPending;
-    default: return kExitFailed;
+    case JobState::kDone:
+      return kExitOk;
+    case JobState::kPending:
+      return kExitPending;
+    default:
+      return kExitFailed;
   }
 }
 
 // Picks the i-th of a flag's values: one value applies to every input.
 Status PickPerInput(const std::vector<std::string>& values, size_t n, size_t i,
                     const std::string& fallback, const std::string& flag, std::string* out) {
-  if (values.empty()) *out = fallback;
-  else if (values.size() == 1) *out = values[0];
-  else if (values.size() == n) *out = values[i];
-  else return Status::InvalidArgument("give --" + flag + " once, or once per --input");
+  if (values.empty())
+    *out = fallback;
+  else if (values.size() == 1)
+    *out = values[0];
+  else if (values.size() == n)
+    *out = values[i];
+  else
+    return Status::InvalidArgument("give --" + flag + " once, or once per --input");
   return Status::Ok();
 }
 
@@ -100,7 +106,8 @@ int RunSubmit(std::vector<char*>& args) {
   flags.Repeated("shape", &shapes, "shape of raw --input files, e.g. 1,8 (default: 1-D)");
   flags.String("id", &id, "the job id (default: a new UUID)");
   flags.Int("priority", &priority, "higher runs first");
-  flags.Int("timeout-ms", &timeout_ms, "expire the job if not started within this long (0 = never)");
+  flags.Int("timeout-ms", &timeout_ms,
+            "expire the job if not started within this long (0 = never)");
   flags.Int("result-ttl-s", &result_ttl_s, "keep the result this long (0 = broker default)");
   flags.Bool("wait", &wait, "wait for the result and print it");
   flags.Int("wait-timeout-ms", &wait_timeout_ms, "with --wait: give up after this long");
@@ -217,8 +224,8 @@ int FindCommand(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--", 0) != 0 && a != "-h") return i;
-    bool takes_value = a.find('=') == std::string::npos && a != "--wait" && a != "--help" &&
-                       a != "-h";
+    bool takes_value =
+        a.find('=') == std::string::npos && a != "--wait" && a != "--help" && a != "-h";
     if (takes_value) ++i;
   }
   return -1;

@@ -70,8 +70,8 @@ int64_t Counter(const FleetStats& s, const std::string& name) {
   return it == s.counters.end() ? 0 : it->second;
 }
 
-const char* kCounterOrder[] = {"accepted", "rejected", "finished", "requeued", "chunks",
-                               "dispatched"};
+const char* kCounterOrder[] = {"accepted", "rejected", "finished",
+                               "requeued", "chunks",   "dispatched"};
 
 // The worker name a scrape describes (ferry_worker_info{worker=...}), or "" for the broker.
 std::string WorkerOf(const Scrape& s) {
@@ -129,15 +129,16 @@ std::string FormatStatus(const FleetStats& s, const std::string& endpoint) {
                  "LAST-SEEN"});
   for (const auto& w : s.workers)
     workers.Add({w.id, w.device, w.host, std::to_string(w.pid), Join(w.models),
-                 std::to_string(w.credit), std::to_string(w.in_flight),
-                 std::to_string(w.capacity), Ago(w.last_seen_ms)});
+                 std::to_string(w.credit), std::to_string(w.in_flight), std::to_string(w.capacity),
+                 Ago(w.last_seen_ms)});
   out += s.workers.empty() ? "no workers connected\n" : workers.Render();
   out += "\n";
   Table queues({"QUEUE", "DEPTH"});
   for (const auto& [model, depth] : s.queues) queues.Add({model, std::to_string(depth)});
   out += s.queues.empty() ? "no queues (no model announced yet)\n" : queues.Render();
   out += "\ncounters:";
-  for (const char* c : kCounterOrder) out += std::string("  ") + c + " " + std::to_string(Counter(s, c));
+  for (const char* c : kCounterOrder)
+    out += std::string("  ") + c + " " + std::to_string(Counter(s, c));
   for (const auto& [name, value] : s.counters) {  // any the broker added since
     if (std::find(std::begin(kCounterOrder), std::end(kCounterOrder), name) ==
         std::end(kCounterOrder))
@@ -172,7 +173,8 @@ IntervalMetrics ComputeIntervalMetrics(const std::vector<Scrape>& before,
                   metrics::SumSamples(b->parsed, names::kExecutorBusy);
     if (executors > 0) m.busy_percent[worker] = 100.0 * busy / (seconds * executors);
     m.batches_per_s[worker] = (metrics::SumSamples(a.parsed, names::kBatches) -
-                               metrics::SumSamples(b->parsed, names::kBatches)) / seconds;
+                               metrics::SumSamples(b->parsed, names::kBatches)) /
+                              seconds;
   }
   m.p50_s = metrics::HistogramQuantile(0.5, latency_delta);
   m.p99_s = metrics::HistogramQuantile(0.99, latency_delta);
@@ -196,16 +198,15 @@ std::string FormatTop(const FleetStats& before, const FleetStats& after, double 
          "  (end to end, over the interval" +
          (std::isnan(m.p50_s) ? std::string("; needs --metrics BROKER_URL") : "") + ")\n\n";
 
-  Table workers({"WORKER", "DEVICE", "MODELS", "CREDIT", "IN-FLIGHT", "BUSY%", "BATCHES/S",
-                 "LAST-SEEN"});
+  Table workers(
+      {"WORKER", "DEVICE", "MODELS", "CREDIT", "IN-FLIGHT", "BUSY%", "BATCHES/S", "LAST-SEEN"});
   for (const auto& w : after.workers) {
     auto busy = m.busy_percent.find(w.id);
     auto batches = m.batches_per_s.find(w.id);
-    workers.Add({w.id, w.device, Join(w.models), std::to_string(w.credit),
-                 std::to_string(w.in_flight),
-                 busy == m.busy_percent.end() ? "-" : Fixed(busy->second, 0),
-                 batches == m.batches_per_s.end() ? "-" : Fixed(batches->second, 1),
-                 Ago(w.last_seen_ms)});
+    workers.Add(
+        {w.id, w.device, Join(w.models), std::to_string(w.credit), std::to_string(w.in_flight),
+         busy == m.busy_percent.end() ? "-" : Fixed(busy->second, 0),
+         batches == m.batches_per_s.end() ? "-" : Fixed(batches->second, 1), Ago(w.last_seen_ms)});
   }
   out += after.workers.empty() ? "no workers connected\n" : workers.Render();
   out += "\n";
@@ -214,8 +215,7 @@ std::string FormatTop(const FleetStats& before, const FleetStats& after, double 
     auto prev = before.queues.find(model);
     int64_t change = depth - (prev == before.queues.end() ? 0 : prev->second);
     auto age = m.oldest_age_s.find(model);
-    queues.Add({model, std::to_string(depth),
-                (change > 0 ? "+" : "") + std::to_string(change),
+    queues.Add({model, std::to_string(depth), (change > 0 ? "+" : "") + std::to_string(change),
                 age == m.oldest_age_s.end() ? "-" : Fixed(age->second, 2) + " s"});
   }
   out += after.queues.empty() ? "no queues\n" : queues.Render();

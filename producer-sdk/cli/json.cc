@@ -38,9 +38,19 @@ class Parser {
       out->type = JsonValue::Type::kString;
       return String(&out->string);
     }
-    if (Literal("true")) { out->type = JsonValue::Type::kBool; out->boolean = true; return true; }
-    if (Literal("false")) { out->type = JsonValue::Type::kBool; return true; }
-    if (Literal("null")) { out->type = JsonValue::Type::kNull; return true; }
+    if (Literal("true")) {
+      out->type = JsonValue::Type::kBool;
+      out->boolean = true;
+      return true;
+    }
+    if (Literal("false")) {
+      out->type = JsonValue::Type::kBool;
+      return true;
+    }
+    if (Literal("null")) {
+      out->type = JsonValue::Type::kNull;
+      return true;
+    }
     const char* start = s_.c_str() + i_;
     char* end = nullptr;
     out->number = std::strtod(start, &end);
@@ -53,7 +63,10 @@ class Parser {
     out->type = JsonValue::Type::kObject;
     ++i_;
     Space();
-    if (i_ < s_.size() && s_[i_] == '}') { ++i_; return true; }
+    if (i_ < s_.size() && s_[i_] == '}') {
+      ++i_;
+      return true;
+    }
     while (true) {
       Space();
       std::string key;
@@ -72,7 +85,10 @@ class Parser {
     out->type = JsonValue::Type::kArray;
     ++i_;
     Space();
-    if (i_ < s_.size() && s_[i_] == ']') { ++i_; return true; }
+    if (i_ < s_.size() && s_[i_] == ']') {
+      ++i_;
+      return true;
+    }
     while (true) {
       out->array.emplace_back();
       if (!Value(&out->array.back(), depth + 1)) return false;
@@ -100,15 +116,28 @@ class Parser {
     while (i_ < s_.size()) {
       char c = s_[i_++];
       if (c == '"') return true;
-      if (c != '\\') { *out += c; continue; }
+      if (c != '\\') {
+        *out += c;
+        continue;
+      }
       if (i_ >= s_.size()) return false;
       char e = s_[i_++];
       switch (e) {
-        case 'n': *out += '\n'; break;
-        case 't': *out += '\t'; break;
-        case 'r': *out += '\r'; break;
-        case 'b': *out += '\b'; break;
-        case 'f': *out += '\f'; break;
+        case 'n':
+          *out += '\n';
+          break;
+        case 't':
+          *out += '\t';
+          break;
+        case 'r':
+          *out += '\r';
+          break;
+        case 'b':
+          *out += '\b';
+          break;
+        case 'f':
+          *out += '\f';
+          break;
         case 'u': {
           if (i_ + 4 > s_.size()) return false;
           AppendUtf8(static_cast<unsigned>(std::strtoul(s_.substr(i_, 4).c_str(), nullptr, 16)),
@@ -116,7 +145,8 @@ class Parser {
           i_ += 4;
           break;
         }
-        default: *out += e;  // " \ /
+        default:
+          *out += e;  // " \ /
       }
     }
     return false;

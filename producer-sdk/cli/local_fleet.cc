@@ -95,7 +95,8 @@ Status LocalFleet::Spawn(const std::string& name, const std::vector<std::string>
     }
     int devnull = open("/dev/null", O_RDONLY);
     if (devnull >= 0) dup2(devnull, STDIN_FILENO);
-    if (!cuda_visible_devices.empty()) setenv("CUDA_VISIBLE_DEVICES", cuda_visible_devices.c_str(), 1);
+    if (!cuda_visible_devices.empty())
+      setenv("CUDA_VISIBLE_DEVICES", cuda_visible_devices.c_str(), 1);
     execvp(cargv[0], cargv.data());
     std::fprintf(stderr, "ferry up: cannot run %s: %s\n", cargv[0], strerror(errno));
     _exit(127);
@@ -114,10 +115,11 @@ Status LocalFleet::Start(const LocalFleetOptions& options, std::unique_ptr<Local
   f->redis_url_ = options.redis_url;
   if (f->redis_url_.empty()) {
     int port = PickFreePort();
-    FERRY_RETURN_IF_ERROR(f->Spawn("redis", {options.redis_server_bin, "--port", std::to_string(port),
-                                       "--bind", "127.0.0.1", "--dir", options.log_dir,
-                                       "--save", "", "--appendonly", "no"},
-                             "", &f->redis_));
+    FERRY_RETURN_IF_ERROR(
+        f->Spawn("redis",
+                 {options.redis_server_bin, "--port", std::to_string(port), "--bind", "127.0.0.1",
+                  "--dir", options.log_dir, "--save", "", "--appendonly", "no"},
+                 "", &f->redis_));
     auto deadline = Clock::now() + std::chrono::seconds(10);
     while (!RedisAnswersPing(port)) {
       if (Reap(f->redis_.get()) || Clock::now() > deadline)
@@ -128,11 +130,15 @@ Status LocalFleet::Start(const LocalFleetOptions& options, std::unique_ptr<Local
   }
 
   std::string host = options.bind_host == "0.0.0.0" ? "*" : options.bind_host;
-  std::vector<std::string> broker = {
-      options.broker_bin,
-      "--frontend", "tcp://" + host + ":" + std::to_string(f->frontend_port_),
-      "--backend", "tcp://" + host + ":" + std::to_string(f->backend_port_),
-      "--redis", f->redis_url_, "--redis-prefix", options.redis_prefix};
+  std::vector<std::string> broker = {options.broker_bin,
+                                     "--frontend",
+                                     "tcp://" + host + ":" + std::to_string(f->frontend_port_),
+                                     "--backend",
+                                     "tcp://" + host + ":" + std::to_string(f->backend_port_),
+                                     "--redis",
+                                     f->redis_url_,
+                                     "--redis-prefix",
+                                     options.redis_prefix};
   if (options.metrics_port_base > 0) {
     broker.push_back("--metrics-port");
     broker.push_back(std::to_string(options.metrics_port_base));
@@ -142,8 +148,8 @@ Status LocalFleet::Start(const LocalFleetOptions& options, std::unique_ptr<Local
 
   for (size_t i = 0; i < options.workers.size(); ++i) {
     const WorkerSpec& spec = options.workers[i];
-    std::vector<std::string> argv = {options.worker_bin, "--broker", f->backend(),
-                                     "--redis", f->redis_url_, "--redis-prefix",
+    std::vector<std::string> argv = {options.worker_bin,  "--broker",    f->backend(),
+                                     "--redis",           f->redis_url_, "--redis-prefix",
                                      options.redis_prefix};
     for (const auto& m : options.models) {
       argv.push_back("--model");
@@ -156,7 +162,8 @@ Status LocalFleet::Start(const LocalFleetOptions& options, std::unique_ptr<Local
     argv.insert(argv.end(), spec.args.begin(), spec.args.end());
     argv.insert(argv.end(), options.worker_args.begin(), options.worker_args.end());
     std::unique_ptr<Child> w;
-    FERRY_RETURN_IF_ERROR(f->Spawn("worker" + std::to_string(i), argv, spec.cuda_visible_devices, &w));
+    FERRY_RETURN_IF_ERROR(
+        f->Spawn("worker" + std::to_string(i), argv, spec.cuda_visible_devices, &w));
     f->workers_.push_back(std::move(w));
   }
   *out = std::move(f);
@@ -182,8 +189,8 @@ std::string LocalFleet::backend() const {
 std::string LocalFleet::Describe() const {
   std::string out;
   auto line = [&](const Child& c, const std::string& what) {
-    out += "  " + c.name + std::string(c.name.size() < 9 ? 9 - c.name.size() : 1, ' ') +
-           "pid " + std::to_string(c.pid) + "  " + what + "  log " + c.log + "\n";
+    out += "  " + c.name + std::string(c.name.size() < 9 ? 9 - c.name.size() : 1, ' ') + "pid " +
+           std::to_string(c.pid) + "  " + what + "  log " + c.log + "\n";
   };
   if (redis_) line(*redis_, redis_url_);
   if (broker_) line(*broker_, frontend() + " (producers), " + backend() + " (workers)");

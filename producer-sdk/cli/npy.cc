@@ -34,8 +34,7 @@ Status DescrToDType(std::string descr, DType* out) {
   if (!descr.empty() && descr[0] == '>')
     return Bad("big-endian dtype '" + descr + "' is not supported; save with arr.astype('<" +
                descr.substr(1) + "')");
-  return Bad("unsupported dtype '" + descr +
-             "' (supported: <f4 <f2 <f8 <i8 <i4 <i2 |i1 |u1 |b1)");
+  return Bad("unsupported dtype '" + descr + "' (supported: <f4 <f2 <f8 <i8 <i4 <i2 |i1 |u1 |b1)");
 }
 
 const char* DTypeToDescr(DType dtype) {

@@ -14,9 +14,12 @@ namespace {
 float HalfToFloat(uint16_t h) {
   uint32_t sign = (h >> 15) & 1, exp = (h >> 10) & 0x1F, mant = h & 0x3FF;
   float v;
-  if (exp == 0) v = std::ldexp(static_cast<float>(mant), -24);
-  else if (exp == 31) v = mant ? NAN : INFINITY;
-  else v = std::ldexp(static_cast<float>(mant | 0x400), static_cast<int>(exp) - 25);
+  if (exp == 0)
+    v = std::ldexp(static_cast<float>(mant), -24);
+  else if (exp == 31)
+    v = mant ? NAN : INFINITY;
+  else
+    v = std::ldexp(static_cast<float>(mant | 0x400), static_cast<int>(exp) - 25);
   return sign ? -v : v;
 }
 
@@ -36,16 +39,36 @@ T Load(const std::string& data, size_t i) {
 
 void AppendValue(std::ostringstream& os, const Tensor& t, size_t i) {
   switch (t.dtype) {
-    case DType::kFloat32: os << Load<float>(t.data, i); break;
-    case DType::kFloat64: os << Load<double>(t.data, i); break;
-    case DType::kFloat16: os << HalfToFloat(Load<uint16_t>(t.data, i)); break;
-    case DType::kBFloat16: os << BFloat16ToFloat(Load<uint16_t>(t.data, i)); break;
-    case DType::kInt64: os << Load<int64_t>(t.data, i); break;
-    case DType::kInt32: os << Load<int32_t>(t.data, i); break;
-    case DType::kInt16: os << Load<int16_t>(t.data, i); break;
-    case DType::kInt8: os << static_cast<int>(Load<int8_t>(t.data, i)); break;
-    case DType::kUInt8: os << static_cast<int>(Load<uint8_t>(t.data, i)); break;
-    case DType::kBool: os << (Load<uint8_t>(t.data, i) ? "true" : "false"); break;
+    case DType::kFloat32:
+      os << Load<float>(t.data, i);
+      break;
+    case DType::kFloat64:
+      os << Load<double>(t.data, i);
+      break;
+    case DType::kFloat16:
+      os << HalfToFloat(Load<uint16_t>(t.data, i));
+      break;
+    case DType::kBFloat16:
+      os << BFloat16ToFloat(Load<uint16_t>(t.data, i));
+      break;
+    case DType::kInt64:
+      os << Load<int64_t>(t.data, i);
+      break;
+    case DType::kInt32:
+      os << Load<int32_t>(t.data, i);
+      break;
+    case DType::kInt16:
+      os << Load<int16_t>(t.data, i);
+      break;
+    case DType::kInt8:
+      os << static_cast<int>(Load<int8_t>(t.data, i));
+      break;
+    case DType::kUInt8:
+      os << static_cast<int>(Load<uint8_t>(t.data, i));
+      break;
+    case DType::kBool:
+      os << (Load<uint8_t>(t.data, i) ? "true" : "false");
+      break;
   }
 }
 

@@ -137,8 +137,9 @@ int RunTop(std::vector<char*>& args) {
                 "frame per interval (use --iterations to stop).");
   flags.Int("interval-ms", &interval_ms, "refresh interval");
   flags.Int("iterations", &iterations, "stop after this many frames (0 = until q/Ctrl-C)");
-  flags.Repeated("metrics", &metrics_urls,
-                 "a /metrics URL to scrape, e.g. http://host:9450/metrics (broker) or host:9460 (a worker)");
+  flags.Repeated(
+      "metrics", &metrics_urls,
+      "a /metrics URL to scrape, e.g. http://host:9450/metrics (broker) or host:9460 (a worker)");
   broker.Register(&flags);
   Status parsed = flags.Parse(static_cast<int>(args.size()), args.data());
   if (int rc = runtime::HandleFlagResult(flags, parsed); rc >= 0) return rc;
@@ -155,7 +156,8 @@ int RunTop(std::vector<char*>& args) {
   struct sigaction sa {};
   sa.sa_handler = OnTopSignal;
   sigemptyset(&sa.sa_mask);
-  struct sigaction old_int {}, old_term {};
+  struct sigaction old_int {
+  }, old_term{};
   sigaction(SIGINT, &sa, &old_int);
   sigaction(SIGTERM, &sa, &old_term);
   RawTerminal terminal;
@@ -178,14 +180,16 @@ int RunTop(std::vector<char*>& args) {
     if (s.ok()) {
       // After a failed sample there is no baseline: show depths, rates from the next frame.
       IntervalMetrics m = ComputeIntervalMetrics(scrapes_before, scrapes_after, seconds);
-      frame = FormatTop(last.ok() ? before : after, after, last.ok() ? seconds : 0, m,
-                        broker.frontend);
+      frame =
+          FormatTop(last.ok() ? before : after, after, last.ok() ? seconds : 0, m, broker.frontend);
       ++good_frames;
     } else {
       frame = "ferry top  broker " + broker.frontend + ": " + s.ToString() + "\n";
     }
-    if (tty) frame = "\033[H\033[2J" + frame + "\n(q to quit)";
-    else if (frames > 0) frame = "\n" + frame;
+    if (tty)
+      frame = "\033[H\033[2J" + frame + "\n(q to quit)";
+    else if (frames > 0)
+      frame = "\n" + frame;
     std::fputs(frame.c_str(), stdout);
     std::fflush(stdout);
     ++frames;

@@ -74,8 +74,8 @@ Status ReadTensorFile(const std::string& path, const std::string& dtype, const s
     FERRY_RETURN_IF_ERROR(ParseShape(shape, &out->shape));
     int64_t numel = NumElements(out->shape);
     if (numel < 0 || bytes.size() != static_cast<uint64_t>(numel) * item) {
-      return Status::InvalidArgument(path + ": " + std::to_string(bytes.size()) +
-                                     " bytes, but " + dtype + " with shape " + shape + " needs " +
+      return Status::InvalidArgument(path + ": " + std::to_string(bytes.size()) + " bytes, but " +
+                                     dtype + " with shape " + shape + " needs " +
                                      std::to_string(numel < 0 ? 0 : numel * item));
     }
   }

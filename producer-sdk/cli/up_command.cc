@@ -34,7 +34,8 @@ bool IsExecutable(const std::string& path) {
 Status FindBinary(const std::string& name, const std::string& bin_dir, std::string* out) {
   std::vector<std::string> candidates;
   if (!bin_dir.empty()) {  // a directory of binaries, or a build tree
-    for (const char* sub : {"", "/broker", "/gpu-worker"}) candidates.push_back(bin_dir + sub + "/" + name);
+    for (const char* sub : {"", "/broker", "/gpu-worker"})
+      candidates.push_back(bin_dir + sub + "/" + name);
   } else {
     std::error_code ec;
     fs::path self = fs::read_symlink("/proc/self/exe", ec).parent_path();
@@ -127,14 +128,18 @@ int RunUp(std::vector<char*>& args) {
   flags.Int("backend-port", &backend_port, "the broker's worker port (0 = a free port)");
   flags.Int("metrics-port-base", &metrics_port_base,
             "> 0: broker --metrics-port BASE, worker i BASE+1+i (0 = no metrics flags)");
-  flags.Repeated("broker-arg", &o.broker_args, "an extra ferry-broker flag, e.g. "
-                                               "--broker-arg=--log-level=debug");
-  flags.Repeated("worker-arg", &o.worker_args, "an extra ferry-worker flag, e.g. "
-                                               "--worker-arg=--instances=2");
-  flags.String("bin-dir", &bin_dir, "directory holding ferry-broker and ferry-worker (or a build "
-                                    "tree: DIR/broker, DIR/gpu-worker)");
-  flags.String("log-dir", &log_dir, "keep logs (and redis data) here (default: a temp dir, "
-                                    "removed on exit)");
+  flags.Repeated("broker-arg", &o.broker_args,
+                 "an extra ferry-broker flag, e.g. "
+                 "--broker-arg=--log-level=debug");
+  flags.Repeated("worker-arg", &o.worker_args,
+                 "an extra ferry-worker flag, e.g. "
+                 "--worker-arg=--instances=2");
+  flags.String("bin-dir", &bin_dir,
+               "directory holding ferry-broker and ferry-worker (or a build "
+               "tree: DIR/broker, DIR/gpu-worker)");
+  flags.String("log-dir", &log_dir,
+               "keep logs (and redis data) here (default: a temp dir, "
+               "removed on exit)");
   flags.String("env-file", &env_file, "write FERRY_FRONTEND=, FERRY_REDIS=, ... here when ready");
   flags.Int("ready-timeout-ms", &ready_timeout_ms, "how long to wait for the workers to register");
   flags.Int("drain-timeout-ms", &drain_timeout_ms, "per stage of the shutdown, then SIGKILL");
@@ -150,8 +155,7 @@ int RunUp(std::vector<char*>& args) {
       std::fprintf(stderr, "ferry up: no such --models file: %s\n", models_file.c_str());
       return kExitUsage;
     }
-    o.worker_args.insert(o.worker_args.begin(),
-                         {"--models", fs::absolute(models_file).string()});
+    o.worker_args.insert(o.worker_args.begin(), {"--models", fs::absolute(models_file).string()});
   }
   if (o.models.empty() && models_file.empty()) {
     std::fprintf(stderr, "ferry up needs --model NAME=PATH or --models FILE\n\n%s",
@@ -165,7 +169,8 @@ int RunUp(std::vector<char*>& args) {
   if (Status s = FindBinary("ferry-worker", bin_dir, &o.worker_bin); !s.ok()) return FailWith(s);
 
   // Workers: one per GPU, or CPU workers sharing the cores.
-  std::vector<std::string> gpu_ids = cpu_workers > 0 ? std::vector<std::string>{} : VisibleGpus(gpus);
+  std::vector<std::string> gpu_ids =
+      cpu_workers > 0 ? std::vector<std::string>{} : VisibleGpus(gpus);
   if (cpu_workers == 0 && gpu_ids.empty()) {
     std::printf("ferry up: no GPU visible; starting 1 CPU worker (--cpu-workers N for more)\n");
     cpu_workers = 1;
@@ -173,16 +178,16 @@ int RunUp(std::vector<char*>& args) {
   std::string host = Hostname();
   for (const auto& id : gpu_ids) {
     o.workers.push_back({"gpu " + id + " (cuda:0 with CUDA_VISIBLE_DEVICES=" + id + ")",
-                         {"--device", "cuda:0", "--name", host + ":gpu" + id,
-                          "--max-batch", std::to_string(max_batch)},
+                         {"--device", "cuda:0", "--name", host + ":gpu" + id, "--max-batch",
+                          std::to_string(max_batch)},
                          id});
   }
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   for (int64_t i = 0; i < cpu_workers; ++i) {
     int64_t threads = std::max<int64_t>(1, cores / cpu_workers);
     o.workers.push_back({"cpu " + std::to_string(i),
-                         {"--device", "cpu", "--threads", std::to_string(threads),
-                          "--max-batch", std::to_string(max_batch)},
+                         {"--device", "cpu", "--threads", std::to_string(threads), "--max-batch",
+                          std::to_string(max_batch)},
                          ""});
   }
 
@@ -216,7 +221,8 @@ int RunUp(std::vector<char*>& args) {
       std::printf("ferry up: starting\n%s", fleet->Describe().c_str());
       std::fflush(stdout);
       // Waits for the workers, but a signal during the wait still drains.
-      auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ready_timeout_ms);
+      auto deadline =
+          std::chrono::steady_clock::now() + std::chrono::milliseconds(ready_timeout_ms);
       Status ready = Status::Timeout("interrupted");
       while (!g_up_stop && std::chrono::steady_clock::now() < deadline) {
         ready = fleet->WaitReady(500, 1000);
@@ -225,8 +231,7 @@ int RunUp(std::vector<char*>& args) {
       if (!ready.ok() && ready.code() != codes::kTimeout) {
         rc = FailWith(ready);
       } else if (!g_up_stop) {
-        if (!ready.ok())
-          std::printf("ferry up: warning: %s; going on\n", ready.message().c_str());
+        if (!ready.ok()) std::printf("ferry up: warning: %s; going on\n", ready.message().c_str());
         std::printf(
             "ferry up: ready\n"
             "  frontend  %s   (producers: ferry submit --frontend %s --redis %s ...)\n"
@@ -254,8 +259,10 @@ int RunUp(std::vector<char*>& args) {
         std::string events;
         Status alive = fleet->Check(&events);
         if (!events.empty()) std::fprintf(stderr, "ferry up: %s", events.c_str());
-        if (!alive.ok()) rc = FailWith(alive);
-        else std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        if (!alive.ok())
+          rc = FailWith(alive);
+        else
+          std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
       std::printf("ferry up: draining (workers, then the broker%s)\n",
                   fleet->started_redis() ? ", then redis" : "");

@@ -244,8 +244,7 @@ zmq::message_t Client::Impl::EncodeSubmit(const std::vector<const Job*>& jobs,
   return protocol::ToMessage(std::move(buf));
 }
 
-Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
-                               const std::vector<size_t>& part,
+Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
                                std::vector<SubmitOutcome>* outcomes) {
   const int64_t rid = io_->NextRid();
   std::vector<std::string> ids;
@@ -256,8 +255,8 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs,
   IoThread::Reply reply;
   msgpack::object_handle body;
   protocol::Accepted accepted;
-  Status s = io_->Call(rid, protocol::kSubmit, std::move(message), options_.request_timeout_ms,
-                       &reply);
+  Status s =
+      io_->Call(rid, protocol::kSubmit, std::move(message), options_.request_timeout_ms, &reply);
   if (s.ok()) s = CheckReply(reply, protocol::kAccepted, &body);
   if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
   if (!s.ok()) {
@@ -300,8 +299,7 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
   // handler runs on the I/O thread, possibly after this call returned: hence the shared verdict.
   auto verdict = std::make_shared<ResultTracker::Verdict>();
   auto request = io_->Post(
-      rid, protocol::kSubmit, std::move(message),
-      [this, id, verdict](IoThread::Reply reply) {
+      rid, protocol::kSubmit, std::move(message), [this, id, verdict](IoThread::Reply reply) {
         Status s;
         try {
           s = RunVerdict(reply, id);

@@ -173,8 +173,7 @@ void IoThread::Subscribe(int timeout_ms) {
   // A request with no command: the thread subscribes instead of sending it, then replies.
   auto completion = std::make_shared<Completion>();
   auto request = Post(0, "", zmq::message_t(), completion->Setter(completion));
-  if (!completion->WaitUntil(Clock::now() + milliseconds(std::max(timeout_ms, 0))))
-    Forget(request);
+  if (!completion->WaitUntil(Clock::now() + milliseconds(std::max(timeout_ms, 0)))) Forget(request);
 }
 
 // ---- the I/O thread --------------------------------------------------------------------------
@@ -326,8 +325,10 @@ void IoThread::DeliverFinished(const msgpack::object& body) {
 void IoThread::SweepPending(Clock::time_point now) {
   next_sweep_ = now + kSweepEvery;
   for (auto it = awaiting_.begin(); it != awaiting_.end();) {
-    if (it->second->phase.load() == Request::kForgotten) it = awaiting_.erase(it);
-    else ++it;
+    if (it->second->phase.load() == Request::kForgotten)
+      it = awaiting_.erase(it);
+    else
+      ++it;
   }
 }
 

@@ -36,13 +36,13 @@
 #include <deque>
 #include <functional>
 #include <memory>
+#include <msgpack.hpp>
 #include <mutex>
 #include <string>
 #include <string_view>
 #include <thread>
 #include <unordered_map>
 #include <vector>
-#include <msgpack.hpp>
 #include <zmq.hpp>
 
 #include "ferry/protocol/redis.h"
@@ -67,12 +67,12 @@ class IoThread {
                                         const protocol::InlineResults& records)>;
 
   struct Options {
-    std::string frontend;              // the broker's frontend endpoint
-    bool push_results = false;         // subscribe for result notices from workers
-    protocol::RedisEndpoint redis;     // where to subscribe
-    std::string redis_prefix;          // the notify channel is <prefix>notify:<uuid>
-    int redis_timeout_ms = 1000;       // connect timeout of the subscription
-    FinishedFn on_finished;            // every FINISHED and every notice
+    std::string frontend;                // the broker's frontend endpoint
+    bool push_results = false;           // subscribe for result notices from workers
+    protocol::RedisEndpoint redis;       // where to subscribe
+    std::string redis_prefix;            // the notify channel is <prefix>notify:<uuid>
+    int redis_timeout_ms = 1000;         // connect timeout of the subscription
+    FinishedFn on_finished;              // every FINISHED and every notice
     std::function<void()> on_push_lost;  // notices may have been lost (see above)
   };
 
@@ -144,8 +144,8 @@ class IoThread {
   // The mailbox: the only state shared with callers (besides the published channel).
   std::mutex mailbox_mu_;
   std::vector<std::shared_ptr<Request>> mailbox_;  // guarded by mailbox_mu_
-  bool asleep_ = false;   // guarded by mailbox_mu_: the thread is (about to be) in poll
-  bool stop_ = false;     // guarded by mailbox_mu_
+  bool asleep_ = false;  // guarded by mailbox_mu_: the thread is (about to be) in poll
+  bool stop_ = false;    // guarded by mailbox_mu_
 
   // Published for callers by the I/O thread.
   mutable std::mutex channel_mu_;

@@ -85,8 +85,7 @@ class ResultTracker {
 
   // Client::Wait's contract (see client.h); `id` is already validated. With `verdict`, also
   // returns its rejection as soon as Reject sets it (a result for the id still comes first).
-  Status Wait(const std::string& id, int timeout_ms, Result* out,
-              const Verdict* verdict = nullptr);
+  Status Wait(const std::string& id, int timeout_ms, Result* out, const Verdict* verdict = nullptr);
 
   // Ids with an entry (ours, waited on, or holding a result): how busy this client is, for the
   // choice of result notices at light load; and for tests.
@@ -96,13 +95,13 @@ class ResultTracker {
 
  private:
   struct Entry {
-    bool ours = false;       // submitted through this client: a notice will come
-    bool has_result = false;  // a notice said the result is in Redis
-    bool recheck = false;    // read Redis now: a notice for it may have been lost
-    std::string record;      // the notice's inline record ("" = read Redis)
-    uint64_t version = 0;    // +1 on every change a waiter must look at
-    int waiters = 0;         // Wait calls in progress
-    bool delivered = false;  // a Wait returned its result: drop the entry when waiters leave
+    bool ours = false;           // submitted through this client: a notice will come
+    bool has_result = false;     // a notice said the result is in Redis
+    bool recheck = false;        // read Redis now: a notice for it may have been lost
+    std::string record;          // the notice's inline record ("" = read Redis)
+    uint64_t version = 0;        // +1 on every change a waiter must look at
+    int waiters = 0;             // Wait calls in progress
+    bool delivered = false;      // a Wait returned its result: drop the entry when waiters leave
     std::condition_variable cv;  // waiters sleep here (with mu_)
     Clock::time_point touched;
   };
@@ -122,9 +121,9 @@ class ResultTracker {
 
   const ReadFn read_;
   mutable std::mutex mu_;
-  EntryMap entries_;                 // guarded by mu_
-  size_t held_bytes_ = 0;            // guarded by mu_: inline records kept
-  Clock::time_point last_sweep_{};   // guarded by mu_
+  EntryMap entries_;                // guarded by mu_
+  size_t held_bytes_ = 0;           // guarded by mu_: inline records kept
+  Clock::time_point last_sweep_{};  // guarded by mu_
 };
 
 }  // namespace ferry::client

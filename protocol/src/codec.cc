@@ -181,10 +181,18 @@ void AppendJsonString(std::string* out, std::string_view s) {
   out->push_back('"');
   for (unsigned char c : s) {
     switch (c) {
-      case '"': out->append("\\\""); break;
-      case '\\': out->append("\\\\"); break;
-      case '\n': out->append("\\n"); break;
-      case '\t': out->append("\\t"); break;
+      case '"':
+        out->append("\\\"");
+        break;
+      case '\\':
+        out->append("\\\\");
+        break;
+      case '\n':
+        out->append("\\n");
+        break;
+      case '\t':
+        out->append("\\t");
+        break;
       default:
         if (c < 0x20) {
           char buf[8];
@@ -200,10 +208,18 @@ void AppendJsonString(std::string* out, std::string_view s) {
 
 void AppendJson(std::string* out, const msgpack::object& o) {
   switch (o.type) {
-    case msgpack::type::NIL: out->append("null"); break;
-    case msgpack::type::BOOLEAN: out->append(o.via.boolean ? "true" : "false"); break;
-    case msgpack::type::POSITIVE_INTEGER: out->append(std::to_string(o.via.u64)); break;
-    case msgpack::type::NEGATIVE_INTEGER: out->append(std::to_string(o.via.i64)); break;
+    case msgpack::type::NIL:
+      out->append("null");
+      break;
+    case msgpack::type::BOOLEAN:
+      out->append(o.via.boolean ? "true" : "false");
+      break;
+    case msgpack::type::POSITIVE_INTEGER:
+      out->append(std::to_string(o.via.u64));
+      break;
+    case msgpack::type::NEGATIVE_INTEGER:
+      out->append(std::to_string(o.via.i64));
+      break;
     case msgpack::type::FLOAT32:
     case msgpack::type::FLOAT64: {
       char buf[32];
@@ -211,7 +227,9 @@ void AppendJson(std::string* out, const msgpack::object& o) {
       out->append(buf);
       break;
     }
-    case msgpack::type::STR: AppendJsonString(out, AsStringView(o)); break;
+    case msgpack::type::STR:
+      AppendJsonString(out, AsStringView(o));
+      break;
     case msgpack::type::BIN:
       out->append("{\"bin\":" + std::to_string(o.via.bin.size) + "}");
       break;
@@ -228,14 +246,20 @@ void AppendJson(std::string* out, const msgpack::object& o) {
       for (uint32_t i = 0; i < o.via.map.size; ++i) {
         if (i) out->push_back(',');
         const auto& kv = o.via.map.ptr[i];
-        if (kv.key.type == msgpack::type::STR) AppendJsonString(out, AsStringView(kv.key));
-        else { std::string k; AppendJson(&k, kv.key); AppendJsonString(out, k); }
+        if (kv.key.type == msgpack::type::STR)
+          AppendJsonString(out, AsStringView(kv.key));
+        else {
+          std::string k;
+          AppendJson(&k, kv.key);
+          AppendJsonString(out, k);
+        }
         out->push_back(':');
         AppendJson(out, kv.val);
       }
       out->push_back('}');
       break;
-    default: out->append("null");
+    default:
+      out->append("null");
   }
 }
 }  // namespace

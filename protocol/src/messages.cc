@@ -66,9 +66,18 @@ void PackSubmitJob(Packer& pk, std::string_view id, std::string_view model,
   PackKey(pk, "inputs");
   pk.pack_array(static_cast<uint32_t>(inputs.size()));
   for (const auto& t : inputs) PackTensor(pk, t);
-  if (priority != 0) { PackKey(pk, "priority"); pk.pack_int64(priority); }
-  if (timeout_ms != 0) { PackKey(pk, "timeout_ms"); pk.pack_int64(timeout_ms); }
-  if (result_ttl_s != 0) { PackKey(pk, "result_ttl_s"); pk.pack_int64(result_ttl_s); }
+  if (priority != 0) {
+    PackKey(pk, "priority");
+    pk.pack_int64(priority);
+  }
+  if (timeout_ms != 0) {
+    PackKey(pk, "timeout_ms");
+    pk.pack_int64(timeout_ms);
+  }
+  if (result_ttl_s != 0) {
+    PackKey(pk, "result_ttl_s");
+    pk.pack_int64(result_ttl_s);
+  }
 }
 
 zmq::message_t EncodeAccepted(const Accepted& a) {
@@ -241,10 +250,10 @@ zmq::message_t EncodeCancelled(const Cancelled& c) {
   msgpack::sbuffer buf;
   Packer pk(buf);
   pk.pack_map(3 + RidEntries(c.rid));
-  for (const auto& [key, list] : {std::pair<const char*, const std::vector<std::string>*>{
-                                      "ids", &c.ids},
-                                  {"running", &c.running},
-                                  {"not_found", &c.not_found}}) {
+  for (const auto& [key, list] :
+       {std::pair<const char*, const std::vector<std::string>*>{"ids", &c.ids},
+        {"running", &c.running},
+        {"not_found", &c.not_found}}) {
     PackKey(pk, key);
     pk.pack_array(static_cast<uint32_t>(list->size()));
     for (const auto& id : *list) PackString(pk, id);
@@ -427,11 +436,16 @@ Status DecodeResult(const void* data, size_t size, Result* out) {
   FERRY_RETURN_IF_ERROR(GetString(body, "id", &out->id));
   std::string status;
   FERRY_RETURN_IF_ERROR(GetString(body, "status", &status));
-  if (status == "done") out->state = JobState::kDone;
-  else if (status == "failed") out->state = JobState::kFailed;
-  else if (status == "cancelled") out->state = JobState::kCancelled;
-  else if (status == "expired") out->state = JobState::kExpired;
-  else return Status::InvalidArgument("unknown result status \"" + status + "\"");
+  if (status == "done")
+    out->state = JobState::kDone;
+  else if (status == "failed")
+    out->state = JobState::kFailed;
+  else if (status == "cancelled")
+    out->state = JobState::kCancelled;
+  else if (status == "expired")
+    out->state = JobState::kExpired;
+  else
+    return Status::InvalidArgument("unknown result status \"" + status + "\"");
   out->outputs.clear();
   out->error = Status::Ok();
   if (out->state == JobState::kDone) {
@@ -458,8 +472,10 @@ Status DecodeResult(const void* data, size_t size, Result* out) {
     for (uint32_t i = 0; i < t->via.map.size; ++i) {
       const auto& kv = t->via.map.ptr[i];
       int64_t v = 0;
-      if (kv.val.type == msgpack::type::POSITIVE_INTEGER) v = static_cast<int64_t>(kv.val.via.u64);
-      else if (kv.val.type == msgpack::type::NEGATIVE_INTEGER) v = kv.val.via.i64;
+      if (kv.val.type == msgpack::type::POSITIVE_INTEGER)
+        v = static_cast<int64_t>(kv.val.via.u64);
+      else if (kv.val.type == msgpack::type::NEGATIVE_INTEGER)
+        v = kv.val.via.i64;
       out->timing_us[std::string(AsStringView(kv.key))] = v;
     }
   }

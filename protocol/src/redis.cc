@@ -178,15 +178,15 @@ Status RedisSubscriber::Connect(const RedisEndpoint& endpoint, int timeout_ms,
   // A subscriber only reads: without keepalive probes a peer that vanished without a FIN/RST (a
   // dead host, a NAT that forgot the flow) would leave it waiting for good.
   redisEnableKeepAlive(ctx);
-  auto* r = static_cast<redisReply*>(
-      redisCommand(ctx, "SUBSCRIBE %b", channel.data(), channel.size()));
+  auto* r =
+      static_cast<redisReply*>(redisCommand(ctx, "SUBSCRIBE %b", channel.data(), channel.size()));
   if (!r) return fail(ctx->errstr[0] ? ctx->errstr : "connection lost");
   // The confirmation: ["subscribe", channel, 1].
   const bool confirmed = r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
                          r->element[0]->type == REDIS_REPLY_STRING &&
                          std::string_view(r->element[0]->str, r->element[0]->len) == "subscribe";
-  const std::string what = r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len)
-                                                        : "unexpected reply to SUBSCRIBE";
+  const std::string what =
+      r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len) : "unexpected reply to SUBSCRIBE";
   freeReplyObject(r);
   if (!confirmed) return fail(what);
   // From now on reads never block: a spurious wake-up reads nothing instead of stalling the

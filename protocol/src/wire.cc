@@ -11,7 +11,8 @@ zmq::message_t ToMessage(msgpack::sbuffer&& buffer) {
   size_t size = buffer.size();
   if (size == 0) return zmq::message_t();
   char* data = buffer.release();
-  return zmq::message_t(data, size, [](void* d, void*) { std::free(d); }, nullptr);
+  return zmq::message_t(
+      data, size, [](void* d, void*) { std::free(d); }, nullptr);
 }
 
 int PollSockets(zmq_pollitem_t* items, int n, long timeout_ms) {
@@ -50,16 +51,18 @@ int PollSockets(zmq_pollitem_t* items, int n, long timeout_ms) {
     }
     fds[i].revents = 0;
   }
-  const int rc = poll(fds, static_cast<nfds_t>(n), timeout_ms < 0 ? -1 : static_cast<int>(timeout_ms));
+  const int rc =
+      poll(fds, static_cast<nfds_t>(n), timeout_ms < 0 ? -1 : static_cast<int>(timeout_ms));
   if (rc <= 0) return rc;  // timeout, or -1 with errno (EINTR)
   for (int i = 0; i < n; ++i) {
     if (!fds[i].revents) continue;
     if (items[i].socket) {
       if (!socket_events(items[i])) return -1;
     } else {
-      items[i].revents = static_cast<short>(((fds[i].revents & POLLIN) ? ZMQ_POLLIN : 0) |
-                                            ((fds[i].revents & POLLOUT) ? ZMQ_POLLOUT : 0) |
-                                            ((fds[i].revents & (POLLERR | POLLHUP)) ? ZMQ_POLLERR : 0));
+      items[i].revents =
+          static_cast<short>(((fds[i].revents & POLLIN) ? ZMQ_POLLIN : 0) |
+                             ((fds[i].revents & POLLOUT) ? ZMQ_POLLOUT : 0) |
+                             ((fds[i].revents & (POLLERR | POLLHUP)) ? ZMQ_POLLERR : 0));
     }
     if (items[i].revents) ++ready;
   }
@@ -75,8 +78,8 @@ Status RecvMessage(zmq::socket_t& socket, bool router, Message* out, bool dont_w
   try {
     while (true) {
       zmq::message_t part;
-      auto got = socket.recv(part, parts.empty() && dont_wait ? zmq::recv_flags::dontwait
-                                                               : zmq::recv_flags::none);
+      auto got = socket.recv(
+          part, parts.empty() && dont_wait ? zmq::recv_flags::dontwait : zmq::recv_flags::none);
       if (!got) return Status::Unavailable("no message");
       bool more = part.more();
       parts.push_back(std::move(part));
@@ -87,7 +90,10 @@ Status RecvMessage(zmq::socket_t& socket, bool router, Message* out, bool dont_w
   }
   size_t tag = parts.size();
   for (size_t i = 0; i < parts.size(); ++i) {
-    if (parts[i].to_string_view() == kTag) { tag = i; break; }
+    if (parts[i].to_string_view() == kTag) {
+      tag = i;
+      break;
+    }
   }
   if (tag == parts.size() || (router && tag == 0)) {
     if (router && !parts.empty()) out->envelope.push_back(std::move(parts[0]));

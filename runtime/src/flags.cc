@@ -55,8 +55,12 @@ Status FlagSet::Parse(int argc, char** argv) {
       value = argv[++i];
     }
     switch (f->kind) {
-      case Kind::kString: *static_cast<std::string*>(f->target) = value; break;
-      case Kind::kRepeated: static_cast<std::vector<std::string>*>(f->target)->push_back(value); break;
+      case Kind::kString:
+        *static_cast<std::string*>(f->target) = value;
+        break;
+      case Kind::kRepeated:
+        static_cast<std::vector<std::string>*>(f->target)->push_back(value);
+        break;
       case Kind::kInt:
         try {
           size_t used = 0;
@@ -68,7 +72,8 @@ Status FlagSet::Parse(int argc, char** argv) {
                                          "\"");
         }
         break;
-      case Kind::kBool: break;
+      case Kind::kBool:
+        break;
     }
   }
   return Status::Ok();
@@ -79,11 +84,15 @@ std::string FlagSet::Usage() const {
   for (const auto& f : flags_) {
     std::string left = "  --" + f.name;
     if (f.kind != Kind::kBool) left += f.kind == Kind::kInt ? " N" : " VALUE";
-    if (left.size() < 30) left.resize(30, ' ');
-    else left += "\n" + std::string(30, ' ');
+    if (left.size() < 30)
+      left.resize(30, ' ');
+    else
+      left += "\n" + std::string(30, ' ');
     out += left + f.help;
-    if (f.kind == Kind::kRepeated) out += " (repeatable)";
-    else if (!f.default_text.empty()) out += " (default: " + f.default_text + ")";
+    if (f.kind == Kind::kRepeated)
+      out += " (repeatable)";
+    else if (!f.default_text.empty())
+      out += " (default: " + f.default_text + ")";
     out += "\n";
   }
   out += "  --help                      print this help\n";

@@ -97,7 +97,7 @@ TEST(FleetView, TopRatesFromCounterDeltasAndMetrics) {
   EXPECT_NE(out.find("p50 1"), std::string::npos) << out;  // 10-25 ms
   EXPECT_NE(out.find("-10"), std::string::npos) << out;    // queue change
   EXPECT_NE(out.find("0.75 s"), std::string::npos) << out;
-  EXPECT_NE(out.find("25 "), std::string::npos) << out;    // busy %
+  EXPECT_NE(out.find("25 "), std::string::npos) << out;  // busy %
   EXPECT_NE(out.find("metrics: x: unavailable"), std::string::npos) << out;
 }
 

@@ -110,8 +110,12 @@ TEST_F(LiveBroker, TopPrintsFramesWithRatesAndPercentiles) {
   std::string url = "http://127.0.0.1:" + std::to_string(server->port()) + "/metrics";
 
   std::string out;
-  ASSERT_EQ(RunCli(dir_, {"top", "--frontend", frontend_, "--iterations", "3", "--interval-ms",
-                          "100", "--metrics", url}, &out), 0) << out;
+  ASSERT_EQ(RunCli(dir_,
+                   {"top", "--frontend", frontend_, "--iterations", "3", "--interval-ms", "100",
+                    "--metrics", url},
+                   &out),
+            0)
+      << out;
   EXPECT_EQ(Count(out, "ferry top  broker " + frontend_), 3) << out;
   EXPECT_EQ(Count(out, "throughput  finished 0.0/s"), 3) << out;
   EXPECT_EQ(Count(out, "p50 -"), 0) << out;
@@ -190,8 +194,7 @@ TEST(FerryUp, StartsRunsAJobAndDrainsOnSigterm) {
               std::to_string(kDrainTimeoutS * 1000)},
              dir.path() + "/up.log");
   // Ready: the env file is written once every worker registered.
-  ASSERT_TRUE(WaitFor([&] { return ReadEnvFile(env_file).count("FERRY_REDIS") > 0; },
-                      seconds(90)))
+  ASSERT_TRUE(WaitFor([&] { return ReadEnvFile(env_file).count("FERRY_REDIS") > 0; }, seconds(90)))
       << up.Log();
   auto env = ReadEnvFile(env_file);
   int workers = -1;  // the broker's first answer (-1 only while none comes)
@@ -207,9 +210,12 @@ TEST(FerryUp, StartsRunsAJobAndDrainsOnSigterm) {
   std::ofstream(dir.path() + "/x.f32", std::ios::binary)
       .write(std::string(8 * sizeof(float), '\0').data(), 8 * sizeof(float));
   std::string out;
-  ASSERT_EQ(RunCli(dir, {"submit", "--model", "tiny", "--input", dir.path() + "/x.f32",
-                         "--shape", "8", "--wait", "--frontend", env["FERRY_FRONTEND"],
-                         "--redis", env["FERRY_REDIS"]}, &out), 0) << out << up.Log();
+  ASSERT_EQ(RunCli(dir,
+                   {"submit", "--model", "tiny", "--input", dir.path() + "/x.f32", "--shape", "8",
+                    "--wait", "--frontend", env["FERRY_FRONTEND"], "--redis", env["FERRY_REDIS"]},
+                   &out),
+            0)
+      << out << up.Log();
   EXPECT_NE(out.find("done"), std::string::npos) << out;
   ASSERT_EQ(RunCli(dir, {"status", "--frontend", env["FERRY_FRONTEND"]}, &out), 0) << out;
   EXPECT_NE(out.find("1 worker(s)"), std::string::npos) << out;
@@ -238,10 +244,12 @@ TEST(FerryUp, StartsRunsAJobAndDrainsOnSigterm) {
   EXPECT_EQ(out_of_order, "") << up.Log();
   EXPECT_EQ(up.Wait(seconds(kDrainTimeoutS)), 0) << up.Log();
   EXPECT_LT(std::chrono::steady_clock::now() - signalled, seconds(kDrainTimeoutS))
-      << "a drain stage timed out: something was SIGKILLed\n" << up.Log();
+      << "a drain stage timed out: something was SIGKILLed\n"
+      << up.Log();
   // Every child it started is gone (reaped).
   for (const auto& [name, pid] : children) EXPECT_NE(kill(pid, 0), 0) << name << " still runs";
-  EXPECT_FALSE(WaitFor([&] { return !ReadEnvFile(env_file).empty(); }, std::chrono::milliseconds(1)));
+  EXPECT_FALSE(
+      WaitFor([&] { return !ReadEnvFile(env_file).empty(); }, std::chrono::milliseconds(1)));
 }
 
 TEST(FerryUp, UsageErrors) {

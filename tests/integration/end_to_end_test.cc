@@ -87,8 +87,8 @@ TEST_F(EndToEnd, ResultsEqualDirectModelCallsAndBatchesForm) {
     EXPECT_GE(r.batch_size, 1);
     EXPECT_LE(r.batch_size, 16);
     EXPECT_EQ(r.attempt, 1);
-    for (const char* k : {"submitted", "dispatched", "received", "compute_start", "compute_end",
-                          "finished"})
+    for (const char* k :
+         {"submitted", "dispatched", "received", "compute_start", "compute_end", "finished"})
       EXPECT_GT(r.timing_us.count(k) ? r.timing_us.at(k) : 0, 0) << k;
     EXPECT_LE(r.timing_us.at("submitted"), r.timing_us.at("dispatched"));
     EXPECT_LE(r.timing_us.at("compute_start"), r.timing_us.at("compute_end"));
@@ -188,8 +188,7 @@ TEST_F(EndToEnd, LightLoadResultNoticesComeStraightFromTheWorker) {
       ASSERT_TRUE(client_->Submit(jobs[i], &ids[i]).ok());
       ASSERT_TRUE(client_->Wait(ids[i], 60000, &results[i]).ok()) << fleet_->Logs();
     }
-    EXPECT_EQ(CommandCalls(*fleet_, {"publish"}) - published_before, kJobs)
-        << "one notice per job";
+    EXPECT_EQ(CommandCalls(*fleet_, {"publish"}) - published_before, kJobs) << "one notice per job";
     const int64_t reads = RedisReads(*fleet_) - reads_before;
     if (inline_on) {
       // Only the SDK's safety-net re-check (a job slower than 50 ms on a loaded machine) reads.
@@ -235,8 +234,8 @@ TEST_F(EndToEnd, BigJobsComeBackWholeAndServersKeepFreedMemory) {
       ASSERT_EQ(results[i].state, JobState::kDone) << results[i].error.ToString();
       ASSERT_EQ(results[i].outputs.size(), 1u);
       EXPECT_EQ(results[i].outputs[0].shape, jobs[i].inputs[0].shape);
-      EXPECT_TRUE(results[i].outputs[0].data == jobs[i].inputs[0].data) << "round " << round
-                                                                         << ", job " << i;
+      EXPECT_TRUE(results[i].outputs[0].data == jobs[i].inputs[0].data)
+          << "round " << round << ", job " << i;
     }
   }
   // The log line is the only place the servers say so: mallopt settings are invisible from
@@ -277,7 +276,7 @@ TEST_F(EndToEnd, WrongShapeJobFailsAloneBatchMatesSucceed) {
   StartFleet(o);
   std::vector<Job> jobs;
   for (uint32_t i = 0; i < 20; ++i) jobs.push_back(TinyJob(100 + i));
-  jobs[7].inputs = {testutil::RandomFloats({5}, 7)};     // wrong length
+  jobs[7].inputs = {testutil::RandomFloats({5}, 7)};  // wrong length
   jobs[13].inputs = {testutil::RandomFloats({8}, 13), testutil::RandomFloats({8}, 14)};  // 2 args
   auto results = RunAll(*client_, jobs, *fleet_);
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -406,8 +405,10 @@ TEST_F(EndToEnd, ManyProducerThreadsShareOneClient) {
           continue;
         }
         auto expected = testutil::RunReference(testutil::ModelPath("tiny"), j.inputs);
-        if (testutil::MaxAbsDiff(r.outputs[0], expected[0]) < 1e-5) ++done;
-        else ++bad;
+        if (testutil::MaxAbsDiff(r.outputs[0], expected[0]) < 1e-5)
+          ++done;
+        else
+          ++bad;
       }
     });
   }

@@ -82,8 +82,9 @@ TEST(Metrics, CountersMatchTheJobsSentOnBothEndpoints) {
   o.workers = 1;
   o.max_batch = 8;
   o.broker_args = {"--metrics-port", std::to_string(broker_port), "--log-json"};
-  o.worker_args = {"--metrics-port", std::to_string(worker_port), "--log-json", "--log-level",
-                   "debug", "--name", "metrics-worker"};
+  o.worker_args = {
+      "--metrics-port", std::to_string(worker_port), "--log-json", "--log-level", "debug", "--name",
+      "metrics-worker"};
   Fleet fleet(o);
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
   Scraper broker{Url(broker_port, "/metrics")};
@@ -145,8 +146,9 @@ TEST(Metrics, CountersMatchTheJobsSentOnBothEndpoints) {
   EXPECT_EQ(broker.Sum(std::string(names::kJobLatency) + "_count", tiny), kJobs + 1);
   EXPECT_EQ(broker.Sum(std::string(names::kJobQueueTime) + "_count", tiny), kJobs + 1);
   EXPECT_GT(broker.Sum(std::string(names::kJobLatency) + "_sum", tiny), 0);
-  EXPECT_EQ(broker.Sum(names::kJobLatency + std::string("_bucket"), {{"model", "tiny"}, {"le", "+Inf"}}),
-            kJobs + 1);
+  EXPECT_EQ(
+      broker.Sum(names::kJobLatency + std::string("_bucket"), {{"model", "tiny"}, {"le", "+Inf"}}),
+      kJobs + 1);
   EXPECT_EQ(broker.Sum(names::kQueueDepth, tiny), 0);
   EXPECT_EQ(broker.Sum(names::kQueueOldestAge, tiny), 0);
   EXPECT_EQ(broker.Sum(names::kWorkerInFlight, {{"worker", "metrics-worker"}}), 0);
@@ -183,17 +185,18 @@ TEST(Metrics, CountersMatchTheJobsSentOnBothEndpoints) {
   ExpectJsonLines(fleet.worker(0).Log(), "worker", &worker_msgs);
   bool batch_line = false;
   for (const auto& m : worker_msgs)
-    batch_line = batch_line || (m.find("batch ") != std::string::npos &&
-                                m.find("worker metrics-worker device cpu model tiny size") !=
-                                    std::string::npos);
+    batch_line = batch_line ||
+                 (m.find("batch ") != std::string::npos &&
+                  m.find("worker metrics-worker device cpu model tiny size") != std::string::npos);
   EXPECT_TRUE(batch_line) << fleet.worker(0).Log();
 
   // A second broker on the same metrics port fails to start (exit 1) instead of sharing it.
   testutil::TempDir dir;
   testutil::Process second(
-      {testutil::BrokerBin(), "--frontend", "tcp://127.0.0.1:" + std::to_string(testutil::FreePort()),
-       "--backend", "tcp://127.0.0.1:" + std::to_string(testutil::FreePort()), "--redis",
-       fleet.redis().url(), "--no-journal", "--metrics-port", std::to_string(broker_port)},
+      {testutil::BrokerBin(), "--frontend",
+       "tcp://127.0.0.1:" + std::to_string(testutil::FreePort()), "--backend",
+       "tcp://127.0.0.1:" + std::to_string(testutil::FreePort()), "--redis", fleet.redis().url(),
+       "--no-journal", "--metrics-port", std::to_string(broker_port)},
       dir.path() + "/second.log");
   EXPECT_EQ(second.Wait(), 1) << second.Log();
 }

@@ -120,8 +120,7 @@ void SubmitUntilAccepted(Client& c, const std::vector<Job>& jobs,
 std::map<std::string, Result> WaitAll(Client& c, const std::vector<std::string>& ids,
                                       int timeout_ms = 120000) {
   std::map<std::string, Result> out;
-  const auto deadline =
-      std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
   for (const auto& id : ids) {
     Result r;
     while (true) {
@@ -151,8 +150,7 @@ std::vector<std::string> KeysWithoutExpiry(Fleet& fleet) {
     cursor = r.elements.at(0).str;
     for (const auto& key : r.elements.at(1).elements) {
       protocol::RedisReply ttl;
-      if (redis->Command({"TTL", key.str}, &ttl).ok() && ttl.integer == -1)
-        out.push_back(key.str);
+      if (redis->Command({"TTL", key.str}, &ttl).ok() && ttl.integer == -1) out.push_back(key.str);
     }
   } while (cursor != "0");
   return out;
@@ -334,8 +332,8 @@ TEST(Reliability, ChaosKillsWorkersEverySecondAndTheBrokerOnceNoJobIsLost) {
   EXPECT_EQ(CountResultKeys(fleet), kJobs);
   // Nothing is left behind: the journal empties as jobs finish, every other key expires.
   EXPECT_TRUE(WaitFor([&] { return KeysWithoutExpiry(fleet).empty(); }))
-      << KeysWithoutExpiry(fleet).size() << " key(s) without expiry, first: "
-      << KeysWithoutExpiry(fleet).front();
+      << KeysWithoutExpiry(fleet).size()
+      << " key(s) without expiry, first: " << KeysWithoutExpiry(fleet).front();
   int64_t rerun = 0;
   for (const auto& [id, r] : results) rerun += r.attempt > 1 ? 1 : 0;
   std::printf("chaos: %d worker kills, %lld job(s) finished on a later attempt\n", kills,
@@ -622,15 +620,15 @@ TEST(Reliability, HigherPriorityRunsFirstFifoWithin) {
   auto c = MakeClient(fleet);
   std::string id;
   ASSERT_TRUE(c->Submit(SlowJob("blocker", 3000), &id).ok());  // seconds
-  ASSERT_TRUE(c->Submit(SlowJob("filler", 1), &id).ok());  // the worker's second slot
+  ASSERT_TRUE(c->Submit(SlowJob("filler", 1), &id).ok());      // the worker's second slot
   const pid_t pid = fleet.worker(0).pid();
   ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, pid) == 2; })) << fleet.Logs();
   // Interleaved low and high: all wait at the broker.
   std::vector<std::string> ids;
   for (int i = 0; i < 3; ++i) {
     for (int64_t p : {0, 5}) {
-      ASSERT_TRUE(c->Submit(SlowJob("p" + std::to_string(p) + "-" + std::to_string(i), 1, p), &id)
-                      .ok());
+      ASSERT_TRUE(
+          c->Submit(SlowJob("p" + std::to_string(p) + "-" + std::to_string(i), 1, p), &id).ok());
       ids.push_back(id);
     }
   }

@@ -52,8 +52,8 @@ zmq::socket_t RawDealer(zmq::context_t& ctx, const std::string& endpoint, int rc
 // Sends raw frames over a DEALER as one message.
 void RawSend(zmq::socket_t& s, const std::vector<std::string>& frames) {
   for (size_t i = 0; i < frames.size(); ++i)
-    s.send(zmq::buffer(frames[i]), i + 1 < frames.size() ? zmq::send_flags::sndmore
-                                                          : zmq::send_flags::none);
+    s.send(zmq::buffer(frames[i]),
+           i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
 }
 
 // Sends raw frames over a DEALER and returns the reply's command ("" when none within its
@@ -115,7 +115,7 @@ TEST_F(Wire, GarbageFramesDoNotCrashTheBroker) {
   EXPECT_EQ(code, "malformed");
   EXPECT_EQ(RawExchange(s, {"FERRY1", "submit", ""}, &code), "ERROR");
   EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", "\x93\x01\x02\x03"}, &code), "ERROR");  // array
-  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", ""}, &code), "ERROR");  // no "jobs"
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", ""}, &code), "ERROR");                  // no "jobs"
   EXPECT_EQ(RawExchange(s, {"FERRY1", "FROB", ""}, &code), "ERROR");
   EXPECT_EQ(code, "unknown_command");
   EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", "", "extra", "frames"}, &code), "ERROR");
@@ -125,7 +125,7 @@ TEST_F(Wire, GarbageFramesDoNotCrashTheBroker) {
   pk.pack_map(1);
   protocol::PackString(pk, "jobs");
   pk.pack_array(2);
-  pk.pack_int(7);  // not a map
+  pk.pack_int(7);                                            // not a map
   protocol::PackTensor(pk, DType::kFloat32, {8}, "abc", 3);  // a map, but not a job
   EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", std::string(buf.data(), buf.size())}), "ACCEPTED");
   // Worker-side garbage too.
@@ -177,7 +177,8 @@ TEST_F(Wire, RawNotifyChannelGetsTheNoticeInsteadOfFinished) {
   protocol::InlineResults notice_records;
   std::string payload;
   ASSERT_TRUE(testutil::NextPubSubMessage(sub.get(), &payload))
-      << "no notice on " << channel << "\n" << fleet_->Logs();
+      << "no notice on " << channel << "\n"
+      << fleet_->Logs();
   msgpack::object_handle oh;
   ASSERT_TRUE(protocol::UnpackMap(payload.data(), payload.size(), &oh).ok());
   ASSERT_TRUE(protocol::GetStringArray(oh.get(), "ids", &notice_ids).ok());
@@ -215,7 +216,9 @@ TEST_F(Wire, RawSubmitWithoutAckIsAnsweredOnlyForRejections) {
   zmq::socket_t s = RawDealer(ctx, fleet_->frontend(), 20000);
   // A one-job SUBMIT body with "rid" and, unless "", "ack" (see RawSubmitFields).
   auto submit = [](const std::string& id, const std::string& model, const std::string& ack,
-                   int64_t rid) { return RawSubmitBody(id, model, {"", ack, rid}); };
+                   int64_t rid) {
+    return RawSubmitBody(id, model, {"", ack, rid});
+  };
   auto send = [&s](const std::string& body) { RawSend(s, {"FERRY1", "SUBMIT", body}); };
   // The next message that is not FINISHED, into *m (*oh: its body, which refers to m's bytes);
   // FINISHED ids go to *finished.
@@ -261,7 +264,8 @@ TEST_F(Wire, RawSubmitWithoutAckIsAnsweredOnlyForRejections) {
          std::count(finished.begin(), finished.end(), "raw-loud") == 0) {
     protocol::Message m;
     ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok())
-        << "no FINISHED for both jobs\n" << fleet_->Logs();
+        << "no FINISHED for both jobs\n"
+        << fleet_->Logs();
     ASSERT_EQ(m.command, "FINISHED");
     ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
     std::vector<std::string> ids;

@@ -30,25 +30,36 @@ Fleet::~Fleet() {
 
 void Fleet::StartBroker() {
   std::vector<std::string> argv = {BrokerBin(),
-                                   "--frontend", "tcp://127.0.0.1:" + std::to_string(frontend_port_),
-                                   "--backend", "tcp://127.0.0.1:" + std::to_string(backend_port_),
-                                   "--redis", redis_->url()};
+                                   "--frontend",
+                                   "tcp://127.0.0.1:" + std::to_string(frontend_port_),
+                                   "--backend",
+                                   "tcp://127.0.0.1:" + std::to_string(backend_port_),
+                                   "--redis",
+                                   redis_->url()};
   argv.insert(argv.end(), options_.broker_args.begin(), options_.broker_args.end());
   broker_ = std::make_unique<Process>(argv, dir_.path() + "/broker.log");
 }
 
 void Fleet::StartWorker(size_t i) {
-  std::vector<std::string> argv = {WorkerBin(), "--broker", backend(), "--redis", redis_->url(),
-                                   "--max-batch", std::to_string(options_.max_batch),
-                                   "--threads", "1"};
+  std::vector<std::string> argv = {WorkerBin(),
+                                   "--broker",
+                                   backend(),
+                                   "--redis",
+                                   redis_->url(),
+                                   "--max-batch",
+                                   std::to_string(options_.max_batch),
+                                   "--threads",
+                                   "1"};
   for (const auto& m : options_.models) {
     argv.push_back("--model");
     argv.push_back(m + "=" + ModelPath(m));
   }
   argv.insert(argv.end(), options_.worker_args.begin(), options_.worker_args.end());
   auto p = std::make_unique<Process>(argv, dir_.path() + "/worker" + std::to_string(i) + ".log");
-  if (i < workers_.size()) workers_[i] = std::move(p);
-  else workers_.push_back(std::move(p));
+  if (i < workers_.size())
+    workers_[i] = std::move(p);
+  else
+    workers_.push_back(std::move(p));
 }
 
 bool Fleet::WaitForWorkers(size_t n, std::chrono::milliseconds timeout) {
@@ -68,8 +79,7 @@ int CountWorkers(const std::string& frontend) {
   s.set(zmq::sockopt::linger, 0);
   s.set(zmq::sockopt::rcvtimeo, 500);
   s.connect(frontend);
-  if (!protocol::SendMessage(s, nullptr, protocol::kStats, protocol::EncodeEmpty()).ok())
-    return -1;
+  if (!protocol::SendMessage(s, nullptr, protocol::kStats, protocol::EncodeEmpty()).ok()) return -1;
   protocol::Message m;
   if (!protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) return -1;
   if (m.command != protocol::kStats) return -1;

@@ -182,10 +182,19 @@ std::unique_ptr<protocol::RedisClient> RedisServer::Connect() const {
 }
 
 void RedisServer::Start() {
-  std::vector<std::string> argv = {"/usr/bin/redis-server", "--port", std::to_string(port_),
-                                   "--bind", "127.0.0.1", "--dir", dir_.path(), "--save", "",
-                                   "--appendonly", append_only_ ? "yes" : "no",
-                                   "--appendfsync", "always"};
+  std::vector<std::string> argv = {"/usr/bin/redis-server",
+                                   "--port",
+                                   std::to_string(port_),
+                                   "--bind",
+                                   "127.0.0.1",
+                                   "--dir",
+                                   dir_.path(),
+                                   "--save",
+                                   "",
+                                   "--appendonly",
+                                   append_only_ ? "yes" : "no",
+                                   "--appendfsync",
+                                   "always"};
   process_ = std::make_unique<Process>(argv, dir_.path() + "/redis.log");
   if (!WaitFor([&] { return Ping(); }, std::chrono::seconds(10)))
     throw std::runtime_error("redis-server did not start: " + process_->Log());

@@ -30,7 +30,7 @@ inline constexpr const char* kInternal = "internal";                 // a bug or
 // "cancelled"/"expired" for the first two, "failed" for poisoned).
 inline constexpr const char* kCancelled = "cancelled";  // cancelled by request before it ran
 inline constexpr const char* kExpired = "expired";      // not started within its timeout_ms
-inline constexpr const char* kPoisoned = "poisoned";    // workers died running it max_attempts times
+inline constexpr const char* kPoisoned = "poisoned";  // workers died running it max_attempts times
 }  // namespace codes
 
 class Status {
@@ -63,8 +63,8 @@ class Status {
 }  // namespace ferry
 
 // Returns early from the calling function when `expr` yields a failed Status.
-#define FERRY_RETURN_IF_ERROR(expr)              \
-  do {                                           \
-    ::ferry::Status _ferry_status = (expr);      \
+#define FERRY_RETURN_IF_ERROR(expr)                \
+  do {                                             \
+    ::ferry::Status _ferry_status = (expr);        \
     if (!_ferry_status.ok()) return _ferry_status; \
   } while (0)

@@ -6,8 +6,8 @@
 // Thread-safety: a plain value. Public header: includes only the standard library.
 
 #include <cstddef>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -15,7 +15,16 @@
 namespace ferry {
 
 enum class DType : uint8_t {
-  kFloat32, kFloat16, kBFloat16, kFloat64, kInt64, kInt32, kInt16, kInt8, kUInt8, kBool,
+  kFloat32,
+  kFloat16,
+  kBFloat16,
+  kFloat64,
+  kInt64,
+  kInt32,
+  kInt16,
+  kInt8,
+  kUInt8,
+  kBool,
 };
 
 // The wire name of a dtype ("float32", ...).

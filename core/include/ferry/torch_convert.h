@@ -29,8 +29,7 @@ namespace ferry {
 // does not match dtype and shape.
 inline Status ToTorch(const Tensor& in, torch::Tensor* out) {
   c10::ScalarType st = torch::kFloat32;
-  if (!ToTorchDType(in.dtype, &st))
-    return Status::InvalidArgument("unknown ferry dtype");
+  if (!ToTorchDType(in.dtype, &st)) return Status::InvalidArgument("unknown ferry dtype");
   int64_t numel = in.numel();
   if (numel < 0 || in.data.size() != static_cast<uint64_t>(numel) * ItemSize(in.dtype))
     return Status::InvalidArgument("tensor data does not match its dtype and shape");

@@ -15,11 +15,11 @@ struct Pair {
   c10::ScalarType scalar;
 };
 inline constexpr Pair kPairs[] = {
-    {DType::kFloat32, c10::ScalarType::Float}, {DType::kFloat16, c10::ScalarType::Half},
+    {DType::kFloat32, c10::ScalarType::Float},     {DType::kFloat16, c10::ScalarType::Half},
     {DType::kBFloat16, c10::ScalarType::BFloat16}, {DType::kFloat64, c10::ScalarType::Double},
-    {DType::kInt64, c10::ScalarType::Long},    {DType::kInt32, c10::ScalarType::Int},
-    {DType::kInt16, c10::ScalarType::Short},   {DType::kInt8, c10::ScalarType::Char},
-    {DType::kUInt8, c10::ScalarType::Byte},    {DType::kBool, c10::ScalarType::Bool},
+    {DType::kInt64, c10::ScalarType::Long},        {DType::kInt32, c10::ScalarType::Int},
+    {DType::kInt16, c10::ScalarType::Short},       {DType::kInt8, c10::ScalarType::Char},
+    {DType::kUInt8, c10::ScalarType::Byte},        {DType::kBool, c10::ScalarType::Bool},
 };
 }  // namespace torch_dtype_internal
 

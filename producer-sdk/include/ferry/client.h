@@ -77,8 +77,8 @@ struct ClientOptions {
 // One inference job. `inputs` are the positional arguments of the model's forward(), each
 // WITHOUT the batch dimension (the worker stacks jobs into batches).
 struct Job {
-  std::string id;      // empty: the SDK makes a UUIDv4. Else 1-128 chars of [A-Za-z0-9._:-].
-  std::string model;   // a model some worker serves
+  std::string id;     // empty: the SDK makes a UUIDv4. Else 1-128 chars of [A-Za-z0-9._:-].
+  std::string model;  // a model some worker serves
   std::vector<Tensor> inputs;
   int64_t priority = 0;      // higher runs first
   int64_t timeout_ms = 0;    // 0: none; else the job expires if not started in time
@@ -100,13 +100,14 @@ struct CancelReport {
 
 class Client {
  public:
-  // Makes a client and starts its background I/O thread. Fails with invalid_argument on bad options (an
-  // endpoint ZeroMQ cannot parse, a bad Redis URL). Does NOT wait for the broker or Redis: both
+  // Makes a client and starts its background I/O thread. Fails with invalid_argument on bad options
+  // (an endpoint ZeroMQ cannot parse, a bad Redis URL). Does NOT wait for the broker or Redis: both
   // are connected lazily and reconnected after failures, so a service may start first.
   // On success stores the client in *out (the caller owns it).
   static Status Create(const ClientOptions& options, std::unique_ptr<Client>* out);
 
-  // Stops and joins the background I/O thread; unsent requests are dropped. No other call may be running.
+  // Stops and joins the background I/O thread; unsent requests are dropped. No other call may be
+  // running.
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;

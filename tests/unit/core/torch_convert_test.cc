@@ -29,9 +29,9 @@ TEST(ClientTorchConvertTest, DtypeTableCoversEveryWireDtype) {
 }
 
 TEST(ClientTorchConvertTest, RoundTripsEveryDtype) {
-  for (auto st : {torch::kFloat32, torch::kFloat16, torch::kBFloat16, torch::kFloat64,
-                  torch::kInt64, torch::kInt32, torch::kInt16, torch::kInt8, torch::kUInt8,
-                  torch::kBool}) {
+  for (auto st :
+       {torch::kFloat32, torch::kFloat16, torch::kBFloat16, torch::kFloat64, torch::kInt64,
+        torch::kInt32, torch::kInt16, torch::kInt8, torch::kUInt8, torch::kBool}) {
     torch::Tensor x = (torch::arange(24) % 7).reshape({2, 3, 4}).to(st);
     Tensor t;
     Status s = FromTorch(x.transpose(0, 2), &t);  // non-contiguous input

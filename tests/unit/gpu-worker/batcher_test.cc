@@ -1,8 +1,8 @@
 // The worker's batch path, in-process, on real TorchScript models defined here: stacking,
 // sub-batches by shape, failing jobs isolated by halving, tuple/list outputs, every dtype.
 #include <gtest/gtest.h>
-#include <unistd.h>
 #include <torch/script.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
@@ -12,11 +12,11 @@
 #include <string>
 #include <vector>
 
-#include "test_models.h"
 #include "batcher.h"
 #include "executor.h"
 #include "model.h"
 #include "model_registry.h"
+#include "test_models.h"
 
 namespace ferry::worker {
 namespace {
@@ -58,9 +58,8 @@ class BatcherTest : public ::testing::Test {
   std::unique_ptr<Model> Linear() {
     return Load("linear", "def forward(self, x):\n    return torch.matmul(x, self.w) + 1.0\n",
                 [](torch::jit::Module& m) {
-                  m.register_parameter("w", torch::arange(24, torch::kFloat32).reshape({8, 3}) /
-                                                10.0,
-                                       false);
+                  m.register_parameter(
+                      "w", torch::arange(24, torch::kFloat32).reshape({8, 3}) / 10.0, false);
                 });
   }
 
@@ -216,8 +215,7 @@ TEST_F(BatcherTest, ListOutputsAreSplitPerJob) {
   for (int j = 0; j < 2; ++j) {
     ASSERT_TRUE(results[j].status.ok()) << results[j].status.ToString();
     ASSERT_EQ(results[j].outputs.size(), 2u);
-    EXPECT_EQ(AsFloats(results[j].outputs[1]),
-              std::vector<float>({2.0f * j + 2, 2.0f * j + 3}));
+    EXPECT_EQ(AsFloats(results[j].outputs[1]), std::vector<float>({2.0f * j + 2, 2.0f * j + 3}));
   }
 }
 
@@ -285,7 +283,8 @@ TEST_F(BatcherTest, ExecutorFailsJobsOfAnUnknownModel) {
   config.max_batch = 32;
   ModelRegistry registry(ModelRegistry::Options{}, {config});
   Executor executor(Executor::Options{}, &registry, nullptr, nullptr);
-  auto results = executor.RunBatch({MakeJob("u1", "nope", {Row(0)}), MakeJob("u2", "nope", {Row(1)})});
+  auto results =
+      executor.RunBatch({MakeJob("u1", "nope", {Row(0)}), MakeJob("u2", "nope", {Row(1)})});
   ASSERT_EQ(results.size(), 2u);
   for (const auto& r : results) {
     EXPECT_EQ(r.status.code(), codes::kUnknownModel);

@@ -13,11 +13,11 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "broker_link.h"
 #include "ferry/protocol/codec.h"
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/redis.h"
 #include "ferry/protocol/wire.h"
-#include "broker_link.h"
 #include "job_queue.h"
 #include "outbox.h"
 #include "process.h"  // testutil: RedisServer, WaitFor
@@ -37,8 +37,8 @@ zmq::message_t Chunk(const std::string& id, const std::string& notify = "") {
   pk.pack_map(1);
   protocol::PackString(pk, "jobs");
   pk.pack_array(1);
-  protocol::PackChunkEntry(pk, id, "tiny", std::string_view(inputs.data(), inputs.size()), 1, 0,
-                           0, 0, 0, 0, notify);
+  protocol::PackChunkEntry(pk, id, "tiny", std::string_view(inputs.data(), inputs.size()), 1, 0, 0,
+                           0, 0, 0, notify);
   return protocol::ToMessage(std::move(buf));
 }
 

@@ -102,7 +102,8 @@ TEST(RepositoryTest, BadFilesFailWithFileLineAndKey) {
     const char* expect;  // a piece of the message
   };
   const Case cases[] = {
-      {"[models.a]\npath = \"a.pt\"\nmax_batch = \"big\"\n", "t.toml:3: models.a.max_batch: must be an integer"},
+      {"[models.a]\npath = \"a.pt\"\nmax_batch = \"big\"\n",
+       "t.toml:3: models.a.max_batch: must be an integer"},
       {"[models.a]\npath = \"a.pt\"\nmaxbatch = 4\n", "models.a.maxbatch: unknown key"},
       {"[models.a]\ndevice = \"cpu\"\n", "models.a.path: missing"},
       {"[models.a]\npath = \"a.pt\"\nload = \"sometimes\"\n", "must be \"eager\" or \"lazy\""},
@@ -111,7 +112,8 @@ TEST(RepositoryTest, BadFilesFailWithFileLineAndKey) {
        "models.a.padding.length: unknown key"},
       {"[models.a]\npath = \"a.pt\"\nconvert = [{ input = 0, to = \"int8\", scale = 0.5 }]\n",
        "floating"},
-      {"[models.a]\npath = \"a.pt\"\nconvert = [{ input = 0, to = \"float33\" }]\n", "unknown dtype"},
+      {"[models.a]\npath = \"a.pt\"\nconvert = [{ input = 0, to = \"float33\" }]\n",
+       "unknown dtype"},
       {"[models.a]\npath = \"a.pt\"\nconvert = [{ input = 0, mean = [1.0], std = [] }]\n",
        "same length"},
       {"[models.a]\npath = \"a.pt\"\n[models.a.warmup]\ninputs = [{ dtype = \"uint8\" }]\n",
@@ -199,7 +201,7 @@ TEST(BatchLimitTest, LowersOnOutOfMemoryAndRestoresGradually) {
   EXPECT_EQ(limit.Current(500), 16);           // held
   EXPECT_EQ(limit.Current(1030), 32);          // then doubles every step
   EXPECT_EQ(limit.Current(1130), 64);
-  EXPECT_EQ(limit.Current(99999), 64);         // never above the maximum
+  EXPECT_EQ(limit.Current(99999), 64);  // never above the maximum
   BatchLimit one(1);
   EXPECT_EQ(one.OnOutOfMemory(1, 0), 1);
 }

@@ -8,13 +8,13 @@
 #include <cmath>
 #include <thread>
 
-#include "ferry/protocol/util.h"
 #include "batcher.h"
 #include "executor.h"
+#include "ferry/protocol/util.h"
 #include "model.h"
 #include "model_registry.h"
-#include "warmup.h"
 #include "test_models.h"
+#include "warmup.h"
 
 namespace ferry::worker {
 namespace {
@@ -109,9 +109,10 @@ TEST(EngineTest, TrimRatioForStridedEncodersAndBadJobsFailAlone) {
   c.padding.trim = {{0, 0, 0.5}};
   auto model = Load(c);
   Batcher batcher;
-  auto results = batcher.Run(
-      *model, {MakeJob("s5", "stride2", {Ramp({5, 2}, 0.f)}), MakeJob("s2", "stride2", {Ramp({2, 2}, 10.f)}),
-               MakeJob("bad", "stride2", {Ramp({4}, 0.f)})});  // 1-D: cannot pad dim -2
+  auto results =
+      batcher.Run(*model, {MakeJob("s5", "stride2", {Ramp({5, 2}, 0.f)}),
+                           MakeJob("s2", "stride2", {Ramp({2, 2}, 10.f)}),
+                           MakeJob("bad", "stride2", {Ramp({4}, 0.f)})});  // 1-D: cannot pad dim -2
   ASSERT_TRUE(results[0].status.ok()) << results[0].status.ToString();
   EXPECT_EQ(results[0].outputs[0].shape, std::vector<int64_t>({3, 2}));  // ceil(5 / 2)
   EXPECT_EQ(Values<float>(results[0].outputs[0]), std::vector<float>({0, 1, 4, 5, 8, 9}));
@@ -125,9 +126,9 @@ TEST(EngineTest, TrimRatioForStridedEncodersAndBadJobsFailAlone) {
 TEST(EngineTest, WithoutAPolicyOnlyIdenticalShapesShareABatch) {
   auto model = Load(Config("double"));
   Batcher batcher;
-  auto results = batcher.Run(*model, {MakeJob("a", "double", {Ramp({3}, 0)}),
-                                      MakeJob("b", "double", {Ramp({4}, 0)}),
-                                      MakeJob("c", "double", {Ramp({3}, 5)})});
+  auto results = batcher.Run(
+      *model, {MakeJob("a", "double", {Ramp({3}, 0)}), MakeJob("b", "double", {Ramp({4}, 0)}),
+               MakeJob("c", "double", {Ramp({3}, 5)})});
   EXPECT_EQ(batcher.forward_calls(), 2);
   EXPECT_EQ(results[0].batch_size, 2);
   EXPECT_EQ(results[1].batch_size, 1);
@@ -141,7 +142,8 @@ TEST(EngineTest, Uint8PixelsAreConvertedOnTheDevice) {
   std::vector<uint8_t> pixels = {0, 255, 51, 102, 0, 255, 51, 102};  // [2 channels, 2, 2]
   Tensor img = Tensor::From<uint8_t>(pixels, {2, 2, 2}, DType::kUInt8);
   Batcher batcher;
-  auto results = batcher.Run(*model, {MakeJob("img", "identity", {img}), MakeJob("img2", "identity", {img})});
+  auto results =
+      batcher.Run(*model, {MakeJob("img", "identity", {img}), MakeJob("img2", "identity", {img})});
   ASSERT_TRUE(results[0].status.ok()) << results[0].status.ToString();
   const auto& out = results[0].outputs[0];
   EXPECT_EQ(out.dtype, DType::kFloat32);
@@ -173,7 +175,8 @@ TEST(EngineTest, OutOfMemoryHalvesTheBatchAndLowersTheLimit) {
   auto model = Load(Config("oom"));
   BatchLimit limit(8, /*hold_us=*/60'000'000, /*step_us=*/10'000'000);
   std::vector<Job> jobs;
-  for (int j = 0; j < 8; ++j) jobs.push_back(MakeJob("o" + std::to_string(j), "oom", {Ramp({2}, j)}));
+  for (int j = 0; j < 8; ++j)
+    jobs.push_back(MakeJob("o" + std::to_string(j), "oom", {Ramp({2}, j)}));
   Batcher batcher;
   auto results = batcher.Run(*model, std::move(jobs), &limit);
   for (int j = 0; j < 8; ++j) {
@@ -186,7 +189,8 @@ TEST(EngineTest, OutOfMemoryHalvesTheBatchAndLowersTheLimit) {
   // The next batch respects the lowered limit up front: no out-of-memory at all.
   Batcher next;
   std::vector<Job> more;
-  for (int j = 0; j < 6; ++j) more.push_back(MakeJob("n" + std::to_string(j), "oom", {Ramp({2}, j)}));
+  for (int j = 0; j < 6; ++j)
+    more.push_back(MakeJob("n" + std::to_string(j), "oom", {Ramp({2}, j)}));
   auto again = next.Run(*model, std::move(more), &limit);
   EXPECT_EQ(next.out_of_memory(), 0);
   EXPECT_EQ(next.forward_calls(), 3);
@@ -226,7 +230,8 @@ TEST(EngineTest, ConcurrentExecutorsMatchSequentialRuns) {
   std::vector<std::vector<std::vector<float>>> sequential(kBatches), concurrent(kBatches);
   Executor alone(Executor::Options{}, &registry, nullptr, nullptr);
   for (int b = 0; b < kBatches; ++b)
-    for (auto& r : alone.RunBatch(batch(b))) sequential[b].push_back(Values<float>(r.outputs.at(0)));
+    for (auto& r : alone.RunBatch(batch(b)))
+      sequential[b].push_back(Values<float>(r.outputs.at(0)));
 
   std::vector<std::thread> threads;
   std::vector<std::unique_ptr<Executor>> executors;
@@ -240,7 +245,8 @@ TEST(EngineTest, ConcurrentExecutorsMatchSequentialRuns) {
     threads.emplace_back([&, e] {
       for (int b = e; b < kBatches; b += kExecutors)
         for (auto& r : executors[e]->RunBatch(batch(b)))
-          concurrent[b].push_back(r.status.ok() ? Values<float>(r.outputs[0]) : std::vector<float>{});
+          concurrent[b].push_back(r.status.ok() ? Values<float>(r.outputs[0])
+                                                : std::vector<float>{});
     });
   }
   for (auto& t : threads) t.join();

@@ -58,7 +58,8 @@ void ExpectClose(const std::vector<std::vector<float>>& a, const std::vector<std
   ASSERT_EQ(a.size(), b.size());
   for (size_t j = 0; j < a.size(); ++j) {
     ASSERT_EQ(a[j].size(), b[j].size());
-    for (size_t i = 0; i < a[j].size(); ++i) EXPECT_NEAR(a[j][i], b[j][i], tolerance) << j << "/" << i;
+    for (size_t i = 0; i < a[j].size(); ++i)
+      EXPECT_NEAR(a[j][i], b[j][i], tolerance) << j << "/" << i;
   }
 }
 
@@ -80,7 +81,8 @@ TEST_F(GpuTest, BatchOnCudaEqualsCpu) {
 TEST_F(GpuTest, Uint8ConversionOnCudaEqualsCpu) {
   auto make = [](const std::string& device) {
     ModelConfig c = Config("identity", device);
-    c.convert = {{0, DType::kFloat32, 1.0 / 255.0, {0.485, 0.456, 0.406}, {0.229, 0.224, 0.225}, 0}};
+    c.convert = {
+        {0, DType::kFloat32, 1.0 / 255.0, {0.485, 0.456, 0.406}, {0.229, 0.224, 0.225}, 0}};
     return c;
   };
   auto jobs = [] {
@@ -94,7 +96,8 @@ TEST_F(GpuTest, Uint8ConversionOnCudaEqualsCpu) {
     return out;
   };
   auto stream = cuda::StreamFromPool(0);
-  ExpectClose(RunOn(make("cpu"), nullptr, jobs()), RunOn(make("cuda:0"), stream.get(), jobs()), 1e-5);
+  ExpectClose(RunOn(make("cpu"), nullptr, jobs()), RunOn(make("cuda:0"), stream.get(), jobs()),
+              1e-5);
 }
 
 TEST_F(GpuTest, HalfPrecisionStaysClose) {
@@ -112,7 +115,8 @@ TEST_F(GpuTest, ExecutorsWithTheirOwnStreamsAgree) {
   o.device = "cuda:0";
   Executor reference(o, &registry, nullptr, nullptr);
   std::vector<std::vector<float>> want;
-  for (auto& r : reference.RunBatch(Jobs("linear64", 8))) want.push_back(Values<float>(r.outputs.at(0)));
+  for (auto& r : reference.RunBatch(Jobs("linear64", 8)))
+    want.push_back(Values<float>(r.outputs.at(0)));
   std::vector<std::unique_ptr<Executor>> executors;
   for (int e = 0; e < 4; ++e) {
     o.index = e;

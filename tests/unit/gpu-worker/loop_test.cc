@@ -48,8 +48,7 @@ zmq::message_t Chunk(const std::vector<Entry>& entries) {
   protocol::PackString(pk, "jobs");
   pk.pack_array(static_cast<uint32_t>(entries.size()));
   for (const auto& e : entries)
-    protocol::PackChunkEntry(pk, e.id, e.model, e.inputs_raw, 1, 0, e.ttl, 111, 222,
-                             e.deadline_us);
+    protocol::PackChunkEntry(pk, e.id, e.model, e.inputs_raw, 1, 0, e.ttl, 111, 222, e.deadline_us);
   return protocol::ToMessage(std::move(buf));
 }
 
@@ -174,8 +173,8 @@ TEST_F(WorkerLoopTest, RunsChunksReportsEveryJobOnceAndDrainsOnStop) {
     entries.push_back({"t" + std::to_string(j), "tiny", InputsRaw({Row(j)}), j == 0 ? 50 : 0});
   entries.push_back({"bad-entry", "tiny", bad_raw});
   entries.push_back({"unk", "nope", InputsRaw({Row(0)})});
-  entries.push_back({"wrong-shape", "tiny",
-                     InputsRaw({Tensor::From<float>({1, 2, 3}, {3}, DType::kFloat32)})});
+  entries.push_back(
+      {"wrong-shape", "tiny", InputsRaw({Tensor::From<float>({1, 2, 3}, {3}, DType::kFloat32)})});
   ASSERT_TRUE(protocol::SendTo(router_, peer, protocol::kChunk, Chunk(entries)).ok());
 
   std::multiset<std::string> done;
@@ -200,8 +199,8 @@ TEST_F(WorkerLoopTest, RunsChunksReportsEveryJobOnceAndDrainsOnStop) {
     EXPECT_EQ(r.attempt, 1);
     EXPECT_GE(r.batch_size, 1);
     EXPECT_LE(r.batch_size, 4);
-    for (const char* k : {"submitted", "dispatched", "received", "compute_start", "compute_end",
-                          "finished"})
+    for (const char* k :
+         {"submitted", "dispatched", "received", "compute_start", "compute_end", "finished"})
       EXPECT_EQ(r.timing_us.count(k), 1u) << k;
     EXPECT_EQ(r.timing_us["submitted"], 111);
     EXPECT_LE(r.timing_us["compute_start"], r.timing_us["compute_end"]);
@@ -246,9 +245,9 @@ TEST_F(WorkerLoopTest, RunsChunksReportsEveryJobOnceAndDrainsOnStop) {
   EXPECT_GT(heartbeats_, 0);
 
   // Stop while a chunk is held: its DONE comes before BYE.
-  ASSERT_TRUE(protocol::SendTo(router_, peer, protocol::kChunk,
-                               Chunk({{"s1", "tiny", InputsRaw({Row(1)})},
-                                      {"s2", "tiny", InputsRaw({Row(2)})}}))
+  ASSERT_TRUE(protocol::SendTo(
+                  router_, peer, protocol::kChunk,
+                  Chunk({{"s1", "tiny", InputsRaw({Row(1)})}, {"s2", "tiny", InputsRaw({Row(2)})}}))
                   .ok());
   // Stop only once the chunk has arrived (so that it is held, not just in flight).
   ASSERT_TRUE(testutil::WaitFor(
@@ -280,9 +279,9 @@ TEST_F(WorkerLoopTest, HoldsResultsWhileRedisIsDownAndDoneFollowsTheWrite) {
   ASSERT_TRUE(Next(&m));
   ASSERT_EQ(m.command, protocol::kReady);
   const std::string peer(m.envelope.at(0).to_string_view());
-  ASSERT_TRUE(protocol::SendTo(router_, peer, protocol::kChunk,
-                               Chunk({{"r1", "tiny", InputsRaw({Row(1)})},
-                                      {"r2", "tiny", InputsRaw({Row(2)})}}))
+  ASSERT_TRUE(protocol::SendTo(
+                  router_, peer, protocol::kChunk,
+                  Chunk({{"r1", "tiny", InputsRaw({Row(1)})}, {"r2", "tiny", InputsRaw({Row(2)})}}))
                   .ok());
   EXPECT_FALSE(Next(&m, 500)) << "no DONE while the results cannot be written: " << m.command;
 
@@ -410,7 +409,9 @@ TEST_F(WorkerLoopTest, CancelDropsQueuedJobsAndCountsDuplicateResults) {
   ASSERT_TRUE(Next(&m));
   ASSERT_EQ(m.command, protocol::kReady);
   const std::string peer(m.envelope.at(0).to_string_view());
-  const auto spin = [](float n) { return InputsRaw({Tensor::From<float>({n}, {1}, DType::kFloat32)}); };
+  const auto spin = [](float n) {
+    return InputsRaw({Tensor::From<float>({n}, {1}, DType::kFloat32)});
+  };
   // The broker already wrote a final result for c0 (say it expired there): the worker's
   // result must not replace it, and DONE says it was a duplicate.
   protocol::RedisReply set;

@@ -13,9 +13,9 @@
 #include <random>
 #include <string>
 
-#include "test_models.h"
 #include "batcher.h"
 #include "model.h"
+#include "test_models.h"
 
 namespace ferry::worker {
 namespace {
@@ -54,8 +54,8 @@ TEST_F(MakeModelsTest, TinyMatchesItsClosedForm) {
     std::vector<float> x(8);
     for (int i = 0; i < 8; ++i) x[i] = 0.25f * (i - j);
     xs.push_back(x);
-    jobs.push_back(MakeJob("t" + std::to_string(j), "tiny",
-                           {Tensor::From<float>(x, {8}, DType::kFloat32)}));
+    jobs.push_back(
+        MakeJob("t" + std::to_string(j), "tiny", {Tensor::From<float>(x, {8}, DType::kFloat32)}));
   }
   auto results = Batcher().Run(*model, std::move(jobs));
   for (int j = 0; j < 4; ++j) {
@@ -73,10 +73,10 @@ TEST_F(MakeModelsTest, TinyMatchesItsClosedForm) {
 TEST_F(MakeModelsTest, MultiHasTwoInputsAndTwoOutputs) {
   auto model = Load("multi");
   ASSERT_TRUE(model);
-  auto results = Batcher().Run(
-      *model, {MakeJob("m", "multi",
-                       {Tensor::From<float>({0, 1, 2, 3}, {4}, DType::kFloat32),
-                        Tensor::From<int64_t>({1, 2, 3}, {3}, DType::kInt64)})});
+  auto results =
+      Batcher().Run(*model, {MakeJob("m", "multi",
+                                     {Tensor::From<float>({0, 1, 2, 3}, {4}, DType::kFloat32),
+                                      Tensor::From<int64_t>({1, 2, 3}, {3}, DType::kInt64)})});
   ASSERT_TRUE(results[0].status.ok()) << results[0].status.ToString();
   ASSERT_EQ(results[0].outputs.size(), 2u);
   EXPECT_EQ(AsFloats(results[0].outputs[0]), std::vector<float>({1, 3, 5, 7}));
@@ -133,11 +133,11 @@ TEST_F(MakeModelsTest, ResNetU8MatchesResNetOnNormalizedPixels) {
     normalized[i] = (static_cast<float>(pixels[i]) / 255.0f - mean[c]) / std_dev[c];
   }
   auto a = Batcher().Run(
-      *f32, {MakeJob("f", "resnet",
-                     {Tensor::From<float>(normalized, {3, kH, kW}, DType::kFloat32)})});
+      *f32,
+      {MakeJob("f", "resnet", {Tensor::From<float>(normalized, {3, kH, kW}, DType::kFloat32)})});
   auto b = Batcher().Run(
-      *u8, {MakeJob("u", "resnet_u8",
-                    {Tensor::From<uint8_t>(pixels, {3, kH, kW}, DType::kUInt8)})});
+      *u8,
+      {MakeJob("u", "resnet_u8", {Tensor::From<uint8_t>(pixels, {3, kH, kW}, DType::kUInt8)})});
   ASSERT_TRUE(a[0].status.ok()) << a[0].status.ToString();
   ASSERT_TRUE(b[0].status.ok()) << b[0].status.ToString();
   EXPECT_EQ(a[0].outputs.at(0).shape, std::vector<int64_t>({1000}));

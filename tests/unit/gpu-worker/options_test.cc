@@ -46,10 +46,31 @@ TEST(WorkerOptionsTest, DefaultsAndDerivedValues) {
 
 TEST(WorkerOptionsTest, EveryFlag) {
   WorkerOptions o;
-  ASSERT_TRUE(Parse({"--broker", "tcp://b:1", "--redis=redis://r:2/3", "--model", "a=a.pt",
-                     "--model", "b=b.pt", "--device", "cuda:1", "--max-batch", "8",
-                     "--instances", "3", "--threads", "2", "--redis-prefix", "x:", "--name", "w1",
-                     "--heartbeat-ms", "250", "--result-ttl-s", "60", "--log-level", "debug",
+  ASSERT_TRUE(Parse({"--broker",
+                     "tcp://b:1",
+                     "--redis=redis://r:2/3",
+                     "--model",
+                     "a=a.pt",
+                     "--model",
+                     "b=b.pt",
+                     "--device",
+                     "cuda:1",
+                     "--max-batch",
+                     "8",
+                     "--instances",
+                     "3",
+                     "--threads",
+                     "2",
+                     "--redis-prefix",
+                     "x:",
+                     "--name",
+                     "w1",
+                     "--heartbeat-ms",
+                     "250",
+                     "--result-ttl-s",
+                     "60",
+                     "--log-level",
+                     "debug",
                      "--flush-denormals"},
                     &o)
                   .ok());
@@ -68,7 +89,7 @@ TEST(WorkerOptionsTest, EveryFlag) {
 
 TEST(WorkerOptionsTest, BadInputIsRejected) {
   const std::vector<std::vector<std::string>> bad = {
-      {},                                          // no model
+      {},  // no model
       {"--model", "noequals"},
       {"--model", "=x.pt"},
       {"--model", "a=a.pt", "--model", "a=b.pt"},  // twice

@@ -65,7 +65,7 @@ TEST(RegistryTest, LeastRecentlyUsedIdleModelIsEvicted) {
   EXPECT_EQ(r.Resident(), std::vector<std::string>({"big_a", "big_c"}));
   EXPECT_EQ(r.evictions(), 1);
   EXPECT_LE(r.used_bytes(), 2 * kMiB + kMiB / 2);
-  EXPECT_EQ(announcements.load(), 4);  // a, b, c resident, b unloaded
+  EXPECT_EQ(announcements.load(), 4);   // a, b, c resident, b unloaded
   ASSERT_TRUE(Touch(r, "big_b").ok());  // and back: a is now the LRU
   EXPECT_EQ(r.Resident(), std::vector<std::string>({"big_b", "big_c"}));
   EXPECT_EQ(r.loads(), 4);

@@ -96,7 +96,9 @@ class ResultWriterTest : public ::testing::Test {
   }
 
   // Waits until nothing is queued or being written.
-  void WaitIdle() { ASSERT_TRUE(testutil::WaitFor([&] { return writer_->pending() == 0; })); }
+  void WaitIdle() {
+    ASSERT_TRUE(testutil::WaitFor([&] { return writer_->pending() == 0; }));
+  }
 
   testutil::RedisServer redis_;
   std::unique_ptr<protocol::RedisClient> client_;

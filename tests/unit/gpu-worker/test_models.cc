@@ -43,7 +43,9 @@ const std::map<std::string, Def>& Defs() {
         }}},
       {"linear8",
        {"def forward(self, x):\n    return torch.matmul(x, self.w)\n",
-        [](torch::jit::Module& m) { m.register_parameter("w", torch::ones({8, 3}), false); }}},
+        [](torch::jit::Module& m) {
+          m.register_parameter("w", torch::ones({8, 3}), false);
+        }}},
   };
   return *defs;
 }

@@ -101,17 +101,18 @@ TEST(MetricsRegistry, NameValidation) {
 TEST(MetricsNames, AllNamesRegisterAndFollowConventions) {
   using namespace names;
   Registry r;
-  const std::vector<const char*> counters = {kJobsAccepted, kJobsRejected,     kJobsFinished,
-                                             kJobsRequeued, kJobsDispatched,   kChunksDispatched,
-                                             kDuplicatesSuppressed, kExecutorBusy, kBatches,
-                                             kWorkerJobs,   kResultWriteErrors};
-  const std::vector<const char*> gauges = {
-      kQueueDepth,    kQueueOldestAge,    kJobsPending,        kWorkersConnected,
-      kWorkerCredit,  kWorkerInFlight,    kWorkerInfo,         kModelResident,
-      kModelsResident, kDeviceMemoryUsed, kDeviceMemoryBudget, kExecutors};
+  const std::vector<const char*> counters = {
+      kJobsAccepted,   kJobsRejected,     kJobsFinished,         kJobsRequeued,
+      kJobsDispatched, kChunksDispatched, kDuplicatesSuppressed, kExecutorBusy,
+      kBatches,        kWorkerJobs,       kResultWriteErrors};
+  const std::vector<const char*> gauges = {kQueueDepth,       kQueueOldestAge,     kJobsPending,
+                                           kWorkersConnected, kWorkerCredit,       kWorkerInFlight,
+                                           kWorkerInfo,       kModelResident,      kModelsResident,
+                                           kDeviceMemoryUsed, kDeviceMemoryBudget, kExecutors};
   for (const char* n : counters) {
-    EXPECT_TRUE(std::string(n).size() > 6 && std::string(n).rfind("_total") ==
-                                                 std::string(n).size() - 6) << n;
+    EXPECT_TRUE(std::string(n).size() > 6 &&
+                std::string(n).rfind("_total") == std::string(n).size() - 6)
+        << n;
     r.Counter(n, "help")->Inc();
   }
   for (const char* n : gauges) r.Gauge(n, "help")->Set(1);

@@ -69,8 +69,8 @@ TEST(MetricsServer, ServesMetricsOverARealSocket) {
   // Counters move between scrapes.
   c->Inc(2);
   std::string body;
-  ASSERT_TRUE(HttpGet("http://127.0.0.1:" + std::to_string(server->port()) + "/metrics", 2000,
-                      &body).ok());
+  ASSERT_TRUE(
+      HttpGet("http://127.0.0.1:" + std::to_string(server->port()) + "/metrics", 2000, &body).ok());
   ASSERT_TRUE(ParseText(body, &p).ok());
   EXPECT_EQ(SumSamples(p, "ferry_jobs_accepted_total"), 7);
   // host:port alone means /metrics.
@@ -102,7 +102,8 @@ TEST(MetricsServer, HealthzAndBeforeScrapeHooks) {
   EXPECT_EQ(resp.rfind("HTTP/1.1 503", 0), 0u) << resp;
   EXPECT_EQ(Body(resp), "broker unreachable\n");
   EXPECT_NE(Body(RawRequest(server->port(), "GET /metrics HTTP/1.0\r\n\r\n"))
-                .find("ferry_device_memory_used_bytes 1234"), std::string::npos);
+                .find("ferry_device_memory_used_bytes 1234"),
+            std::string::npos);
 }
 
 TEST(MetricsServer, PortZeroIsDisabledAndBusyPortFails) {

@@ -15,8 +15,8 @@ TEST(MetricsTextFormat, ExposeParsesBackWithTypesHelpAndValues) {
   r.Counter("ferry_jobs_accepted_total", "Jobs accepted.", {{"model", "tiny"}})->Inc(3);
   r.Counter("ferry_jobs_accepted_total", "Jobs accepted.", {{"model", "big"}})->Inc(1);
   r.Gauge("ferry_queue_depth", "Queued.\nSecond line \\ backslash", {{"model", "tiny"}})->Set(7);
-  Histogram* h = r.Histogram("ferry_job_latency_seconds", "Latency.", {0.01, 0.1, 1},
-                             {{"model", "tiny"}});
+  Histogram* h =
+      r.Histogram("ferry_job_latency_seconds", "Latency.", {0.01, 0.1, 1}, {{"model", "tiny"}});
   h->Observe(0.005);
   h->Observe(0.05);
   h->Observe(0.5);
@@ -43,7 +43,8 @@ TEST(MetricsTextFormat, ExposeParsesBackWithTypesHelpAndValues) {
   EXPECT_EQ(SumSamples(p, "ferry_job_latency_seconds_count"), 4);
   EXPECT_DOUBLE_EQ(SumSamples(p, "ferry_job_latency_seconds_sum"), 5.555);
   EXPECT_NE(text.find("ferry_job_latency_seconds_bucket{model=\"tiny\",le=\"+Inf\"} 4\n"),
-            std::string::npos) << text;
+            std::string::npos)
+      << text;
 
   // Every sample belongs to a family declared (HELP + TYPE) before it, families in name order.
   std::string last_family;
@@ -92,13 +93,14 @@ TEST(MetricsTextFormat, ParserAcceptsForeignExpositionAndRejectsGarbage) {
   ParsedText p;
   ASSERT_TRUE(ParseText("# a comment\n\nup 1\nhttp_requests_total{method=\"post\",code=\"200\"} "
                         "1027 1395066363000\nx_bucket{le=\"+Inf\"} 3\nnan_metric NaN\r\n",
-                        &p).ok());
+                        &p)
+                  .ok());
   ASSERT_EQ(p.samples.size(), 4u);
   EXPECT_EQ(p.samples[1].labels["code"], "200");
   EXPECT_EQ(p.samples[1].value, 1027);
   EXPECT_TRUE(std::isnan(p.samples[3].value));
-  for (const char* bad : {"name_only\n", "m{a=\"1\" 1\n", "m{a=1} 2\n", "m one\n", "{} 1\n",
-                          "m 1 2 3\n"}) {
+  for (const char* bad :
+       {"name_only\n", "m{a=\"1\" 1\n", "m{a=1} 2\n", "m one\n", "{} 1\n", "m 1 2 3\n"}) {
     Status s = ParseText(bad, &p);
     EXPECT_EQ(s.code(), "malformed") << bad;
   }

@@ -25,8 +25,8 @@ namespace ferry::client {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
 using client_test::ScriptedFrontend;
+using std::chrono::milliseconds;
 
 // Collects the ids of the FINISHED notices the I/O thread hands over, and on which thread.
 class Notices {
@@ -160,8 +160,8 @@ TEST_F(IoThreadTest, ForgetSaysARequestWentOut) {
   ASSERT_NO_FATAL_FAILURE(Start(nullptr, &io));
   std::atomic<int> replies{0};
   const int64_t rid = io->NextRid();
-  auto request = io->Post(rid, protocol::kSubmit, EmptySubmit(rid),
-                          [&](IoThread::Reply) { ++replies; });
+  auto request =
+      io->Post(rid, protocol::kSubmit, EmptySubmit(rid), [&](IoThread::Reply) { ++replies; });
   ASSERT_TRUE(testutil::WaitFor([&] { return replies.load() == 1; }));
   EXPECT_EQ(broker.submits(), 1);
   EXPECT_FALSE(io->Forget(request));

@@ -11,23 +11,23 @@
 #include <thread>
 #include <vector>
 
-#include "scripted_frontend.h"
-#include "submit_fixture.h"
 #include "ferry/client.h"
 #include "ferry/protocol/keys.h"
+#include "scripted_frontend.h"
+#include "submit_fixture.h"
 
 namespace ferry::client {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
 using client_test::ClientSubmitTest;
-using client_test::MakeJob;
-using client_test::ScriptedFrontend;
 using client_test::CommandCalls;
 using client_test::DoneRecord;
+using client_test::MakeJob;
 using client_test::Notice;
+using client_test::ScriptedFrontend;
 using client_test::WriteDone;
+using std::chrono::milliseconds;
 
 // A real redis-server, a scripted broker and a client of both, for the tests below.
 class ClientNoticeTest : public ClientSubmitTest {
@@ -113,8 +113,11 @@ TEST_F(ClientNoticeTest, OneFinishedNoticeWakesEveryWaiterWithItsOwnResult) {
 // that names an id without its record still leads to a read of that one (from Redis).
 TEST_F(ClientNoticeTest, InlineResultsInFinishedNeedNoRedisRead) {
   std::vector<SubmitOutcome> outcomes;
-  ASSERT_TRUE(client_->SubmitMany({MakeJob("m", "inl-1"), MakeJob("m", "inl-2"),
-                                  MakeJob("m", "inl-3")}, &outcomes).ok());
+  ASSERT_TRUE(
+      client_
+          ->SubmitMany({MakeJob("m", "inl-1"), MakeJob("m", "inl-2"), MakeJob("m", "inl-3")},
+                       &outcomes)
+          .ok());
   EXPECT_TRUE(broker_->asked_inline()) << "the SDK asks for inline results";
   std::vector<std::string> ids;
   for (const auto& o : outcomes) {
@@ -153,8 +156,7 @@ TEST_F(ClientNoticeTest, InlineResultsInFinishedNeedNoRedisRead) {
   EXPECT_EQ(r0.outputs[0].As<float>(), (std::vector<float>{1.5f}));
   EXPECT_EQ(r1.batch_size, 41);
   EXPECT_EQ(r1.outputs[0].As<float>(), (std::vector<float>{3.0f}));
-  EXPECT_EQ(CommandCalls(redis_, "get"), reads_before)
-      << "inline results were read from Redis";
+  EXPECT_EQ(CommandCalls(redis_, "get"), reads_before) << "inline results were read from Redis";
 
   Result r2;
   ASSERT_TRUE(client_->Wait(ids[2], 10000, &r2).ok());

@@ -42,8 +42,8 @@ TEST(NpyFormatTest, RoundTripsEveryNumpyDtype) {
       std::string file;
       ASSERT_TRUE(EncodeNpy(in, &file).ok());
       EXPECT_TRUE(LooksLikeNpy(file));
-      size_t header_end = 10 + (static_cast<unsigned char>(file[8]) |
-                                static_cast<unsigned char>(file[9]) << 8);
+      size_t header_end =
+          10 + (static_cast<unsigned char>(file[8]) | static_cast<unsigned char>(file[9]) << 8);
       EXPECT_EQ(header_end % 64, 0u) << "data is 64-byte aligned";
       EXPECT_EQ(file[header_end - 1], '\n');
       Status s = ParseNpy(file, &out);
@@ -123,13 +123,11 @@ TEST(NpyFormatTest, RejectsWhatItCannotRead) {
                "unsupported dtype");
   expect_error(MakeNpy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (3,)}", f4),
                "need 12");
-  expect_error(MakeNpy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1,)}", f4),
-               "need 4");
+  expect_error(MakeNpy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (1,)}", f4), "need 4");
   expect_error(MakeNpy(1, "{'descr': '<f4', 'shape': (2,)}", f4), "needs 'descr'");
   expect_error(MakeNpy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (-2,)}", f4),
                "non-negative");
-  expect_error(MakeNpy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': [2]}", f4),
-               "tuple");
+  expect_error(MakeNpy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': [2]}", f4), "tuple");
   expect_error(MakeNpy(1, "{'descr': '<f4', 'fortran_order': Maybe, 'shape': (2,)}", f4),
                "True or False");
   expect_error(MakeNpy(1, "{'descr': '<f4', 'fortran_order': False, 'shape': (2,), 'x': 1}", f4),
@@ -155,8 +153,8 @@ TEST(NpyFormatTest, ParseShape) {
 }
 
 TEST(NpyFormatTest, ReadTensorFileRawAndNpy) {
-  auto dir = std::filesystem::temp_directory_path() /
-             ("ferry-npy-test-" + std::to_string(::getpid()));
+  auto dir =
+      std::filesystem::temp_directory_path() / ("ferry-npy-test-" + std::to_string(::getpid()));
   std::filesystem::create_directories(dir);
   std::string raw = (dir / "x.bin").string(), npy = (dir / "x.dat").string();
   float v[6] = {1, 2, 3, 4, 5, 6};

@@ -7,10 +7,10 @@
 #include <chrono>
 #include <thread>
 
-#include "process.h"  // testutil: FreePort, RedisServer
 #include "ferry/client.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
+#include "process.h"  // testutil: FreePort, RedisServer
 
 namespace ferry::client {
 namespace {
@@ -49,8 +49,11 @@ class ClientPollWaitTest : public ::testing::Test {
     r.attempt = 1;
     r.error_code = std::string(error_code);
     r.error_message = std::string(error_message);
-    r.timing_us = {{"submitted", 1000}, {"dispatched", 1100}, {"compute_start", 1200},
-                   {"compute_end", 1300}, {"finished", 1400}};
+    r.timing_us = {{"submitted", 1000},
+                   {"dispatched", 1100},
+                   {"compute_start", 1200},
+                   {"compute_end", 1300},
+                   {"finished", 1400}};
     for (const Tensor& t : outputs)
       r.outputs.push_back(protocol::TensorRef{t.dtype, t.shape, t.data.data(), t.data.size()});
     msgpack::sbuffer buf;

@@ -9,17 +9,17 @@
 #include <thread>
 #include <vector>
 
+#include "ferry/client.h"
 #include "scripted_frontend.h"
 #include "submit_fixture.h"
-#include "ferry/client.h"
 
 namespace ferry::client {
 namespace {
 
 using client_test::ClientSubmitTest;
+using client_test::DoneRecord;
 using client_test::MakeJob;
 using client_test::ScriptedFrontend;
-using client_test::DoneRecord;
 
 // Client::Run: each SUBMIT says "ack": false (so the broker sends no ACCEPTED), and each caller
 // gets its own job's result, as Submit + Wait would give it.
@@ -54,8 +54,7 @@ TEST_F(ClientSubmitTest, RunReturnsRejectionsAndErrors) {
   broker.set_error_reply(false);
   EXPECT_EQ(client->Run(MakeJob("m"), 0, &r).code(), codes::kInvalidArgument) << "timeout 0";
   const int submits = broker.submits();
-  EXPECT_EQ(client->Run(MakeJob("m", "bad id!"), 30000, &r, &id).code(),
-            codes::kInvalidArgument);
+  EXPECT_EQ(client->Run(MakeJob("m", "bad id!"), 30000, &r, &id).code(), codes::kInvalidArgument);
   EXPECT_EQ(id, "bad id!");
   std::string json;
   ASSERT_TRUE(client->Stats(&json).ok());  // answered after anything sent before it

@@ -103,8 +103,10 @@ class ScriptedFrontend {
           protocol::SubmitJob job;
           Status s = protocol::DecodeSubmitJob(jobs->via.array.ptr[i], &job);
           if (s.ok() && job.model != "m") s = Status(codes::kUnknownModel, "no worker serves it");
-          if (s.ok()) a.ids.push_back(job.id);
-          else a.rejected.push_back({job.id, s.code(), s.message()});
+          if (s.ok())
+            a.ids.push_back(job.id);
+          else
+            a.rejected.push_back({job.id, s.code(), s.message()});
           if (s.ok() && echo_ && !job.inputs.empty()) {
             protocol::ResultRecord r;
             r.id = job.id;
@@ -154,8 +156,8 @@ class ScriptedFrontend {
   std::atomic<bool> asked_inline_{false};
   std::atomic<bool> echo_{false};
   mutable std::mutex mu_;
-  std::string producer_;                          // guarded by mu_
-  std::string notify_;                            // guarded by mu_
+  std::string producer_;  // guarded by mu_
+  std::string notify_;    // guarded by mu_
   struct Notice {
     std::vector<std::string> ids;
     std::vector<std::pair<std::string, std::string>> records;

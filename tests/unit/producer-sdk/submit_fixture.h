@@ -15,11 +15,11 @@
 #include <thread>
 #include <vector>
 
-#include "process.h"  // testutil: FreePort, RedisServer
 #include "ferry/client.h"
 #include "ferry/protocol/codec.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
+#include "process.h"  // testutil: FreePort, RedisServer
 
 namespace ferry::client_test {
 
@@ -61,8 +61,8 @@ inline std::string DoneRecord(const std::string& id, int64_t batch_size,
   r.status = "done";
   r.batch_size = batch_size;
   if (output != nullptr) {
-    r.outputs.push_back(
-        protocol::TensorRef{output->dtype, output->shape, output->data.data(), output->data.size()});
+    r.outputs.push_back(protocol::TensorRef{output->dtype, output->shape, output->data.data(),
+                                            output->data.size()});
   }
   msgpack::sbuffer buf;
   protocol::Packer pk(buf);
@@ -91,8 +91,9 @@ inline int64_t CommandCalls(testutil::RedisServer& redis, const std::string& com
 inline void WriteDone(testutil::RedisServer& redis, const std::string& id, int64_t batch_size) {
   protocol::RedisReply reply;
   auto c = redis.Connect();
-  ASSERT_TRUE(c->Command({"SET", protocol::Keys("test:").Result(id), DoneRecord(id, batch_size)},
-                         &reply).ok());
+  ASSERT_TRUE(
+      c->Command({"SET", protocol::Keys("test:").Result(id), DoneRecord(id, batch_size)}, &reply)
+          .ok());
 }
 
 // kThreads threads each send kJobsEach echo jobs through `call` (Submit + Wait, or Run) to a
@@ -121,8 +122,8 @@ inline int EchoFromManyThreads(
           ++good;
         } else {
           std::lock_guard<std::mutex> lock(failures_mu);
-          failures.push_back("thread " + std::to_string(t) + " job " + std::to_string(k) +
-                             ": " + s.ToString());
+          failures.push_back("thread " + std::to_string(t) + " job " + std::to_string(k) + ": " +
+                             s.ToString());
         }
       }
     });

@@ -12,18 +12,18 @@
 #include <mutex>
 #include <thread>
 
+#include "ferry/client.h"
 #include "scripted_frontend.h"
 #include "submit_fixture.h"
-#include "ferry/client.h"
 
 namespace ferry::client {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-using std::chrono::milliseconds;
 using client_test::ClientSubmitTest;
 using client_test::MakeJob;
 using client_test::ScriptedFrontend;
+using std::chrono::milliseconds;
 
 TEST_F(ClientSubmitTest, CreateRejectsBadOptions) {
   std::unique_ptr<Client> c;

@@ -86,8 +86,7 @@ TEST(Tensor, RejectsMalformedTensors) {
   EXPECT_EQ(DecodeCustom("float32", {2, 2}, 15).code(), codes::kInvalidArgument);
   EXPECT_EQ(DecodeCustom("float33", {2}, 8).code(), codes::kInvalidArgument);
   EXPECT_EQ(DecodeCustom("float32", {-1}, 0).code(), codes::kInvalidArgument);
-  EXPECT_EQ(DecodeCustom("int8", std::vector<int64_t>(17, 1), 1).code(),
-            codes::kInvalidArgument);
+  EXPECT_EQ(DecodeCustom("int8", std::vector<int64_t>(17, 1), 1).code(), codes::kInvalidArgument);
   EXPECT_TRUE(DecodeCustom("uint8", {0, 5}, 0).ok());  // empty tensors are legal
 }
 
@@ -96,8 +95,8 @@ TEST(Body, RejectsWhatIsNotOneMsgpackMap) {
   EXPECT_TRUE(UnpackMap("", 0, &oh).ok());  // empty body = empty map
   EXPECT_EQ(UnpackMap("\x93\x01\x02\x03", 4, &oh).code(), codes::kMalformed);  // array
   EXPECT_EQ(UnpackMap("\xc1", 1, &oh).code(), codes::kMalformed);              // never used
-  EXPECT_EQ(UnpackMap("\x81\xa1k", 3, &oh).code(), codes::kMalformed);          // truncated
-  EXPECT_EQ(UnpackMap("\x80\x80", 2, &oh).code(), codes::kMalformed);           // trailing
+  EXPECT_EQ(UnpackMap("\x81\xa1k", 3, &oh).code(), codes::kMalformed);         // truncated
+  EXPECT_EQ(UnpackMap("\x80\x80", 2, &oh).code(), codes::kMalformed);          // trailing
   std::string garbage = "definitely not msgpack at all";
   EXPECT_FALSE(UnpackMap(garbage.data(), garbage.size(), &oh).ok());
 }
@@ -178,7 +177,9 @@ TEST(Accepted, RoundTrip) {
 // DONE and FINISHED carry small results inline as the exact record bytes; decoding gives views
 // of those bytes, and a message without "results" decodes to none.
 TEST(InlineResults, DoneAndFinishedRoundTripTheRecordBytes) {
-  static const char kRecA[] = "\x83\xa2id\xa1" "a binary \x00 bytes";
+  static const char kRecA[] =
+      "\x83\xa2id\xa1"
+      "a binary \x00 bytes";
   const std::string rec_a(kRecA, sizeof(kRecA) - 1);  // with its NUL
   const std::string rec_b = "second record";
   const InlineResults in = {{"a", rec_a}, {"b", rec_b}};
@@ -225,8 +226,8 @@ TEST(Notify, ChunkEntryAndDoneRoundTripAndTheChannelForm) {
     ipk.pack_array(0);
     msgpack::sbuffer buf;
     Packer pk(buf);
-    PackChunkEntry(pk, "job-1", "m", std::string_view(inputs.data(), inputs.size()), 2, 0, 0, 1,
-                   2, 0, notify);
+    PackChunkEntry(pk, "job-1", "m", std::string_view(inputs.data(), inputs.size()), 2, 0, 0, 1, 2,
+                   0, notify);
     msgpack::object_handle oh = Unpacked(buf);
     EXPECT_EQ(Find(oh.get(), "notify") != nullptr, !notify.empty());
     ChunkJob job;
@@ -252,9 +253,9 @@ TEST(Notify, ChunkEntryAndDoneRoundTripAndTheChannelForm) {
   EXPECT_EQ(keys.NotifyChannel("t1"), "fleet-a:notify:t1");
   EXPECT_TRUE(keys.IsNotifyChannel("fleet-a:notify:t1"));
   EXPECT_TRUE(keys.IsNotifyChannel(keys.NotifyChannel(NewUuid())));
-  EXPECT_FALSE(keys.IsNotifyChannel("fleet-a:notify:"));          // no token
-  EXPECT_FALSE(keys.IsNotifyChannel("ferry:notify:t1"));          // another prefix
-  EXPECT_FALSE(keys.IsNotifyChannel("fleet-a:notify:t 1"));       // a space
+  EXPECT_FALSE(keys.IsNotifyChannel("fleet-a:notify:"));     // no token
+  EXPECT_FALSE(keys.IsNotifyChannel("ferry:notify:t1"));     // another prefix
+  EXPECT_FALSE(keys.IsNotifyChannel("fleet-a:notify:t 1"));  // a space
   EXPECT_FALSE(keys.IsNotifyChannel("fleet-a:result:t1"));
   EXPECT_FALSE(keys.IsNotifyChannel("fleet-a:notify:" + std::string(129, 'x')));
 }

@@ -21,8 +21,9 @@ TEST(Flags, ParsesAllKinds) {
   f.Int("count", &n, "an int");
   f.Bool("fast", &b, "a bool");
   f.Repeated("model", &r, "repeated");
-  ASSERT_TRUE(ParseArgs(f, {"--name", "x", "--count=7", "--fast", "--model", "a=1", "--model=b=2",
-                            "pos"}).ok());
+  ASSERT_TRUE(
+      ParseArgs(f, {"--name", "x", "--count=7", "--fast", "--model", "a=1", "--model=b=2", "pos"})
+          .ok());
   EXPECT_EQ(s, "x");
   EXPECT_EQ(n, 7);
   EXPECT_TRUE(b);

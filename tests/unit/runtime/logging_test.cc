@@ -65,7 +65,10 @@ TEST(LogJson, MessagesAreEscaped) {
 
 TEST(LogJson, InvalidUtf8BecomesReplacementCharacters) {
   std::string escaped;
-  logging::AppendJsonEscaped("a\xff" "b\xc3", &escaped);
+  logging::AppendJsonEscaped(
+      "a\xff"
+      "b\xc3",
+      &escaped);
   EXPECT_EQ(escaped, "a\\ufffdb\\ufffd");
   escaped.clear();
   logging::AppendJsonEscaped("\xed\xa0\x80", &escaped);  // a UTF-16 surrogate: not UTF-8

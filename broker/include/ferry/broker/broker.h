@@ -29,12 +29,12 @@ struct BrokerOptions {
   int64_t liveness = 3;         // a worker silent for heartbeat_ms * liveness is dropped
   int64_t max_attempts = 3;     // a job requeued this many times fails as "poisoned"
   int64_t default_result_ttl_s = 3600;
-  int64_t max_job_bytes = 64 << 20;        // larger jobs are rejected with too_large
-  int64_t max_message_bytes = 256 << 20;   // larger messages drop the connection (ZeroMQ)
-  int64_t max_queue = 10000;               // queued jobs per model before queue_full
-  int64_t max_pending_bytes = 1ll << 30;   // input bytes of all pending jobs before queue_full
-  int64_t aging_every = 8;                 // every Nth chunk of a model is served oldest-first
-  bool journal = true;                     // journal accepted jobs in Redis (--no-journal)
+  int64_t max_job_bytes = 64 << 20;       // larger jobs are rejected with too_large
+  int64_t max_message_bytes = 256 << 20;  // larger messages drop the connection (ZeroMQ)
+  int64_t max_queue = 10000;              // queued jobs per model before queue_full
+  int64_t max_pending_bytes = 1ll << 30;  // input bytes of all pending jobs before queue_full
+  int64_t aging_every = 8;                // every Nth chunk of a model is served oldest-first
+  bool journal = true;                    // journal accepted jobs in Redis (--no-journal)
   int64_t redis_timeout_ms = 1000;
   int metrics_port = 0;  // serve /metrics and /healthz here; 0 = off, -1 = any free port
 };

@@ -31,7 +31,7 @@ struct InputConversion {
   size_t input = 0;            // positional index of the input
   DType to = DType::kFloat32;  // dtype the model wants (a floating dtype when scale/mean/std)
   double scale = 1.0;
-  std::vector<double> mean;    // empty, or one value per channel (same length as std)
+  std::vector<double> mean;  // empty, or one value per channel (same length as std)
   std::vector<double> std;
   int64_t channel_dim = 0;
 };
@@ -49,8 +49,8 @@ struct TrimRule {
 // smallest bucket that holds it (jobs are grouped by bucket; a job longer than the last bucket
 // runs padded to its own length). Every listed input of a job must have the same length there.
 struct PaddingPolicy {
-  std::vector<size_t> inputs;    // empty: no padding (jobs group by identical shapes)
-  int64_t dim = 0;               // in the job's tensor; negative counts from the end
+  std::vector<size_t> inputs;  // empty: no padding (jobs group by identical shapes)
+  int64_t dim = 0;             // in the job's tensor; negative counts from the end
   double value = 0.0;
   std::vector<int64_t> buckets;  // strictly ascending, > 0
   bool pass_lengths = false;     // append the true lengths as one more input, int64 [B]
@@ -69,17 +69,17 @@ struct WarmupSpec {
 enum class LoadPolicy { kEager, kLazy };
 
 struct ModelConfig {
-  std::string name;                 // 1-128 characters, unique
-  std::string path;                 // a TorchScript file (torch.jit.save)
-  std::string device;               // "" = the worker's --device
-  int64_t max_batch = 0;            // 0 = the worker's --max-batch
-  std::string method = "forward";   // the module method a batch calls
+  std::string name;                // 1-128 characters, unique
+  std::string path;                // a TorchScript file (torch.jit.save)
+  std::string device;              // "" = the worker's --device
+  int64_t max_batch = 0;           // 0 = the worker's --max-batch
+  std::string method = "forward";  // the module method a batch calls
   std::vector<InputConversion> convert;
-  bool half = false;                // weights and floating inputs in float16 (CUDA only);
-                                    // floating outputs come back as float32
+  bool half = false;  // weights and floating inputs in float16 (CUDA only);
+                      // floating outputs come back as float32
   PaddingPolicy padding;
   WarmupSpec warmup;
-  bool pinned = false;              // never evicted under --memory-budget
+  bool pinned = false;  // never evicted under --memory-budget
   LoadPolicy load = LoadPolicy::kEager;
 };
 

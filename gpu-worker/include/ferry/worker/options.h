@@ -21,21 +21,21 @@ struct WorkerOptions {
   // At least one, from --models FILE and/or --model NAME=PATH; after parsing, every entry's
   // device and max_batch are filled in from --device and --max-batch when the file left them.
   std::vector<ModelConfig> models;
-  std::string models_file;                       // --models: the repository file, if any
-  int64_t memory_budget = 0;                     // bytes for resident models; 0 = unlimited
-  std::string device = "cpu";                    // cpu | cuda | cuda:N
-  int64_t max_batch = 32;                        // jobs per forward, per model
-  int64_t instances = 1;                         // executor threads
-  int64_t threads = 0;                           // intra-op torch threads; 0 = cores / instances
+  std::string models_file;       // --models: the repository file, if any
+  int64_t memory_budget = 0;     // bytes for resident models; 0 = unlimited
+  std::string device = "cpu";    // cpu | cuda | cuda:N
+  int64_t max_batch = 32;        // jobs per forward, per model
+  int64_t instances = 1;         // executor threads
+  int64_t threads = 0;           // intra-op torch threads; 0 = cores / instances
   bool flush_denormals = false;  // CPU: float denormals read and written as zero (FTZ/DAZ)
   std::string redis_prefix = std::string(protocol::kDefaultPrefix);
-  std::string name;                              // "" = host:pid:device
+  std::string name;  // "" = host:pid:device
   int64_t heartbeat_ms = 1000;
   int64_t liveness = 3;  // a broker silent for heartbeat_ms * liveness is presumed dead
   int64_t result_ttl_s = protocol::kDefaultResultTtlS;  // for jobs whose result_ttl_s is 0
   int64_t inline_result_bytes = 16384;  // results up to this size also ride in DONE; 0 = none
   std::string log_level = "info";
-  bool log_json = false;    // --log-json: one JSON object per log line
+  bool log_json = false;     // --log-json: one JSON object per log line
   int64_t metrics_port = 0;  // serve /metrics and /healthz here; 0 = off, -1 = any free port
 
   // Jobs the worker can hold at once (its credit): the largest max batch of its models times
@@ -56,7 +56,6 @@ void ResolveModelDefaults(WorkerOptions* options);
 // Parses argv. Returns kInvalidArgument (message for stderr) on an unknown flag, a positional
 // argument or a bad value; sets *help and returns OK on --help (the usage is in *usage either
 // way). Fills in the derived defaults (name, threads).
-Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help,
-                        std::string* usage);
+Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help, std::string* usage);
 
 }  // namespace ferry::worker

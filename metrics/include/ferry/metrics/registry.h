@@ -48,8 +48,7 @@ class Registry {
   // `upper_bounds`: finite, strictly increasing (e.g. names::LatencyBuckets()). Every series of
   // one family must use the same bounds.
   metrics::Histogram* Histogram(const std::string& name, const std::string& help,
-                                const std::vector<double>& upper_bounds,
-                                const Labels& labels = {});
+                                const std::vector<double>& upper_bounds, const Labels& labels = {});
 
   // Drops one series (e.g. the gauges of a worker that left) so it is no longer exposed.
   // Returns false when there is no such series. The caller must not use its pointer afterwards.

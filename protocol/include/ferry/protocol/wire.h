@@ -5,10 +5,10 @@
 //
 // These helpers catch zmq::error_t and report Status; nothing here throws.
 
+#include <msgpack.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
-#include <msgpack.hpp>
 #include <zmq.hpp>
 
 #include "ferry/status.h"
@@ -26,11 +26,11 @@ inline constexpr std::string_view kCancel = "CANCEL";
 inline constexpr std::string_view kCancelled = "CANCELLED";
 inline constexpr std::string_view kFinished = "FINISHED";  // broker -> producer: results readable
 // Worker <-> broker backend.
-inline constexpr std::string_view kReady = "READY";          // worker announces itself
-inline constexpr std::string_view kChunk = "CHUNK";          // broker -> worker: jobs to run
-inline constexpr std::string_view kDone = "DONE";            // worker -> broker: results written
-inline constexpr std::string_view kHeartbeat = "HEARTBEAT";  // both ways
-inline constexpr std::string_view kBye = "BYE";              // worker leaves (drain)
+inline constexpr std::string_view kReady = "READY";            // worker announces itself
+inline constexpr std::string_view kChunk = "CHUNK";            // broker -> worker: jobs to run
+inline constexpr std::string_view kDone = "DONE";              // worker -> broker: results written
+inline constexpr std::string_view kHeartbeat = "HEARTBEAT";    // both ways
+inline constexpr std::string_view kBye = "BYE";                // worker leaves (drain)
 inline constexpr std::string_view kReannounce = "REANNOUNCE";  // broker -> unknown worker
 // CANCEL also goes broker -> worker, for jobs already dispatched.
 

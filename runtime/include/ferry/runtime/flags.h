@@ -19,8 +19,7 @@ class FlagSet {
   void String(const std::string& name, std::string* target, const std::string& help);
   void Int(const std::string& name, int64_t* target, const std::string& help);
   void Bool(const std::string& name, bool* target, const std::string& help);  // no value
-  void Repeated(const std::string& name, std::vector<std::string>* target,
-                const std::string& help);
+  void Repeated(const std::string& name, std::vector<std::string>* target, const std::string& help);
 
   // Parses argv[1..]. Positional arguments go to positional(). On --help sets help_requested().
   Status Parse(int argc, char** argv);
