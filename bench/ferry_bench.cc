@@ -234,7 +234,9 @@ int main(int argc, char** argv) {
   json.Add("label", label);
   json.Add("shape", shape_text);
   json.Add("dtype", dtype_text);
-  ferry::bench::Summarize(label, samples, jobs_done, failed, seconds, stages, &json);
+  const int64_t input_bytes =
+      ferry::NumElements(load.shape) * static_cast<int64_t>(ferry::ItemSize(load.dtype));
+  ferry::bench::Summarize(label, samples, jobs_done, failed, seconds, stages, input_bytes, &json);
   // The whole process so far, startup included.
   json.Add("process_cpu_s", ferry::bench::ProcessCpuSeconds());
   if (!json_path.empty()) {

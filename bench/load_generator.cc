@@ -61,6 +61,7 @@ class Recorder {
     Sample smp;
     smp.latency_ms = std::chrono::duration<double, std::milli>(end - p.start).count();
     smp.batch_size = r.batch_size;
+    for (const auto& t : r.outputs) smp.output_bytes += static_cast<int64_t>(t.data.size());
     auto at = [&](const char* k) {
       auto it = r.timing_us.find(k);
       return it == r.timing_us.end() ? 0.0 : static_cast<double>(it->second);

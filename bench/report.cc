@@ -70,10 +70,11 @@ double Percentile(const std::vector<double>& sorted, double p) {
 }
 
 void Summarize(const std::string& label, const std::vector<Sample>& samples, int64_t jobs,
-               int64_t failed, double seconds, bool stages, JsonObject* json) {
+               int64_t failed, double seconds, bool stages, int64_t input_bytes,
+               JsonObject* json) {
   std::vector<double> lat;
   lat.reserve(samples.size());
-  double batch_sum = 0, lat_sum = 0, weight = 0;
+  double batch_sum = 0, lat_sum = 0, weight = 0, output_bytes = 0;
   double st[5] = {0, 0, 0, 0, 0};
   std::map<int64_t, int64_t> hist;
   for (const Sample& s : samples) {
@@ -87,6 +88,7 @@ void Summarize(const std::string& label, const std::vector<Sample>& samples, int
     st[2] += s.dispatch_us;
     st[3] += s.compute_us;
     st[4] += s.delivery_us;
+    output_bytes += static_cast<double>(s.output_bytes);
   }
   std::sort(lat.begin(), lat.end());
   const double n = std::max(1.0, weight);
@@ -112,6 +114,17 @@ void Summarize(const std::string& label, const std::vector<Sample>& samples, int
       label.c_str(), static_cast<long long>(jobs), static_cast<long long>(failed), seconds,
       throughput, Percentile(lat, 50), Percentile(lat, 90), Percentile(lat, 95),
       Percentile(lat, 99), lat.empty() ? 0.0 : lat.back(), batch_sum / n);
+  if (input_bytes > 0) {
+    const double in_mbps = throughput * static_cast<double>(input_bytes) / 1e6;
+    const double out_per_job = output_bytes / n;
+    const double out_mbps = throughput * out_per_job / 1e6;
+    json->Add("input_bytes_per_job", input_bytes);
+    json->Add("output_bytes_per_job", out_per_job);
+    json->Add("input_mbps", in_mbps);
+    json->Add("output_mbps", out_mbps);
+    std::printf("  bytes: %lld in per job (%.1f MB/s), %.0f out per job (%.1f MB/s)\n",
+                static_cast<long long>(input_bytes), in_mbps, out_per_job, out_mbps);
+  }
   if (!stages) return;
   const char* names[5] = {"submit", "queue", "dispatch", "compute", "delivery"};
   const double total = std::max(1e-9, lat_sum * 1000.0);

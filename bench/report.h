@@ -29,6 +29,7 @@ struct Sample {
   double submit_us = 0, queue_us = 0, dispatch_us = 0, compute_us = 0, delivery_us = 0;
   double transfer_us = 0, worker_us = 0;  // the two parts of dispatch_us
   bool has_stages = false;                // the result carried every stamp named above
+  int64_t output_bytes = 0;               // fleet: the bytes of the result's outputs
 };
 
 // An ordered JSON object built by hand (values are numbers, strings or raw JSON).
@@ -57,7 +58,10 @@ double ProcessCpuSeconds();
 // delivery}, stage_mean_us, and stage_p50_us (the same stages plus dispatch's parts transfer and
 // worker; medians over the jobs with stamps) to *json, and prints them to stdout. `jobs` is the
 // number of jobs done (raw mode: forward calls x batch), `samples` their latencies.
+// `input_bytes` per job (tensor bytes): with it, also input_bytes_per_job, output_bytes_per_job
+// (the mean over the samples) and the MB/s (10^6 bytes) each way, input_mbps and output_mbps.
 void Summarize(const std::string& label, const std::vector<Sample>& samples, int64_t jobs,
-               int64_t failed, double seconds, bool stages, JsonObject* json);
+               int64_t failed, double seconds, bool stages, int64_t input_bytes,
+               JsonObject* json);
 
 }  // namespace ferry::bench

@@ -9,7 +9,7 @@
 # the repository) -- each with the exact ferry-bench command, the fleet's command lines, the machine,
 # and the CPU seconds every process spent during the run -- plus machine.json and summary.txt.
 # Scenarios: tiny_closed tiny_light tiny_light_run tiny_light_no_push tiny_light_pinned encoder
-# resnet seed ceiling bytes. It prints one table. The full
+# resnet seed ceiling bytes audio audio_out. It prints one table. The full
 # suite takes ~10 min on a 2-core machine; --quick is a ~1 minute smoke run (small job counts;
 # numbers not meaningful).
 # --perf also samples the whole machine (perf record -a) during each measured run and writes
@@ -39,6 +39,7 @@ BENCH=$BUILD/bench/ferry-bench
 BROKER=$BUILD/broker/ferry-broker
 WORKER=$BUILD/gpu-worker/ferry-worker
 MAKE_MODELS=$BUILD/gpu-worker/ferry-make-models
+FLOOR=$BUILD/bench/ferry-floor  # optional: the audio scenarios' floor
 for b in "$BENCH" "$BROKER" "$WORKER" "$MAKE_MODELS"; do
   [ -x "$b" ] || { echo "run.sh: missing $b (build ferry-bench ferry-broker ferry-worker ferry-make-models)" >&2; exit 1; }
 done
@@ -318,6 +319,41 @@ if want bytes; then
   start_fleet 1 --model "null=$M/null.pt" --device cpu --max-batch 8 --instances 1 --threads 1
   bench bytes "$(q 100 400)" 16 --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 \
     --model null --shape 3,224,224 --concurrency 16 --loaders 2 --submit-batch 8
+  stop_fleet
+fi
+
+# ---- audio: speech-sized jobs, beside the floor ------------------------------------------------
+# 960 KB per job, 30 s of 16 kHz int16 PCM ([480000]), into head.pt (it reads 4 values and returns
+# 16 bytes): the input path, with the broker's journal on (durable) and off. audio_out: 64 bytes
+# in, 960 KB out (expand.pt): the result path. The floor (ferry-floor: bare libzmq, producer ->
+# relay -> consumer and producer -> consumer, and Redis SET / GET of 960 KB values, no Ferry code)
+# is measured in the same run. Compare input_mbps / output_mbps in the JSONs with floor.json.
+if (want audio || want audio_out) && [ -x "$FLOOR" ]; then
+  echo "== floor: bare libzmq and Redis, 960 KB messages"
+  "$FLOOR" --bytes 960000 --messages "$(q 300 2000)" --redis "$REDIS" --json "$OUT/floor.json" ||
+    FAILED+=(floor)
+fi
+AUDIO_WORKER=(--device cpu --max-batch 8 --instances 1 --threads 1)
+# audio_bench NAME FERRY_BENCH_FLAGS...: against the fleet start_fleet just started
+audio_bench() {
+  local name=$1; shift
+  bench "$name" "$(q 100 1000)" 32 --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 \
+    --concurrency 16 --loaders 2 --submit-batch 4 "$@"
+}
+if want audio; then
+  for journal in on off; do
+    name=audio; flags=""
+    [ "$journal" = off ] && { name=audio_no_journal; flags=--no-journal; }
+    echo "== $name: head model, [480000] int16 jobs (960 KB each), journal $journal"
+    FERRY_BROKER_FLAGS="$flags" start_fleet 1 --model "head=$M/head.pt" "${AUDIO_WORKER[@]}"
+    audio_bench "$name" --model head --shape 480000 --dtype int16
+    stop_fleet
+  done
+fi
+if want audio_out; then
+  echo "== audio_out: expand model, [16] float32 in, [240000] float32 (960 KB) out"
+  start_fleet 1 --model "expand=$M/expand.pt" "${AUDIO_WORKER[@]}"
+  audio_bench audio_out --model expand --shape 16
   stop_fleet
 fi
 

@@ -16,6 +16,10 @@
 //   resnet_u8.pt  the same network and weights taking x: [B,3,H,W] uint8 (pixels 0-255); it
 //               converts on the model's device: x.float() / 255 then ImageNet mean/std.
 //   null.pt     forward(x) -> x: computes nothing; measures dispatch and delivery alone.
+//   head.pt     forward(x: [B, N] any dtype) -> x[:, :4] as float32 [B, 4]: reads almost nothing
+//               of a big input and returns 16 bytes (the big-input benchmark, `audio`).
+//   expand.pt   forward(x: [B, 16] float32) -> [B, 240000] float32, x repeated: 960 KB out of
+//               64 bytes in (the big-output benchmark, `audio_out`, shaped like TTS audio).
 //   slow.pt     forward(x: [B,1] float32) -> x, after int(max(x)) chained 256x256 matmuls
 //               (about a millisecond each on one CPU core): a job that takes as long as its
 //               input says, for tests of jobs that are running when something happens.
@@ -192,6 +196,24 @@ torch::jit::Module MakeResNet(const ResNetWeights& w, bool uint8_input) {
   return m;
 }
 
+torch::jit::Module MakeHead() {
+  torch::jit::Module m("FerryHead");
+  m.define(R"(
+def forward(self, x):
+    return x.reshape(x.size(0), -1)[:, :4].float()
+)");
+  return m;
+}
+
+torch::jit::Module MakeExpand() {
+  torch::jit::Module m("FerryExpand");
+  m.define(R"(
+def forward(self, x):
+    return x.repeat(1, 15000)
+)");
+  return m;
+}
+
 torch::jit::Module MakeNull() {
   torch::jit::Module m("FerryNull");
   m.define(R"(
@@ -227,7 +249,7 @@ int main(int argc, char** argv) {
     std::fprintf(argc == 2 ? stdout : stderr,
                  "usage: ferry-make-models OUTDIR\n"
                  "Writes tiny.pt, multi.pt, encoder.pt, resnet.pt, resnet_u8.pt, null.pt,\n"
-                 "slow.pt and underflow.pt "
+                 "head.pt, expand.pt, slow.pt and underflow.pt "
                  "(TorchScript, fixed random weights) into OUTDIR.\n");
     return argc == 2 ? 0 : 2;
   }
@@ -242,6 +264,8 @@ int main(int argc, char** argv) {
         {"resnet.pt", MakeResNet(resnet, /*uint8_input=*/false)},
         {"resnet_u8.pt", MakeResNet(resnet, /*uint8_input=*/true)},
         {"null.pt", MakeNull()},
+        {"head.pt", MakeHead()},
+        {"expand.pt", MakeExpand()},
         {"slow.pt", MakeChain("FerrySlow", 0.01)},
         {"underflow.pt", MakeChain("FerryUnderflow", 0.001)}};
     for (const auto& [file, module] : models) {

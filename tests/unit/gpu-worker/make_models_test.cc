@@ -166,5 +166,29 @@ TEST_F(MakeModelsTest, NullReturnsItsInput) {
   EXPECT_EQ(AsFloats(results[1].outputs.at(0)), std::vector<float>({-2.f}));
 }
 
+// head.pt: the first four values of a big int16 input, as float32; expand.pt: 64 bytes in,
+// 960 KB out (the input repeated).
+TEST_F(MakeModelsTest, HeadReadsFourValuesExpandRepeatsItsInput) {
+  auto head = Load("head");
+  ASSERT_TRUE(head);
+  std::vector<int16_t> pcm(480000);
+  for (size_t i = 0; i < pcm.size(); ++i) pcm[i] = static_cast<int16_t>(i % 1000 - 500);
+  auto results = Batcher().Run(
+      *head, {MakeJob("h0", "head", {Tensor::From<int16_t>(pcm, {480000}, DType::kInt16)})});
+  ASSERT_TRUE(results[0].status.ok()) << results[0].status.ToString();
+  EXPECT_EQ(AsFloats(results[0].outputs.at(0)), std::vector<float>({-500.f, -499.f, -498.f, -497.f}));
+
+  auto expand = Load("expand");
+  ASSERT_TRUE(expand);
+  std::vector<float> x(16);
+  for (int i = 0; i < 16; ++i) x[i] = 0.5f * static_cast<float>(i);
+  results = Batcher().Run(
+      *expand, {MakeJob("e0", "expand", {Tensor::From<float>(x, {16}, DType::kFloat32)})});
+  ASSERT_TRUE(results[0].status.ok()) << results[0].status.ToString();
+  const std::vector<float> y = AsFloats(results[0].outputs.at(0));
+  ASSERT_EQ(y.size(), 240000u);
+  for (size_t i = 0; i < y.size(); i += 997) EXPECT_EQ(y[i], x[i % 16]) << i;
+}
+
 }  // namespace
 }  // namespace ferry::worker

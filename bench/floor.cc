@@ -1,0 +1,263 @@
+// ferry-floor: what this machine moves for big messages without any Ferry code -- the floor
+// under Ferry's big-input scenarios (docs/performance.md, "Big inputs and outputs").
+//
+//   ferry-floor [--bytes 960000] [--messages 2000] [--redis redis://127.0.0.1:6379]
+//               [--clients 1] [--json FILE]
+//
+//   zmq two hops  producer PUSH -> relay (zmq_proxy PULL/PUSH) -> consumer PULL, three processes
+//                 over TCP loopback: the shape of producer -> broker -> worker
+//   zmq one hop   producer PUSH -> consumer PULL
+//   redis SET     --clients connections each SET their share of the values (one at a time), over
+//                 32 keys per connection: as short-lived inputs do, Redis reuses their memory
+//   redis GET     the same connections GET them back
+//
+// Each line gives MB/s (10^6 bytes) and messages/s, measured where the bytes arrive (the consumer,
+// or around the Redis commands). The producer sends with zmq_send (one copy into the message, as
+// any sender that keeps its own buffer does). High-water marks of 16 messages bound memory.
+// Without --redis the Redis lines are skipped.
+#include <arpa/inet.h>
+#include <hiredis/hiredis.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "ferry/protocol/util.h"
+#include "ferry/runtime/flags.h"
+#include "ferry/runtime/malloc_policy.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+void SetHwm(void* s) {
+  int hwm = 16;
+  zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm));
+  zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof(hwm));
+}
+
+// Two distinct free TCP endpoints on 127.0.0.1: both ports bound (port 0) at once with plain
+// sockets, read back and closed -- synchronously, unlike zmq_close.
+std::pair<std::string, std::string> FreeEndpoints() {
+  int fds[2];
+  std::string endpoints[2];
+  for (int i = 0; i < 2; ++i) {
+    fds[i] = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof(addr);
+    bind(fds[i], reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
+    getsockname(fds[i], reinterpret_cast<sockaddr*>(&addr), &len);
+    endpoints[i] = "tcp://127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  }
+  close(fds[0]);
+  close(fds[1]);
+  return {endpoints[0], endpoints[1]};
+}
+
+// In a child process: the relay (binds both ends) until killed.
+[[noreturn]] void Relay(const std::string& in, const std::string& out) {
+  void* ctx = zmq_ctx_new();
+  void* front = zmq_socket(ctx, ZMQ_PULL);
+  void* back = zmq_socket(ctx, ZMQ_PUSH);
+  SetHwm(front);
+  SetHwm(back);
+  if (zmq_bind(front, in.c_str()) != 0 || zmq_bind(back, out.c_str()) != 0) _exit(1);
+  zmq_proxy(front, back, nullptr);
+  _exit(0);
+}
+
+// In a child process: sends `messages` messages of `bytes` bytes, then exits.
+[[noreturn]] void Producer(const std::string& to, size_t bytes, int messages) {
+  void* ctx = zmq_ctx_new();
+  void* s = zmq_socket(ctx, ZMQ_PUSH);
+  SetHwm(s);
+  int linger = 30000;  // lets the last messages out, but never hangs on a consumer that left
+  zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+  if (zmq_connect(s, to.c_str()) != 0) _exit(1);
+  std::vector<char> buf(bytes, 'x');
+  for (int i = 0; i < messages; ++i) {
+    if (zmq_send(s, buf.data(), buf.size(), 0) < 0) _exit(1);
+  }
+  zmq_close(s);
+  zmq_ctx_term(ctx);
+  _exit(0);
+}
+
+// Receives `messages` messages on `pull`; MB/s from the first to the last (the first message
+// starts the clock, so the bytes after it count).
+double Receive(void* pull, size_t bytes, int messages, int* got) {
+  int timeout = 30000;
+  zmq_setsockopt(pull, ZMQ_RCVTIMEO, &timeout, sizeof(timeout));
+  zmq_msg_t msg;
+  zmq_msg_init(&msg);
+  Clock::time_point first;
+  size_t total = 0;
+  *got = 0;
+  for (int i = 0; i < messages; ++i) {
+    if (zmq_msg_recv(&msg, pull, 0) < 0) break;
+    if (i == 0) first = Clock::now();
+    total += zmq_msg_size(&msg);
+    ++*got;
+  }
+  const Clock::time_point last = Clock::now();
+  zmq_msg_close(&msg);
+  if (*got < 2) return 0;
+  return static_cast<double>(total - bytes) / 1e6 / Seconds(first, last);
+}
+
+// Producer (and relay) in child processes, the consumer here.
+double ZmqFloor(bool two_hops, size_t bytes, int messages, int* got) {
+  void* ctx = zmq_ctx_new();
+  const auto [consumer, spare] = FreeEndpoints();
+  const std::string relay_in = two_hops ? spare : consumer;
+  void* pull = zmq_socket(ctx, ZMQ_PULL);
+  SetHwm(pull);
+  pid_t relay = -1;
+  if (two_hops) {
+    relay = fork();
+    if (relay == 0) Relay(relay_in, consumer);  // binds both; this process connects
+    zmq_connect(pull, consumer.c_str());
+  } else {
+    zmq_bind(pull, consumer.c_str());
+  }
+  const pid_t producer = fork();
+  if (producer == 0) Producer(relay_in, bytes, messages);
+  const double mbps = Receive(pull, bytes, messages, got);
+  zmq_close(pull);
+  waitpid(producer, nullptr, 0);
+  if (relay > 0) {
+    kill(relay, SIGKILL);
+    waitpid(relay, nullptr, 0);
+  }
+  zmq_ctx_term(ctx);
+  return mbps;
+}
+
+struct RedisRates {
+  double set_mbps = 0, get_mbps = 0;
+  bool ok = false;
+};
+
+RedisRates RedisFloor(const ferry::protocol::RedisEndpoint& ep, size_t bytes, int messages,
+                      int clients) {
+  RedisRates out;
+  std::vector<redisContext*> conns;
+  for (int c = 0; c < clients; ++c) {
+    redisContext* ctx = redisConnect(ep.host.c_str(), ep.port);
+    if (ctx == nullptr || ctx->err) {
+      std::fprintf(stderr, "ferry-floor: cannot connect to redis %s:%d\n", ep.host.c_str(),
+                   ep.port);
+      return out;
+    }
+    conns.push_back(ctx);
+  }
+  const std::string value(bytes, 'x');
+  auto run = [&](bool set) {
+    std::vector<std::thread> threads;
+    const Clock::time_point start = Clock::now();
+    for (int c = 0; c < clients; ++c) {
+      threads.emplace_back([&, c] {
+        for (int i = c; i < messages; i += clients) {
+          const std::string key = "ferry-floor:" + std::to_string(c) + ":" + std::to_string(i % 32);
+          redisReply* r = set ? static_cast<redisReply*>(redisCommand(
+                                    conns[c], "SET %b %b", key.data(), key.size(),
+                                    value.data(), value.size()))
+                              : static_cast<redisReply*>(redisCommand(
+                                    conns[c], "GET %b", key.data(), key.size()));
+          if (r != nullptr) freeReplyObject(r);
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    return static_cast<double>(bytes) * messages / 1e6 / Seconds(start, Clock::now());
+  };
+  out.set_mbps = run(true);
+  out.get_mbps = run(false);
+  for (int c = 0; c < clients; ++c) {
+    for (int i = 0; i < 32; ++i) {
+      const std::string key = "ferry-floor:" + std::to_string(c) + ":" + std::to_string(i);
+      freeReplyObject(redisCommand(conns[0], "DEL %b", key.data(), key.size()));
+    }
+  }
+  for (auto* c : conns) redisFree(c);
+  out.ok = true;
+  return out;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t bytes = 960000, messages = 2000, clients = 1;
+  std::string redis, json;
+  ferry::runtime::FlagSet flags("ferry-floor",
+                                "Bare libzmq and Redis throughput for big messages (no Ferry code).");
+  flags.Int("bytes", &bytes, "message / value size in bytes");
+  flags.Int("messages", &messages, "messages (and Redis values) per measurement");
+  flags.String("redis", &redis, "redis://HOST:PORT to measure SET and GET against (off: empty)");
+  flags.Int("clients", &clients, "Redis connections (threads) for SET and GET");
+  flags.String("json", &json, "also write the figures to this JSON file");
+  if (int rc = ferry::runtime::HandleFlagResult(flags, flags.Parse(argc, argv)); rc >= 0)
+    return rc;
+  if (bytes <= 0 || messages < 2 || clients < 1) {
+    std::fprintf(stderr, "ferry-floor: --bytes > 0, --messages >= 2, --clients >= 1\n");
+    return 2;
+  }
+  // As Ferry's servers do (runtime/malloc_policy.h): big buffers are not page-faulted in afresh.
+  std::string malloc_what;
+  ferry::runtime::KeepFreedMemory(&malloc_what);
+  int got = 0;
+  const double two = ZmqFloor(true, static_cast<size_t>(bytes), static_cast<int>(messages), &got);
+  std::printf("zmq two hops   %9.1f MB/s  %9.1f msg/s  (%d messages of %lld bytes)\n", two,
+              two * 1e6 / static_cast<double>(bytes), got, static_cast<long long>(bytes));
+  const double one = ZmqFloor(false, static_cast<size_t>(bytes), static_cast<int>(messages), &got);
+  std::printf("zmq one hop    %9.1f MB/s  %9.1f msg/s\n", one,
+              one * 1e6 / static_cast<double>(bytes));
+  RedisRates r;
+  if (!redis.empty()) {
+    ferry::protocol::RedisEndpoint ep;
+    ferry::Status s = ferry::protocol::ParseRedisUrl(redis, &ep);
+    if (!s.ok()) {
+      std::fprintf(stderr, "ferry-floor: --redis: %s\n", s.ToString().c_str());
+      return 2;
+    }
+    r = RedisFloor(ep, static_cast<size_t>(bytes), static_cast<int>(messages),
+                   static_cast<int>(clients));
+    if (r.ok) {
+      std::printf("redis SET      %9.1f MB/s  %9.1f values/s  (%lld connection(s))\n", r.set_mbps,
+                  r.set_mbps * 1e6 / static_cast<double>(bytes), static_cast<long long>(clients));
+      std::printf("redis GET      %9.1f MB/s  %9.1f values/s\n", r.get_mbps,
+                  r.get_mbps * 1e6 / static_cast<double>(bytes));
+    }
+  }
+  if (!json.empty()) {
+    FILE* f = std::fopen(json.c_str(), "w");
+    if (f == nullptr) return 1;
+    std::fprintf(f,
+                 "{\"mode\": \"floor\", \"bytes\": %lld, \"messages\": %lld, \"clients\": %lld, "
+                 "\"zmq_two_hops_mbps\": %.1f, \"zmq_one_hop_mbps\": %.1f",
+                 static_cast<long long>(bytes), static_cast<long long>(messages),
+                 static_cast<long long>(clients), two, one);
+    if (r.ok)
+      std::fprintf(f, ", \"redis_set_mbps\": %.1f, \"redis_get_mbps\": %.1f", r.set_mbps,
+                   r.get_mbps);
+    std::fprintf(f, "}\n");
+    std::fclose(f);
+  }
+  return two > 0 && one > 0 ? 0 : 1;
+}
