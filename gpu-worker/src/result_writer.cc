@@ -154,12 +154,13 @@ std::vector<ResultWriter::PackedResult> ResultWriter::Pack(std::vector<JobResult
     const int64_t ttl = e.result_ttl_s > 0 ? e.result_ttl_s : options_.default_ttl_s;
     PackedResult p;
     p.key = keys_.Result(e.id);
-    p.value.assign(buf.data(), buf.size());
+    p.record = std::move(buf);
     p.ttl = std::to_string(ttl);
     if (!e.notify.empty()) {
       // The notice is a FINISHED body for this one job, the record inside when small enough.
       protocol::InlineResults inline_record;
-      if (p.value.size() <= options_.inline_result_bytes) inline_record.emplace_back(e.id, p.value);
+      p.scripted = p.record.size() <= options_.inline_result_bytes;
+      if (p.scripted) inline_record.emplace_back(e.id, p.value());
       const zmq::message_t notice = protocol::EncodeFinished({e.id}, inline_record);
       p.notify = e.notify;
       p.notice.assign(static_cast<const char*>(notice.data()), notice.size());
@@ -177,47 +178,66 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
     FERRY_RETURN_IF_ERROR(
         protocol::RedisClient::Connect(options_.redis, options_.redis_timeout_ms, &client_));
   }
+  // Per result, the index of its write's reply (SET or the script); per command, whether it
+  // carries a notice (the script, or PUBLISH).
   const bool scripts = scripts_ok_;
-  for (auto& p : *packed) {
+  std::vector<size_t> write_reply(packed->size());
+  std::vector<bool> notice_command;
+  for (size_t i = 0; i < packed->size(); ++i) {
+    PackedResult& p = (*packed)[i];
     if (!scripts) p.notify.clear();  // plain writes; the broker's FINISHED tells the producer
+    write_reply[i] = notice_command.size();
     if (p.notify.empty()) {
-      client_->Append({"SET", p.key, p.value, "EX", p.ttl, "NX"});
+      client_->Append({"SET", p.key, p.value(), "EX", p.ttl, "NX"});
+      notice_command.push_back(false);
+    } else if (p.scripted) {
+      client_->Append(
+          {"EVAL", kSetAndPublish, "1", p.key, p.value(), p.ttl, p.notify, p.notice});
+      notice_command.push_back(true);
     } else {
-      client_->Append({"EVAL", kSetAndPublish, "1", p.key, p.value, p.ttl, p.notify, p.notice});
+      client_->Append({"SET", p.key, p.value(), "EX", p.ttl, "NX"});
+      client_->Append({"PUBLISH", p.notify, p.notice});
+      notice_command.push_back(false);
+      notice_command.push_back(true);
     }
   }
   std::vector<protocol::RedisReply> replies;
   Status s = client_->Flush(&replies);
-  // A Redis that refuses scripts for good (an ACL without EVAL or PUBLISH: NOPERM; a managed
+  if (s.ok() && replies.size() != notice_command.size())
+    s = Status::Internal("redis answered " + std::to_string(replies.size()) + " of " +
+                         std::to_string(notice_command.size()) + " commands");
+  // A Redis that refuses notices for good (an ACL without EVAL or PUBLISH: NOPERM; a managed
   // service that disabled or renamed EVAL: unknown command) must not stop results from being
   // written: stop using them, and let the retry write plain SETs. Other errors (LOADING, BUSY,
   // READONLY, OOM...) pass; they are retried like any failed write.
-  for (size_t i = 0; s.ok() && i < replies.size() && i < packed->size(); ++i) {
+  for (size_t i = 0; s.ok() && i < replies.size(); ++i) {
     const std::string& error = replies[i].str;
-    if (!(*packed)[i].notify.empty() && replies[i].type == protocol::RedisReply::Type::kError &&
+    if (notice_command[i] && replies[i].type == protocol::RedisReply::Type::kError &&
         (error.find("NOPERM") != std::string::npos ||
          error.find("unknown command") != std::string::npos)) {
       scripts_ok_ = false;
       spdlog::error(
-          "result writer: Redis refuses the result-notice script ({}); writing "
-          "results without notices from now on",
+          "result writer: Redis refuses result notices ({}); writing results without notices "
+          "from now on",
           error);
       return Status::Internal("redis: " + error);
     }
   }
   int64_t nil = 0;
-  for (const auto& reply : replies) {
-    if (s.ok() && reply.type == protocol::RedisReply::Type::kError)
-      s = Status::Internal("redis: " + reply.str);
-    if (reply.type == protocol::RedisReply::Type::kNil) ++nil;
+  for (size_t i = 0; i < packed->size() && s.ok(); ++i) {
+    const protocol::RedisReply& write = replies[write_reply[i]];
+    if (write.type == protocol::RedisReply::Type::kError) s = Status::Internal("redis: " + write.str);
+    if (write.type == protocol::RedisReply::Type::kNil) ++nil;
+  }
+  for (size_t i = 0; i < replies.size() && s.ok(); ++i) {
+    if (replies[i].type == protocol::RedisReply::Type::kError)
+      s = Status::Internal("redis: " + replies[i].str);
   }
   // On a retry a nil may be our own earlier write that got through: count first tries only.
   if (s.ok() && first_try) {
     *duplicates = nil;
-    if (replies.size() == packed->size()) {
-      for (size_t i = 0; i < packed->size(); ++i)
-        (*packed)[i].stored = replies[i].type == protocol::RedisReply::Type::kStatus;
-    }
+    for (size_t i = 0; i < packed->size(); ++i)
+      (*packed)[i].stored = replies[write_reply[i]].type == protocol::RedisReply::Type::kStatus;
   }
   return s;
 }
@@ -266,8 +286,8 @@ void ResultWriter::Report(const std::vector<JobResult>& results, std::vector<Pac
     if (!p.stored) continue;
     if (!p.notify.empty()) {
       report.notified.push_back(r.job.entry.id);  // its producer has the record already
-    } else if (p.value.size() <= options_.inline_result_bytes) {
-      report.inline_results.emplace_back(r.job.entry.id, std::move(p.value));
+    } else if (p.record.size() <= options_.inline_result_bytes) {
+      report.inline_results.emplace_back(r.job.entry.id, std::string(p.value()));
     }
   }
   if (!outbox_->Push(std::move(report)))

@@ -14,12 +14,16 @@
 // (SET NX answered OK at the first try) travel in the report ("results"), for the broker to
 // hand to producers that asked for them: the same bytes as in Redis.
 //
-// Result notices straight to the producer: a job whose CHUNK entry names a "notify" channel is
-// written with a script instead of a plain SET -- SET NX, then, only if that stored it, PUBLISH
-// <channel> <notice> (a FINISHED body for the job, the record inside when at most
-// inline_result_bytes) -- in the same pipeline. At light load the producer then has its result
-// one Redis hop after the write instead of after DONE and FINISHED travel through the broker.
-// A Redis that refuses the script gets plain SETs from then on (logged once).
+// Result notices straight to the producer: a job whose CHUNK entry names a "notify" channel also
+// gets PUBLISH <channel> <notice> (a FINISHED body for the job) in the same pipeline, after its
+// write. A record of at most inline_result_bytes travels inside the notice, and then the two are
+// one script -- SET NX, then, only if that stored it, PUBLISH -- so a notice never carries a
+// record that lost to an earlier result. A bigger record goes as SET NX followed by PUBLISH of
+// a notice without it (no script: Lua would copy the record in and out, ~1.6 ms of Redis CPU
+// per MB); that notice may then follow a losing write, and names an id whose winning result is
+// in Redis. At light load the producer has its result one Redis hop after the write instead of
+// after DONE and FINISHED travel through the broker. A Redis that refuses the script (or
+// PUBLISH) gets plain SETs from then on (logged once).
 //
 // Thread-safety: Submit and the accessors from any thread; Start/Stop from one owner.
 
@@ -31,6 +35,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <msgpack.hpp>
 
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/redis.h"
@@ -78,14 +84,16 @@ class ResultWriter {
   int64_t duplicates() const;
 
  private:
-  // One SET command's arguments, packed once and reused on every retry.
+  // One result's commands' arguments, packed once and reused on every retry.
   struct PackedResult {
     std::string key;
-    std::string value;  // the result record
+    msgpack::sbuffer record;  // the result record (moved, never copied, into the command)
     std::string ttl;
     bool stored = false;  // SET NX stored it at the first try (it is the job's result)
     std::string notify;   // the producer's channel ("" = none): the write also PUBLISHes
     std::string notice;   // what it publishes there
+    bool scripted = false;  // the record is inside the notice: SET NX + PUBLISH as one script
+    std::string_view value() const { return {record.data(), record.size()}; }
   };
 
   void Loop();

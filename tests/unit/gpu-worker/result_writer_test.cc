@@ -190,15 +190,18 @@ TEST_F(ResultWriterTest, ManySubmittersEachResultReportedOnce) {
 // (a FINISHED body with the very record Redis holds), and DONE lists it as notified (without an
 // inline copy: its producer has it). A losing duplicate is neither published nor notified: the
 // first notice on the channel afterwards is the next job's.
-TEST_F(ResultWriterTest, NotifyJobsArePublishedWithTheStoredRecordDuplicatesAreNot) {
-  const std::string channel = "ferry:notify:writer-test";
-  std::unique_ptr<protocol::RedisSubscriber> sub;
-  ASSERT_TRUE(protocol::RedisSubscriber::Connect(redis_.endpoint(), 2000, channel, &sub).ok());
-  // The next notice on the channel: its ids and records.
-  auto next_notice = [&](std::vector<std::string>* ids,
-                         std::vector<std::pair<std::string, std::string>>* records) {
+// A subscriber on a notify channel, and the notices it receives: ids and inline records.
+class NoticeListener {
+ public:
+  NoticeListener(const protocol::RedisEndpoint& ep, std::string channel)
+      : channel_(std::move(channel)) {
+    EXPECT_TRUE(protocol::RedisSubscriber::Connect(ep, 2000, channel_, &sub_).ok());
+  }
+  const std::string& channel() const { return channel_; }
+  void Next(std::vector<std::string>* ids,
+            std::vector<std::pair<std::string, std::string>>* records) {
     std::string payload;
-    ASSERT_TRUE(testutil::NextPubSubMessage(sub.get(), &payload)) << "no notice";
+    ASSERT_TRUE(testutil::NextPubSubMessage(sub_.get(), &payload)) << "no notice";
     msgpack::object_handle oh;
     ASSERT_TRUE(protocol::UnpackMap(payload.data(), payload.size(), &oh).ok());
     ASSERT_TRUE(protocol::GetStringArray(oh.get(), "ids", ids).ok());
@@ -206,6 +209,28 @@ TEST_F(ResultWriterTest, NotifyJobsArePublishedWithTheStoredRecordDuplicatesAreN
     ASSERT_TRUE(protocol::DecodeInlineResults(oh.get(), &views).ok());
     records->clear();
     for (const auto& [id, record] : views) records->emplace_back(id, record);
+  }
+
+ private:
+  std::string channel_;
+  std::unique_ptr<protocol::RedisSubscriber> sub_;
+};
+
+// Calls of `command` since the last CONFIG RESETSTAT, from INFO commandstats.
+int64_t Calls(protocol::RedisClient& c, const std::string& command) {
+  protocol::RedisReply info;
+  EXPECT_TRUE(c.Command({"INFO", "commandstats"}, &info).ok());
+  const std::string key = "cmdstat_" + command + ":calls=";
+  const size_t at = info.str.find(key);
+  return at == std::string::npos ? 0 : std::stoll(info.str.substr(at + key.size()));
+}
+
+TEST_F(ResultWriterTest, NotifyJobsArePublishedWithTheStoredRecordDuplicatesAreNot) {
+  NoticeListener listener(redis_.endpoint(), "ferry:notify:writer-test");
+  const std::string channel = listener.channel();
+  auto next_notice = [&](std::vector<std::string>* ids,
+                         std::vector<std::pair<std::string, std::string>>* records) {
+    listener.Next(ids, records);
   };
   auto notify_job = [&](const std::string& id) {
     std::vector<JobResult> v = One(id);
@@ -239,6 +264,37 @@ TEST_F(ResultWriterTest, NotifyJobsArePublishedWithTheStoredRecordDuplicatesAreN
   EXPECT_EQ(ids, std::vector<std::string>{"job-n3"}) << "the duplicate was announced";
   d = NextDone();
   EXPECT_EQ(d.notified, std::vector<std::string>{"job-n3"});
+}
+
+// A record bigger than inline_result_bytes (16 KiB) is not put through the script (Lua would copy
+// it in and out): SET NX, then PUBLISH of a notice without the record, in one pipeline. The
+// notice comes after the write, DONE lists the job as notified, and nothing is inlined.
+TEST_F(ResultWriterTest, BigRecordsAreWrittenPlainAndNoticedWithoutTheRecord) {
+  NoticeListener listener(redis_.endpoint(), "ferry:notify:big");
+  auto owner = std::make_shared<std::string>(20000, 'x');
+  std::vector<JobResult> v = One("job-big");
+  v[0].job.entry.notify = listener.channel();
+  v[0].outputs.push_back(protocol::TensorRef{DType::kUInt8, {20000}, owner->data(), owner->size()});
+  v[0].outputs_owner = owner;
+  protocol::RedisReply reply;
+  ASSERT_TRUE(client_->Command({"CONFIG", "RESETSTAT"}, &reply).ok());
+  writer_->Submit(std::move(v));
+  std::vector<std::string> ids;
+  std::vector<std::pair<std::string, std::string>> records;
+  listener.Next(&ids, &records);
+  EXPECT_EQ(ids, std::vector<std::string>{"job-big"});
+  EXPECT_TRUE(records.empty()) << "a big record rode in the notice";
+  const std::string stored = Stored("job-big");  // readable when the notice came
+  Result decoded;
+  ASSERT_TRUE(protocol::DecodeResult(stored.data(), stored.size(), &decoded).ok());
+  ASSERT_EQ(decoded.outputs.size(), 1u);
+  EXPECT_EQ(decoded.outputs[0].data, *owner);
+  DoneReport d = NextDone();
+  EXPECT_EQ(d.notified, std::vector<std::string>{"job-big"});
+  EXPECT_TRUE(d.inline_results.empty());
+  EXPECT_EQ(Calls(*client_, "eval"), 0);
+  EXPECT_EQ(Calls(*client_, "set"), 1);
+  EXPECT_EQ(Calls(*client_, "publish"), 1);
 }
 
 // A Redis that refuses scripts (here an ACL without EVAL) still gets every result: the writer
