@@ -30,6 +30,14 @@ Status FinalResults::Flush(std::vector<std::unique_ptr<Job>>* written) {
                                                                    : protocol::kDefaultResultTtlS);
     redis_->Append({"SET", keys_.Result(e.job->id), std::string_view(buf.data(), buf.size()), "EX",
                     ttl, "NX"});
+    // Its stored inputs go with the final result (the job will not run any more).
+    if (!e.job->stored_inputs.empty()) {
+      std::vector<std::string> keys;
+      for (int32_t i : e.job->stored_inputs) keys.push_back(keys_.Input(e.job->id, i));
+      std::vector<std::string_view> argv{"DEL"};
+      for (const auto& k : keys) argv.push_back(k);
+      redis_->Append(argv);
+    }
   }
   FERRY_RETURN_IF_ERROR(redis_->Flush(nullptr));
   for (auto& e : entries_) written->push_back(std::move(e.job));

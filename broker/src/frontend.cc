@@ -97,7 +97,11 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
     job->inline_result = inline_results;
     job->notify = notify;
     size_t hint = 16;  // the msgpack framing is a few dozen bytes per tensor
-    for (const auto& t : in.inputs) hint += t.size + 64;
+    for (const auto& t : in.inputs) {
+      hint += (t.stored ? 0 : t.size) + 64;
+      if (t.stored) job->stored_bytes += static_cast<int64_t>(t.size);
+    }
+    job->stored_inputs = protocol::StoredInputs(in.inputs);
     protocol::PackObjectInto(*in.inputs_obj, hint, &job->inputs_raw);  // one copy
     scheduler.Add(std::move(job));
     if (options.journal) journal.Stage(*scheduler.Find(in.id));

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace ferry::broker {
 
@@ -19,6 +20,10 @@ struct Job {
   int64_t deadline_us = 0;     // wall clock by which it must start (submitted + timeout); 0 = none
   int64_t seq = 0;             // acceptance order (FIFO within a priority)
   std::string inputs_raw;      // the msgpack "inputs" array, forwarded to workers as is
+  // Inputs the producer stored in Redis (Keys::Input(id, index)): their indexes and bytes. The
+  // broker never touches those bytes; whoever writes the final result deletes them.
+  std::vector<int32_t> stored_inputs;
+  int64_t stored_bytes = 0;
   std::string producer;        // routing id of the producer connection (for FINISHED notices)
   bool inline_result = false;  // the producer asked for small results inside FINISHED
   std::string notify;          // the producer's Pub/Sub channel for result notices from the worker

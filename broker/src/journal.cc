@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "ferry/protocol/codec.h"
+#include "ferry/protocol/messages.h"
 
 namespace ferry::broker {
 namespace {
@@ -56,6 +57,12 @@ Status Journal::Decode(const std::string& bytes, Job* out) {
   FERRY_RETURN_IF_ERROR(protocol::GetInt(o, "attempt", &out->attempt, 1));
   const msgpack::object* inputs = protocol::Find(o, "inputs");
   if (!inputs) return Status::InvalidArgument("journal record without inputs");
+  std::vector<protocol::TensorRef> tensors;  // which are stored in Redis, and their bytes
+  FERRY_RETURN_IF_ERROR(protocol::DecodeTensorList(*inputs, &tensors, /*allow_stored=*/true));
+  out->stored_inputs = protocol::StoredInputs(tensors);
+  out->stored_bytes = 0;
+  for (const auto& t : tensors)
+    if (t.stored) out->stored_bytes += static_cast<int64_t>(t.size);
   msgpack::sbuffer raw;
   msgpack::pack(raw, *inputs);
   out->inputs_raw.assign(raw.data(), raw.size());

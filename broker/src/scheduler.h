@@ -97,7 +97,8 @@ class Scheduler {
   std::unique_ptr<Job> Take(const std::string& id);
   // Removes and returns queued jobs whose deadline is before `now_us` (wall clock).
   std::vector<std::unique_ptr<Job>> TakeExpired(int64_t now_us);
-  // Total bytes of inputs held by pending jobs.
+  // Total bytes of the inputs of pending jobs: those in the broker's memory, and those their
+  // producers stored in Redis.
   int64_t pending_bytes() const { return pending_bytes_; }
 
   // The next chunk to send, or false when no worker with credit serves a queued model.

@@ -28,12 +28,13 @@ constexpr int64_t kMaxReconnectIntervalUs = 32'000'000;
 }  // namespace
 
 BrokerLink::BrokerLink(zmq::context_t* context, Options options, JobQueue* queue,
-                       ResultWriter* writer, Outbox* outbox)
+                       ResultWriter* writer, Outbox* outbox, InputFetcher* fetcher)
     : context_(context),
       options_(std::move(options)),
       queue_(queue),
       writer_(writer),
-      outbox_(outbox) {}
+      outbox_(outbox),
+      fetcher_(fetcher) {}
 
 BrokerLink::~BrokerLink() {
   if (thread_.joinable()) {
@@ -229,6 +230,27 @@ void BrokerLink::HandleChunk(zmq::message_t body) {
     spdlog::warn("CHUNK: {} undecodable job(s) failed (first: {}: {})", rejected.size(),
                  rejected.front().job.entry.id, rejected.front().status.message());
     writer_->Submit(std::move(rejected));
+  }
+  // Jobs whose inputs wait in Redis are read there first.
+  std::vector<Job> to_fetch;
+  for (auto it = jobs.begin(); it != jobs.end();) {
+    if (it->entry.stored_inputs.empty()) {
+      ++it;
+      continue;
+    }
+    to_fetch.push_back(std::move(*it));
+    it = jobs.erase(it);
+  }
+  if (!to_fetch.empty()) {
+    if (fetcher_ != nullptr) {
+      fetcher_->Submit(std::move(to_fetch));
+    } else {
+      std::vector<JobResult> failed;
+      for (auto& job : to_fetch)
+        failed.push_back(FailedResult(std::move(job),
+                                      Status::Internal("this worker reads no stored inputs")));
+      writer_->Submit(std::move(failed));
+    }
   }
   const size_t accepted = jobs.size();
   if (!queue_->Push(std::move(jobs))) {

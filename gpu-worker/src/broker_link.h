@@ -7,8 +7,9 @@
 //   -> READY      at start and on every REANNOUNCE: name, device, host, pid, capacity, models;
 //                 again when the Outbox asks (the resident models changed)
 //   <- CHUNK      decoded in place (reference mode; the message stays alive while any job
-//                 points into it), jobs pushed to the JobQueue; entries that fail to decode but
-//                 carry an id become failed results (invalid_argument) -- never dropped
+//                 points into it), jobs pushed to the JobQueue -- those with inputs stored in
+//                 Redis to the InputFetcher first; entries that fail to decode but carry an id
+//                 become failed results (invalid_argument) -- never dropped
 //   <- CANCEL     {"ids"}: jobs still in the JobQueue are removed and get a "cancelled"
 //                 result; jobs an executor already took run to the end (their result loses
 //                 to the broker's if it wrote one first -- fencing)
@@ -45,6 +46,7 @@
 
 #include "ferry/protocol/types.h"
 #include "ferry/protocol/wire.h"
+#include "input_fetcher.h"
 #include "job_queue.h"
 #include "outbox.h"
 #include "result_writer.h"
@@ -65,9 +67,10 @@ class BrokerLink {
     int64_t done_hold_us = 1000;  // how long DONEs of notified jobs may wait; 0 = not at all
   };
 
-  // Everything passed in must outlive the link.
+  // Everything passed in must outlive the link. Jobs with stored inputs go to `fetcher`, which
+  // reads them from Redis and queues them (null: such jobs fail, internal).
   BrokerLink(zmq::context_t* context, Options options, JobQueue* queue, ResultWriter* writer,
-             Outbox* outbox);
+             Outbox* outbox, InputFetcher* fetcher = nullptr);
   ~BrokerLink();  // joins (a link that was started must be drained first)
   BrokerLink(const BrokerLink&) = delete;
   BrokerLink& operator=(const BrokerLink&) = delete;
@@ -117,6 +120,7 @@ class BrokerLink {
   JobQueue* queue_;
   ResultWriter* writer_;
   Outbox* outbox_;
+  InputFetcher* fetcher_;
   std::unique_ptr<zmq::socket_t> dealer_;
 
   std::atomic<bool> drain_requested_{false};

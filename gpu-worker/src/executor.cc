@@ -132,6 +132,7 @@ void Executor::Loop() {
       s.entry.result_ttl_s = j.entry.result_ttl_s;
       s.entry.submitted_us = j.entry.submitted_us;
       s.entry.dispatched_us = j.entry.dispatched_us;
+      s.entry.stored_inputs = j.entry.stored_inputs;
       s.received_us = j.received_us;
       skeletons.push_back(std::move(s));
     }

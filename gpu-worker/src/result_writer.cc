@@ -154,6 +154,7 @@ std::vector<ResultWriter::PackedResult> ResultWriter::Pack(std::vector<JobResult
     const int64_t ttl = e.result_ttl_s > 0 ? e.result_ttl_s : options_.default_ttl_s;
     PackedResult p;
     p.key = keys_.Result(e.id);
+    for (int32_t i : e.stored_inputs) p.stored_inputs.push_back(keys_.Input(e.id, i));
     p.record = std::move(buf);
     p.ttl = std::to_string(ttl);
     if (!e.notify.empty()) {
@@ -187,18 +188,25 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
     PackedResult& p = (*packed)[i];
     if (!scripts) p.notify.clear();  // plain writes; the broker's FINISHED tells the producer
     write_reply[i] = notice_command.size();
+    // By reference: the records (kept in `packed` until the write is done) are not copied.
     if (p.notify.empty()) {
-      client_->Append({"SET", p.key, p.value(), "EX", p.ttl, "NX"});
+      client_->AppendByRef({"SET", p.key, p.value(), "EX", p.ttl, "NX"});
       notice_command.push_back(false);
     } else if (p.scripted) {
-      client_->Append(
+      client_->AppendByRef(
           {"EVAL", kSetAndPublish, "1", p.key, p.value(), p.ttl, p.notify, p.notice});
       notice_command.push_back(true);
     } else {
-      client_->Append({"SET", p.key, p.value(), "EX", p.ttl, "NX"});
+      client_->AppendByRef({"SET", p.key, p.value(), "EX", p.ttl, "NX"});
       client_->Append({"PUBLISH", p.notify, p.notice});
       notice_command.push_back(false);
       notice_command.push_back(true);
+    }
+    if (!p.stored_inputs.empty()) {  // the job's inputs in Redis go with its final result
+      std::vector<std::string_view> argv{"DEL"};
+      for (const auto& k : p.stored_inputs) argv.push_back(k);
+      client_->Append(argv);
+      notice_command.push_back(false);
     }
   }
   std::vector<protocol::RedisReply> replies;

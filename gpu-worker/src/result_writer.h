@@ -25,6 +25,9 @@
 // after DONE and FINISHED travel through the broker. A Redis that refuses the script (or
 // PUBLISH) gets plain SETs from then on (logged once).
 //
+// A job whose inputs the producer stored in Redis (Keys::Input) has them deleted in the same
+// pipeline, after its write: the job is finished, whichever result won.
+//
 // Thread-safety: Submit and the accessors from any thread; Start/Stop from one owner.
 
 #include <atomic>
@@ -93,6 +96,7 @@ class ResultWriter {
     std::string notify;   // the producer's channel ("" = none): the write also PUBLISHes
     std::string notice;   // what it publishes there
     bool scripted = false;  // the record is inside the notice: SET NX + PUBLISH as one script
+    std::vector<std::string> stored_inputs;  // keys of the job's inputs in Redis: DEL
     std::string_view value() const { return {record.data(), record.size()}; }
   };
 

@@ -11,6 +11,7 @@
 
 #include "broker_link.h"
 #include "executor.h"
+#include "input_fetcher.h"
 #include "ferry/metrics/metrics_server.h"
 #include "ferry/metrics/registry.h"
 #include "ferry/protocol/util.h"
@@ -50,6 +51,7 @@ class Worker::Impl {
   std::mutex mu_;  // guards link_ against RequestStop during Run's start-up and shutdown
   std::atomic<bool> stop_requested_{false};
   std::unique_ptr<ResultWriter> writer_;
+  std::unique_ptr<InputFetcher> fetcher_;  // stored inputs, Redis -> queue_
   std::unique_ptr<BrokerLink> link_;
   std::vector<std::unique_ptr<Executor>> executors_;
 };
@@ -97,6 +99,7 @@ Worker::Impl::~Impl() {
   }
   executors_.clear();
   registry_->SetListener(nullptr);
+  fetcher_.reset();
   outbox_.Close();
   writer_.reset();
   metrics_server_.reset();
@@ -154,6 +157,10 @@ Status Worker::Impl::Run() {
   wopts.worker_name = options_.name;
   wopts.metrics = metrics_.get();
 
+  InputFetcher::Options fopts;
+  fopts.redis = redis;
+  fopts.prefix = options_.redis_prefix;
+
   BrokerLink::Options lopts;
   lopts.endpoint = options_.broker;
   lopts.heartbeat_ms = options_.heartbeat_ms;
@@ -164,12 +171,15 @@ Status Worker::Impl::Run() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     writer_ = std::make_unique<ResultWriter>(wopts, &outbox_);
-    link_ = std::make_unique<BrokerLink>(&context_, lopts, &queue_, writer_.get(), &outbox_);
+    fetcher_ = std::make_unique<InputFetcher>(fopts, &queue_, writer_.get());
+    link_ = std::make_unique<BrokerLink>(&context_, lopts, &queue_, writer_.get(), &outbox_,
+                                         fetcher_.get());
     FERRY_RETURN_IF_ERROR(link_->Start());
     if (stop_requested_.load()) link_->RequestDrain();
   }
   registry_->SetListener([this] { AnnounceResidency(); });
   writer_->Start();
+  fetcher_->Start();
   for (int64_t i = 0; i < options_.instances; ++i) {
     Executor::Options eopts;
     eopts.index = static_cast<int>(i);
@@ -196,7 +206,8 @@ Status Worker::Impl::Run() {
   queue_.Close();
   for (auto& e : executors_) e->Join();
   registry_->SetListener(nullptr);
-  outbox_.Close();  // nobody takes reports any more
+  fetcher_->Stop();  // drained with the link: nothing waits there any more
+  outbox_.Close();   // nobody takes reports any more
   writer_->Stop();
   spdlog::info("worker {} stopped", options_.name);
   return Status::Ok();

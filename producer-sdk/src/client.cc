@@ -14,7 +14,7 @@
 #include "ferry/protocol/util.h"
 #include "ferry/protocol/wire.h"
 #include "io_thread.h"
-#include "result_store.h"
+#include "redis_store.h"
 #include "result_tracker.h"
 
 namespace ferry::client {
@@ -102,8 +102,9 @@ class Client::Impl {
   Impl(const ClientOptions& options, protocol::RedisEndpoint redis)
       : options_(options),
         redis_(std::move(redis)),
-        results_(redis_, options.redis_prefix, options.request_timeout_ms),
-        tracker_([this](const std::string& id, Result* out) { return results_.Read(id, out); }) {}
+        keys_(options.redis_prefix),
+        store_(redis_, options.redis_prefix, options.request_timeout_ms),
+        tracker_([this](const std::string& id, Result* out) { return store_.Read(id, out); }) {}
 
   Status Start() {
     IoThread::Options o;
@@ -133,7 +134,7 @@ class Client::Impl {
   Status Poll(const std::string& id, Result* out) {
     if (!protocol::IsValidJobId(id))
       return Status::InvalidArgument("job id \"" + id + "\" is not a valid Ferry id");
-    return results_.Read(id, out);
+    return store_.Read(id, out);
   }
 
  private:
@@ -147,13 +148,25 @@ class Client::Impl {
   // first after the subscription failed and its back-off passed) has the I/O thread subscribe
   // first, and waits for that (at most min(request_timeout_ms, 1 s)).
   std::string NotifyChannel(size_t tracked);
+  // Whether input `t` goes to Redis rather than inside the SUBMIT
+  // (ClientOptions::stored_input_bytes).
+  bool Stored(const Tensor& t) const {
+    return options_.stored_input_bytes > 0 &&
+           t.data.size() >= static_cast<size_t>(options_.stored_input_bytes);
+  }
+  // The Redis keys of `job`'s stored inputs, appended to *keys.
+  void AppendInputKeys(const Job& job, const std::string& id, std::vector<std::string>* keys) const;
+  // Writes the stored inputs of jobs[i], i in `part` (one round trip), before their SUBMIT.
+  Status StoreInputs(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
+                     const std::vector<SubmitOutcome>& outcomes);
   // Sends jobs[i] for i in `part` as one SUBMIT and records each verdict in *outcomes.
   Status SubmitOne(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
                    std::vector<SubmitOutcome>* outcomes);
 
   const ClientOptions options_;
   const protocol::RedisEndpoint redis_;
-  ResultStore results_;
+  const protocol::Keys keys_;
+  RedisStore store_;
   // Before io_: the I/O thread calls into it until io_'s destructor has joined the thread.
   ResultTracker tracker_;
   std::unique_ptr<IoThread> io_;
@@ -181,7 +194,8 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
     size_t end = begin, bytes = 0;
     while (end < sent.size()) {
       size_t job_bytes = 256;  // ids, model, framing
-      for (const Tensor& t : jobs[sent[end]]->inputs) job_bytes += t.data.size() + 64;
+      for (const Tensor& t : jobs[sent[end]]->inputs)
+        job_bytes += (Stored(t) ? 0 : t.data.size()) + 64;
       if (end > begin && bytes + job_bytes > kMaxMessageBytes) break;
       bytes += job_bytes;
       ++end;
@@ -236,8 +250,10 @@ zmq::message_t Client::Impl::EncodeSubmit(const std::vector<const Job*>& jobs,
   pk.pack_array(static_cast<uint32_t>(part.size()));
   for (size_t i : part) {
     const Job& j = *jobs[i];
+    std::vector<bool> stored(j.inputs.size());
+    for (size_t k = 0; k < j.inputs.size(); ++k) stored[k] = Stored(j.inputs[k]);
     protocol::PackSubmitJob(pk, outcomes[i].id, j.model, j.inputs, j.priority, j.timeout_ms,
-                            j.result_ttl_s);
+                            j.result_ttl_s, stored);
   }
   protocol::PackString(pk, "rid");
   pk.pack_int64(rid);
@@ -246,6 +262,12 @@ zmq::message_t Client::Impl::EncodeSubmit(const std::vector<const Job*>& jobs,
 
 Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
                                std::vector<SubmitOutcome>* outcomes) {
+  // Big inputs go to Redis first: once the broker has the job, a worker may read them.
+  Status stored = StoreInputs(jobs, part, *outcomes);
+  if (!stored.ok()) {
+    for (size_t i : part) (*outcomes)[i].status = stored;
+    return stored;
+  }
   const int64_t rid = io_->NextRid();
   std::vector<std::string> ids;
   ids.reserve(part.size());
@@ -268,14 +290,44 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs, const std::v
   for (const auto& id : accepted.ids) verdicts.emplace(id, Status::Ok());
   for (const auto& r : accepted.rejected) verdicts[r.id] = Status(r.code, r.message);
   std::vector<std::string> not_accepted;
+  std::vector<std::string> unused_inputs;  // stored for jobs the broker did not take
   for (size_t i : part) {
     auto it = verdicts.find((*outcomes)[i].id);
     (*outcomes)[i].status = it != verdicts.end()
                                 ? it->second
                                 : Status::Internal("the broker did not report on this job");
-    if (!(*outcomes)[i].status.ok()) not_accepted.push_back((*outcomes)[i].id);
+    const Status& v = (*outcomes)[i].status;
+    if (v.ok()) continue;
+    not_accepted.push_back((*outcomes)[i].id);
+    // A duplicate's keys are the pending job's (same id): those stay.
+    if (v.code() != codes::kDuplicate) AppendInputKeys(*jobs[i], (*outcomes)[i].id, &unused_inputs);
   }
   if (!not_accepted.empty()) tracker_.Untrack(not_accepted);
+  if (!unused_inputs.empty()) (void)store_.Delete(unused_inputs);  // else they expire
+  return Status::Ok();
+}
+
+void Client::Impl::AppendInputKeys(const Job& job, const std::string& id,
+                                   std::vector<std::string>* keys) const {
+  for (size_t k = 0; k < job.inputs.size(); ++k)
+    if (Stored(job.inputs[k])) keys->push_back(keys_.Input(id, k));
+}
+
+Status Client::Impl::StoreInputs(const std::vector<const Job*>& jobs,
+                                 const std::vector<size_t>& part,
+                                 const std::vector<SubmitOutcome>& outcomes) {
+  std::vector<std::string> keys;
+  std::vector<std::string_view> values;
+  for (size_t i : part) {
+    const Job& j = *jobs[i];
+    for (size_t k = 0; k < j.inputs.size(); ++k) {
+      if (!Stored(j.inputs[k])) continue;
+      keys.push_back(keys_.Input(outcomes[i].id, k));
+      values.emplace_back(j.inputs[k].data);
+    }
+  }
+  Status s = store_.PutInputs(keys, values, options_.input_ttl_s);
+  if (!s.ok()) return Status(s.code(), "storing big inputs in Redis: " + s.message());
   return Status::Ok();
 }
 
@@ -292,6 +344,7 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
   // A Run again after a timeout whose result has come since: nothing to send.
   if (tracker_.Finished(id)) return tracker_.Wait(id, timeout_ms, out);
 
+  FERRY_RETURN_IF_ERROR(StoreInputs({&job}, {0}, outcome));
   const int64_t rid = io_->NextRid();
   zmq::message_t message = EncodeSubmit({&job}, {0}, outcome, rid, /*ack=*/false);
   // A reply comes only when the job was not accepted (or the SUBMIT was refused as a whole): it
@@ -321,6 +374,11 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
     if (!unsent || s.ok()) return s;  // a timeout with the job sent: the caller may Run again
   }
   tracker_.Untrack({id});  // no result of ours to expect: not sent, rejected, or no Redis
+  if (unsent || tracker_.Rejected(*verdict)) {  // nobody will read its stored inputs
+    std::vector<std::string> keys;
+    AppendInputKeys(job, id, &keys);
+    if (!keys.empty()) (void)store_.Delete(keys);  // else they expire
+  }
   if (unsent) {
     return Status::Unavailable("no broker at " + options_.frontend + " took the job within " +
                                std::to_string(timeout_ms) +
@@ -397,6 +455,10 @@ Status Client::Create(const ClientOptions& options, std::unique_ptr<Client>* out
     FERRY_RETURN_IF_ERROR(protocol::ParseRedisUrl(options.redis, &redis));
     if (options.request_timeout_ms <= 0)
       return Status::InvalidArgument("request_timeout_ms must be > 0");
+    if (options.stored_input_bytes < 0)
+      return Status::InvalidArgument("stored_input_bytes must be >= 0 (0: none)");
+    if (options.input_ttl_s <= 0 || options.input_ttl_s > 30 * 24 * 3600)
+      return Status::InvalidArgument("input_ttl_s must be 1 s to 30 days");
     auto impl = std::make_unique<Impl>(options, std::move(redis));
     FERRY_RETURN_IF_ERROR(impl->Start());
     out->reset(new Client(std::move(impl)));

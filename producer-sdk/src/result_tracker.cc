@@ -141,6 +141,11 @@ void ResultTracker::Reject(const std::string& id, Verdict* verdict, const Status
   Wake(wake);
 }
 
+bool ResultTracker::Rejected(const Verdict& verdict) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return verdict.rejected;
+}
+
 bool ResultTracker::Finished(const std::string& id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = entries_.find(id);

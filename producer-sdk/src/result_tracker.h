@@ -53,7 +53,7 @@ class ResultTracker {
   static constexpr size_t kMaxHeldBytes = size_t{64} << 20;
   static constexpr std::chrono::seconds kTrackTtl{60};
 
-  // Reads one id's result from Redis (ResultStore::Read): ok with state kPending when there is
+  // Reads one id's result from Redis (RedisStore::Read): ok with state kPending when there is
   // none yet.
   using ReadFn = std::function<Status(const std::string& id, Result* out)>;
   explicit ResultTracker(ReadFn read) : read_(std::move(read)) {}
@@ -80,6 +80,8 @@ class ResultTracker {
   };
   // Records `why` in *verdict and wakes `id`'s waiters (the one it concerns returns it).
   void Reject(const std::string& id, Verdict* verdict, const Status& why);
+  // Whether Reject was called on `verdict`.
+  bool Rejected(const Verdict& verdict) const;
   // Whether a notice said `id` has a result (a Wait will get it without the broker).
   bool Finished(const std::string& id) const;
 

@@ -93,7 +93,7 @@ Status GetStringArray(const msgpack::object& map, std::string_view key,
   return Status::Ok();
 }
 
-Status DecodeTensor(const msgpack::object& o, TensorRef* out) {
+Status DecodeTensor(const msgpack::object& o, TensorRef* out, bool allow_stored) {
   if (o.type != msgpack::type::MAP) return Status::InvalidArgument("a tensor must be a map");
   const msgpack::object* dtype = Find(o, "dtype");
   if (!dtype || dtype->type != msgpack::type::STR)
@@ -112,12 +112,22 @@ Status DecodeTensor(const msgpack::object& o, TensorRef* out) {
       return Status::InvalidArgument("tensor shape dims must be non-negative integers");
     out->shape.push_back(static_cast<int64_t>(d.via.u64));
   }
-  const msgpack::object* data = Find(o, "data");
-  if (!data || data->type != msgpack::type::BIN)
-    return Status::InvalidArgument("tensor \"data\" must be msgpack bin");
   int64_t numel = NumElements(out->shape);
   if (numel < 0) return Status::InvalidArgument("tensor shape overflows");
   uint64_t want = static_cast<uint64_t>(numel) * ItemSize(out->dtype);
+  const msgpack::object* data = Find(o, "data");
+  const msgpack::object* stored = Find(o, "stored");
+  out->stored = false;
+  if (allow_stored && stored != nullptr && data == nullptr) {
+    if (stored->type != msgpack::type::BOOLEAN || !stored->via.boolean)
+      return Status::InvalidArgument("tensor \"stored\" must be true (or left out)");
+    out->stored = true;
+    out->data = nullptr;
+    out->size = want;
+    return Status::Ok();
+  }
+  if (!data || data->type != msgpack::type::BIN)
+    return Status::InvalidArgument("tensor \"data\" must be msgpack bin");
   if (data->via.bin.size != want) {
     return Status::InvalidArgument("tensor data has " + std::to_string(data->via.bin.size) +
                                    " bytes; dtype and shape need " + std::to_string(want));
@@ -127,13 +137,14 @@ Status DecodeTensor(const msgpack::object& o, TensorRef* out) {
   return Status::Ok();
 }
 
-Status DecodeTensorList(const msgpack::object& o, std::vector<TensorRef>* out) {
+Status DecodeTensorList(const msgpack::object& o, std::vector<TensorRef>* out,
+                        bool allow_stored) {
   if (o.type != msgpack::type::ARRAY) return Status::InvalidArgument("tensors must be an array");
   if (o.via.array.size > kMaxInputsPerJob)
     return Status::InvalidArgument("more than 64 tensors in one job");
   out->resize(o.via.array.size);
   for (uint32_t i = 0; i < o.via.array.size; ++i) {
-    Status s = DecodeTensor(o.via.array.ptr[i], &(*out)[i]);
+    Status s = DecodeTensor(o.via.array.ptr[i], &(*out)[i], allow_stored);
     if (!s.ok()) return Status(s.code(), "tensor " + std::to_string(i) + ": " + s.message());
   }
   return Status::Ok();
@@ -155,6 +166,17 @@ void PackTensor(Packer& pk, DType dtype, const std::vector<int64_t>& shape, cons
   PackString(pk, "data");
   pk.pack_bin(static_cast<uint32_t>(size));
   pk.pack_bin_body(static_cast<const char*>(data), static_cast<uint32_t>(size));
+}
+
+void PackStoredTensor(Packer& pk, DType dtype, const std::vector<int64_t>& shape) {
+  pk.pack_map(3);
+  PackString(pk, "dtype");
+  PackString(pk, DTypeName(dtype));
+  PackString(pk, "shape");
+  pk.pack_array(static_cast<uint32_t>(shape.size()));
+  for (int64_t d : shape) pk.pack_int64(d);
+  PackString(pk, "stored");
+  pk.pack_true();
 }
 
 Tensor ToTensor(const TensorRef& ref) {

@@ -51,12 +51,19 @@ Status DecodeSubmitJob(const msgpack::object& o, SubmitJob* out) {
   if (out->result_ttl_s < 0) return Status::InvalidArgument("\"result_ttl_s\" must be >= 0");
   out->inputs_obj = Find(o, "inputs");
   if (!out->inputs_obj) return Status::InvalidArgument("missing field \"inputs\"");
-  return DecodeTensorList(*out->inputs_obj, &out->inputs);
+  return DecodeTensorList(*out->inputs_obj, &out->inputs, /*allow_stored=*/true);
+}
+
+std::vector<int32_t> StoredInputs(const std::vector<TensorRef>& inputs) {
+  std::vector<int32_t> out;
+  for (size_t i = 0; i < inputs.size(); ++i)
+    if (inputs[i].stored) out.push_back(static_cast<int32_t>(i));
+  return out;
 }
 
 void PackSubmitJob(Packer& pk, std::string_view id, std::string_view model,
                    const std::vector<Tensor>& inputs, int64_t priority, int64_t timeout_ms,
-                   int64_t result_ttl_s) {
+                   int64_t result_ttl_s, const std::vector<bool>& stored) {
   uint32_t n = 3 + (priority != 0) + (timeout_ms != 0) + (result_ttl_s != 0);
   pk.pack_map(n);
   PackKey(pk, "id");
@@ -65,7 +72,10 @@ void PackSubmitJob(Packer& pk, std::string_view id, std::string_view model,
   PackString(pk, model);
   PackKey(pk, "inputs");
   pk.pack_array(static_cast<uint32_t>(inputs.size()));
-  for (const auto& t : inputs) PackTensor(pk, t);
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (i < stored.size() && stored[i]) PackStoredTensor(pk, inputs[i].dtype, inputs[i].shape);
+    else PackTensor(pk, inputs[i]);
+  }
   if (priority != 0) {
     PackKey(pk, "priority");
     pk.pack_int64(priority);
@@ -386,7 +396,8 @@ Status DecodeChunkEntry(const msgpack::object& o, ChunkJob* out) {
   FERRY_RETURN_IF_ERROR(GetString(o, "model", &out->model));
   const msgpack::object* inputs = Find(o, "inputs");
   if (!inputs) return Status::InvalidArgument("missing field \"inputs\"");
-  FERRY_RETURN_IF_ERROR(DecodeTensorList(*inputs, &out->inputs));
+  FERRY_RETURN_IF_ERROR(DecodeTensorList(*inputs, &out->inputs, /*allow_stored=*/true));
+  out->stored_inputs = StoredInputs(out->inputs);
   FERRY_RETURN_IF_ERROR(GetInt(o, "attempt", &out->attempt, 1));
   FERRY_RETURN_IF_ERROR(GetInt(o, "priority", &out->priority, 0));
   FERRY_RETURN_IF_ERROR(GetInt(o, "result_ttl_s", &out->result_ttl_s, 0));

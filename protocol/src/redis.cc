@@ -2,9 +2,13 @@
 
 #include <fcntl.h>
 #include <hiredis/hiredis.h>
+#include <limits.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
 
 #include <cerrno>
 #include <charconv>
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -97,9 +101,17 @@ Status RedisClient::EnsureConnected() {
 }
 
 void RedisClient::Append(const std::vector<std::string_view>& argv) {
+  AppendCommand(argv, /*by_ref=*/false);
+}
+
+void RedisClient::AppendByRef(const std::vector<std::string_view>& argv) {
+  AppendCommand(argv, /*by_ref=*/true);
+}
+
+void RedisClient::AppendCommand(const std::vector<std::string_view>& argv, bool by_ref) {
   if (argv.empty()) return;
   size_t need = 16;
-  for (auto a : argv) need += a.size() + 24;
+  for (auto a : argv) need += (by_ref && a.size() >= kByRefBytes ? 0 : a.size()) + 24;
   queued_.reserve(queued_.size() + need);
   auto header = [this](char kind, size_t n) {
     char digits[24];
@@ -111,21 +123,59 @@ void RedisClient::Append(const std::vector<std::string_view>& argv) {
   header('*', argv.size());
   for (auto a : argv) {
     header('$', a.size());
-    queued_.append(a.data(), a.size());
+    if (by_ref && a.size() >= kByRefBytes) refs_.emplace_back(queued_.size(), a);
+    else queued_.append(a.data(), a.size());
     queued_.append("\r\n", 2);
   }
   ++pending_;
+}
+
+Status RedisClient::WriteQueued(const std::string& commands,
+                                const std::vector<std::pair<size_t, std::string_view>>& refs) {
+  std::vector<iovec> iov;
+  iov.reserve(2 * refs.size() + 1);
+  size_t at = 0;
+  for (const auto& [offset, bytes] : refs) {
+    if (offset > at) iov.push_back({const_cast<char*>(commands.data() + at), offset - at});
+    iov.push_back({const_cast<char*>(bytes.data()), bytes.size()});
+    at = offset;
+  }
+  if (commands.size() > at)
+    iov.push_back({const_cast<char*>(commands.data() + at), commands.size() - at});
+  size_t first = 0;
+  while (first < iov.size()) {
+    const int count = static_cast<int>(std::min<size_t>(iov.size() - first, IOV_MAX));
+    const ssize_t n = writev(ctx_->fd, iov.data() + first, count);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const std::string why = errno == EAGAIN || errno == EWOULDBLOCK ? "write timed out"
+                                                                       : std::strerror(errno);
+      Drop();
+      return Status::Unavailable("redis write: " + why);
+    }
+    size_t done = static_cast<size_t>(n);  // skip what went out
+    while (first < iov.size() && done >= iov[first].iov_len) done -= iov[first++].iov_len;
+    if (first < iov.size()) {
+      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + done;
+      iov[first].iov_len -= done;
+    }
+  }
+  return Status::Ok();
 }
 
 Status RedisClient::Flush(std::vector<RedisReply>* replies) {
   if (replies) replies->clear();
   std::string commands;
   commands.swap(queued_);
+  std::vector<std::pair<size_t, std::string_view>> refs;
+  refs.swap(refs_);
   const size_t n = pending_;
   pending_ = 0;
   if (n == 0) return Status::Ok();
   FERRY_RETURN_IF_ERROR(EnsureConnected());
-  if (redisAppendFormattedCommand(ctx_, commands.data(), commands.size()) != REDIS_OK) {
+  if (!refs.empty()) {
+    FERRY_RETURN_IF_ERROR(WriteQueued(commands, refs));
+  } else if (redisAppendFormattedCommand(ctx_, commands.data(), commands.size()) != REDIS_OK) {
     std::string why = ctx_->errstr;
     Drop();
     return Status::Unavailable("redis append: " + why);
@@ -157,11 +207,137 @@ Status RedisClient::Command(const std::vector<std::string_view>& argv, RedisRepl
 }
 
 Status RedisClient::Get(std::string_view key, std::string* value, bool* found) {
-  RedisReply reply;
-  FERRY_RETURN_IF_ERROR(Command({"GET", key}, &reply));
-  *found = reply.type == RedisReply::Type::kString;
-  if (*found) *value = std::move(reply.str);
+  std::vector<std::optional<std::string>> values;
+  FERRY_RETURN_IF_ERROR(GetMany({key}, &values));
+  *found = values[0].has_value();
+  if (*found) *value = std::move(*values[0]);
   return Status::Ok();
+}
+
+namespace {
+
+// Reads RESP replies straight from a socket: header lines through a small staging buffer, bulk
+// bodies directly into their destination.
+class SocketReader {
+ public:
+  explicit SocketReader(int fd) : fd_(fd) {}
+
+  // One line without its CR LF.
+  Status Line(std::string* line) {
+    while (true) {
+      const size_t end = staged_.find("\r\n", pos_);
+      if (end != std::string::npos) {
+        line->assign(staged_, pos_, end - pos_);
+        pos_ = end + 2;
+        return Status::Ok();
+      }
+      if (staged_.size() - pos_ > 64 * 1024) return Status(codes::kMalformed, "reply line too long");
+      FERRY_RETURN_IF_ERROR(Fill());
+    }
+  }
+
+  // Exactly `n` bytes into `dst`: what is staged first, the rest from the socket.
+  Status Exact(char* dst, size_t n) {
+    const size_t have = std::min(n, staged_.size() - pos_);
+    std::memcpy(dst, staged_.data() + pos_, have);
+    pos_ += have;
+    for (size_t got = have; got < n;) {
+      const ssize_t r = recv(fd_, dst + got, n - got, 0);
+      if (r > 0) {
+        got += static_cast<size_t>(r);
+        continue;
+      }
+      FERRY_RETURN_IF_ERROR(Failure(r));
+    }
+    return Status::Ok();
+  }
+
+  bool drained() const { return pos_ == staged_.size(); }
+
+ private:
+  Status Fill() {
+    if (pos_ > 0) {
+      staged_.erase(0, pos_);
+      pos_ = 0;
+    }
+    char buf[16 * 1024];
+    while (true) {
+      const ssize_t r = recv(fd_, buf, sizeof(buf), 0);
+      if (r > 0) {
+        staged_.append(buf, static_cast<size_t>(r));
+        return Status::Ok();
+      }
+      FERRY_RETURN_IF_ERROR(Failure(r));
+    }
+  }
+  // Ok for EINTR (try again); unavailable otherwise.
+  static Status Failure(ssize_t r) {
+    if (r < 0 && errno == EINTR) return Status::Ok();
+    if (r == 0) return Status::Unavailable("redis closed the connection");
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::Unavailable("redis read timed out");
+    return Status::Unavailable(std::string("redis read: ") + std::strerror(errno));
+  }
+
+  int fd_;
+  std::string staged_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+Status RedisClient::GetMany(const std::vector<std::string_view>& keys,
+                            std::vector<std::optional<std::string>>* values) {
+  values->assign(keys.size(), std::nullopt);
+  if (keys.empty()) return Status::Ok();
+  FERRY_RETURN_IF_ERROR(EnsureConnected());
+  // Everything queued before goes first; its replies would be read here: not allowed.
+  if (pending_ != 0) return Status::Internal("GetMany with commands queued");
+  for (auto key : keys) Append({"GET", key});
+  if (ctx_->reader->len > ctx_->reader->pos) {  // hiredis holds unread bytes: read through it
+    std::vector<RedisReply> replies;
+    FERRY_RETURN_IF_ERROR(Flush(&replies));
+    for (size_t i = 0; i < keys.size(); ++i) {
+      if (replies[i].type == RedisReply::Type::kError)
+        return Status::Internal("redis: " + replies[i].str);
+      if (replies[i].type == RedisReply::Type::kString) (*values)[i] = std::move(replies[i].str);
+    }
+    return Status::Ok();
+  }
+  std::string commands;
+  commands.swap(queued_);
+  pending_ = 0;
+  FERRY_RETURN_IF_ERROR(WriteQueued(commands, {}));
+  SocketReader reader(ctx_->fd);
+  Status error;
+  std::string line;
+  for (size_t i = 0; i < keys.size(); ++i) {
+    Status s = reader.Line(&line);
+    if (s.ok() && line.empty()) s = Status(codes::kMalformed, "empty reply line");
+    if (s.ok() && line[0] == '-') {
+      if (error.ok()) error = Status::Internal("redis: " + line.substr(1));
+      continue;
+    }
+    if (s.ok() && line[0] != '$') s = Status(codes::kMalformed, "GET answered " + line);
+    int64_t len = -1;
+    if (s.ok() && std::from_chars(line.data() + 1, line.data() + line.size(), len).ec != std::errc())
+      s = Status(codes::kMalformed, "bad bulk length " + line);
+    if (s.ok() && len >= 0) {
+      std::string& v = (*values)[i].emplace();
+      v.resize(static_cast<size_t>(len));
+      char crlf[2];
+      s = reader.Exact(v.data(), v.size());
+      if (s.ok()) s = reader.Exact(crlf, 2);
+    }
+    if (!s.ok()) {
+      Drop();  // the stream is out of step: reconnect next time
+      return s;
+    }
+  }
+  if (!reader.drained()) {
+    Drop();
+    return Status(codes::kMalformed, "redis sent more than the replies asked for");
+  }
+  return error;
 }
 
 // ---- RedisSubscriber -------------------------------------------------------------------------

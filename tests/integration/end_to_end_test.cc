@@ -244,6 +244,59 @@ TEST_F(EndToEnd, BigJobsComeBackWholeAndServersKeepFreedMemory) {
     EXPECT_NE(log.find("malloc keeps freed memory"), std::string::npos) << log;
 }
 
+// The keys in Redis matching `pattern`.
+std::vector<std::string> KeysMatching(Fleet& fleet, const std::string& pattern) {
+  std::vector<std::string> out;
+  auto redis = fleet.redis().Connect();
+  protocol::RedisReply r;
+  if (redis && redis->Command({"KEYS", pattern}, &r).ok())
+    for (const auto& e : r.elements) out.push_back(e.str);
+  return out;
+}
+
+// Inputs of at least the client's stored_input_bytes (64 KiB) go to Redis, not through the
+// broker: the results are the same, and no input key is left once the jobs are done -- neither
+// of the accepted jobs (the worker deletes them with the result) nor of a rejected one (the SDK
+// deletes them). A client with stored_input_bytes 0 sends the same job through the broker.
+TEST_F(EndToEnd, BigInputsGoThroughRedisAndLeaveNoKeyBehind) {
+  FleetOptions o;
+  o.workers = 1;
+  o.models = {"null"};
+  o.max_batch = 4;
+  StartFleet(o);
+  const int64_t dels_before = CommandCalls(*fleet_, {"del"});
+  std::vector<Job> jobs;
+  for (uint32_t i = 0; i < 8; ++i) {
+    Job j;
+    j.model = "null";
+    j.inputs = {testutil::RandomFloats({100, 1000}, 500 + i)};  // 400 KB: stored
+    jobs.push_back(std::move(j));
+  }
+  const std::vector<Result> results = RunAll(*client_, jobs, *fleet_);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ASSERT_EQ(results[i].state, JobState::kDone) << results[i].error.ToString();
+    EXPECT_TRUE(results[i].outputs.at(0).data == jobs[i].inputs[0].data) << i;
+  }
+  Result r;
+  Job rejected = jobs[0];
+  rejected.model = "no-such-model";
+  std::string id;
+  EXPECT_EQ(client_->Run(rejected, 10000, &r, &id).code(), codes::kUnknownModel);
+  EXPECT_TRUE(KeysMatching(*fleet_, "ferry:input:*").empty()) << "input keys left in Redis";
+  // They were there: one DEL per job with its result, one for the rejected job's input.
+  EXPECT_GE(CommandCalls(*fleet_, {"del"}) - dels_before, 9);
+
+  ClientOptions through_broker;
+  through_broker.frontend = fleet_->frontend();
+  through_broker.redis = fleet_->redis().url();
+  through_broker.stored_input_bytes = 0;
+  std::unique_ptr<Client> direct;
+  ASSERT_TRUE(Client::Create(through_broker, &direct).ok());
+  Job again = jobs[1];
+  ASSERT_TRUE(direct->Run(again, 60000, &r).ok());
+  EXPECT_TRUE(r.outputs.at(0).data == jobs[1].inputs[0].data);
+}
+
 TEST_F(EndToEnd, UnknownModelAndInvalidJobsAreRejectedOthersAccepted) {
   StartFleet(FleetOptions{1});
   // Broker notices only: with a worker's notice, Wait may return up to ~2 ms before the broker

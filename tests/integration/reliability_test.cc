@@ -614,6 +614,57 @@ TEST(Reliability, CancelQueuedAndDispatchedJobs) {
   EXPECT_EQ(text, "not_found running\n");
 }
 
+// Jobs whose big inputs the producer stored in Redis (a claim check: the broker journals only
+// their dtype and shape): a broker killed while they wait in its queue is replaced, the new one
+// restores them from the journal, and the worker reads their inputs from Redis -- every output
+// is the job's own input (null model). A queued one that is cancelled has its input deleted by
+// the broker with the `cancelled` result; no input key is left at the end.
+TEST(Reliability, StoredInputsSurviveABrokerKillAndGoWithTheirJobs) {
+  FleetOptions fo = OneSlowLane();
+  fo.models = {"slow", "null"};
+  fo.broker_args = kFastHeartbeats;
+  fo.worker_args = Concat(kFastHeartbeats, {"--instances", "1"});
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet, 1000);
+  std::vector<Job> jobs = {SlowJob("kill-blocker", 2000)};
+  for (int i = 0; i < 5; ++i) {
+    Job j;
+    j.id = "kill-big-" + std::to_string(i);
+    j.model = "null";
+    j.inputs = {Tensor::From<float>(std::vector<float>(50000, 1.0f + i), {50000},
+                                    DType::kFloat32)};  // 200 KB: stored in Redis
+    jobs.push_back(std::move(j));
+  }
+  SubmitUntilAccepted(*c, jobs);
+  std::string cancelled_id;
+  Job victim = jobs[1];
+  victim.id = "kill-cancelled";
+  ASSERT_TRUE(c->Submit(victim, &cancelled_id).ok());
+  ASSERT_TRUE(c->Cancel(cancelled_id).ok());
+  EXPECT_TRUE(WaitFor([&] {
+    std::string v;
+    bool found = true;
+    auto redis = fleet.redis().Connect();
+    return redis && redis->Get(protocol::Keys().Input(cancelled_id, 0), &v, &found).ok() && !found;
+  })) << "the cancelled job's stored input is still in Redis";
+  fleet.broker().Signal(SIGKILL);
+  fleet.broker().Wait();
+  fleet.StartBroker();
+  std::vector<std::string> ids;
+  for (const auto& j : jobs) ids.push_back(j.id);
+  const auto results = WaitAll(*c, ids, 60000);
+  for (size_t i = 1; i < jobs.size(); ++i) {
+    const Result& r = results.at(jobs[i].id);
+    ASSERT_EQ(r.state, JobState::kDone) << jobs[i].id << " " << r.error.ToString() << fleet.Logs();
+    EXPECT_TRUE(r.outputs.at(0).data == jobs[i].inputs[0].data) << jobs[i].id;
+  }
+  auto redis = fleet.redis().Connect();
+  protocol::RedisReply keys;
+  ASSERT_TRUE(redis->Command({"KEYS", "ferry:input:*"}, &keys).ok());
+  EXPECT_TRUE(keys.elements.empty()) << keys.elements.size() << " input key(s) left";
+}
+
 TEST(Reliability, HigherPriorityRunsFirstFifoWithin) {
   Fleet fleet(OneSlowLane());
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();

@@ -72,6 +72,15 @@ struct ClientOptions {
   // broker then sends none for those jobs). If the subscription fails, waiting jobs are read
   // from Redis and a later Submit subscribes again. false: broker notices only, no subscription.
   bool push_results = true;
+  // Big inputs go to Redis, not through the broker (a claim check): an input tensor of at least
+  // this many bytes is written by the client itself to <prefix>input:<id>:<index> -- one
+  // pipelined round trip per SUBMIT, on the calling thread, before the SUBMIT -- and the SUBMIT
+  // carries only its dtype and shape. The worker reads it from Redis and deletes it with the
+  // job's result; the client deletes the inputs of jobs the broker rejects. So the broker never
+  // touches those bytes, and its journal stays small. 0: every input travels in the SUBMIT.
+  int64_t stored_input_bytes = 64 * 1024;
+  // Expiry of stored inputs: a job that has not run within it fails (not_found) when it does.
+  int64_t input_ttl_s = 3600;
 };
 
 // One inference job. `inputs` are the positional arguments of the model's forward(), each

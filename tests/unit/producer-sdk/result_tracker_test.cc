@@ -1,5 +1,5 @@
 // The SDK's ResultTracker (producer-sdk/src) on its own, reading from a real redis-server through
-// the SDK's ResultStore: a Wait that ends by an exception leaves nothing behind (the regression
+// the SDK's RedisStore: a Wait that ends by an exception leaves nothing behind (the regression
 // test for the use-after-scope of the leader/follower SDK, whose Wait left its stack Waiter
 // registered when the socket's callback threw, so the next notice signaled a dead object), a
 // record is delivered once, ids of ours skip the first read, and RecheckOurs makes waits read.
@@ -16,7 +16,7 @@
 
 #include "ferry/protocol/keys.h"
 #include "process.h"  // testutil: RedisServer
-#include "result_store.h"
+#include "redis_store.h"
 #include "submit_fixture.h"  // DoneRecord, CommandCalls, WriteDone
 
 namespace ferry::client {
@@ -36,7 +36,7 @@ class ResultTrackerTest : public ::testing::Test {
         }) {}
 
   testutil::RedisServer redis_;
-  ResultStore store_;
+  RedisStore store_;
   std::atomic<bool> throw_on_read_{false};
   std::atomic<int> reads_{0};
   ResultTracker tracker_;

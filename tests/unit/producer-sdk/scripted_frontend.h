@@ -49,6 +49,8 @@ class ScriptedFrontend {
     return notify_;
   }
   int jobs_seen() const { return jobs_seen_; }
+  // Job inputs the SUBMITs named as stored in Redis ("stored": true) rather than carried.
+  int stored_inputs() const { return stored_inputs_; }
   void set_error_reply(bool on) { error_reply_ = on; }
   // Answers every accepted job at once: FINISHED right after ACCEPTED, with an inline "done"
   // record whose one output is the job's first input (an echo).
@@ -102,6 +104,7 @@ class ScriptedFrontend {
           ++jobs_seen_;
           protocol::SubmitJob job;
           Status s = protocol::DecodeSubmitJob(jobs->via.array.ptr[i], &job);
+          for (const auto& t : job.inputs) stored_inputs_ += t.stored ? 1 : 0;
           if (s.ok() && job.model != "m") s = Status(codes::kUnknownModel, "no worker serves it");
           if (s.ok())
             a.ids.push_back(job.id);
@@ -151,6 +154,7 @@ class ScriptedFrontend {
   std::atomic<int> submits_{0};
   std::atomic<int> unacked_submits_{0};
   std::atomic<int> jobs_seen_{0};
+  std::atomic<int> stored_inputs_{0};
   std::atomic<bool> error_reply_{false};
   std::atomic<bool> ignore_ack_{false};
   std::atomic<bool> asked_inline_{false};

@@ -99,6 +99,7 @@ TEST_F(ClientSubmitTest, SubmitManyIsOneMessageWithPerJobOutcomes) {
 
 TEST_F(ClientSubmitTest, LargeBatchesAreSplitIntoSeveralMessages) {
   ScriptedFrontend broker(port_);
+  options_.stored_input_bytes = 0;  // every input inside the SUBMIT
   auto client = MakeClient();
   std::vector<Job> jobs(3, MakeJob("m"));
   for (Job& j : jobs)
@@ -109,6 +110,42 @@ TEST_F(ClientSubmitTest, LargeBatchesAreSplitIntoSeveralMessages) {
   for (const auto& o : outcomes) EXPECT_TRUE(o.status.ok()) << o.status.ToString();
   EXPECT_EQ(broker.submits(), 2) << "24 MiB fit one 32 MiB message; the third job goes alone";
   EXPECT_EQ(broker.jobs_seen(), 3);
+}
+
+// Inputs of at least stored_input_bytes go to Redis before the SUBMIT, which carries only their
+// dtype and shape ("stored": true); small ones travel inside it. The inputs of a job the broker
+// rejects are deleted again.
+TEST_F(ClientSubmitTest, BigInputsAreStoredInRedisAndOnlyNamedInTheSubmit) {
+  testutil::RedisServer redis;
+  options_.redis = redis.url();
+  options_.stored_input_bytes = 1000;
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::vector<float> big(1000);  // 4,000 bytes: stored
+  for (size_t i = 0; i < big.size(); ++i) big[i] = static_cast<float>(i);
+  Job job = MakeJob("m", "stored-1");
+  job.inputs.push_back(Tensor::From<float>(big, {1000}, DType::kFloat32));
+  Job rejected = job;
+  rejected.id = "stored-2";
+  rejected.model = "unknown";  // the scripted broker rejects it
+  std::vector<SubmitOutcome> outcomes;
+  ASSERT_TRUE(client->SubmitMany({job, rejected}, &outcomes).ok());
+  ASSERT_TRUE(outcomes[0].status.ok()) << outcomes[0].status.ToString();
+  EXPECT_EQ(outcomes[1].status.code(), codes::kUnknownModel);
+  EXPECT_EQ(broker.stored_inputs(), 2) << "the SUBMIT named the two big inputs as stored";
+  auto c = redis.Connect();
+  std::string value;
+  bool found = false;
+  ASSERT_TRUE(c->Get(protocol::Keys("test:").Input("stored-1", 1), &value, &found).ok());
+  ASSERT_TRUE(found) << "the accepted job's big input is in Redis";
+  EXPECT_EQ(value, job.inputs[1].data);
+  ASSERT_TRUE(c->Get(protocol::Keys("test:").Input("stored-1", 0), &value, &found).ok());
+  EXPECT_FALSE(found) << "the small input travelled in the SUBMIT";
+  ASSERT_TRUE(c->Get(protocol::Keys("test:").Input("stored-2", 1), &value, &found).ok());
+  EXPECT_FALSE(found) << "the rejected job's input was left in Redis";
+  protocol::RedisReply ttl;
+  ASSERT_TRUE(c->Command({"TTL", protocol::Keys("test:").Input("stored-1", 1)}, &ttl).ok());
+  EXPECT_GT(ttl.integer, 3500) << "stored inputs expire (input_ttl_s, 3600 by default)";
 }
 
 TEST_F(ClientSubmitTest, BrokerStartedAfterClientStillAnswers) {

@@ -158,6 +158,53 @@ TEST(Submit, JobRoundTripAndFieldErrors) {
   EXPECT_EQ(j.id, "j2");  // the id is known, so the rejection can name it
 }
 
+// A stored input: only dtype and shape travel ("stored": true); its size comes from them, its
+// data is null. Allowed in job inputs (SUBMIT, CHUNK), refused where bytes must be present.
+TEST(Submit, StoredInputsTravelWithoutTheirBytes) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_map(1);
+  PackString(pk, "jobs");
+  pk.pack_array(1);
+  Tensor small = Tensor::From<float>({1, 2}, {2}, DType::kFloat32);
+  Tensor big = Tensor::From<int16_t>(std::vector<int16_t>(1000, 7), {10, 100}, DType::kInt16);
+  PackSubmitJob(pk, "j-s", "audio", {small, big}, 0, 0, 0, {false, true});
+  EXPECT_LT(buf.size(), 200u) << "the stored input's 2,000 bytes travelled";
+  auto oh = Unpacked(buf);
+  const msgpack::object* jobs = Find(oh.get(), "jobs");
+  ASSERT_NE(jobs, nullptr);
+  SubmitJob j;
+  ASSERT_TRUE(DecodeSubmitJob(jobs->via.array.ptr[0], &j).ok());
+  ASSERT_EQ(j.inputs.size(), 2u);
+  EXPECT_FALSE(j.inputs[0].stored);
+  EXPECT_EQ(ToTensor(j.inputs[0]).data, small.data);
+  EXPECT_TRUE(j.inputs[1].stored);
+  EXPECT_EQ(j.inputs[1].data, nullptr);
+  EXPECT_EQ(j.inputs[1].size, 2000u);
+  EXPECT_EQ(j.inputs[1].shape, (std::vector<int64_t>{10, 100}));
+  EXPECT_EQ(StoredInputs(j.inputs), std::vector<int32_t>{1});
+  // Not in a result's outputs: there the bytes must be present.
+  std::vector<TensorRef> refs;
+  EXPECT_FALSE(DecodeTensorList(*j.inputs_obj, &refs).ok());
+  ASSERT_TRUE(DecodeTensorList(*j.inputs_obj, &refs, /*allow_stored=*/true).ok());
+  // A tensor that says "stored": false (or anything but true) and has no data is malformed.
+  msgpack::sbuffer bad;
+  Packer bp(bad);
+  bp.pack_map(3);
+  PackString(bp, "dtype");
+  PackString(bp, "int16");
+  PackString(bp, "shape");
+  bp.pack_array(1);
+  bp.pack_int64(4);
+  PackString(bp, "stored");
+  bp.pack_false();
+  msgpack::object_handle boh;
+  ASSERT_TRUE(UnpackMap(bad.data(), bad.size(), &boh).ok());
+  TensorRef t;
+  EXPECT_EQ(DecodeTensor(boh.get(), &t, /*allow_stored=*/true).code(), codes::kInvalidArgument);
+  EXPECT_EQ(Keys("ferry:").Input("j-s", 1), "ferry:input:j-s:1");
+}
+
 TEST(Accepted, RoundTrip) {
   Accepted a;
   a.rid = 42;

@@ -33,8 +33,13 @@ Status GetStringArray(const msgpack::object& map, std::string_view key,
                       std::vector<std::string>* out);
 
 // Tensors: decoding validates dtype, shape and that data is exactly numel * itemsize bytes.
-Status DecodeTensor(const msgpack::object& o, TensorRef* out);
-Status DecodeTensorList(const msgpack::object& o, std::vector<TensorRef>* out);
+// With `allow_stored` (job inputs), {"dtype", "shape", "stored": true} is a stored input: no
+// data here, the bytes are in Redis (see TensorRef).
+Status DecodeTensor(const msgpack::object& o, TensorRef* out, bool allow_stored = false);
+Status DecodeTensorList(const msgpack::object& o, std::vector<TensorRef>* out,
+                        bool allow_stored = false);
+// {"dtype", "shape", "stored": true}: a job input whose bytes the producer put in Redis.
+void PackStoredTensor(Packer& pk, DType dtype, const std::vector<int64_t>& shape);
 void PackTensor(Packer& pk, DType dtype, const std::vector<int64_t>& shape, const void* data,
                 size_t size);
 inline void PackTensor(Packer& pk, const Tensor& t) {

@@ -20,6 +20,14 @@ class Keys {
     k.append(prefix_).append("result:").append(id);
     return k;
   }
+  // A stored job input: the raw bytes of input `index` of job `id`, written by the producer
+  // (with an expiry) before its SUBMIT, read by the worker, deleted with the job's final result.
+  std::string Input(std::string_view id, size_t index) const {
+    std::string k;
+    k.reserve(prefix_.size() + 8 + id.size() + 4);
+    k.append(prefix_).append("input:").append(id).append(":").append(std::to_string(index));
+    return k;
+  }
   // The broker's journal: a HASH of job id -> msgpack record of every accepted, unfinished job.
   std::string Journal() const { return prefix_ + "journal"; }
   // Models ever announced by a worker (a SET; expires a week after the last announcement).

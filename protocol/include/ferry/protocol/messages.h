@@ -25,11 +25,16 @@ struct SubmitJob {
   std::vector<TensorRef> inputs;
   const msgpack::object* inputs_obj = nullptr;  // the raw "inputs" array, for re-packing
 };
-// Decodes and validates one job map. On failure `out->id` holds the id when it could be read.
+// Decodes and validates one job map (inputs may be stored). On failure `out->id` holds the id
+// when it could be read.
 Status DecodeSubmitJob(const msgpack::object& o, SubmitJob* out);
+// `stored[i]` (when given): input i's bytes are in Redis (Keys::Input(id, i)); only its dtype
+// and shape are packed.
 void PackSubmitJob(Packer& pk, std::string_view id, std::string_view model,
                    const std::vector<Tensor>& inputs, int64_t priority, int64_t timeout_ms,
-                   int64_t result_ttl_s);
+                   int64_t result_ttl_s, const std::vector<bool>& stored = {});
+// The indexes of the stored inputs among `inputs`.
+std::vector<int32_t> StoredInputs(const std::vector<TensorRef>& inputs);
 
 // ---- ACCEPTED, ERROR ------------------------------------------------------------------------
 zmq::message_t EncodeAccepted(const Accepted& a);

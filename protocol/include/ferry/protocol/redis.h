@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,6 +45,11 @@ class RedisClient {
   // pipeline's wire form (RESP); Flush hands that to hiredis, which copies it into its output
   // buffer once more. An empty `argv` is ignored (Redis would not answer it).
   void Append(const std::vector<std::string_view>& argv);
+  // Like Append, except that arguments of at least kByRefBytes are not copied: Flush sends them
+  // from where they are (writev), so they must stay alive and unchanged until Flush returns.
+  // For big values (job inputs, result records): no copy and no big allocation in this process.
+  static constexpr size_t kByRefBytes = 16 * 1024;
+  void AppendByRef(const std::vector<std::string_view>& argv);
   size_t pending() const { return pending_; }
   // Sends every appended command in one round trip and reads all replies in order. Error replies
   // come back as RedisReply::Type::kError (the first also makes the Status kInternal when
@@ -52,8 +58,14 @@ class RedisClient {
 
   // One command, one round trip; an error reply becomes a failed Status.
   Status Command(const std::vector<std::string_view>& argv, RedisReply* reply);
-  // GET: `found` false when the key does not exist.
+  // GET (through GetMany): `found` false when the key does not exist.
   Status Get(std::string_view key, std::string* value, bool* found);
+  // One GET per key, pipelined in one round trip, each value read from the socket straight
+  // into its string (one copy, by the kernel: for big values, no staging buffer and no extra
+  // copy). (*values)[i] is keys[i]'s value; nullopt when the key does not exist. An error reply
+  // (e.g. WRONGTYPE) fails the call with internal; transport failures with unavailable.
+  Status GetMany(const std::vector<std::string_view>& keys,
+                 std::vector<std::optional<std::string>>* values);
 
  private:
   explicit RedisClient(const RedisEndpoint& endpoint, int timeout_ms);
@@ -63,8 +75,16 @@ class RedisClient {
   RedisEndpoint endpoint_;
   int timeout_ms_;
   redisContext* ctx_ = nullptr;
+  // Writes the queued commands straight to the socket, the by-reference arguments between the
+  // bytes of queued_ (writev). For plain TCP; hiredis's own buffer is empty then.
+  Status WriteQueued(const std::string& commands,
+                     const std::vector<std::pair<size_t, std::string_view>>& refs);
+  void AppendCommand(const std::vector<std::string_view>& argv, bool by_ref);
+
   size_t pending_ = 0;
   std::string queued_;  // the pending_ commands, RESP-encoded back to back
+  // By-reference arguments: (offset in queued_ where their bytes belong, the bytes).
+  std::vector<std::pair<size_t, std::string_view>> refs_;
 };
 
 // RedisSubscriber: one connection in Pub/Sub mode, subscribed to one channel, read without

@@ -24,12 +24,15 @@ inline constexpr size_t kMaxModelName = 128;
 // Job ids: 1-128 characters of [A-Za-z0-9._:-].
 bool IsValidJobId(std::string_view id);
 
-// A tensor whose bytes live in a received buffer (not owned).
+// A tensor whose bytes live in a received buffer (not owned). A stored input (`stored`: the
+// producer put its bytes in Redis under Keys::Input, the message carries only dtype and shape)
+// has `size` from its dtype and shape and `data` null until a worker has fetched the bytes.
 struct TensorRef {
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
   const char* data = nullptr;
   size_t size = 0;
+  bool stored = false;
 };
 
 // ---- ACCEPTED {"ids": [...], "rejected": [{"id","code","message"}], "rid"?} ------------------
@@ -93,6 +96,9 @@ struct ChunkJob {
   int64_t dispatched_us = 0;
   int64_t deadline_us = 0;
   std::string notify;  // empty = none
+  // The indexes of the inputs stored in Redis (Keys::Input), kept when `inputs` is released:
+  // whoever writes the job's final result deletes them.
+  std::vector<int32_t> stored_inputs;
 };
 
 // ---- Result record (Redis value) ------------------------------------------------------------

@@ -1,0 +1,83 @@
+#pragma once
+// InputFetcher: the worker's thread that reads stored job inputs from Redis. A job whose inputs
+// the producer put in Redis (protocol "stored" tensors, Keys::Input) comes in its CHUNK without
+// their bytes; the I/O thread hands such jobs here instead of to the JobQueue. Each turn the
+// thread takes every job waiting, reads all their stored inputs with one pipelined round trip
+// (one GET per input), points each job's inputs at the bytes (the job's `chunk` then owns them
+// beside the received message) and pushes the jobs to the JobQueue, so the executors find them
+// ready while they compute the batch before.
+//
+// A stored input that is not in Redis (it expired before the job ran, or an earlier attempt of
+// the job finished and deleted it) or whose size is not what its dtype and shape say fails that
+// job (not_found / invalid_argument, through the ResultWriter); the others go on. While Redis is
+// unreachable the jobs wait and the read is retried with backoff (50 ms doubling to 2 s).
+//
+// Thread-safety: Submit and pending from any thread; Start/Stop from one owner.
+
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "ferry/protocol/keys.h"
+#include "ferry/protocol/redis.h"
+#include "ferry/protocol/util.h"
+#include "job.h"
+#include "job_queue.h"
+#include "result_writer.h"
+
+namespace ferry::worker {
+
+class InputFetcher {
+ public:
+  struct Options {
+    protocol::RedisEndpoint redis;
+    std::string prefix = std::string(protocol::kDefaultPrefix);
+    int redis_timeout_ms = 2000;
+    int backoff_initial_ms = 50;
+    int backoff_max_ms = 2000;
+  };
+
+  // `queue` and `writer` must outlive the fetcher.
+  InputFetcher(Options options, JobQueue* queue, ResultWriter* writer);
+  // Abandons what is not fetched yet (logged) and joins. Call Stop() first to drain.
+  ~InputFetcher();
+  InputFetcher(const InputFetcher&) = delete;
+  InputFetcher& operator=(const InputFetcher&) = delete;
+
+  void Start();
+  // Queues jobs with stored inputs. Never blocks on Redis.
+  void Submit(std::vector<Job> jobs);
+  // Fetches what is queued (retrying while Redis is down), then joins.
+  void Stop();
+
+  // Jobs handed in and not yet passed on (to the queue, or failed to the writer).
+  size_t pending() const;
+
+ private:
+  void Loop();
+  // One pipelined round trip for every stored input of `jobs`; passes each job on. Returns
+  // false on a transport failure (nothing passed on: the caller retries).
+  bool FetchOnce(std::vector<Job>* jobs);
+  // Sleeps up to `ms` or until aborted; returns false when aborted.
+  bool Backoff(int ms);
+
+  const Options options_;
+  const protocol::Keys keys_;
+  JobQueue* const queue_;
+  ResultWriter* const writer_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<Job> waiting_;  // guarded by mu_
+  size_t in_flight_ = 0;      // guarded by mu_
+  bool stopping_ = false;     // guarded by mu_
+  bool aborted_ = false;      // guarded by mu_
+  std::unique_ptr<protocol::RedisClient> client_;  // the thread's own
+  std::thread thread_;
+};
+
+}  // namespace ferry::worker

@@ -1,0 +1,73 @@
+#include "redis_store.h"
+
+#include "ferry/protocol/messages.h"
+
+namespace ferry::client {
+
+Status RedisStore::Acquire(std::unique_ptr<protocol::RedisClient>* out) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!idle_.empty()) {
+      *out = std::move(idle_.back());
+      idle_.pop_back();
+      return Status::Ok();
+    }
+  }
+  return protocol::RedisClient::Connect(endpoint_, timeout_ms_, out);  // outside the lock
+}
+
+void RedisStore::Release(std::unique_ptr<protocol::RedisClient> conn) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (idle_.size() < kMaxIdle) idle_.push_back(std::move(conn));
+}
+
+Status RedisStore::Read(const std::string& id, Result* out) {
+  *out = Result();
+  out->id = id;
+  std::unique_ptr<protocol::RedisClient> conn;
+  FERRY_RETURN_IF_ERROR(Acquire(&conn));
+  std::string value;
+  bool found = false;
+  // A failed GET drops the connection inside RedisClient; the next use reconnects, so the
+  // client goes back to the pool either way.
+  Status s = conn->Get(keys_.Result(id), &value, &found);
+  Release(std::move(conn));
+  FERRY_RETURN_IF_ERROR(s);
+  if (!found) return Status::Ok();
+  s = protocol::DecodeResult(value.data(), value.size(), out);
+  if (!s.ok()) {
+    Status bad(s.code(), "result record for \"" + id + "\": " + s.message());
+    *out = Result();
+    out->id = id;
+    return bad;
+  }
+  return Status::Ok();
+}
+
+Status RedisStore::PutInputs(const std::vector<std::string>& keys,
+                             const std::vector<std::string_view>& values, int64_t ttl_s) {
+  if (keys.empty()) return Status::Ok();
+  std::unique_ptr<protocol::RedisClient> conn;
+  FERRY_RETURN_IF_ERROR(Acquire(&conn));
+  const std::string ttl = std::to_string(ttl_s);
+  // By reference: the values (the caller's tensors) go from where they are, not copied.
+  for (size_t i = 0; i < keys.size(); ++i)
+    conn->AppendByRef({"SET", keys[i], values[i], "EX", ttl});
+  Status s = conn->Flush(nullptr);  // the first error reply, if any
+  Release(std::move(conn));
+  return s;
+}
+
+Status RedisStore::Delete(const std::vector<std::string>& keys) {
+  if (keys.empty()) return Status::Ok();
+  std::unique_ptr<protocol::RedisClient> conn;
+  FERRY_RETURN_IF_ERROR(Acquire(&conn));
+  std::vector<std::string_view> argv{"DEL"};
+  for (const auto& k : keys) argv.push_back(k);
+  protocol::RedisReply reply;
+  Status s = conn->Command(argv, &reply);
+  Release(std::move(conn));
+  return s;
+}
+
+}  // namespace ferry::client

@@ -1,0 +1,155 @@
+// The worker's InputFetcher (gpu-worker/src) against a real redis-server: jobs whose inputs the
+// producer stored in Redis reach the JobQueue with their bytes in place; a missing or wrongly
+// sized input fails its job (through the ResultWriter, to Redis); Redis down: the jobs wait.
+#include "input_fetcher.h"
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ferry/protocol/keys.h"
+#include "ferry/protocol/messages.h"
+#include "job_queue.h"
+#include "outbox.h"
+#include "process.h"  // testutil: RedisServer, WaitFor
+#include "result_writer.h"
+
+namespace ferry::worker {
+namespace {
+
+class InputFetcherTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(outbox_.Init().ok());
+    client_ = redis_.Connect();
+    ASSERT_NE(client_, nullptr);
+    ResultWriter::Options wo;
+    wo.redis = redis_.endpoint();
+    wo.worker_name = "fetch-test";
+    writer_ = std::make_unique<ResultWriter>(wo, &outbox_);
+    writer_->Start();
+    InputFetcher::Options fo;
+    fo.redis = redis_.endpoint();
+    fo.backoff_initial_ms = 20;
+    fo.backoff_max_ms = 100;
+    fetcher_ = std::make_unique<InputFetcher>(fo, &queue_, writer_.get());
+    fetcher_->Start();
+  }
+  void TearDown() override {
+    fetcher_->Stop();
+    writer_->Stop();
+  }
+
+  // A job of `n` int16 inputs [4]; those in `stored` are stored (no bytes in the job), the
+  // others carry `small`.
+  Job MakeJob(const std::string& id, int n, const std::vector<int32_t>& stored) {
+    Job job;
+    job.entry.id = id;
+    job.entry.model = "m";
+    for (int i = 0; i < n; ++i) {
+      protocol::TensorRef t;
+      t.dtype = DType::kInt16;
+      t.shape = {4};
+      t.size = 8;
+      t.stored = std::find(stored.begin(), stored.end(), i) != stored.end();
+      t.data = t.stored ? nullptr : small_.data();
+      job.entry.inputs.push_back(t);
+    }
+    job.entry.stored_inputs = stored;
+    return job;
+  }
+  void Put(const std::string& key, const std::string& value) {
+    protocol::RedisReply r;
+    ASSERT_TRUE(client_->Command({"SET", key, value}, &r).ok());
+  }
+  // The result record of `id` in Redis, decoded (state kPending when there is none).
+  Result Stored(const std::string& id) {
+    Result r;
+    std::string value;
+    bool found = false;
+    EXPECT_TRUE(client_->Get(keys_.Result(id), &value, &found).ok());
+    if (found) {
+      EXPECT_TRUE(protocol::DecodeResult(value.data(), value.size(), &r).ok());
+    }
+    return r;
+  }
+
+  const std::string small_ = std::string(8, 's');
+  testutil::RedisServer redis_{{0, /*append_only=*/true}};  // values survive a restart
+  std::unique_ptr<protocol::RedisClient> client_;
+  protocol::Keys keys_;
+  JobQueue queue_{64};
+  Outbox outbox_{64};
+  std::unique_ptr<ResultWriter> writer_;
+  std::unique_ptr<InputFetcher> fetcher_;
+};
+
+TEST_F(InputFetcherTest, StoredInputsReachTheQueueWithTheirBytes) {
+  Put(keys_.Input("f-1", 1), "ABCDEFGH");
+  Put(keys_.Input("f-2", 0), "12345678");
+  std::vector<Job> jobs;
+  jobs.push_back(MakeJob("f-1", 2, {1}));
+  jobs.push_back(MakeJob("f-2", 1, {0}));
+  fetcher_->Submit(std::move(jobs));
+  std::vector<Job> got;
+  ASSERT_TRUE(queue_.TakeBatch(8, &got));
+  if (got.size() < 2) {  // both came in one turn, but be lenient about the queue's batching
+    std::vector<Job> more;
+    ASSERT_TRUE(queue_.TakeBatch(8, &more));
+    for (auto& j : more) got.push_back(std::move(j));
+  }
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(std::string(got[0].entry.inputs[0].data, 8), small_);
+  EXPECT_EQ(std::string(got[0].entry.inputs[1].data, 8), "ABCDEFGH");
+  EXPECT_EQ(std::string(got[1].entry.inputs[0].data, 8), "12345678");
+  EXPECT_TRUE(testutil::WaitFor([&] { return fetcher_->pending() == 0; }));
+}
+
+// A stored input not in Redis, or of the wrong size, fails that job alone, with a code.
+TEST_F(InputFetcherTest, MissingOrMisSizedInputsFailTheirJobOnly) {
+  Put(keys_.Input("ok-1", 0), "abcdefgh");
+  Put(keys_.Input("short-1", 0), "abc");
+  std::vector<Job> jobs;
+  jobs.push_back(MakeJob("gone-1", 1, {0}));
+  jobs.push_back(MakeJob("short-1", 1, {0}));
+  jobs.push_back(MakeJob("ok-1", 1, {0}));
+  fetcher_->Submit(std::move(jobs));
+  std::vector<Job> got;
+  ASSERT_TRUE(queue_.TakeBatch(8, &got));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].entry.id, "ok-1");
+  ASSERT_TRUE(testutil::WaitFor([&] {
+    return Stored("gone-1").state != JobState::kPending &&
+           Stored("short-1").state != JobState::kPending;
+  }));
+  EXPECT_EQ(Stored("gone-1").error.code(), codes::kNotFound);
+  EXPECT_EQ(Stored("short-1").error.code(), codes::kInvalidArgument);
+  // Their stored inputs went with the failed results.
+  std::string value;
+  bool found = true;
+  ASSERT_TRUE(client_->Get(keys_.Input("short-1", 0), &value, &found).ok());
+  EXPECT_FALSE(found);
+}
+
+// Redis down: the jobs wait (nothing queued, nothing failed) and go on once it is back.
+TEST_F(InputFetcherTest, RedisDownTheJobsWaitAndGoOn) {
+  Put(keys_.Input("w-1", 0), "waitwait");
+  redis_.Stop();
+  std::vector<Job> jobs;
+  jobs.push_back(MakeJob("w-1", 1, {0}));
+  fetcher_->Submit(std::move(jobs));
+  ASSERT_TRUE(testutil::WaitFor([&] { return fetcher_->pending() == 1; }));
+  EXPECT_EQ(queue_.size(), 0u);
+  redis_.Restart();  // with its AOF: the input is there again
+  std::vector<Job> got;
+  ASSERT_TRUE(queue_.TakeBatch(8, &got));
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(std::string(got[0].entry.inputs[0].data, 8), "waitwait");
+}
+
+}  // namespace
+}  // namespace ferry::worker
