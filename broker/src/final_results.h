@@ -25,8 +25,9 @@ class FinalResults {
   bool empty() const { return entries_.empty(); }
   size_t size() const { return entries_.size(); }
 
-  // Writes every entry (SET NX EX; and DEL of the job's stored inputs) in one round trip. On success moves the jobs into *written
-  // (for FINISHED notices and journal removal); on failure keeps them for the next call.
+  // Writes every entry (SET NX EX; and DEL of the job's stored inputs) in one round trip. On
+  // success moves the jobs into *written (for FINISHED notices and journal removal); on failure
+  // keeps them for the next call.
   Status Flush(std::vector<std::unique_ptr<Job>>* written);
 
  private:

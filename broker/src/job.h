@@ -13,13 +13,13 @@ struct Job {
   std::string id;
   std::string model;
   int64_t priority = 0;
-  int64_t timeout_ms = 0;      // 0 = no deadline
-  int64_t result_ttl_s = 0;    // 0 = the broker's default
-  int64_t attempt = 1;         // 1 for the first dispatch; +1 per requeue after a worker loss
-  int64_t submitted_us = 0;    // wall clock, when accepted
-  int64_t deadline_us = 0;     // wall clock by which it must start (submitted + timeout); 0 = none
-  int64_t seq = 0;             // acceptance order (FIFO within a priority)
-  std::string inputs_raw;      // the msgpack "inputs" array, forwarded to workers as is
+  int64_t timeout_ms = 0;    // 0 = no deadline
+  int64_t result_ttl_s = 0;  // 0 = the broker's default
+  int64_t attempt = 1;       // 1 for the first dispatch; +1 per requeue after a worker loss
+  int64_t submitted_us = 0;  // wall clock, when accepted
+  int64_t deadline_us = 0;   // wall clock by which it must start (submitted + timeout); 0 = none
+  int64_t seq = 0;           // acceptance order (FIFO within a priority)
+  std::string inputs_raw;    // the msgpack "inputs" array, forwarded to workers as is
   // Inputs the producer stored in Redis (Keys::Input(id, index)): their indexes and bytes. The
   // broker never touches those bytes; whoever writes the final result deletes them.
   std::vector<int32_t> stored_inputs;

@@ -247,8 +247,8 @@ void BrokerLink::HandleChunk(zmq::message_t body) {
     } else {
       std::vector<JobResult> failed;
       for (auto& job : to_fetch)
-        failed.push_back(FailedResult(std::move(job),
-                                      Status::Internal("this worker reads no stored inputs")));
+        failed.push_back(
+            FailedResult(std::move(job), Status::Internal("this worker reads no stored inputs")));
       writer_->Submit(std::move(failed));
     }
   }

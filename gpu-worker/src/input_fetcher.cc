@@ -130,9 +130,9 @@ bool InputFetcher::FetchOnce(std::vector<Job>* jobs) {
                                " is not in Redis (it expired, or an earlier attempt of the job "
                                "finished and removed it)");
       } else if (value->size() != t.size) {
-        bad = Status::InvalidArgument(
-            "stored input " + std::to_string(i) + " has " + std::to_string(value->size()) +
-            " bytes; its dtype and shape need " + std::to_string(t.size));
+        bad = Status::InvalidArgument("stored input " + std::to_string(i) + " has " +
+                                      std::to_string(value->size()) +
+                                      " bytes; its dtype and shape need " + std::to_string(t.size));
       } else {
         fetched->bytes.push_back(std::move(*value));
       }

@@ -72,10 +72,10 @@ class InputFetcher {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Job> waiting_;  // guarded by mu_
-  size_t in_flight_ = 0;      // guarded by mu_
-  bool stopping_ = false;     // guarded by mu_
-  bool aborted_ = false;      // guarded by mu_
+  std::vector<Job> waiting_;                       // guarded by mu_
+  size_t in_flight_ = 0;                           // guarded by mu_
+  bool stopping_ = false;                          // guarded by mu_
+  bool aborted_ = false;                           // guarded by mu_
   std::unique_ptr<protocol::RedisClient> client_;  // the thread's own
   std::thread thread_;
 };

@@ -234,7 +234,8 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
   int64_t nil = 0;
   for (size_t i = 0; i < packed->size() && s.ok(); ++i) {
     const protocol::RedisReply& write = replies[write_reply[i]];
-    if (write.type == protocol::RedisReply::Type::kError) s = Status::Internal("redis: " + write.str);
+    if (write.type == protocol::RedisReply::Type::kError)
+      s = Status::Internal("redis: " + write.str);
     if (write.type == protocol::RedisReply::Type::kNil) ++nil;
   }
   for (size_t i = 0; i < replies.size() && s.ok(); ++i) {

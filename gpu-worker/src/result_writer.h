@@ -92,9 +92,9 @@ class ResultWriter {
     std::string key;
     msgpack::sbuffer record;  // the result record (moved, never copied, into the command)
     std::string ttl;
-    bool stored = false;  // SET NX stored it at the first try (it is the job's result)
-    std::string notify;   // the producer's channel ("" = none): the write also PUBLISHes
-    std::string notice;   // what it publishes there
+    bool stored = false;    // SET NX stored it at the first try (it is the job's result)
+    std::string notify;     // the producer's channel ("" = none): the write also PUBLISHes
+    std::string notice;     // what it publishes there
     bool scripted = false;  // the record is inside the notice: SET NX + PUBLISH as one script
     std::vector<std::string> stored_inputs;  // keys of the job's inputs in Redis: DEL
     std::string_view value() const { return {record.data(), record.size()}; }

@@ -11,11 +11,11 @@
 
 #include "broker_link.h"
 #include "executor.h"
-#include "input_fetcher.h"
 #include "ferry/metrics/metrics_server.h"
 #include "ferry/metrics/registry.h"
 #include "ferry/protocol/util.h"
 #include "ferry/protocol/wire.h"
+#include "input_fetcher.h"
 #include "job_queue.h"
 #include "model_registry.h"
 #include "outbox.h"

@@ -137,8 +137,7 @@ Status DecodeTensor(const msgpack::object& o, TensorRef* out, bool allow_stored)
   return Status::Ok();
 }
 
-Status DecodeTensorList(const msgpack::object& o, std::vector<TensorRef>* out,
-                        bool allow_stored) {
+Status DecodeTensorList(const msgpack::object& o, std::vector<TensorRef>* out, bool allow_stored) {
   if (o.type != msgpack::type::ARRAY) return Status::InvalidArgument("tensors must be an array");
   if (o.via.array.size > kMaxInputsPerJob)
     return Status::InvalidArgument("more than 64 tensors in one job");

@@ -73,8 +73,10 @@ void PackSubmitJob(Packer& pk, std::string_view id, std::string_view model,
   PackKey(pk, "inputs");
   pk.pack_array(static_cast<uint32_t>(inputs.size()));
   for (size_t i = 0; i < inputs.size(); ++i) {
-    if (i < stored.size() && stored[i]) PackStoredTensor(pk, inputs[i].dtype, inputs[i].shape);
-    else PackTensor(pk, inputs[i]);
+    if (i < stored.size() && stored[i])
+      PackStoredTensor(pk, inputs[i].dtype, inputs[i].shape);
+    else
+      PackTensor(pk, inputs[i]);
   }
   if (priority != 0) {
     PackKey(pk, "priority");

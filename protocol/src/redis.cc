@@ -6,9 +6,9 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
-#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -123,8 +123,10 @@ void RedisClient::AppendCommand(const std::vector<std::string_view>& argv, bool 
   header('*', argv.size());
   for (auto a : argv) {
     header('$', a.size());
-    if (by_ref && a.size() >= kByRefBytes) refs_.emplace_back(queued_.size(), a);
-    else queued_.append(a.data(), a.size());
+    if (by_ref && a.size() >= kByRefBytes)
+      refs_.emplace_back(queued_.size(), a);
+    else
+      queued_.append(a.data(), a.size());
     queued_.append("\r\n", 2);
   }
   ++pending_;
@@ -148,8 +150,8 @@ Status RedisClient::WriteQueued(const std::string& commands,
     const ssize_t n = writev(ctx_->fd, iov.data() + first, count);
     if (n < 0) {
       if (errno == EINTR) continue;
-      const std::string why = errno == EAGAIN || errno == EWOULDBLOCK ? "write timed out"
-                                                                       : std::strerror(errno);
+      const std::string why =
+          errno == EAGAIN || errno == EWOULDBLOCK ? "write timed out" : std::strerror(errno);
       Drop();
       return Status::Unavailable("redis write: " + why);
     }
@@ -231,7 +233,8 @@ class SocketReader {
         pos_ = end + 2;
         return Status::Ok();
       }
-      if (staged_.size() - pos_ > 64 * 1024) return Status(codes::kMalformed, "reply line too long");
+      if (staged_.size() - pos_ > 64 * 1024)
+        return Status(codes::kMalformed, "reply line too long");
       FERRY_RETURN_IF_ERROR(Fill());
     }
   }
@@ -319,7 +322,8 @@ Status RedisClient::GetMany(const std::vector<std::string_view>& keys,
     }
     if (s.ok() && line[0] != '$') s = Status(codes::kMalformed, "GET answered " + line);
     int64_t len = -1;
-    if (s.ok() && std::from_chars(line.data() + 1, line.data() + line.size(), len).ec != std::errc())
+    if (s.ok() &&
+        std::from_chars(line.data() + 1, line.data() + line.size(), len).ec != std::errc())
       s = Status(codes::kMalformed, "bad bulk length " + line);
     if (s.ok() && len >= 0) {
       std::string& v = (*values)[i].emplace();
