@@ -85,7 +85,8 @@ int main(int argc, char** argv) {
   std::string raw_path, device = "cpu", label;
   ferry::bench::LoadOptions load;
   int64_t warmup = 0, batch = 1, threads = 0, wait_workers = 0;
-  bool no_push = false;
+  int64_t stored_input_bytes = ferry::client::ClientOptions().stored_input_bytes;
+  bool no_push = false, consume = false;
   ferry::runtime::FlagSet flags(
       "ferry-bench",
       "Drives a Ferry fleet through the SDK (closed loop: --concurrency; open loop: --rate) or "
@@ -113,6 +114,12 @@ int main(int argc, char** argv) {
   flags.Bool("no-push", &no_push,
              "broker notices only: no result notices straight from workers (the SDK's "
              "push_results off), to measure what they save");
+  flags.Int("stored-input-bytes", &stored_input_bytes,
+            "the SDK's stored_input_bytes: inputs of at least this size go to Redis, not through "
+            "the broker (0: none)");
+  flags.Bool("consume", &consume,
+             "the SDK's consume_results: results read from Redis are deleted as they are read "
+             "(GETDEL)");
   flags.Bool("run", &load.use_run,
              "closed loop through Client::Run (submit and wait in one call; the broker sends no "
              "ACCEPTED): --concurrency threads, one job each at a time (--loaders, --submit-batch "
@@ -187,6 +194,8 @@ int main(int argc, char** argv) {
     options.frontend = frontend;
     options.redis = redis;
     options.push_results = !no_push;
+    options.consume_results = consume;
+    options.stored_input_bytes = stored_input_bytes;
     std::unique_ptr<ferry::client::Client> client;
     Status s = ferry::client::Client::Create(options, &client);
     if (!s.ok()) {

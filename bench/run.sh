@@ -325,36 +325,51 @@ fi
 # ---- audio: speech-sized jobs, beside the floor ------------------------------------------------
 # 960 KB per job, 30 s of 16 kHz int16 PCM ([480000]), into head.pt (it reads 4 values and returns
 # 16 bytes): the input path, with the broker's journal on (durable) and off. audio_out: 64 bytes
-# in, 960 KB out (expand.pt): the result path. The floor (ferry-floor: bare libzmq, producer ->
-# relay -> consumer and producer -> consumer, and Redis SET / GET of 960 KB values, no Ferry code)
-# is measured in the same run. Compare input_mbps / output_mbps in the JSONs with floor.json.
-if (want audio || want audio_out) && [ -x "$FLOOR" ]; then
-  echo "== floor: bare libzmq and Redis, 960 KB messages"
-  "$FLOOR" --bytes 960000 --messages "$(q 300 2000)" --redis "$REDIS" --json "$OUT/floor.json" ||
-    FAILED+=(floor)
-fi
+# in, 960 KB out (expand.pt): the result path, the producer consuming each result as it reads it
+# (--consume: GETDEL, so that Redis reuses the memory instead of keeping every result). The floor
+# (ferry-floor: bare libzmq, producer -> relay -> consumer and producer -> consumer, and Redis SET
+# / GET of 960 KB values, no Ferry code) is measured in every round, before that round's runs, and
+# table.py gives each run's MB/s as a share of its own round's two-hop floor.
+# Durable (the journal on), big inputs go to Redis (the SDK's default claim check: the broker
+# journals only their dtype and shape). Without the journal they go through the broker
+# (--stored-input-bytes 0), the cheaper road when nothing is journaled (docs/performance.md).
 AUDIO_WORKER=(--device cpu --max-batch 8 --instances 1 --threads 1)
-# audio_bench NAME FERRY_BENCH_FLAGS...: against the fleet start_fleet just started
+# audio_bench NAME FERRY_BENCH_FLAGS...: against the fleet start_fleet just started. Inputs: 32
+# in flight over 4 producer threads; outputs: 16 over 2 (each thread reads its results one at a
+# time; more threads only add allocator contention in the producer, measured 1,250 vs 1,650 MB/s).
 audio_bench() {
   local name=$1; shift
-  bench "$name" "$(q 100 1000)" 32 --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 \
-    --concurrency 16 --loaders 2 --submit-batch 4 "$@"
+  bench "$name" "$(q 100 1000)" 32 --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 "$@"
 }
-if want audio; then
-  for journal in on off; do
-    name=audio; flags=""
-    [ "$journal" = off ] && { name=audio_no_journal; flags=--no-journal; }
-    echo "== $name: head model, [480000] int16 jobs (960 KB each), journal $journal"
-    FERRY_BROKER_FLAGS="$flags" start_fleet 1 --model "head=$M/head.pt" "${AUDIO_WORKER[@]}"
-    audio_bench "$name" --model head --shape 480000 --dtype int16
-    stop_fleet
+AUDIO_IN=(--concurrency 32 --loaders 4 --submit-batch 4)
+AUDIO_OUT=(--concurrency 16 --loaders 2 --submit-batch 4)
+if want audio || want audio_out; then
+  for r in $(seq "$(q 1 3)"); do
+    if [ -x "$FLOOR" ]; then
+      echo "== floor, round $r: bare libzmq and Redis, 960 KB messages"
+      "$FLOOR" --bytes 960000 --messages "$(q 300 1000)" --redis "$REDIS" \
+        --json "$OUT/floor_r$r.json" || FAILED+=("floor_r$r")
+    fi
+    if want audio; then
+      for journal in on off; do
+        name=audio_r$r; flags=""; producer=()
+        if [ "$journal" = off ]; then
+          name=audio_no_journal_r$r; flags=--no-journal; producer=(--stored-input-bytes 0)
+        fi
+        echo "== $name: head model, [480000] int16 jobs (960 KB each), journal $journal"
+        FERRY_BROKER_FLAGS="$flags" start_fleet 1 --model "head=$M/head.pt" "${AUDIO_WORKER[@]}"
+        audio_bench "$name" "${AUDIO_IN[@]}" --model head --shape 480000 --dtype int16 \
+          "${producer[@]}"
+        stop_fleet
+      done
+    fi
+    if want audio_out; then
+      echo "== audio_out_r$r: expand model, [16] float32 in, [240000] float32 (960 KB) out"
+      start_fleet 1 --model "expand=$M/expand.pt" "${AUDIO_WORKER[@]}"
+      audio_bench "audio_out_r$r" "${AUDIO_OUT[@]}" --model expand --shape 16 --consume
+      stop_fleet
+    fi
   done
-fi
-if want audio_out; then
-  echo "== audio_out: expand model, [16] float32 in, [240000] float32 (960 KB) out"
-  start_fleet 1 --model "expand=$M/expand.pt" "${AUDIO_WORKER[@]}"
-  audio_bench audio_out --model expand --shape 16
-  stop_fleet
 fi
 
 # ---- the table ----------------------------------------------------------------------------------

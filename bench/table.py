@@ -8,8 +8,8 @@ ORDER = ["tiny_closed", "tiny_light", "tiny_light_run", "tiny_light_no_push", "t
     f"{m}_{k}_r{r}" for m in ("encoder", "resnet", "resnet_u8") for r in range(1, 10)
     for k in ("raw", "fleet", "fleet_i2")
 ] + ["seed_maxbatch16", "seed_maxbatch1",
-     "ceiling_w1", "ceiling_w2", "ceiling_w4", "ceiling_w8", "bytes",
-     "audio", "audio_no_journal", "audio_out"]
+     "ceiling_w1", "ceiling_w2", "ceiling_w4", "ceiling_w8", "bytes"] + [
+    f"{n}_r{r}" for r in range(1, 10) for n in ("audio", "audio_no_journal", "audio_out")]
 
 
 def raw_of(name):
@@ -22,10 +22,10 @@ def raw_of(name):
 def main(out):
     runs = {}
     for f in sorted(os.listdir(out)):
-        if f.endswith(".json") and f not in ("machine.json", "floor.json"):
+        if f.endswith(".json") and f != "machine.json" and not f.startswith("floor"):
             runs[f[:-5]] = json.load(open(os.path.join(out, f)))
-    floor_path = os.path.join(out, "floor.json")
-    floor = json.load(open(floor_path)) if os.path.exists(floor_path) else None
+    floors = {f[len("floor_"):-5]: json.load(open(os.path.join(out, f)))
+              for f in sorted(os.listdir(out)) if f.startswith("floor_r") and f.endswith(".json")}
     names = [n for n in ORDER if n in runs] + sorted(n for n in runs if n not in ORDER)
     machine = json.load(open(os.path.join(out, "machine.json")))
     print(f"machine: {machine['machine']}; git {machine['git']}")
@@ -63,20 +63,30 @@ def main(out):
         print(f"{model} / raw: median {100 * xs[len(xs) // 2]:.0f}% over {len(xs)} round(s)"
               f" (min {100 * xs[0]:.0f}%, max {100 * xs[-1]:.0f}%)")
     big = [n for n in names if runs[n].get("input_mbps") is not None and n.startswith("audio")]
-    if floor or big:
+    if floors or big:
         print()
-        print("big messages, MB/s (10^6 bytes/s):")
-    if floor:
-        print(f"  floor ({floor['bytes']} bytes): zmq two hops {floor['zmq_two_hops_mbps']:.0f},"
+        print("big messages, MB/s (10^6 bytes/s); each run against its own round's floor:")
+    for rnd, floor in floors.items():
+        print(f"  floor {rnd} ({floor['bytes']} bytes): zmq two hops {floor['zmq_two_hops_mbps']:.0f},"
               f" one hop {floor['zmq_one_hop_mbps']:.0f}; redis SET"
               f" {floor.get('redis_set_mbps', 0):.0f}, GET {floor.get('redis_get_mbps', 0):.0f}")
+    shares = {}
     for n in big:
         r = runs[n]
         mbps = max(r["input_mbps"], r["output_mbps"])
         way = "in" if r["input_mbps"] >= r["output_mbps"] else "out"
-        vs = (f"  {100 * mbps / floor['zmq_two_hops_mbps']:.0f}% of the zmq two-hop floor"
-              if floor and floor["zmq_two_hops_mbps"] > 0 else "")
-        print(f"  {n:<18} {mbps:8.0f} MB/s {way}  ({r['throughput']:.0f} jobs/s){vs}")
+        base, _, rnd = n.rpartition("_")
+        floor = floors.get(rnd)
+        vs = ""
+        if floor and floor["zmq_two_hops_mbps"] > 0:
+            x = mbps / floor["zmq_two_hops_mbps"]
+            shares.setdefault(base, []).append(x)
+            vs = f"  {100 * x:.0f}% of the zmq two-hop floor"
+        print(f"  {n:<20} {mbps:8.0f} MB/s {way}  ({r['throughput']:.0f} jobs/s){vs}")
+    for base, xs in shares.items():
+        xs = sorted(xs)
+        print(f"{base} / floor: median {100 * xs[len(xs) // 2]:.0f}% over {len(xs)} round(s)"
+              f" (min {100 * xs[0]:.0f}%, max {100 * xs[-1]:.0f}%)")
 
 
 if __name__ == "__main__":

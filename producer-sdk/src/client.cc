@@ -104,7 +104,9 @@ class Client::Impl {
         redis_(std::move(redis)),
         keys_(options.redis_prefix),
         store_(redis_, options.redis_prefix, options.request_timeout_ms),
-        tracker_([this](const std::string& id, Result* out) { return store_.Read(id, out); }) {}
+        tracker_([this](const std::string& id, Result* out) {
+          return store_.Read(id, out, options_.consume_results);
+        }) {}
 
   Status Start() {
     IoThread::Options o;

@@ -1,5 +1,7 @@
 #include "redis_store.h"
 
+#include <optional>
+
 #include "ferry/protocol/messages.h"
 
 namespace ferry::client {
@@ -21,20 +23,20 @@ void RedisStore::Release(std::unique_ptr<protocol::RedisClient> conn) {
   if (idle_.size() < kMaxIdle) idle_.push_back(std::move(conn));
 }
 
-Status RedisStore::Read(const std::string& id, Result* out) {
+Status RedisStore::Read(const std::string& id, Result* out, bool consume) {
   *out = Result();
   out->id = id;
   std::unique_ptr<protocol::RedisClient> conn;
   FERRY_RETURN_IF_ERROR(Acquire(&conn));
-  std::string value;
-  bool found = false;
-  // A failed GET drops the connection inside RedisClient; the next use reconnects, so the
+  // A failed read drops the connection inside RedisClient; the next use reconnects, so the
   // client goes back to the pool either way.
-  Status s = conn->Get(keys_.Result(id), &value, &found);
+  const std::string key = keys_.Result(id);
+  std::vector<std::optional<std::string>> values;
+  Status s = conn->GetMany({key}, &values, consume);
   Release(std::move(conn));
   FERRY_RETURN_IF_ERROR(s);
-  if (!found) return Status::Ok();
-  s = protocol::DecodeResult(value.data(), value.size(), out);
+  if (!values[0]) return Status::Ok();
+  s = protocol::DecodeResult(values[0]->data(), values[0]->size(), out);
   if (!s.ok()) {
     Status bad(s.code(), "result record for \"" + id + "\": " + s.message());
     *out = Result();

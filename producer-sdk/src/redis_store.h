@@ -29,9 +29,10 @@ class RedisStore {
   RedisStore(protocol::RedisEndpoint endpoint, std::string prefix, int timeout_ms)
       : endpoint_(std::move(endpoint)), keys_(std::move(prefix)), timeout_ms_(timeout_ms) {}
 
-  // One GET. No record: ok with out->state == kPending. Else the decoded record.
-  // Errors: unavailable (Redis unreachable), malformed/invalid_argument (not a result record).
-  Status Read(const std::string& id, Result* out);
+  // One GET (GETDEL with `consume`: the record is deleted as it is read). No record: ok with
+  // out->state == kPending. Else the decoded record. Errors: unavailable (Redis unreachable),
+  // malformed/invalid_argument (not a result record).
+  Status Read(const std::string& id, Result* out, bool consume = false);
 
   // Writes values[i] under keys[i], each expiring after ttl_s, in one pipelined round trip.
   // unavailable when Redis cannot be reached; internal when it refuses a write.

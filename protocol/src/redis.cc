@@ -289,13 +289,13 @@ class SocketReader {
 }  // namespace
 
 Status RedisClient::GetMany(const std::vector<std::string_view>& keys,
-                            std::vector<std::optional<std::string>>* values) {
+                            std::vector<std::optional<std::string>>* values, bool consume) {
   values->assign(keys.size(), std::nullopt);
   if (keys.empty()) return Status::Ok();
   FERRY_RETURN_IF_ERROR(EnsureConnected());
   // Everything queued before goes first; its replies would be read here: not allowed.
   if (pending_ != 0) return Status::Internal("GetMany with commands queued");
-  for (auto key : keys) Append({"GET", key});
+  for (auto key : keys) Append({consume ? "GETDEL" : "GET", key});
   if (ctx_->reader->len > ctx_->reader->pos) {  // hiredis holds unread bytes: read through it
     std::vector<RedisReply> replies;
     FERRY_RETURN_IF_ERROR(Flush(&replies));

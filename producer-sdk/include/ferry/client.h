@@ -81,6 +81,13 @@ struct ClientOptions {
   int64_t stored_input_bytes = 64 * 1024;
   // Expiry of stored inputs: a job that has not run within it fails (not_found) when it does.
   int64_t input_ttl_s = 3600;
+  // Results that Wait and Run read from Redis are deleted as they are read (GETDEL, Redis 6.2
+  // or later), so Redis does not keep them until their result_ttl_s: for a producer that reads
+  // each result once, and for big results (Redis then reuses their memory instead of growing;
+  // 1 MB results came back 1.5x as fast in audio_out). A later Poll or Wait of the id finds no
+  // result (kPending). Small results that arrive inside notices are not read from Redis and stay
+  // until they expire. Poll never deletes.
+  bool consume_results = false;
 };
 
 // One inference job. `inputs` are the positional arguments of the model's forward(), each

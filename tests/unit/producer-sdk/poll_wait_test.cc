@@ -145,6 +145,33 @@ TEST_F(ClientPollWaitTest, WaitReturnsResultWrittenLater) {
   EXPECT_LT(elapsed, std::chrono::milliseconds(1500));
 }
 
+// Without consume_results a read leaves the record in Redis; with it, Wait reads and deletes it
+// (a later Poll finds nothing), and Poll never deletes.
+TEST_F(ClientPollWaitTest, ConsumeResultsDeletesWhatWaitReads) {
+  Tensor out = Tensor::From<float>({7.f}, {1}, DType::kFloat32);
+  WriteResult("kept-1", "done", {out});
+  Result r;
+  ASSERT_TRUE(client_->Wait("kept-1", 1000, &r).ok());
+  ASSERT_TRUE(client_->Poll("kept-1", &r).ok());
+  EXPECT_EQ(r.state, JobState::kDone) << "read without consume_results: the record stays";
+
+  ClientOptions options;
+  options.frontend = "tcp://127.0.0.1:" + std::to_string(testutil::FreePort());
+  options.redis = redis_->url();
+  options.redis_prefix = "test:";
+  options.consume_results = true;
+  std::unique_ptr<Client> consumer;
+  ASSERT_TRUE(Client::Create(options, &consumer).ok());
+  WriteResult("eaten-1", "done", {out});
+  ASSERT_TRUE(consumer->Poll("eaten-1", &r).ok());
+  EXPECT_EQ(r.state, JobState::kDone) << "Poll never deletes";
+  ASSERT_TRUE(consumer->Wait("eaten-1", 1000, &r).ok());
+  EXPECT_EQ(r.state, JobState::kDone);
+  EXPECT_EQ(r.outputs.at(0).As<float>(), std::vector<float>{7.f});
+  ASSERT_TRUE(client_->Poll("eaten-1", &r).ok());
+  EXPECT_EQ(r.state, JobState::kPending) << "Wait with consume_results deleted the record";
+}
+
 TEST_F(ClientPollWaitTest, WaitTimesOutWhenNeverWritten) {
   Result r;
   auto start = Clock::now();

@@ -64,8 +64,9 @@ class RedisClient {
   // into its string (one copy, by the kernel: for big values, no staging buffer and no extra
   // copy). (*values)[i] is keys[i]'s value; nullopt when the key does not exist. An error reply
   // (e.g. WRONGTYPE) fails the call with internal; transport failures with unavailable.
+  // `consume`: GETDEL instead of GET -- each key is deleted as it is read (Redis >= 6.2).
   Status GetMany(const std::vector<std::string_view>& keys,
-                 std::vector<std::optional<std::string>>* values);
+                 std::vector<std::optional<std::string>>* values, bool consume = false);
 
  private:
   explicit RedisClient(const RedisEndpoint& endpoint, int timeout_ms);
