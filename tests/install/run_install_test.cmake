@@ -26,7 +26,7 @@ set(expect
   bin/ferry bin/ferry-broker
   include/ferry/client.h include/ferry/status.h include/ferry/tensor.h include/ferry/result.h)
 if(EXPECT_WORKER)
-  list(APPEND expect bin/ferry-worker bin/ferry-make-models)
+  list(APPEND expect bin/ferry-worker bin/ferry-make-models bin/ferry-whisper-import)
 endif()
 foreach(f ${expect})
   if(NOT EXISTS ${prefix}/${f})

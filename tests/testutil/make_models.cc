@@ -25,16 +25,25 @@
 //               input says, for tests of jobs that are running when something happens.
 //   underflow.pt  the same chain with w = 0.5 I + 0.001, whose values shrink into float32
 //               denormals after ~290 steps: measures ferry-worker --flush-denormals.
+//   whisper.pt  forward(pcm: [B, L] int16 16 kHz) -> [B, 24] int64 token ids: a Whisper-tiny-
+//               shaped speech-to-text pipeline (log-mel, conv stem + 4-layer encoder, greedy
+//               4-layer decoder with a KV cache; whisper_model.h), random weights from
+//               torch::manual_seed(2). --whisper-weights builds it from real ones.
 #include <torch/script.h>
 #include <torch/utils.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "whisper_model.h"
 
 namespace {
 
@@ -242,43 +251,105 @@ def forward(self, x):
   return m;
 }
 
+// Tokens whisper.pt decodes per clip: about what 5-10 s of English speech decodes to. Random
+// weights rarely produce end-of-text, so every clip costs this many decoder steps.
+constexpr int64_t kWhisperTokens = 24;
+
+constexpr const char* kUsage =
+    "usage: ferry-make-models OUTDIR [MODEL...]\n"
+    "       ferry-make-models --whisper-weights WEIGHTS [--max-tokens N] OUT.pt\n"
+    "The first form writes tiny.pt, multi.pt, encoder.pt, resnet.pt, resnet_u8.pt, null.pt,\n"
+    "head.pt, expand.pt, slow.pt, underflow.pt and whisper.pt (TorchScript, fixed random\n"
+    "weights) into OUTDIR; given MODEL names (tiny, whisper, ...), only those.\n"
+    "The second builds the Whisper pipeline from real weights: WEIGHTS is what\n"
+    "scripts/whisper_import.py (ferry-whisper-import) makes of an openai-whisper checkpoint;\n"
+    "it runs this for you.\n"
+    "--max-tokens: tokens decoded per clip (default 224, at most n_text_ctx - 4).\n";
+
+int Fail(const std::string& what) {
+  std::fprintf(stderr, "ferry-make-models: %s\n", what.c_str());
+  return 1;
+}
+
+// ferry-make-models --whisper-weights WEIGHTS [--max-tokens N] OUT.pt
+int ImportWhisper(const std::vector<std::string>& args) {
+  std::string weights_path, out;
+  int64_t max_tokens = 224;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i] == "--whisper-weights" && i + 1 < args.size()) {
+      weights_path = args[++i];
+    } else if (args[i] == "--max-tokens" && i + 1 < args.size()) {
+      char* end = nullptr;
+      max_tokens = std::strtoll(args[++i].c_str(), &end, 10);
+      if (*end != '\0' || max_tokens < 1) return Fail("--max-tokens must be a positive integer");
+    } else if (out.empty() && args[i].rfind("--", 0) != 0) {
+      out = args[i];
+    } else {
+      std::fputs(kUsage, stderr);
+      return 2;
+    }
+  }
+  if (weights_path.empty() || out.empty()) {
+    std::fputs(kUsage, stderr);
+    return 2;
+  }
+  ferry::testmodels::WhisperWeights weights;
+  std::string error;
+  if (!ferry::testmodels::LoadWhisperWeights(weights_path, &weights, &error)) return Fail(error);
+  ferry::testmodels::MakeWhisper(weights, max_tokens).save(out);
+  std::printf("%s\n", out.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2 || std::string(argv[1]) == "--help" || std::string(argv[1]) == "-h") {
-    std::fprintf(argc == 2 ? stdout : stderr,
-                 "usage: ferry-make-models OUTDIR\n"
-                 "Writes tiny.pt, multi.pt, encoder.pt, resnet.pt, resnet_u8.pt, null.pt,\n"
-                 "head.pt, expand.pt, slow.pt and underflow.pt "
-                 "(TorchScript, fixed random weights) into OUTDIR.\n");
-    return argc == 2 ? 0 : 2;
+  const std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() == 1 && (args[0] == "--help" || args[0] == "-h")) {
+    std::fputs(kUsage, stdout);
+    return 0;
   }
-  const std::filesystem::path dir = argv[1];
   try {
+    if (!args.empty() && args[0].rfind("--", 0) == 0) return ImportWhisper(args);
+    if (args.empty()) {
+      std::fputs(kUsage, stderr);
+      return 2;
+    }
+    const std::filesystem::path dir = args[0];
+    const std::vector<std::string> wanted(args.begin() + 1, args.end());
+    using Factory = std::function<torch::jit::Module()>;
+    const std::vector<std::pair<std::string, Factory>> models = {
+        {"tiny", MakeTiny},
+        {"multi", MakeMulti},
+        {"encoder", MakeEncoder},
+        {"resnet", [] { return MakeResNet(MakeResNetWeights(), /*uint8_input=*/false); }},
+        {"resnet_u8", [] { return MakeResNet(MakeResNetWeights(), /*uint8_input=*/true); }},
+        {"null", MakeNull},
+        {"head", MakeHead},
+        {"expand", MakeExpand},
+        {"slow", [] { return MakeChain("FerrySlow", 0.01); }},
+        {"underflow", [] { return MakeChain("FerryUnderflow", 0.001); }},
+        {"whisper", [] {
+           return ferry::testmodels::MakeWhisper(ferry::testmodels::RandomWhisperWeights(2),
+                                                 kWhisperTokens);
+         }}};
+    for (const std::string& name : wanted) {
+      if (std::none_of(models.begin(), models.end(),
+                       [&](const auto& m) { return m.first == name; }))
+        return Fail("no model named " + name);
+    }
     std::filesystem::create_directories(dir);
-    const ResNetWeights resnet = MakeResNetWeights();
-    const std::pair<const char*, torch::jit::Module> models[] = {
-        {"tiny.pt", MakeTiny()},
-        {"multi.pt", MakeMulti()},
-        {"encoder.pt", MakeEncoder()},
-        {"resnet.pt", MakeResNet(resnet, /*uint8_input=*/false)},
-        {"resnet_u8.pt", MakeResNet(resnet, /*uint8_input=*/true)},
-        {"null.pt", MakeNull()},
-        {"head.pt", MakeHead()},
-        {"expand.pt", MakeExpand()},
-        {"slow.pt", MakeChain("FerrySlow", 0.01)},
-        {"underflow.pt", MakeChain("FerryUnderflow", 0.001)}};
-    for (const auto& [file, module] : models) {
-      const std::string path = (dir / file).string();
-      module.save(path);
+    for (const auto& [name, make] : models) {
+      if (!wanted.empty() && std::find(wanted.begin(), wanted.end(), name) == wanted.end())
+        continue;
+      const std::string path = (dir / (name + ".pt")).string();
+      make().save(path);
       std::printf("%s\n", path.c_str());
     }
   } catch (const c10::Error& e) {
-    std::fprintf(stderr, "ferry-make-models: %s\n", e.what_without_backtrace());
-    return 1;
+    return Fail(e.what_without_backtrace());
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ferry-make-models: %s\n", e.what());
-    return 1;
+    return Fail(e.what());
   }
   return 0;
 }

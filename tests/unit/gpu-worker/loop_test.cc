@@ -65,7 +65,8 @@ class WorkerLoopTest : public ::testing::Test {
     ASSERT_TRUE(redis_client_ != nullptr);
     // Per process (ctest runs these tests in parallel), removed at exit.
     models_ = testmodels::ScratchDir("ferry_worker_loop_").string();
-    const std::string cmd = std::string(FERRY_MAKE_MODELS) + " " + models_ + " > /dev/null";
+    const std::string cmd =
+        std::string(FERRY_MAKE_MODELS) + " " + models_ + " tiny slow > /dev/null";
     ASSERT_EQ(std::system(cmd.c_str()), 0);
     router_.bind("tcp://127.0.0.1:*");
     router_.set(zmq::sockopt::linger, 0);
