@@ -9,7 +9,7 @@
 # the repository) -- each with the exact ferry-bench command, the fleet's command lines, the machine,
 # and the CPU seconds every process spent during the run -- plus machine.json and summary.txt.
 # Scenarios: tiny_closed tiny_light tiny_light_run tiny_light_no_push tiny_light_pinned encoder
-# resnet seed ceiling bytes audio audio_out. It prints one table. The full
+# resnet whisper seed ceiling bytes audio audio_out. It prints one table. The full
 # suite takes ~10 min on a 2-core machine; --quick is a ~1 minute smoke run (small job counts;
 # numbers not meaningful).
 # --perf also samples the whole machine (perf record -a) during each measured run and writes
@@ -260,19 +260,22 @@ fi
 ROUNDS=$(q 1 3)
 ENC_T=64
 RES=224
-# pair NAME MODEL FILE SHAPE DTYPE JOBS WARMUP
+# pair NAME MODEL FILE SHAPE DTYPE JOBS WARMUP [BATCH]: BATCH (default 8) is --raw's batch and the
+# fleet's --max-batch; the producers keep 3 (one executor) or 4 (two) batches' worth in flight.
 pair() {
-  local name=$1 model=$2 file=$3 shape=$4 dtype=$5 jobs=$6 warm=$7 r
+  local name=$1 model=$2 file=$3 shape=$4 dtype=$5 jobs=$6 warm=$7 b=${8:-8} r
   for r in $(seq "$ROUNDS"); do
-    bench "${name}_raw_r$r" "$jobs" "$warm" --raw "$file" --batch 8 --device cpu --threads 2 \
+    bench "${name}_raw_r$r" "$jobs" "$warm" --raw "$file" --batch "$b" --device cpu --threads 2 \
       --shape "$shape" --dtype "$dtype"
-    start_fleet 1 --model "$model=$file" --device cpu --max-batch 8 --instances 1 --threads 2
+    start_fleet 1 --model "$model=$file" --device cpu --max-batch "$b" --instances 1 --threads 2
     bench "${name}_fleet_r$r" "$jobs" "$warm" --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 \
-      --model "$model" --shape "$shape" --dtype "$dtype" --concurrency 24 --loaders 3 --submit-batch 8
+      --model "$model" --shape "$shape" --dtype "$dtype" --concurrency $((3 * b)) --loaders 3 \
+      --submit-batch 8
     stop_fleet
-    start_fleet 1 --model "$model=$file" --device cpu --max-batch 8 --instances 2 --threads 1
+    start_fleet 1 --model "$model=$file" --device cpu --max-batch "$b" --instances 2 --threads 1
     bench "${name}_fleet_i2_r$r" "$jobs" "$warm" --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 \
-      --model "$model" --shape "$shape" --dtype "$dtype" --concurrency 32 --loaders 4 --submit-batch 8
+      --model "$model" --shape "$shape" --dtype "$dtype" --concurrency $((4 * b)) --loaders 4 \
+      --submit-batch 8
     stop_fleet
   done
 }
@@ -285,6 +288,21 @@ if want resnet; then
   pair resnet resnet "$M/resnet.pt" "3,$RES,$RES" float32 "$(q 16 160)" 16
   echo "== resnet-18, uint8 input [3,${RES},${RES}] converted in the model (4x fewer bytes per job)"
   pair resnet_u8 resnet_u8 "$M/resnet_u8.pt" "3,$RES,$RES" uint8 "$(q 16 160)" 16
+fi
+
+# ---- whisper: the Whisper-shaped pipeline (whisper.pt), fleet vs the model alone ---------------
+# 5 s clips of int16 PCM ([80000], 160 KB: stored in Redis by the SDK's claim check), decoded to
+# 24 tokens. First --raw at batch 8, 16 and 32 (the best batch size), then fleet vs --raw at 16
+# in alternating rounds. table.py adds audio seconds transcribed per second.
+WHISPER_SAMPLES=80000
+if want whisper; then
+  echo "== whisper: [${WHISPER_SAMPLES}] int16 clips, --raw at batch 8, 16, 32"
+  for b in 8 16 32; do
+    bench "whisper_raw_b$b" "$(q $((2 * b)) $((8 * b)))" "$b" --raw "$M/whisper.pt" --batch "$b" \
+      --device cpu --threads 2 --shape "$WHISPER_SAMPLES" --dtype int16
+  done
+  echo "== whisper: fleet vs --raw at batch 16, 2 threads, $ROUNDS round(s)"
+  pair whisper whisper "$M/whisper.pt" "$WHISPER_SAMPLES" int16 "$(q 32 160)" 32 16
 fi
 
 # ---- the seed scenario: 250 jobs/s open loop on the encoder, batching vs none -------------------

@@ -7,6 +7,8 @@ import sys
 ORDER = ["tiny_closed", "tiny_light", "tiny_light_run", "tiny_light_no_push", "tiny_light_pinned"] + [
     f"{m}_{k}_r{r}" for m in ("encoder", "resnet", "resnet_u8") for r in range(1, 10)
     for k in ("raw", "fleet", "fleet_i2")
+] + [f"whisper_raw_b{b}" for b in (8, 16, 32)] + [
+    f"whisper_{k}_r{r}" for r in range(1, 10) for k in ("raw", "fleet", "fleet_i2")
 ] + ["seed_maxbatch16", "seed_maxbatch1",
      "ceiling_w1", "ceiling_w2", "ceiling_w4", "ceiling_w8", "bytes"] + [
     f"{n}_r{r}" for r in range(1, 10) for n in ("audio", "audio_no_journal", "audio_out")]
@@ -62,6 +64,15 @@ def main(out):
         xs = sorted(xs)
         print(f"{model} / raw: median {100 * xs[len(xs) // 2]:.0f}% over {len(xs)} round(s)"
               f" (min {100 * xs[0]:.0f}%, max {100 * xs[-1]:.0f}%)")
+    speech = [n for n in names if n.startswith("whisper")]
+    if speech:
+        print()
+        print("speech (whisper.pt, int16 16 kHz clips): audio seconds transcribed per second")
+    for n in speech:
+        r = runs[n]
+        clip_s = int(r["shape"].split(",")[0]) / 16000
+        print(f"  {n:<20} {r['throughput'] * clip_s:8.1f} audio s/s  ({clip_s:g} s clips,"
+              f" {r['throughput']:.1f} clips/s, batch {r['batch_size_mean']:.1f})")
     big = [n for n in names if runs[n].get("input_mbps") is not None and n.startswith("audio")]
     if floors or big:
         print()

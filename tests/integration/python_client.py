@@ -197,6 +197,40 @@ def main():
                 time.sleep(0.005)
         if check(raw is not None, quiet + " (ack false) result within 60 s", "a result", None):
             check_result(quiet, raw, list(struct.unpack("<8f", struct.pack("<8f", *x))))
+
+    # 5. Stored inputs (the claim check): the bytes go to <prefix>input:<id>:<index> before the
+    #    SUBMIT, the job names them {"dtype", "shape", "stored": true}; the worker reads them and
+    #    deletes them with the result. A missing key fails its job with not_found, bytes of the
+    #    wrong size with invalid_argument.
+    if not args.no_results:
+        x = [rng.uniform(-1.0, 1.0) for _ in range(8)]
+        stored, missing, short = ("py-%s-stored" % run, "py-%s-stored-missing" % run,
+                                  "py-%s-stored-short" % run)
+        store.set(args.prefix + "input:%s:0" % stored, struct.pack("<8f", *x), ex=600)
+        store.set(args.prefix + "input:%s:0" % short, b"\0" * 30, ex=600)
+        ref = {"dtype": "float32", "shape": [8], "stored": True}
+        send(sock, b"SUBMIT", {"jobs": [{"id": j, "model": "tiny", "inputs": [ref]}
+                                        for j in (stored, missing, short)], "rid": 6})
+        cmd, acc = recv(sock, finished)
+        check(cmd == "ACCEPTED" and acc.get("ids") == [stored, missing, short],
+              "ACCEPTED of stored-input jobs", [stored, missing, short], (cmd, acc))
+        got = {}
+        deadline = time.monotonic() + 60.0
+        while len(got) < 3 and time.monotonic() < deadline:
+            for j in (stored, missing, short):
+                raw = store.get(args.prefix + "result:" + j)
+                if raw is not None:
+                    got[j] = raw
+            if len(got) < 3:
+                time.sleep(0.005)
+        if check(len(got) == 3, "stored-input results within 60 s", 3, len(got)):
+            check_result(stored, got[stored], list(struct.unpack("<8f", struct.pack("<8f", *x))))
+            for j, code in ((missing, "not_found"), (short, "invalid_argument")):
+                res = msgpack.unpackb(got[j], raw=False)
+                check(res.get("status") == "failed" and res.get("error", {}).get("code") == code,
+                      j + " result", ("failed", code), (res.get("status"), res.get("error")))
+            left = [j for j in (stored, short) if store.exists(args.prefix + "input:%s:0" % j)]
+            check(not left, "stored inputs deleted with their results", [], left)
     return report(args, n_results, n_finished)
 
 
