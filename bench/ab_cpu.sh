@@ -18,6 +18,8 @@
 # REDIS_ENV_BASE / REDIS_ENV_NEW and REDIS_ARGS_BASE / REDIS_ARGS_NEW: the same for that side's
 # redis-server, environment and extra arguments (e.g. transparent huge pages:
 # REDIS_ENV_NEW="MALLOC_CONF=thp:always,metadata_thp:always" REDIS_ARGS_NEW="--disable-thp no").
+# BROKER_BASE / BROKER_NEW and BENCH_BASE / BENCH_NEW: extra ferry-broker and ferry-bench flags
+# for that side (e.g. BROKER_NEW=--no-journal, BENCH_NEW="--stored-input-bytes 0").
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"  # free_port, stop_pids_and_remove
 [ $# -ge 2 ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
@@ -30,13 +32,14 @@ trap 'stop_pids_and_remove "$WORK"' EXIT
 cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%.0f\n", s}'; }
 "$NEW/gpu-worker/ferry-make-models" "$WORK/models" >/dev/null || exit 1
 declare -A FRONT REDIS REDIS_PID BROKER_PID WORKER_PID BUILD
-start() {  # NAME BUILD ENV REDIS_ENV REDIS_ARGS
-  local name=$1 build=$2 rport fport bport env=(env) redis_env=(env) redis_args
+start() {  # NAME BUILD ENV REDIS_ENV REDIS_ARGS BROKER_ARGS
+  local name=$1 build=$2 rport fport bport env=(env) redis_env=(env) redis_args broker_args
   read -r -a extra <<<"${3:-}"
   env+=("${extra[@]}")
   read -r -a extra <<<"${4:-}"
   redis_env+=("${extra[@]}")
   read -r -a redis_args <<<"${5:-}"
+  read -r -a broker_args <<<"${6:-}"
   rport=$(free_port); fport=$(free_port); bport=$(free_port)
   mkdir -p "$WORK/$name"
   "${redis_env[@]}" redis-server --port "$rport" --bind 127.0.0.1 --dir "$WORK/$name" --save '' \
@@ -46,7 +49,7 @@ start() {  # NAME BUILD ENV REDIS_ENV REDIS_ARGS
   redis-cli -p "$rport" ping >/dev/null 2>&1 || { echo "ab_cpu.sh: redis-server did not start" >&2; exit 1; }
   "${env[@]}" "$build/broker/ferry-broker" --frontend "tcp://127.0.0.1:$fport" \
     --backend "tcp://127.0.0.1:$bport" --redis "redis://127.0.0.1:$rport" --log-level warn \
-    >"$WORK/$name/broker.log" 2>&1 &
+    "${broker_args[@]}" >"$WORK/$name/broker.log" 2>&1 &
   BROKER_PID[$name]=$!; PIDS+=($!)
   "${env[@]}" "$build/gpu-worker/ferry-worker" --model "$MODEL=$WORK/models/$MODEL.pt" --device cpu \
     --max-batch 8 --instances "${INSTANCES:-1}" --threads "${THREADS:-1}" \
@@ -56,21 +59,24 @@ start() {  # NAME BUILD ENV REDIS_ENV REDIS_ARGS
   FRONT[$name]="tcp://127.0.0.1:$fport"; REDIS[$name]="redis://127.0.0.1:$rport"
   BUILD[$name]=$build
 }
-start base "$BASE" "${ENV_BASE:-}" "${REDIS_ENV_BASE:-}" "${REDIS_ARGS_BASE:-}"
-start new "$NEW" "${ENV_NEW:-}" "${REDIS_ENV_NEW:-}" "${REDIS_ARGS_NEW:-}"
+start base "$BASE" "${ENV_BASE:-}" "${REDIS_ENV_BASE:-}" "${REDIS_ARGS_BASE:-}" "${BROKER_BASE:-}"
+start new "$NEW" "${ENV_NEW:-}" "${REDIS_ENV_NEW:-}" "${REDIS_ARGS_NEW:-}" "${BROKER_NEW:-}"
+declare -A BENCH_EXTRA=([base]="${BENCH_BASE:-}" [new]="${BENCH_NEW:-}")
 sleep 3
 for name in base new; do
   kill -0 "${BROKER_PID[$name]}" "${WORKER_PID[$name]}" 2>/dev/null ||
     { echo "ab_cpu.sh: the $name fleet did not start: $(tail -3 "$WORK/$name/"*.log)" >&2; exit 1; }
 done
 run() {  # NAME: one measured run, printed as one field group
-  local name=$1 r0 b0 w0 r1 b1 w1 perf=()
+  local name=$1 r0 b0 w0 r1 b1 w1 perf=() extra
+  read -r -a extra <<<"${BENCH_EXTRA[$name]}"
   [ "${PERF:-0}" = 1 ] && perf=(perf stat -e page-faults,task-clock -o "$WORK/$name/perf.txt")
   r0=$(cpu_ns "${REDIS_PID[$name]}"); b0=$(cpu_ns "${BROKER_PID[$name]}")
   w0=$(cpu_ns "${WORKER_PID[$name]}")
   "${perf[@]}" "${BUILD[$name]}/bench/ferry-bench" --frontend "${FRONT[$name]}" \
     --redis "${REDIS[$name]}" --wait-workers 1 --model "$MODEL" --shape "$SHAPE" --dtype "$DTYPE" \
     --concurrency "$C" --loaders 2 --submit-batch 8 --jobs "$JOBS" --json "$WORK/$name/run.json" \
+    "${extra[@]}" \
     >"$WORK/$name/bench.log" 2>&1 ||
     { echo "ferry-bench failed: $(tail -3 "$WORK/$name/bench.log")"; return; }
   r1=$(cpu_ns "${REDIS_PID[$name]}"); b1=$(cpu_ns "${BROKER_PID[$name]}")

@@ -15,6 +15,7 @@ namespace {
 constexpr const char* kWeightsFormat = "ferry-whisper-weights/1";
 
 // Whisper's fixed token ids (the multilingual vocabulary of tiny, base, small, ...).
+constexpr int64_t kMultilingualVocab = 51865;
 constexpr int64_t kEndOfText = 50257;
 constexpr int64_t kStartOfTranscript[4] = {50258, 50259, 50359, 50363};  // sot, en, transcribe,
                                                                          // notimestamps
@@ -313,10 +314,12 @@ bool LoadWhisperWeights(const std::string& path, WhisperWeights* out, std::strin
     dim("n_text_state", &w.dims.n_text_state);
     dim("n_text_head", &w.dims.n_text_head);
     dim("n_text_layer", &w.dims.n_text_layer);
-    if (w.dims.n_vocab <= kStartOfTranscript[3])
-      throw std::runtime_error("n_vocab " + std::to_string(w.dims.n_vocab) +
-                               " has no room for Whisper's special tokens (the multilingual "
-                               "vocabulary is 51865)");
+    if (w.dims.n_vocab != kMultilingualVocab)
+      throw std::runtime_error(
+          "n_vocab is " + std::to_string(w.dims.n_vocab) +
+          ", not 51865: only the multilingual vocabulary (tiny, base, small, medium, large-v1 "
+          "and -v2) has the special tokens this pipeline uses; the English-only *.en models "
+          "and large-v3 number them differently");
     if (w.dims.n_audio_state % w.dims.n_audio_head != 0 ||
         w.dims.n_text_state % w.dims.n_text_head != 0)
       throw std::runtime_error("a state size is not a multiple of its head count");
