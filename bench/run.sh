@@ -331,12 +331,14 @@ if want ceiling; then
 fi
 
 # ---- bytes: what a big job costs the broker (null model: no compute, 602 KB float32 inputs) ----
-# Read cpu us/job of the broker: it receives, queues and forwards every input byte.
+# Read cpu us/job of the broker: it receives, queues and forwards every input byte
+# (--stored-input-bytes 0: not the SDK's claim check, which would keep the bytes off the broker).
 if want bytes; then
   echo "== bytes: null model, [3,224,224] float32 jobs (602 KB each): broker CPU per job"
   start_fleet 1 --model "null=$M/null.pt" --device cpu --max-batch 8 --instances 1 --threads 1
   bench bytes "$(q 100 400)" 16 --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 \
-    --model null --shape 3,224,224 --concurrency 16 --loaders 2 --submit-batch 8
+    --model null --shape 3,224,224 --concurrency 16 --loaders 2 --submit-batch 8 \
+    --stored-input-bytes 0
   stop_fleet
 fi
 
@@ -350,7 +352,8 @@ fi
 # table.py gives each run's MB/s as a share of its own round's two-hop floor.
 # Durable (the journal on), big inputs go to Redis (the SDK's default claim check: the broker
 # journals only their dtype and shape). Without the journal they go through the broker
-# (--stored-input-bytes 0), the cheaper road when nothing is journaled (docs/performance.md).
+# (--stored-input-bytes 0): the two hops of the floor, producer -> broker -> worker, with Redis
+# out of the input path (the durable claim check moved as many bytes: docs/performance.md).
 AUDIO_WORKER=(--device cpu --max-batch 8 --instances 1 --threads 1)
 # audio_bench NAME FERRY_BENCH_FLAGS...: against the fleet start_fleet just started. Inputs: 32
 # in flight over 4 producer threads; outputs: 16 over 2 (each thread reads its results one at a
