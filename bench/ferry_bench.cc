@@ -15,8 +15,10 @@
 #include <thread>
 
 #include "ferry/client.h"
+#include "ferry/protocol/redis.h"
 #include "ferry/runtime/flags.h"
 #include "ferry/runtime/malloc_policy.h"
+#include "ferry/runtime/redis_flags.h"
 #include "load_generator.h"
 #include "raw_runner.h"
 #include "report.h"
@@ -92,7 +94,10 @@ int main(int argc, char** argv) {
       "Drives a Ferry fleet through the SDK (closed loop: --concurrency; open loop: --rate) or "
       "runs the model in-process (--raw) and measures throughput and latency.");
   flags.String("frontend", &frontend, "broker frontend");
-  flags.String("redis", &redis, "Redis URL of the result store");
+  flags.String("redis", &redis,
+               "Redis URL of the result store, redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB]");
+  ferry::protocol::RedisAccessFiles redis_files;
+  ferry::runtime::AddRedisAccessFlags(&flags, &redis_files);
   flags.String("model", &load.model, "model name (fleet modes)");
   flags.String("shape", &shape_text, "one job's input shape without the batch dim (3,224,224)");
   flags.String("dtype", &dtype_text, "input dtype");
@@ -193,6 +198,10 @@ int main(int argc, char** argv) {
     ferry::client::ClientOptions options;
     options.frontend = frontend;
     options.redis = redis;
+    options.redis_password_file = redis_files.password_file;
+    options.redis_tls_ca = redis_files.tls_ca;
+    options.redis_tls_cert = redis_files.tls_cert;
+    options.redis_tls_key = redis_files.tls_key;
     options.push_results = !no_push;
     options.consume_results = consume;
     options.stored_input_bytes = stored_input_bytes;
@@ -200,6 +209,16 @@ int main(int argc, char** argv) {
     Status s = ferry::client::Client::Create(options, &client);
     if (!s.ok()) {
       std::fprintf(stderr, "ferry-bench: client: %s\n", s.ToString().c_str());
+      return 1;
+    }
+    // The SDK connects lazily (and small results never need Redis): a wrong password or CA
+    // would show only as slow or failed waits. Stop here instead.
+    ferry::protocol::RedisEndpoint endpoint;
+    bool refused = false;
+    s = ferry::protocol::ResolveRedisEndpoint(redis, redis_files, &endpoint);
+    if (s.ok()) s = ferry::protocol::CheckRedisAccess(endpoint, 5000, &refused);
+    if (!s.ok() && refused) {
+      std::fprintf(stderr, "ferry-bench: %s\n", s.ToString().c_str());
       return 1;
     }
     if (wait_workers > 0) {

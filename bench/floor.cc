@@ -35,6 +35,7 @@
 #include "ferry/protocol/util.h"
 #include "ferry/runtime/flags.h"
 #include "ferry/runtime/malloc_policy.h"
+#include "ferry/runtime/redis_flags.h"
 
 namespace {
 
@@ -166,6 +167,35 @@ RedisRates RedisFloor(const ferry::protocol::RedisEndpoint& ep, size_t bytes, in
       return out;
     }
     conns.push_back(ctx);
+    // As Ferry's clients do at every connection: AUTH (an ACL user, or the default user), SELECT.
+    std::vector<std::vector<std::string>> hello;
+    if (!ep.password.empty())
+      hello.push_back(ep.user.empty() ? std::vector<std::string>{"AUTH", ep.password}
+                                      : std::vector<std::string>{"AUTH", ep.user, ep.password});
+    if (ep.db != 0) hello.push_back({"SELECT", std::to_string(ep.db)});
+    for (const auto& command : hello) {
+      std::vector<const char*> argv;
+      std::vector<size_t> lens;
+      for (const auto& a : command) {
+        argv.push_back(a.data());
+        lens.push_back(a.size());
+      }
+      auto* r = static_cast<redisReply*>(
+          redisCommandArgv(ctx, static_cast<int>(argv.size()), argv.data(), lens.data()));
+      const bool refused = r == nullptr || r->type == REDIS_REPLY_ERROR;
+      if (refused) {
+        const std::string what = command[0] == "AUTH" ? "the credentials of user " + ep.UserName()
+                                                      : "SELECT " + command[1];
+        const std::string why = r ? std::string(r->str, r->len) : std::string(ctx->errstr);
+        std::fprintf(stderr, "ferry-floor: redis %s:%d refused %s: %s\n", ep.host.c_str(), ep.port,
+                     what.c_str(), why.c_str());
+      }
+      if (r) freeReplyObject(r);
+      if (refused) {
+        for (auto* c : conns) redisFree(c);
+        return out;
+      }
+    }
   }
   const std::string value(bytes, 'x');
   auto run = [&](bool set) {
@@ -175,11 +205,11 @@ RedisRates RedisFloor(const ferry::protocol::RedisEndpoint& ep, size_t bytes, in
       threads.emplace_back([&, c] {
         for (int i = c; i < messages; i += clients) {
           const std::string key = "ferry-floor:" + std::to_string(c) + ":" + std::to_string(i % 32);
-          redisReply* r = set ? static_cast<redisReply*>(redisCommand(
-                                    conns[c], "SET %b %b", key.data(), key.size(),
-                                    value.data(), value.size()))
-                              : static_cast<redisReply*>(redisCommand(
-                                    conns[c], "GET %b", key.data(), key.size()));
+          redisReply* r =
+              set ? static_cast<redisReply*>(redisCommand(conns[c], "SET %b %b", key.data(),
+                                                          key.size(), value.data(), value.size()))
+                  : static_cast<redisReply*>(
+                        redisCommand(conns[c], "GET %b", key.data(), key.size()));
           if (r != nullptr) freeReplyObject(r);
         }
       });
@@ -205,15 +235,18 @@ RedisRates RedisFloor(const ferry::protocol::RedisEndpoint& ep, size_t bytes, in
 int main(int argc, char** argv) {
   int64_t bytes = 960000, messages = 2000, clients = 1;
   std::string redis, json;
-  ferry::runtime::FlagSet flags("ferry-floor",
-                                "Bare libzmq and Redis throughput for big messages (no Ferry code).");
+  ferry::runtime::FlagSet flags(
+      "ferry-floor", "Bare libzmq and Redis throughput for big messages (no Ferry code).");
   flags.Int("bytes", &bytes, "message / value size in bytes");
   flags.Int("messages", &messages, "messages (and Redis values) per measurement");
-  flags.String("redis", &redis, "redis://HOST:PORT to measure SET and GET against (off: empty)");
+  flags.String("redis", &redis,
+               "redis://[USER[:PASSWORD]@]HOST:PORT[/DB] to measure SET and GET against (off: "
+               "empty; bare hiredis 0.14 has no TLS, so no rediss://)");
+  ferry::protocol::RedisAccessFiles redis_files;
+  ferry::runtime::AddRedisAccessFlags(&flags, &redis_files);
   flags.Int("clients", &clients, "Redis connections (threads) for SET and GET");
   flags.String("json", &json, "also write the figures to this JSON file");
-  if (int rc = ferry::runtime::HandleFlagResult(flags, flags.Parse(argc, argv)); rc >= 0)
-    return rc;
+  if (int rc = ferry::runtime::HandleFlagResult(flags, flags.Parse(argc, argv)); rc >= 0) return rc;
   if (bytes <= 0 || messages < 2 || clients < 1) {
     std::fprintf(stderr, "ferry-floor: --bytes > 0, --messages >= 2, --clients >= 1\n");
     return 2;
@@ -231,7 +264,11 @@ int main(int argc, char** argv) {
   RedisRates r;
   if (!redis.empty()) {
     ferry::protocol::RedisEndpoint ep;
-    ferry::Status s = ferry::protocol::ParseRedisUrl(redis, &ep);
+    ferry::Status s = ferry::protocol::ResolveRedisEndpoint(redis, redis_files, &ep);
+    if (s.ok() && ep.tls)
+      s = ferry::Status::InvalidArgument(
+          "ferry-floor measures bare hiredis, which has no TLS here: use redis:// (ferry-bench "
+          "takes rediss://)");
     if (!s.ok()) {
       std::fprintf(stderr, "ferry-floor: --redis: %s\n", s.ToString().c_str());
       return 2;

@@ -6,6 +6,7 @@
 
 #include "ferry/broker/broker.h"
 #include "ferry/protocol/messages.h"
+#include "ferry/protocol/util.h"
 #include "scheduler.h"
 
 namespace ferry::broker {
@@ -13,7 +14,12 @@ namespace ferry::broker {
 Status Admit(const protocol::SubmitJob& in, const Scheduler& scheduler,
              const BrokerOptions& options) {
   if (!scheduler.KnowsModel(in.model))
-    return Status(codes::kUnknownModel, "no worker serves model \"" + in.model + "\"");
+    return Status(codes::kUnknownModel,
+                  "no worker serves model \"" + protocol::Printable(in.model) + "\"");
+  if (in.result_ttl_s > options.max_result_ttl_s)
+    return Status::InvalidArgument("result_ttl_s " + std::to_string(in.result_ttl_s) +
+                                   " is above the broker's --max-result-ttl-s " +
+                                   std::to_string(options.max_result_ttl_s));
   size_t bytes = 0;
   for (const auto& t : in.inputs) bytes += t.size;
   if (static_cast<int64_t>(bytes) > options.max_job_bytes)

@@ -1,87 +1,239 @@
 // Worker-facing handlers: READY, DONE, HEARTBEAT, BYE; dropping workers; finishing jobs.
 #include <spdlog/spdlog.h>
 
+#include <set>
+
 #include "broker_impl.h"
 #include "ferry/protocol/util.h"
 
 namespace ferry::broker {
 
+namespace {
+
+constexpr size_t kMaxModelsPerWorker = 256;
+constexpr int64_t kMaxCapacity = 1 << 16;
+constexpr int64_t kMaxBatch = 1 << 16;
+
+// 1..max characters of printable ASCII (no space).
+bool PrintableName(const std::string& s, size_t max) {
+  if (s.empty() || s.size() > max) return false;
+  for (char c : s)
+    if (c <= 0x20 || c >= 0x7f) return false;
+  return true;
+}
+
+// Model names: 1-128 characters of [A-Za-z0-9._:/-] (they become metric labels, log fields,
+// Redis hash fields and CLI output).
+bool ValidModelName(const std::string& s) {
+  if (s.empty() || s.size() > 128) return false;
+  for (char c : s) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == ':' || c == '/' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
+// What a READY may announce; a clear message for the first field out of bounds.
+Status CheckHello(const protocol::WorkerHello& h) {
+  if (!PrintableName(h.worker, 128))
+    return Status::InvalidArgument("READY \"worker\" must be 1-128 printable characters");
+  if (!h.device.empty() && !PrintableName(h.device, 64))
+    return Status::InvalidArgument("READY \"device\" must be at most 64 printable characters");
+  if (!h.host.empty() && !PrintableName(h.host, 255))
+    return Status::InvalidArgument("READY \"host\" must be at most 255 printable characters");
+  if (h.pid < 0) return Status::InvalidArgument("READY \"pid\" must not be negative");
+  if (h.capacity < 1 || h.capacity > kMaxCapacity)
+    return Status::InvalidArgument("READY \"capacity\" must be 1.." + std::to_string(kMaxCapacity));
+  if (h.models.empty() || h.models.size() > kMaxModelsPerWorker)
+    return Status::InvalidArgument("READY must announce 1.." + std::to_string(kMaxModelsPerWorker) +
+                                   " models");
+  std::set<std::string> names;
+  for (const auto& mi : h.models) {
+    if (!ValidModelName(mi.name))
+      return Status::InvalidArgument("READY model name \"" + protocol::Printable(mi.name) +
+                                     "\": 1-128 characters of [A-Za-z0-9._:/-]");
+    if (mi.max_batch < 1 || mi.max_batch > kMaxBatch)
+      return Status::InvalidArgument("READY max_batch of \"" + mi.name + "\" must be 1.." +
+                                     std::to_string(kMaxBatch));
+    if (!names.insert(mi.name).second)
+      return Status::InvalidArgument("READY announces \"" + mi.name + "\" twice");
+  }
+  if (h.resident) {
+    for (const auto& r : *h.resident)
+      if (names.count(r) == 0)
+        return Status::InvalidArgument("READY \"resident\" names \"" + protocol::Printable(r) +
+                                       "\", which it does not announce");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void Broker::Impl::LimitedWarn(LogLimiter& limiter, const std::string& text) {
+  int64_t suppressed = 0;
+  if (!limiter.Allow(protocol::MonotonicMicros(), &suppressed)) return;
+  if (suppressed > 0)
+    spdlog::warn("{} ({} similar warning(s) suppressed)", text, suppressed);
+  else
+    spdlog::warn("{}", text);
+}
+
 void Broker::Impl::HandleBackend(protocol::Message& m) {
+  if (!WorkerAllowed(m)) {
+    LimitedWarn(refused_log, "dropped a worker message from a key that is no longer allowed");
+    return;
+  }
   const std::string worker(m.envelope[0].to_string_view());
-  const int64_t now_mono = protocol::MonotonicMicros();
   msgpack::object_handle oh;
   Status s = protocol::UnpackMap(m.body.data(), m.body.size(), &oh);
   if (!s.ok()) {
-    spdlog::warn("worker message {} undecodable: {}", m.command, s.message());
+    telemetry.OnRefusedMessage();
+    LimitedWarn(bad_worker_message_log, "worker message " + m.command +
+                                            " undecodable: " + protocol::Printable(s.message()));
     return;
   }
   if (m.command == protocol::kReady) {
-    protocol::WorkerHello hello;
-    s = protocol::DecodeHello(oh.get(), &hello);
-    if (!s.ok()) {
-      spdlog::warn("bad READY: {}", s.message());
-      protocol::SendMessage(backend, &m.envelope, protocol::kError,
-                            protocol::EncodeError(0, s.code(), s.message()));
-      return;
-    }
-    const bool known = scheduler.HasWorker(worker);
-    // A worker name is unique: the same name on a new connection is that worker reconnected,
-    // and the old connection is dead.
-    std::vector<std::string> stale;
-    for (const auto& [rid_w, w] : scheduler.workers())
-      if (rid_w != worker && w.hello.worker == hello.worker) stale.push_back(rid_w);
-    for (const auto& id : stale) DropWorker(id, "replaced by a new connection");
-    std::string models;
-    for (const auto& mi : hello.models) {
-      models += (models.empty() ? "" : ",") + mi.name;
-      if (options.journal && !scheduler.KnowsModel(mi.name)) journal.NoteModel(mi.name);
-    }
-    spdlog::info("worker {} {} on {} (capacity {}, models {})", hello.worker,
-                 known ? "re-announced" : "joined", hello.device, hello.capacity, models);
-    scheduler.AddWorker(worker, std::move(hello), now_mono);
+    HandleReady(m, oh.get());
     return;
   }
   if (!scheduler.HasWorker(worker)) {
     // Unknown (we restarted, or dropped it as silent): ask it to announce itself. Its DONEs
-    // still count -- the results are in Redis whoever wrote them.
+    // count only for jobs whose result is in Redis (HandleDone).
     if (m.command != protocol::kBye)
       protocol::SendMessage(backend, &m.envelope, protocol::kReannounce, protocol::EncodeEmpty());
     if (m.command != protocol::kDone) return;
   }
-  scheduler.Touch(worker, now_mono);
+  scheduler.Touch(worker, protocol::MonotonicMicros());
   if (m.command == protocol::kDone) {
-    std::vector<std::string> ids;
-    s = protocol::GetStringArray(oh.get(), "ids", &ids);
-    int64_t duplicates = 0;
-    if (s.ok()) s = protocol::GetInt(oh.get(), "duplicates", &duplicates, 0);
-    protocol::DoneStatuses not_done;
-    if (s.ok()) s = protocol::DecodeDoneStatuses(oh.get(), &not_done);
-    protocol::InlineResults results;  // views into m.body, alive until Finish returns
-    if (s.ok()) s = protocol::DecodeInlineResults(oh.get(), &results);
-    std::vector<std::string> notified;  // their producers already have the notice
-    if (s.ok()) s = protocol::DecodeDoneNotified(oh.get(), &notified);
-    if (!s.ok()) {
-      spdlog::warn("bad DONE from worker: {}", s.message());
-      return;
-    }
-    if (duplicates > 0) {
-      scheduler.mutable_counters().duplicates += duplicates;
-      spdlog::info("{} duplicate result(s) suppressed (an earlier result of the job won)",
-                   duplicates);
-    }
-    const msgpack::object* bye = protocol::Find(oh.get(), "bye");
-    auto finished = scheduler.Complete(worker, ids);
-    telemetry.OnDone(finished, not_done, duplicates, protocol::NowMicros());
-    Finish(std::move(finished), results, notified);
-    // A draining worker's last DONE: remove it now, before this turn's dispatch could spend the
-    // credit those jobs returned. (Its BYE, which follows, then finds it gone.)
-    if (bye != nullptr && bye->type == msgpack::type::BOOLEAN && bye->via.boolean &&
-        scheduler.HasWorker(worker))
-      DropWorker(worker, "said bye with its last DONE");
+    HandleDone(m, oh.get());
   } else if (m.command == protocol::kBye) {
     DropWorker(worker, "said BYE");
   } else if (m.command != protocol::kHeartbeat) {
-    spdlog::warn("unknown worker command {}", m.command);
+    telemetry.OnRefusedMessage();
+    LimitedWarn(bad_worker_message_log, "unknown worker command " + protocol::Printable(m.command));
+  }
+}
+
+void Broker::Impl::HandleReady(protocol::Message& m, const msgpack::object& body) {
+  const std::string worker(m.envelope[0].to_string_view());
+  protocol::WorkerHello hello;
+  Status s = protocol::DecodeHello(body, &hello);
+  if (s.ok()) s = CheckHello(hello);
+  if (s.ok()) {
+    // A worker name is unique: the same name on a new connection is that worker reconnected,
+    // and the old connection is dead -- unless, with CURVE, the new connection has another key:
+    // then it is someone else claiming the name.
+    for (const auto& [rid_w, w] : scheduler.workers()) {
+      if (rid_w != worker && w.hello.worker == hello.worker && zap && w.key != m.user_id) {
+        s = Status::InvalidArgument("worker name \"" + hello.worker +
+                                    "\" is in use by a connection with another key");
+        break;
+      }
+    }
+  }
+  if (!s.ok()) {
+    telemetry.OnRefusedMessage();
+    LimitedWarn(bad_worker_message_log,
+                "refused a READY: " + protocol::Printable(s.message(), 300));
+    protocol::SendMessage(backend, &m.envelope, protocol::kError,
+                          protocol::EncodeError(0, s.code(), s.message()));
+    return;
+  }
+  const bool known = scheduler.HasWorker(worker);
+  std::vector<std::string> stale;
+  for (const auto& [rid_w, w] : scheduler.workers())
+    if (rid_w != worker && w.hello.worker == hello.worker) stale.push_back(rid_w);
+  for (const auto& id : stale) DropWorker(id, "replaced by a new connection");
+  std::string models;
+  for (const auto& mi : hello.models) {
+    models += (models.empty() ? "" : ",") + mi.name;
+    if (options.journal && !scheduler.KnowsModel(mi.name)) journal.NoteModel(mi.name);
+  }
+  spdlog::info("worker {} {} on {} (capacity {}, models {}{})", hello.worker,
+               known ? "re-announced" : "joined", hello.device, hello.capacity, models,
+               zap ? ", key " + zap->NameOf(m.user_id) : "");
+  scheduler.AddWorker(worker, std::move(hello), protocol::MonotonicMicros(), m.user_id);
+}
+
+void Broker::Impl::HandleDone(protocol::Message& m, const msgpack::object& body) {
+  const std::string worker(m.envelope[0].to_string_view());
+  std::vector<std::string> ids;
+  Status s = protocol::GetStringArray(body, "ids", &ids);
+  int64_t duplicates = 0;
+  if (s.ok()) s = protocol::GetInt(body, "duplicates", &duplicates, 0);
+  protocol::DoneStatuses not_done;
+  if (s.ok()) s = protocol::DecodeDoneStatuses(body, &not_done);
+  protocol::InlineResults results;  // views into m.body, alive until Finish returns
+  if (s.ok()) s = protocol::DecodeInlineResults(body, &results);
+  std::vector<std::string> notified;  // their producers already have the notice
+  if (s.ok()) s = protocol::DecodeDoneNotified(body, &notified);
+  if (!s.ok()) {
+    telemetry.OnRefusedMessage();
+    LimitedWarn(bad_worker_message_log,
+                "bad DONE from a worker: " + protocol::Printable(s.message()));
+    return;
+  }
+  if (duplicates > 0) {
+    scheduler.mutable_counters().duplicates += duplicates;
+    spdlog::info("{} duplicate result(s) suppressed (an earlier result of the job won)",
+                 duplicates);
+  }
+  const msgpack::object* bye = protocol::Find(body, "bye");
+  // Only the jobs this connection holds are finished on its word (and only their inline records
+  // are forwarded); the others once their result is seen in Redis.
+  std::vector<std::string> not_held;
+  auto finished = scheduler.Complete(worker, ids, &not_held);
+  telemetry.OnDone(finished, not_done, duplicates, protocol::NowMicros());
+  Finish(std::move(finished), results, notified);
+  if (!not_held.empty()) FinishIfStored(not_held, worker);
+  // A draining worker's last DONE: remove it now, before this turn's dispatch could spend the
+  // credit those jobs returned. (Its BYE, which follows, then finds it gone.)
+  if (bye != nullptr && bye->type == msgpack::type::BOOLEAN && bye->via.boolean &&
+      scheduler.HasWorker(worker))
+    DropWorker(worker, "said bye with its last DONE");
+}
+
+void Broker::Impl::FinishIfStored(const std::vector<std::string>& ids, const std::string& from) {
+  constexpr size_t kMaxChecks = 4096;  // per DONE: a claim about more is cut there
+  std::vector<std::string_view> checked;
+  for (const auto& id : ids) {
+    if (checked.size() == kMaxChecks) break;
+    const std::string key = keys.Result(id);
+    redis->Append({"EXISTS", key});
+    checked.push_back(id);
+  }
+  std::vector<protocol::RedisReply> replies;
+  Status s = redis->Flush(&replies);
+  if (!s.ok() || replies.size() != checked.size()) {
+    LimitedWarn(bad_worker_message_log, "a DONE names " + std::to_string(ids.size()) +
+                                            " job(s) its sender does not hold; Redis could not "
+                                            "say whether their results exist: " +
+                                            s.message());
+    return;
+  }
+  std::vector<std::unique_ptr<Job>> stored;
+  size_t refused = 0;
+  for (size_t i = 0; i < checked.size(); ++i) {
+    if (replies[i].type == protocol::RedisReply::Type::kInteger && replies[i].integer == 1) {
+      if (auto job = scheduler.Take(std::string(checked[i]))) stored.push_back(std::move(job));
+    } else {
+      ++refused;
+    }
+  }
+  if (!stored.empty()) {
+    scheduler.mutable_counters().finished += static_cast<int64_t>(stored.size());
+    telemetry.OnDone(stored, {}, 0, protocol::NowMicros());
+    Finish(std::move(stored));
+  }
+  if (refused > 0) {
+    telemetry.OnRefusedMessage();
+    const auto w = scheduler.workers().find(from);
+    LimitedWarn(bad_worker_message_log,
+                "ignored a DONE for " + std::to_string(refused) + " job(s) that " +
+                    (w == scheduler.workers().end() ? std::string("an unregistered connection")
+                                                    : "worker " + w->second.hello.worker) +
+                    " does not hold and whose result is not in Redis");
   }
 }
 

@@ -4,7 +4,10 @@
 
 #include <spdlog/spdlog.h>
 
+#include <tuple>
 #include "broker_impl.h"
+
+#include "ferry/protocol/curve.h"
 #include "ferry/protocol/util.h"
 
 namespace ferry::broker {
@@ -20,10 +23,102 @@ Broker::Impl::Impl(const BrokerOptions& o)
       journal(nullptr, keys),
       final_results(nullptr, keys) {}
 
-Status Broker::Impl::Init() {
+Status Broker::Impl::InitCurve() {
+  if (options.curve_secret.empty()) {
+    if (!options.insecure) {
+      for (const std::string* ep : {&options.frontend, &options.backend}) {
+        if (!protocol::IsLoopbackEndpoint(*ep))
+          return Status::InvalidArgument(
+              *ep +
+              " is reachable from other hosts, and without CURVE anyone who reaches it is a "
+              "member: give --curve-secret with --allow-producers and --allow-workers "
+              "(docs/security.md), bind 127.0.0.1, or pass --insecure");
+      }
+    }
+    if (!options.allow_producers.empty() || !options.allow_workers.empty() ||
+        !options.allow_operators.empty())
+      return Status::InvalidArgument(
+          "--allow-producers/--allow-workers/--allow-operators need "
+          "--curve-secret");
+    return Status::Ok();
+  }
+  if (options.allow_producers.empty() || options.allow_workers.empty())
+    return Status::InvalidArgument(
+        "--curve-secret needs --allow-producers DIR and --allow-workers DIR (the public keys "
+        "admitted on each socket)");
+  protocol::CurveKeyPair own;
+  FERRY_RETURN_IF_ERROR(
+      protocol::ReadCertificate(options.curve_secret, /*need_secret=*/true, &own));
+  FERRY_RETURN_IF_ERROR(ZapHandler::Create(
+      context, {options.allow_producers, options.allow_workers, options.allow_operators}, &zap));
+  try {
+    for (zmq::socket_t* s : {&frontend, &backend}) {
+      s->set(zmq::sockopt::curve_server, 1);
+      s->set(zmq::sockopt::curve_secretkey, own.secret_key);
+    }
+    frontend.set(zmq::sockopt::zap_domain, kProducersDomain);
+    backend.set(zmq::sockopt::zap_domain, kWorkersDomain);
+  } catch (const zmq::error_t& e) {
+    return Status::Internal(std::string("CURVE: ") + e.what());
+  }
+  spdlog::info("CURVE on: {} producer, {} worker and {} operator key(s) allowed", zap->producers(),
+               zap->workers(), zap->operators());
+  return Status::Ok();
+}
+
+bool Broker::Impl::ProducerAllowed(const protocol::Message& m) {
+  if (!zap || zap->IsProducer(m.user_id) || zap->IsOperator(m.user_id)) return true;
+  telemetry.OnRefusedMessage();
+  return false;
+}
+
+bool Broker::Impl::WorkerAllowed(const protocol::Message& m) {
+  if (!zap || zap->IsWorker(m.user_id)) return true;
+  telemetry.OnRefusedMessage();
+  return false;
+}
+
+void Broker::Impl::ReloadKeys() {
+  if (!zap) {
+    spdlog::info("SIGHUP: nothing to reload (CURVE is off)");
+    return;
+  }
+  Status s = zap->Reload();
+  if (!s.ok()) {
+    spdlog::error("SIGHUP: keeping the previous allowed keys: {}", s.message());
+    return;
+  }
+  std::vector<std::string> revoked;
+  for (const auto& [routing_id, w] : scheduler.workers())
+    if (!zap->IsWorker(w.key)) revoked.push_back(routing_id);
+  for (const auto& id : revoked) DropWorker(id, "its key is no longer allowed");
+  spdlog::info(
+      "SIGHUP: {} producer, {} worker and {} operator key(s) allowed; {} worker(s) dropped",
+      zap->producers(), zap->workers(), zap->operators(), revoked.size());
+}
+
+Status Broker::Impl::InitRedis() {
   protocol::RedisEndpoint endpoint;
-  FERRY_RETURN_IF_ERROR(protocol::ParseRedisUrl(options.redis, &endpoint));
-  redis = protocol::RedisClient::Lazy(endpoint, static_cast<int>(options.redis_timeout_ms));
+  FERRY_RETURN_IF_ERROR(
+      protocol::ResolveRedisEndpoint(options.redis, options.redis_files, &endpoint));
+  const int timeout_ms = static_cast<int>(options.redis_timeout_ms);
+  // A wrong password, CA or database stops the broker now; a Redis that is down does not (the
+  // journal's Restore needs it, and says so).
+  bool refused = false;
+  const Status access = protocol::CheckRedisAccess(endpoint, timeout_ms, &refused);
+  if (!access.ok() && refused) return access;
+  if (access.ok())
+    spdlog::info("redis {} (user {}{})", endpoint.Describe(), endpoint.UserName(),
+                 endpoint.tls ? ", TLS" : "");
+  else
+    spdlog::warn("redis {}: {}; retrying when needed", endpoint.Describe(), access.message());
+  redis = protocol::RedisClient::Lazy(endpoint, timeout_ms);
+  return Status::Ok();
+}
+
+Status Broker::Impl::Init() {
+  FERRY_RETURN_IF_ERROR(InitCurve());
+  FERRY_RETURN_IF_ERROR(InitRedis());
   journal = Journal(redis.get(), keys);
   final_results = FinalResults(redis.get(), keys);
   try {
@@ -33,10 +128,16 @@ Status Broker::Impl::Init() {
       s->set(zmq::sockopt::sndhwm, 100000);
       s->set(zmq::sockopt::rcvhwm, 100000);
     }
-    frontend.bind(options.frontend);
-    backend.bind(options.backend);
   } catch (const zmq::error_t& e) {
-    return Status::Unavailable(std::string("bind: ") + e.what());
+    return Status::Internal(std::string("socket options: ") + e.what());
+  }
+  for (auto [socket, endpoint, flag] : {std::tuple{&frontend, &options.frontend, "--frontend"},
+                                        std::tuple{&backend, &options.backend, "--backend"}}) {
+    try {
+      socket->bind(*endpoint);
+    } catch (const zmq::error_t& e) {
+      return Status::Unavailable(std::string(flag) + " " + *endpoint + ": bind: " + e.what());
+    }
   }
   if (options.journal) FERRY_RETURN_IF_ERROR(Restore());
   FERRY_RETURN_IF_ERROR(StartMetricsServer());
@@ -95,12 +196,10 @@ void Broker::Impl::FlushFinalResults() {
   if (final_results.empty()) return;
   std::vector<std::unique_ptr<Job>> written;
   Status s = final_results.Flush(&written);
-  if (!s.ok()) {
-    spdlog::warn("writing {} broker result(s) failed: {}; will retry", final_results.size(),
-                 s.message());
-    return;
-  }
-  Finish(std::move(written));
+  Finish(std::move(written));  // those Redis answered (some may be, when others failed)
+  if (!s.ok())
+    LimitedWarn(redis_log, "writing " + std::to_string(final_results.size()) +
+                               " broker result(s) failed: " + s.message() + "; will retry");
 }
 
 void Broker::Impl::Heartbeat(int64_t now_mono) {
@@ -137,16 +236,21 @@ Status Broker::Run() {
   spdlog::info("broker serving producers on {} and workers on {} (journal {})", frontend_endpoint(),
                backend_endpoint(), d.options.journal ? "on" : "off");
   zmq::pollitem_t items[] = {{d.backend.handle(), 0, ZMQ_POLLIN, 0},
-                             {d.frontend.handle(), 0, ZMQ_POLLIN, 0}};
+                             {d.frontend.handle(), 0, ZMQ_POLLIN, 0},
+                             {d.zap ? d.zap->socket().handle() : nullptr, 0, ZMQ_POLLIN, 0}};
+  const int n_items = d.zap ? 3 : 2;
   protocol::Message m;
   while (!stop_.load(std::memory_order_relaxed)) {
+    if (reload_.exchange(false, std::memory_order_relaxed)) d.ReloadKeys();
     // Journal removals wait for a ride with the next write, but not longer than a few ms.
     const int timeout_ms = !d.final_results.empty() ? 20 : d.journal.removals() > 0 ? 5 : 100;
-    const int ready = protocol::PollSockets(items, 2, timeout_ms);
+    const int ready = protocol::PollSockets(items, n_items, timeout_ms);
     if (ready < 0) {
       if (zmq_errno() == EINTR) continue;
       return Status::Internal(std::string("poll: ") + zmq_strerror(zmq_errno()));
     }
+    // Handshakes waiting for the ZAP handler's answer.
+    if (d.zap && (items[2].revents & ZMQ_POLLIN)) d.zap->Handle();
     // Workers first: their DONEs free credit for the producers' new jobs. Only sockets that
     // poll reported readable are read (each empty read costs libzmq system calls).
     for (int i = 0; (items[0].revents & ZMQ_POLLIN) && i < kMaxMessagesPerTurn; ++i) {

@@ -18,7 +18,9 @@
 #include "ferry/protocol/wire.h"
 #include "final_results.h"
 #include "journal.h"
+#include "log_limiter.h"
 #include "scheduler.h"
+#include "zap_handler.h"
 
 namespace ferry::broker {
 
@@ -27,6 +29,8 @@ struct Broker::Impl {
 
   BrokerOptions options;
   zmq::context_t context{1};
+  // With CURVE, the ZAP handler (bound in the context before the sockets bind); else null.
+  std::unique_ptr<ZapHandler> zap;
   zmq::socket_t frontend{context, zmq::socket_type::router};
   zmq::socket_t backend{context, zmq::socket_type::router};
   std::unique_ptr<protocol::RedisClient> redis;
@@ -44,13 +48,27 @@ struct Broker::Impl {
   };
   std::vector<PendingReply> pending_replies;
 
+  // Warnings about what peers send, rate-limited per kind (a peer can repeat a bad message).
+  LogLimiter bad_worker_message_log, bad_producer_message_log, refused_log, redis_log;
+  void LimitedWarn(LogLimiter& limiter, const std::string& text);
+
   // Metrics (broker_metrics.h): kept by hooks in the handlers, served by metrics_server.
   metrics::Registry metrics_registry;
   BrokerMetrics telemetry{&metrics_registry};
   std::unique_ptr<metrics::MetricsServer> metrics_server;
 
   Status Init();
+  Status InitCurve();
+  // Resolves the Redis endpoint (URL + files) and fails when Redis refuses it (broker.cc).
+  Status InitRedis();
   Status Restore();
+  // With CURVE: whether a message's sender (its ZAP User-Id, the public key) is still allowed in
+  // its role. A key removed by a reload gets nothing (its messages are dropped here). Always
+  // true without CURVE.
+  bool ProducerAllowed(const protocol::Message& m);
+  bool WorkerAllowed(const protocol::Message& m);
+  // SIGHUP: re-read the key directories; drop the workers whose key is no longer listed.
+  void ReloadKeys();
   Status StartMetricsServer();  // broker_metrics.cc
 
   // frontend.cc
@@ -72,6 +90,11 @@ struct Broker::Impl {
 
   // backend.cc
   void HandleBackend(protocol::Message& m);
+  void HandleReady(protocol::Message& m, const msgpack::object& body);
+  void HandleDone(protocol::Message& m, const msgpack::object& body);
+  // Finishes the pending jobs among `ids` whose result is in Redis (a DONE from a connection that
+  // did not hold them: a worker dropped as silent, or a peer making claims). No inline records.
+  void FinishIfStored(const std::vector<std::string>& ids, const std::string& from);
   void DropWorker(const std::string& routing_id, const char* why);
   // Journal removal + FINISHED (carrying `results`, the DONE's inline results, if any; none
   // for the DONE's `notified` jobs).

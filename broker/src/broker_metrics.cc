@@ -30,6 +30,8 @@ double Seconds(int64_t us) { return us > 0 ? static_cast<double>(us) / 1e6 : 0.0
 BrokerMetrics::BrokerMetrics(metrics::Registry* registry) : registry_(registry) {
   chunks_ = registry_->Counter(names::kChunksDispatched, names::kChunksDispatchedHelp);
   duplicates_ = registry_->Counter(names::kDuplicatesSuppressed, names::kDuplicatesSuppressedHelp);
+  refused_ = registry_->Counter(names::kMessagesRefused, names::kMessagesRefusedHelp);
+  replies_dropped_ = registry_->Counter(names::kRepliesDropped, names::kRepliesDroppedHelp);
   pending_ = registry_->Gauge(names::kJobsPending, names::kJobsPendingHelp);
   workers_connected_ = registry_->Gauge(names::kWorkersConnected, names::kWorkersConnectedHelp);
   for (const char* code : kRejectCodes) Rejected(code);
@@ -182,13 +184,14 @@ Status Broker::Impl::StartMetricsServer() {
   if (options.metrics_port == 0) return Status::Ok();
   metrics::MetricsServerOptions mo;
   mo.port = options.metrics_port < 0 ? metrics::kAnyPort : options.metrics_port;
+  mo.bind_address = options.metrics_addr;
   BrokerMetrics* t = &telemetry;
   mo.health = [t](std::string* why) { return t->Healthy(why); };
   Status s = metrics::MetricsServer::Start(&metrics_registry, mo, &metrics_server);
   if (!s.ok())
-    return Status(s.code(),
-                  "--metrics-port " + std::to_string(options.metrics_port) + ": " + s.message());
-  spdlog::info("metrics on http://0.0.0.0:{}/metrics", metrics_server->port());
+    return Status(s.code(), "--metrics-addr " + options.metrics_addr + " --metrics-port " +
+                                std::to_string(options.metrics_port) + ": " + s.message());
+  spdlog::info("metrics on http://{}:{}/metrics", options.metrics_addr, metrics_server->port());
   return Status::Ok();
 }
 

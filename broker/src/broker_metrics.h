@@ -46,6 +46,9 @@ class BrokerMetrics {
   void OnBrokerFinished(const Job& job, std::string_view status);
   // Jobs requeued after their worker was lost.
   void OnRequeued(const std::vector<Job*>& jobs);
+  // A message dropped unread (see names.h kMessagesRefused); a reply that could not be sent.
+  void OnRefusedMessage() { refused_->Inc(); }
+  void OnReplyDropped() { replies_dropped_->Inc(); }
 
   // Refreshes the gauges from the scheduler, at most every 100 ms (always with `force`).
   void Refresh(const Scheduler& scheduler, int64_t now_mono_us, bool force = false);
@@ -75,6 +78,8 @@ class BrokerMetrics {
   std::set<std::string> exposed_workers_;  // names with credit/in-flight series
   metrics::Counter* chunks_;
   metrics::Counter* duplicates_;
+  metrics::Counter* refused_;
+  metrics::Counter* replies_dropped_;
   metrics::Gauge* pending_;
   metrics::Gauge* workers_connected_;
   int64_t next_refresh_us_ = 0;

@@ -1,6 +1,11 @@
 #include "final_results.h"
 
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+
 #include "ferry/protocol/messages.h"
+#include "ferry/protocol/redis_errors.h"
 #include "ferry/protocol/util.h"
 
 namespace ferry::broker {
@@ -26,8 +31,9 @@ Status FinalResults::Flush(std::vector<std::unique_ptr<Job>>* written) {
     msgpack::sbuffer buf;
     protocol::Packer pk(buf);
     protocol::PackResult(pk, rec);
-    const std::string ttl = std::to_string(e.job->result_ttl_s > 0 ? e.job->result_ttl_s
-                                                                   : protocol::kDefaultResultTtlS);
+    const std::string ttl = std::to_string(
+        std::min(e.job->result_ttl_s > 0 ? e.job->result_ttl_s : protocol::kDefaultResultTtlS,
+                 protocol::kMaxExpirySeconds));
     redis_->Append({"SET", keys_.Result(e.job->id), std::string_view(buf.data(), buf.size()), "EX",
                     ttl, "NX"});
     // Its stored inputs go with the final result (the job will not run any more).
@@ -39,9 +45,32 @@ Status FinalResults::Flush(std::vector<std::unique_ptr<Job>>* written) {
       redis_->Append(argv);
     }
   }
-  FERRY_RETURN_IF_ERROR(redis_->Flush(nullptr));
-  for (auto& e : entries_) written->push_back(std::move(e.job));
-  entries_.clear();
+  std::vector<protocol::RedisReply> replies;
+  FERRY_RETURN_IF_ERROR(redis_->Flush(&replies));
+  // Replies in order: each entry's SET, then its DEL if it has stored inputs.
+  std::vector<Entry> again;
+  std::string transient;
+  size_t r = 0;
+  for (auto& e : entries_) {
+    const size_t set_reply = r;
+    r += e.job->stored_inputs.empty() ? 1 : 2;
+    if (set_reply >= replies.size() ||
+        replies[set_reply].type != protocol::RedisReply::Type::kError) {
+      written->push_back(std::move(e.job));
+      continue;
+    }
+    const std::string& error = replies[set_reply].str;
+    if (protocol::IsTransientRedisError(error)) {
+      transient = error;
+      again.push_back(std::move(e));
+    } else {
+      spdlog::error("job {}: Redis refused its {} result for good ({}); it is finished without one",
+                    e.job->id, e.status, error);
+      written->push_back(std::move(e.job));
+    }
+  }
+  entries_ = std::move(again);
+  if (!entries_.empty()) return Status::Unavailable("redis: " + transient);
   return Status::Ok();
 }
 

@@ -25,9 +25,11 @@ class FinalResults {
   bool empty() const { return entries_.empty(); }
   size_t size() const { return entries_.size(); }
 
-  // Writes every entry (SET NX EX; and DEL of the job's stored inputs) in one round trip. On
-  // success moves the jobs into *written (for FINISHED notices and journal removal); on failure
-  // keeps them for the next call.
+  // Writes every entry (SET NX EX; and DEL of the job's stored inputs) in one round trip, and
+  // moves into *written (for FINISHED notices and journal removal) the jobs whose write Redis
+  // answered: stored, a duplicate, or refused for good (an error reply that retrying cannot
+  // cure, e.g. WRONGTYPE: logged with the job id, never retried). Transport failures and
+  // transient error replies (LOADING, OOM, ...) keep the entries for the next call and fail.
   Status Flush(std::vector<std::unique_ptr<Job>>* written);
 
  private:

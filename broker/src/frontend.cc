@@ -22,6 +22,10 @@ void Broker::Impl::ReplyError(protocol::Message& m, int64_t rid, std::string_vie
 }
 
 void Broker::Impl::HandleFrontend(protocol::Message& m) {
+  if (!ProducerAllowed(m)) {
+    LimitedWarn(refused_log, "dropped a producer message from a key that is no longer allowed");
+    return;
+  }
   msgpack::object_handle oh;
   Status s = protocol::UnpackMap(m.body.data(), m.body.size(), &oh);
   int64_t rid = 0;
@@ -45,6 +49,12 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
   const msgpack::object* jobs = protocol::Find(body, "jobs");
   if (!jobs || jobs->type != msgpack::type::ARRAY) {
     ReplyError(m, rid, codes::kMalformed, "SUBMIT needs \"jobs\": an array of job maps");
+    return;
+  }
+  if (static_cast<int64_t>(jobs->via.array.size) > options.max_jobs_per_message) {
+    ReplyError(m, rid, codes::kTooLarge,
+               "SUBMIT of " + std::to_string(jobs->via.array.size) + " jobs; at most " +
+                   std::to_string(options.max_jobs_per_message) + " per message");
     return;
   }
   const msgpack::object* inline_flag = protocol::Find(body, "inline_results");
@@ -92,8 +102,13 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
     job->timeout_ms = in.timeout_ms;
     job->result_ttl_s = in.result_ttl_s > 0 ? in.result_ttl_s : options.default_result_ttl_s;
     job->submitted_us = now;
-    job->deadline_us = in.timeout_ms > 0 ? now + in.timeout_ms * 1000 : 0;
+    // Saturated: a timeout past the end of time means none (INT64_MAX overflowed into "expired
+    // at once" before).
+    job->deadline_us = in.timeout_ms <= 0                          ? 0
+                       : in.timeout_ms >= (INT64_MAX - now) / 1000 ? 0
+                                                                   : now + in.timeout_ms * 1000;
     job->producer = producer;
+    job->owner = m.user_id;
     job->inline_result = inline_results;
     job->notify = notify;
     size_t hint = 16;  // the msgpack framing is a few dozen bytes per tensor
@@ -153,6 +168,14 @@ void Broker::Impl::CommitAndReply(bool quiet) {
 }
 
 void Broker::Impl::HandleCancel(protocol::Message& m, const msgpack::object& body, int64_t rid) {
+  const msgpack::object* raw_ids = protocol::Find(body, "ids");
+  if (raw_ids != nullptr && raw_ids->type == msgpack::type::ARRAY &&
+      static_cast<int64_t>(raw_ids->via.array.size) > options.max_jobs_per_message) {
+    ReplyError(m, rid, codes::kTooLarge,
+               "CANCEL of " + std::to_string(raw_ids->via.array.size) + " ids; at most " +
+                   std::to_string(options.max_jobs_per_message) + " per message");
+    return;
+  }
   std::vector<std::string> ids;
   Status s = protocol::GetStringArray(body, "ids", &ids);
   if (!s.ok()) {
@@ -161,10 +184,13 @@ void Broker::Impl::HandleCancel(protocol::Message& m, const msgpack::object& bod
   }
   protocol::Cancelled reply;
   reply.rid = rid;
+  // With CURVE a producer cancels only the jobs submitted under its own key; an operator key,
+  // any. (Another producer's job is reported not_found: its existence is not told either.)
+  const bool any_job = !zap || zap->IsOperator(m.user_id);
   std::map<std::string, std::vector<std::string>> by_worker;
   for (const auto& id : ids) {
     const Job* job = scheduler.Find(id);
-    if (!job) {
+    if (!job || (!any_job && job->owner != m.user_id)) {
       reply.not_found.push_back(id);
     } else if (job->phase == JobPhase::kQueued) {
       telemetry.OnBrokerFinished(*job, codes::kCancelled);
@@ -266,6 +292,8 @@ void Broker::Impl::NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs,
   std::map<std::string_view, Notice> by_producer;
   for (const auto& j : jobs) {
     if (j->producer.empty() || (!j->notify.empty() && skip.count(j->id) > 0)) continue;
+    // A producer whose key was removed (SIGHUP) gets nothing more.
+    if (zap && !zap->IsProducer(j->owner) && !zap->IsOperator(j->owner)) continue;
     Notice& n = by_producer[j->producer];
     n.ids.push_back(j->id);
     if (!j->inline_result || record_of.empty()) continue;

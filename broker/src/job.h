@@ -24,7 +24,8 @@ struct Job {
   // broker never touches those bytes; whoever writes the final result deletes them.
   std::vector<int32_t> stored_inputs;
   int64_t stored_bytes = 0;
-  std::string producer;        // routing id of the producer connection (for FINISHED notices)
+  std::string producer;  // routing id of the producer connection (for FINISHED notices)
+  std::string owner;     // with CURVE: the submitting connection's public key (who may CANCEL it)
   bool inline_result = false;  // the producer asked for small results inside FINISHED
   std::string notify;          // the producer's Pub/Sub channel for result notices from the worker
                                // ("" = none); not journaled: after a broker restart, FINISHED only

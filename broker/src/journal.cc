@@ -14,7 +14,11 @@ constexpr size_t kScanBatch = 1000;
 std::string Journal::Encode(const Job& job) {
   msgpack::sbuffer buf;
   protocol::Packer pk(buf);
-  pk.pack_map(10);
+  pk.pack_map(job.owner.empty() ? 10 : 11);
+  if (!job.owner.empty()) {  // with CURVE: the submitter's key, who may cancel the job
+    protocol::PackString(pk, "owner");
+    protocol::PackString(pk, job.owner);
+  }
   protocol::PackString(pk, "id");
   protocol::PackString(pk, job.id);
   protocol::PackString(pk, "model");
@@ -55,6 +59,8 @@ Status Journal::Decode(const std::string& bytes, Job* out) {
   FERRY_RETURN_IF_ERROR(protocol::GetInt(o, "deadline", &out->deadline_us, 0));
   FERRY_RETURN_IF_ERROR(protocol::GetInt(o, "seq", &out->seq, 0));
   FERRY_RETURN_IF_ERROR(protocol::GetInt(o, "attempt", &out->attempt, 1));
+  if (protocol::Find(o, "owner") != nullptr)
+    FERRY_RETURN_IF_ERROR(protocol::GetString(o, "owner", &out->owner));
   const msgpack::object* inputs = protocol::Find(o, "inputs");
   if (!inputs) return Status::InvalidArgument("journal record without inputs");
   std::vector<protocol::TensorRef> tensors;  // which are stored in Redis, and their bytes

@@ -8,11 +8,15 @@
 #include "ferry/runtime/flags.h"
 #include "ferry/runtime/logging.h"
 #include "ferry/runtime/malloc_policy.h"
+#include "ferry/runtime/redis_flags.h"
 
 namespace {
 ferry::broker::Broker* g_broker = nullptr;
 void OnSignal(int) {
   if (g_broker) g_broker->Stop();
+}
+void OnHangup(int) {
+  if (g_broker) g_broker->Reload();
 }
 }  // namespace
 
@@ -23,7 +27,9 @@ int main(int argc, char** argv) {
                                 "Accepts jobs from producers and feeds them to GPU workers.");
   flags.String("frontend", &o.frontend, "ZeroMQ endpoint for producers (ROUTER, bind)");
   flags.String("backend", &o.backend, "ZeroMQ endpoint for workers (ROUTER, bind)");
-  flags.String("redis", &o.redis, "Redis URL of the result store");
+  flags.String("redis", &o.redis,
+               "Redis URL of the result store, redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB]");
+  ferry::runtime::AddRedisAccessFlags(&flags, &o.redis_files);
   flags.String("redis-prefix", &o.redis_prefix, "prefix of every Redis key Ferry writes");
   flags.Int("heartbeat-ms", &o.heartbeat_ms, "interval of heartbeats to workers");
   flags.Int("liveness", &o.liveness, "heartbeats a worker may miss before it is dropped");
@@ -46,6 +52,25 @@ int main(int argc, char** argv) {
   int64_t metrics_port = 0;
   flags.Int("metrics-port", &metrics_port,
             "serve Prometheus /metrics and /healthz on this port (0 = off; 9450 in deploy/)");
+  flags.String("metrics-addr", &o.metrics_addr,
+               "address /metrics binds (0.0.0.0: all; it serves counts and model names, no job "
+               "data)");
+  flags.String("curve-secret", &o.curve_secret,
+               "this broker's CURVE secret certificate (NAME.key_secret from `ferry keygen`): "
+               "CURVE on both sockets");
+  flags.String("allow-producers", &o.allow_producers,
+               "directory of the producers' public certificates (*.key) allowed on the frontend");
+  flags.String("allow-workers", &o.allow_workers,
+               "directory of the workers' public certificates (*.key) allowed on the backend");
+  flags.String("allow-operators", &o.allow_operators,
+               "directory of operators' public certificates: producers that may cancel any job");
+  flags.Bool("insecure", &o.insecure,
+             "allow binding a non-loopback address without CURVE (anyone reaching the ports is a "
+             "member)");
+  flags.Int("max-result-ttl-s", &o.max_result_ttl_s,
+            "largest result_ttl_s a SUBMIT may ask for (larger: invalid_argument)");
+  flags.Int("max-jobs-per-message", &o.max_jobs_per_message,
+            "most jobs in one SUBMIT and ids in one CANCEL (more: the message fails too_large)");
   bool log_json = false;
   flags.Bool("log-json", &log_json, "log one JSON object per line");
   flags.String("log-level", &log_level, "trace, debug, info, warn, error");
@@ -62,6 +87,11 @@ int main(int argc, char** argv) {
   }
   o.metrics_port = static_cast<int>(metrics_port);
   o.journal = !no_journal;
+  if (o.max_result_ttl_s < 1 || o.max_jobs_per_message < 1) {
+    std::fprintf(stderr,
+                 "ferry-broker: --max-result-ttl-s and --max-jobs-per-message must be >= 1\n");
+    return 2;
+  }
 
   std::string malloc_policy;
   ferry::runtime::KeepFreedMemory(&malloc_policy);  // big jobs: no page faults per buffer
@@ -71,11 +101,12 @@ int main(int argc, char** argv) {
   ferry::Status s = ferry::broker::Broker::Create(o, &broker);
   if (!s.ok()) {
     spdlog::critical("cannot start: {}", s.ToString());
-    return 1;
+    return s.code() == ferry::codes::kInvalidArgument ? 2 : 1;
   }
   g_broker = broker.get();
   std::signal(SIGINT, OnSignal);
   std::signal(SIGTERM, OnSignal);
+  std::signal(SIGHUP, OnHangup);
   s = broker->Run();
   g_broker = nullptr;
   if (!s.ok()) {

@@ -43,10 +43,11 @@ void Scheduler::Unqueue(Job* job) {
 }
 
 void Scheduler::AddWorker(const std::string& routing_id, protocol::WorkerHello hello,
-                          int64_t now_us) {
+                          int64_t now_us, const std::string& key) {
   auto [it, inserted] = workers_.try_emplace(routing_id);
   WorkerState& w = it->second;
   w.routing_id = routing_id;
+  w.key = key;
   w.max_batch.clear();
   for (const auto& m : hello.models) {
     w.max_batch[m.name] = m.max_batch;
@@ -95,11 +96,18 @@ std::vector<std::string> Scheduler::SilentWorkers(int64_t deadline_us) const {
 }
 
 std::vector<std::unique_ptr<Job>> Scheduler::Complete(const std::string& routing_id,
-                                                      const std::vector<std::string>& ids) {
-  (void)routing_id;  // any worker's report counts: its result is in Redis
+                                                      const std::vector<std::string>& ids,
+                                                      std::vector<std::string>* not_held) {
   std::vector<std::unique_ptr<Job>> done;
   for (const auto& id : ids) {
-    if (auto job = Take(id)) done.push_back(std::move(job));
+    auto it = jobs_.find(id);
+    if (it == jobs_.end()) continue;
+    const Job& job = *it->second;
+    if (job.phase == JobPhase::kDispatched && job.worker == routing_id) {
+      done.push_back(Take(id));
+    } else {
+      not_held->push_back(id);
+    }
   }
   counters_.finished += static_cast<int64_t>(done.size());
   return done;

@@ -37,6 +37,7 @@ namespace ferry::broker {
 
 struct WorkerState {
   std::string routing_id;
+  std::string key;  // with CURVE: the public key its connection was admitted with
   protocol::WorkerHello hello;
   std::map<std::string, int64_t> max_batch;  // model -> max batch
   std::set<std::string> in_flight;           // job ids
@@ -78,7 +79,8 @@ class Scheduler {
   const Job* Find(const std::string& id) const;
 
   // Registers (or re-registers) a worker. A re-announce of a known routing id keeps its jobs.
-  void AddWorker(const std::string& routing_id, protocol::WorkerHello hello, int64_t now_us);
+  void AddWorker(const std::string& routing_id, protocol::WorkerHello hello, int64_t now_us,
+                 const std::string& key = "");
   bool HasWorker(const std::string& routing_id) const { return workers_.count(routing_id) != 0; }
   void Touch(const std::string& routing_id, int64_t now_us);
   // Removes a worker; its in-flight jobs go back to the front of their queues with attempt+1.
@@ -87,12 +89,14 @@ class Scheduler {
   // Workers silent since before `deadline_us` (monotonic).
   std::vector<std::string> SilentWorkers(int64_t deadline_us) const;
 
-  // A worker reports these jobs finished: their results are in Redis. Returns the finished
-  // jobs, removed from the scheduler, wherever they were (ids it does not hold are ignored):
-  // a job requeued after its worker was presumed dead, or running elsewhere, is finished too,
-  // since the first result in Redis is the one that counts.
+  // A worker reports these jobs finished: their results are in Redis. Returns the jobs it holds
+  // (dispatched to this routing id), removed from the scheduler. The other ids that are pending
+  // -- a job requeued after its worker was presumed dead, running elsewhere, or a DONE from a
+  // connection that never held it -- go to *not_held: the caller finishes them only once it has
+  // seen their result in Redis (a DONE is a claim, not a proof). Unknown ids are ignored.
   std::vector<std::unique_ptr<Job>> Complete(const std::string& routing_id,
-                                             const std::vector<std::string>& ids);
+                                             const std::vector<std::string>& ids,
+                                             std::vector<std::string>* not_held);
   // Removes a job wherever it is (queued or dispatched); null when not pending.
   std::unique_ptr<Job> Take(const std::string& id);
   // Removes and returns queued jobs whose deadline is before `now_us` (wall clock).

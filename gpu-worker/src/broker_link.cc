@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 
 #include "ferry/protocol/codec.h"
+#include "ferry/protocol/curve.h"
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/util.h"
 
@@ -43,14 +45,56 @@ BrokerLink::~BrokerLink() {
   }
 }
 
-Status BrokerLink::Start() {
+Status BrokerLink::Connect(std::unique_ptr<zmq::socket_t>* out) {
   try {
-    dealer_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::dealer);
-    dealer_->set(zmq::sockopt::linger, 2000);  // let BYE get out on exit
-    dealer_->connect(options_.endpoint);
+    auto dealer = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::dealer);
+    dealer->set(zmq::sockopt::linger, 2000);  // let BYE get out on exit
+    FERRY_RETURN_IF_ERROR(
+        protocol::ApplyCurveClient(*dealer, options_.curve_server_public, options_.curve_secret));
+    const std::string endpoint =
+        "inproc://ferry-worker-link-monitor-" + std::to_string(++monitors_);
+    if (zmq_socket_monitor(dealer->handle(), endpoint.c_str(),
+                           ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0) {
+      monitor_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::pair);
+      monitor_->set(zmq::sockopt::linger, 0);
+      monitor_->connect(endpoint);
+    }
+    dealer->connect(options_.endpoint);
+    *out = std::move(dealer);
   } catch (const zmq::error_t& e) {
     return Status::InvalidArgument("broker endpoint " + options_.endpoint + ": " + e.what());
   }
+  return Status::Ok();
+}
+
+std::string BrokerLink::HandshakeFailure() {
+  if (!monitor_) return "";
+  std::string why;
+  for (int i = 0; i < 64; ++i) {
+    zmq::message_t head, endpoint;
+    try {
+      if (!monitor_->recv(head, zmq::recv_flags::dontwait)) break;
+      if (head.more()) (void)monitor_->recv(endpoint, zmq::recv_flags::none);
+    } catch (const zmq::error_t&) {
+      break;
+    }
+    if (head.size() < 6) continue;
+    uint16_t event;
+    uint32_t value;
+    std::memcpy(&event, head.data(), sizeof(event));
+    std::memcpy(&value, static_cast<const char*>(head.data()) + 2, sizeof(value));
+    why = event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED
+              ? ""
+              : protocol::DescribeHandshakeFailure(event, static_cast<int>(value),
+                                                   !options_.curve_secret.empty());
+  }
+  return why;
+}
+
+Status BrokerLink::Start() {
+  FERRY_RETURN_IF_ERROR(Connect(&dealer_));
   reconnect_interval_us_ = options_.heartbeat_ms * 1000;
   next_reconnect_us_ = protocol::NowMicros() + options_.heartbeat_ms * options_.liveness * 1000;
   SendReady();
@@ -84,16 +128,16 @@ void BrokerLink::SendReady() {
 }
 
 void BrokerLink::Reconnect() {
-  try {
-    auto fresh = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::dealer);
-    fresh->set(zmq::sockopt::linger, 2000);
-    fresh->connect(options_.endpoint);
-    dealer_->set(zmq::sockopt::linger, 0);  // whatever was queued for the dead broker is moot
-    dealer_ = std::move(fresh);
-  } catch (const zmq::error_t& e) {
-    spdlog::error("reconnect to {}: {}", options_.endpoint, e.what());
+  std::unique_ptr<zmq::socket_t> fresh;
+  if (Status s = Connect(&fresh); !s.ok()) {
+    spdlog::error("reconnect to {}: {}", options_.endpoint, s.message());
     return;
   }
+  try {
+    dealer_->set(zmq::sockopt::linger, 0);  // whatever was queued for the dead broker is moot
+  } catch (const zmq::error_t&) {
+  }
+  dealer_ = std::move(fresh);
   ++reconnects_;
   if (!draining_) SendReady();
 }
@@ -107,6 +151,10 @@ void BrokerLink::MaybeReconnect(int64_t now_us) {
     return;
   }
   if (now_us < next_reconnect_us_) return;
+  const std::string why = HandshakeFailure();
+  if (!why.empty())
+    spdlog::error("worker {}: cannot join broker {}: {}", options_.hello.worker, options_.endpoint,
+                  why);
   spdlog::warn("worker {}: broker {} silent for {} ms; reconnecting (next try in {} ms)",
                options_.hello.worker, options_.endpoint,
                last ? (now_us - last) / 1000 : silence_us / 1000, reconnect_interval_us_ / 1000);

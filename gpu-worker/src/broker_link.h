@@ -56,8 +56,10 @@ namespace ferry::worker {
 class BrokerLink {
  public:
   struct Options {
-    std::string endpoint;         // the broker's backend, tcp://HOST:5556
-    protocol::WorkerHello hello;  // what READY says
+    std::string endpoint;             // the broker's backend, tcp://HOST:5556
+    std::string curve_server_public;  // CURVE: the broker's .key (with curve_secret)
+    std::string curve_secret;         // CURVE: this worker's .key_secret
+    protocol::WorkerHello hello;      // what READY says
     // When set, READY says what this returns instead (called on the link's thread): the
     // worker's current resident models. Outbox::RequestReady asks to re-announce now (ignored
     // while draining).
@@ -107,6 +109,10 @@ class BrokerLink {
   // Replaces the DEALER with a fresh one and re-announces (after a silent broker).
   void Reconnect();
   void MaybeReconnect(int64_t now_us);
+  // A DEALER to the broker with CURVE keys (if any) and a handshake monitor (monitor_).
+  Status Connect(std::unique_ptr<zmq::socket_t>* out);
+  // What the monitor said about failed handshakes since the last call ("" if nothing).
+  std::string HandshakeFailure();
   void Send(std::string_view command, zmq::message_t body);
   // True when a send would not block (the broker is connected or the queue has room).
   bool Writable();
@@ -122,6 +128,8 @@ class BrokerLink {
   Outbox* outbox_;
   InputFetcher* fetcher_;
   std::unique_ptr<zmq::socket_t> dealer_;
+  std::unique_ptr<zmq::socket_t> monitor_;  // handshake events of dealer_ (the loop thread's)
+  int64_t monitors_ = 0;                    // for unique monitor endpoints
 
   std::atomic<bool> drain_requested_{false};
   std::atomic<int64_t> last_broker_us_{0};

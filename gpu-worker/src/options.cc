@@ -7,6 +7,7 @@
 
 #include "ferry/protocol/util.h"
 #include "ferry/runtime/flags.h"
+#include "ferry/runtime/redis_flags.h"
 
 namespace ferry::worker {
 namespace {
@@ -49,7 +50,13 @@ Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help, s
                          "Runs TorchScript models on batches of jobs pulled from a Ferry broker "
                          "and writes the results to Redis.");
   flags.String("broker", &o.broker, "the broker's backend endpoint");
-  flags.String("redis", &o.redis, "Redis for results, redis://HOST:PORT[/DB]");
+  flags.String("curve-server-public", &o.curve_server_public,
+               "CURVE: the broker's public certificate (its NAME.key)");
+  flags.String("curve-secret", &o.curve_secret,
+               "CURVE: this worker's secret certificate (NAME.key_secret, listed in the broker's "
+               "--allow-workers)");
+  flags.String("redis", &o.redis, "Redis for results, redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB]");
+  runtime::AddRedisAccessFlags(&flags, &o.redis_files);
   flags.Repeated("model", &models,
                  "a model to serve, NAME=PATH.pt (TorchScript; shorthand for "
                  "a --models entry with defaults)");
@@ -75,6 +82,9 @@ Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help, s
   flags.Int("inline-result-bytes", &o.inline_result_bytes,
             "results up to this many bytes also travel in DONE, for the broker to hand to "
             "their producer in FINISHED (saves the producer a Redis read); 0 = never");
+  flags.String("metrics-addr", &o.metrics_addr,
+               "address /metrics binds (0.0.0.0: all; it serves counts and model names, no job "
+               "data)");
   flags.Int("metrics-port", &o.metrics_port,
             "serve Prometheus /metrics and /healthz on this port (0 = off; 9460 + GPU index "
             "in deploy/)");
@@ -107,8 +117,11 @@ Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help, s
   }
   FERRY_RETURN_IF_ERROR(ParseByteSize(memory_budget, &o.memory_budget));
   if (o.broker.empty()) return Status::InvalidArgument("--broker must not be empty");
+  if (o.curve_server_public.empty() != o.curve_secret.empty())
+    return Status::InvalidArgument(
+        "--curve-server-public and --curve-secret go together (CURVE needs both)");
   protocol::RedisEndpoint endpoint;
-  FERRY_RETURN_IF_ERROR(protocol::ParseRedisUrl(o.redis, &endpoint));
+  FERRY_RETURN_IF_ERROR(protocol::ResolveRedisEndpoint(o.redis, o.redis_files, &endpoint));
   if (!ValidDevice(o.device))
     return Status::InvalidArgument("--device must be cpu, cuda or cuda:N, got \"" + o.device +
                                    "\"");

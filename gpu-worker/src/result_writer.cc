@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "ferry/protocol/messages.h"
+#include "ferry/protocol/redis_errors.h"
 #include "worker_metrics.h"
 
 namespace ferry::worker {
@@ -151,9 +152,14 @@ std::vector<ResultWriter::PackedResult> ResultWriter::Pack(std::vector<JobResult
     msgpack::sbuffer buf(size);  // sized up front: no regrowth copies of the output bytes
     protocol::Packer pk(buf);
     protocol::PackResult(pk, rec);
-    const int64_t ttl = e.result_ttl_s > 0 ? e.result_ttl_s : options_.default_ttl_s;
+    const int64_t ttl = std::min(e.result_ttl_s > 0 ? e.result_ttl_s : options_.default_ttl_s,
+                                 protocol::kMaxExpirySeconds);
     PackedResult p;
     p.key = keys_.Result(e.id);
+    p.id = e.id;
+    p.model = e.model;
+    p.attempt = e.attempt;
+    p.batch_size = r.batch_size;
     for (int32_t i : e.stored_inputs) p.stored_inputs.push_back(keys_.Input(e.id, i));
     p.record = std::move(buf);
     p.ttl = std::to_string(ttl);
@@ -231,16 +237,18 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
       return Status::Internal("redis: " + error);
     }
   }
+  // An error reply that goes away by itself fails the round (retried); one that cannot is that
+  // job's alone: its write is marked refused, the others stand.
   int64_t nil = 0;
+  for (size_t i = 0; i < replies.size() && s.ok(); ++i) {
+    if (replies[i].type == protocol::RedisReply::Type::kError &&
+        protocol::IsTransientRedisError(replies[i].str))
+      s = Status::Internal("redis: " + replies[i].str);
+  }
   for (size_t i = 0; i < packed->size() && s.ok(); ++i) {
     const protocol::RedisReply& write = replies[write_reply[i]];
-    if (write.type == protocol::RedisReply::Type::kError)
-      s = Status::Internal("redis: " + write.str);
+    if (write.type == protocol::RedisReply::Type::kError) (*packed)[i].refused = write.str;
     if (write.type == protocol::RedisReply::Type::kNil) ++nil;
-  }
-  for (size_t i = 0; i < replies.size() && s.ok(); ++i) {
-    if (replies[i].type == protocol::RedisReply::Type::kError)
-      s = Status::Internal("redis: " + replies[i].str);
   }
   // On a retry a nil may be our own earlier write that got through: count first tries only.
   if (s.ok() && first_try) {
@@ -251,7 +259,61 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
   return s;
 }
 
+void ResultWriter::ReplaceWithFailure(PackedResult* p) const {
+  protocol::ResultRecord rec;
+  rec.id = p->id;
+  rec.status = "failed";
+  rec.model = p->model;
+  rec.worker = options_.worker_name;
+  rec.error_code = std::string(codes::kInternal);
+  rec.error_message = "Redis refused this job's result: " + p->refused;
+  rec.batch_size = p->batch_size;
+  rec.attempt = p->attempt;
+  rec.timing_us = {{"finished", protocol::NowMicros()}};
+  msgpack::sbuffer buf(512);
+  protocol::Packer pk(buf);
+  protocol::PackResult(pk, rec);
+  p->record = std::move(buf);
+  p->ttl = std::to_string(std::min(options_.default_ttl_s, protocol::kMaxExpirySeconds));
+  p->notify.clear();  // plain SET NX: the broker's FINISHED tells the producer
+  p->scripted = false;
+  p->refused.clear();
+  p->replaced = true;
+}
+
 bool ResultWriter::WriteWithRetries(std::vector<PackedResult>* packed, int64_t* duplicates) {
+  if (!WriteBatchWithRetries(packed, duplicates)) return false;
+  // Records Redis refused for good: a failure record in their place, written once more.
+  std::vector<size_t> redo;
+  for (size_t i = 0; i < packed->size(); ++i) {
+    PackedResult& p = (*packed)[i];
+    if (p.refused.empty()) continue;
+    if (p.replaced) {
+      spdlog::error(
+          "result writer: job {}: Redis refused even its failure record ({}); it is "
+          "reported without a result",
+          p.id, p.refused);
+      p.refused.clear();
+      continue;
+    }
+    spdlog::error(
+        "result writer: job {}: Redis refused its result for good ({}); writing a "
+        "failure record instead",
+        p.id, p.refused);
+    ReplaceWithFailure(&p);
+    redo.push_back(i);
+  }
+  if (redo.empty()) return true;
+  std::vector<PackedResult> again;
+  for (size_t i : redo) again.push_back(std::move((*packed)[i]));
+  int64_t more_duplicates = 0;
+  const bool ok = WriteWithRetries(&again, &more_duplicates);
+  for (size_t k = 0; k < redo.size(); ++k) (*packed)[redo[k]] = std::move(again[k]);
+  *duplicates += more_duplicates;
+  return ok;
+}
+
+bool ResultWriter::WriteBatchWithRetries(std::vector<PackedResult>* packed, int64_t* duplicates) {
   *duplicates = 0;
   int backoff_ms = options_.backoff_initial_ms;
   for (int64_t attempt = 1;; ++attempt) {

@@ -97,6 +97,13 @@ class ResultWriter {
     std::string notice;     // what it publishes there
     bool scripted = false;  // the record is inside the notice: SET NX + PUBLISH as one script
     std::vector<std::string> stored_inputs;  // keys of the job's inputs in Redis: DEL
+    std::string id, model;                   // for a failure record in its place (below)
+    int64_t attempt = 1, batch_size = 0;
+    // Redis refused this record for good (an error reply that retrying cannot cure): the text.
+    // The writer then stores a failure record in its place, once; if that is refused too, the
+    // job is reported without a result (logged with its id).
+    std::string refused;
+    bool replaced = false;
     std::string_view value() const { return {record.data(), record.size()}; }
   };
 
@@ -109,6 +116,10 @@ class ResultWriter {
   // Writes `packed`, retrying with backoff until Redis accepts it or the writer is aborted
   // (returns false only then).
   bool WriteWithRetries(std::vector<PackedResult>* packed, int64_t* duplicates);
+  bool WriteBatchWithRetries(std::vector<PackedResult>* packed, int64_t* duplicates);
+  // `p`'s record becomes a failed result (code internal) saying why Redis refused it, written
+  // plainly (no notice script) with the worker's default expiry.
+  void ReplaceWithFailure(PackedResult* p) const;
   // Counts the written batch and hands its DoneReport to the outbox.
   void Report(const std::vector<JobResult>& results, std::vector<PackedResult>* packed,
               int64_t duplicates);

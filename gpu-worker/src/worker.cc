@@ -13,6 +13,7 @@
 #include "executor.h"
 #include "ferry/metrics/metrics_server.h"
 #include "ferry/metrics/registry.h"
+#include "ferry/protocol/redis.h"
 #include "ferry/protocol/util.h"
 #include "ferry/protocol/wire.h"
 #include "input_fetcher.h"
@@ -64,6 +65,18 @@ const WorkerOptions& Worker::options() const { return impl_->options_; }
 int Worker::metrics_port() const { return impl_->metrics_port(); }
 
 Status Worker::Create(WorkerOptions options, std::unique_ptr<Worker>* out) {
+  // Before the models load (minutes, for big ones): a wrong password, CA or database stops the
+  // worker now. A Redis that is down does not; the result writer retries.
+  protocol::RedisEndpoint redis;
+  FERRY_RETURN_IF_ERROR(protocol::ResolveRedisEndpoint(options.redis, options.redis_files, &redis));
+  bool refused = false;
+  const Status access = protocol::CheckRedisAccess(redis, 2000, &refused);
+  if (!access.ok() && refused) return access;
+  if (access.ok())
+    spdlog::info("redis {} (user {}{})", redis.Describe(), redis.UserName(),
+                 redis.tls ? ", TLS" : "");
+  else
+    spdlog::warn("redis {}: {}; results wait until it answers", redis.Describe(), access.message());
   SetTorchThreads(static_cast<int>(options.threads));
   ResolveModelDefaults(&options);
   ModelRegistry::Options ropts;
@@ -132,20 +145,22 @@ void Worker::Impl::RequestStop() {
 
 Status Worker::Impl::Run() {
   protocol::RedisEndpoint redis;
-  FERRY_RETURN_IF_ERROR(protocol::ParseRedisUrl(options_.redis, &redis));
+  FERRY_RETURN_IF_ERROR(
+      protocol::ResolveRedisEndpoint(options_.redis, options_.redis_files, &redis));
   FERRY_RETURN_IF_ERROR(outbox_.Init());
 
   if (options_.metrics_port != 0 && !metrics_server_) {
     metrics::MetricsServerOptions mo;
     mo.port =
         options_.metrics_port < 0 ? metrics::kAnyPort : static_cast<int>(options_.metrics_port);
+    mo.bind_address = options_.metrics_addr;
     WorkerMetrics* m = metrics_.get();
     mo.before_scrape = [m] { m->Sample(); };  // thread-safe reads: registry and allocator
     Status s = metrics::MetricsServer::Start(metrics_registry_.get(), mo, &metrics_server_);
     if (!s.ok())
-      return Status(s.code(),
-                    "--metrics-port " + std::to_string(options_.metrics_port) + ": " + s.message());
-    spdlog::info("worker {}: metrics on http://0.0.0.0:{}/metrics", options_.name,
+      return Status(s.code(), "--metrics-addr " + options_.metrics_addr + " --metrics-port " +
+                                  std::to_string(options_.metrics_port) + ": " + s.message());
+    spdlog::info("worker {}: metrics on http://{}:{}/metrics", options_.name, options_.metrics_addr,
                  metrics_server_->port());
   }
 
@@ -163,6 +178,8 @@ Status Worker::Impl::Run() {
 
   BrokerLink::Options lopts;
   lopts.endpoint = options_.broker;
+  lopts.curve_server_public = options_.curve_server_public;
+  lopts.curve_secret = options_.curve_secret;
   lopts.heartbeat_ms = options_.heartbeat_ms;
   lopts.liveness = options_.liveness;
   lopts.hello = Hello();

@@ -1,11 +1,14 @@
 #include "commands.h"
 
+#include <filesystem>
+
 #include <cstdio>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "ferry/client.h"
+#include "ferry/protocol/curve.h"
 #include "ferry/runtime/flags.h"
 #include "npy.h"
 #include "ops_commands.h"
@@ -38,8 +41,11 @@ constexpr const char* kTopUsage =
     "  status                 workers, queues and counters as tables\n"
     "  top                    a refreshing view of the fleet with rates (q or Ctrl-C quits)\n"
     "  up --model NAME=PATH   a local fleet: redis-server, broker, one worker per GPU\n"
+    "  keygen DIR NAME        a CURVE key pair: DIR/NAME.key and DIR/NAME.key_secret\n"
     "\n"
-    "global flags (every command): --frontend, --redis, --redis-prefix, --request-timeout-ms\n"
+    "global flags (every command): --frontend, --redis, --redis-prefix, --request-timeout-ms,\n"
+    "  --curve-server-public, --curve-secret, --redis-password-file, --redis-tls-ca,\n"
+    "  --redis-tls-cert, --redis-tls-key\n"
     "`ferry COMMAND --help` lists a command's flags.\n"
     "\n"
     "exit codes: 0 done/ok, 1 failed/expired/cancelled/rejected, 2 usage or bad input,\n"
@@ -219,6 +225,30 @@ int RunStats(std::vector<char*>& args) {
   return kExitOk;
 }
 
+// ferry keygen DIR NAME: a CURVE key pair as ZeroMQ certificates (docs/security.md).
+int RunKeygen(std::vector<char*>& args) {
+  FlagSet flags("ferry keygen",
+                "Writes a CurveZMQ key pair: DIR/NAME.key (the public certificate, to give to "
+                "the broker or its clients) and DIR/NAME.key_secret (mode 0600, kept by its "
+                "owner). The files are czmq/pyzmq certificates. Existing files are never "
+                "overwritten.\nusage: ferry keygen DIR NAME");
+  if (int rc = ParseFlags(&flags, args); rc >= 0) return rc;
+  if (flags.positional().size() != 2) {
+    std::fprintf(stderr, "ferry keygen needs DIR and NAME\n\n%s", flags.Usage().c_str());
+    return kExitUsage;
+  }
+  const std::string dir = flags.positional()[0], name = flags.positional()[1];
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Fail(Status::InvalidArgument("cannot create " + dir + ": " + ec.message()));
+  protocol::CurveKeyPair keys;
+  if (Status s = protocol::GenerateCurveKeyPair(&keys); !s.ok()) return Fail(s);
+  if (Status s = protocol::WriteCertificates(dir, name, keys); !s.ok()) return Fail(s);
+  std::printf("%s/%s.key\n%s/%s.key_secret\n", dir.c_str(), name.c_str(), dir.c_str(),
+              name.c_str());
+  return kExitOk;
+}
+
 // Index of the command word: the first argument that is neither a flag nor a flag's value.
 int FindCommand(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
@@ -255,6 +285,7 @@ int RunCli(int argc, char** argv) {
   if (command == "status") return RunStatus(args);
   if (command == "top") return RunTop(args);
   if (command == "up") return RunUp(args);
+  if (command == "keygen") return RunKeygen(args);
   if (command == "help") {
     std::fputs(kTopUsage, stdout);
     return kExitOk;

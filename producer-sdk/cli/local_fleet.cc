@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "ferry/client.h"
+#include "ferry/runtime/redis_flags.h"
 
 namespace ferry::cli {
 namespace {
@@ -112,7 +113,7 @@ Status LocalFleet::Start(const LocalFleetOptions& options, std::unique_ptr<Local
   f->frontend_port_ = options.frontend_port ? options.frontend_port : PickFreePort();
   f->backend_port_ = options.backend_port ? options.backend_port : PickFreePort();
 
-  f->redis_url_ = options.redis_url;
+  FERRY_RETURN_IF_ERROR(f->SetUpRedisAccess());
   if (f->redis_url_.empty()) {
     int port = PickFreePort();
     FERRY_RETURN_IF_ERROR(
@@ -139,6 +140,8 @@ Status LocalFleet::Start(const LocalFleetOptions& options, std::unique_ptr<Local
                                      f->redis_url_,
                                      "--redis-prefix",
                                      options.redis_prefix};
+  const std::vector<std::string> redis_access = runtime::RedisAccessArgs(f->options_.redis_files);
+  broker.insert(broker.end(), redis_access.begin(), redis_access.end());
   if (options.metrics_port_base > 0) {
     broker.push_back("--metrics-port");
     broker.push_back(std::to_string(options.metrics_port_base));
@@ -151,6 +154,7 @@ Status LocalFleet::Start(const LocalFleetOptions& options, std::unique_ptr<Local
     std::vector<std::string> argv = {options.worker_bin,  "--broker",    f->backend(),
                                      "--redis",           f->redis_url_, "--redis-prefix",
                                      options.redis_prefix};
+    argv.insert(argv.end(), redis_access.begin(), redis_access.end());
     for (const auto& m : options.models) {
       argv.push_back("--model");
       argv.push_back(m);
@@ -170,8 +174,39 @@ Status LocalFleet::Start(const LocalFleetOptions& options, std::unique_ptr<Local
   return Status::Ok();
 }
 
+Status LocalFleet::SetUpRedisAccess() {
+  protocol::RedisAccessFiles& files = options_.redis_files;
+  const bool any_file = !files.password_file.empty() || !files.tls_ca.empty() ||
+                        !files.tls_cert.empty() || !files.tls_key.empty();
+  if (options_.redis_url.empty()) {
+    if (any_file)
+      return Status::InvalidArgument(
+          "--redis-password-file and --redis-tls-* are for an external Redis (--redis); the "
+          "redis-server `ferry up` starts listens on 127.0.0.1 without them");
+    return Status::Ok();
+  }
+  std::string password;
+  redis_url_ = protocol::StripRedisPassword(options_.redis_url, &password);
+  if (!password.empty()) {
+    if (!files.password_file.empty())
+      return Status::InvalidArgument(
+          "the Redis password is given twice, in --redis and in --redis-password-file");
+    const std::string path = options_.log_dir + "/redis.password";
+    const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    const bool written = fd >= 0 && write(fd, password.data(), password.size()) ==
+                                        static_cast<ssize_t>(password.size());
+    if (fd >= 0) close(fd);
+    if (!written) return Status::Internal("cannot write " + path + ": " + strerror(errno));
+    written_password_file_ = path;
+    files.password_file = path;
+  }
+  protocol::RedisEndpoint endpoint;  // fail here, before any child starts
+  return protocol::ResolveRedisEndpoint(redis_url_, files, &endpoint);
+}
+
 LocalFleet::~LocalFleet() {
   if (!drained_) Drain(10000);
+  if (!written_password_file_.empty()) unlink(written_password_file_.c_str());
 }
 
 std::string LocalFleet::frontend() const {
@@ -208,6 +243,10 @@ Status LocalFleet::WaitReady(int timeout_ms, int request_timeout_ms) {
   client::ClientOptions o;
   o.frontend = frontend();
   o.redis = redis_url_;
+  o.redis_password_file = options_.redis_files.password_file;
+  o.redis_tls_ca = options_.redis_files.tls_ca;
+  o.redis_tls_cert = options_.redis_files.tls_cert;
+  o.redis_tls_key = options_.redis_files.tls_key;
   o.redis_prefix = options_.redis_prefix;
   o.request_timeout_ms = request_timeout_ms;
   std::unique_ptr<client::Client> c;

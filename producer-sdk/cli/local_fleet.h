@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/protocol/redis_endpoint.h"
 #include "ferry/status.h"
 
 namespace ferry::cli {
@@ -25,6 +26,10 @@ struct WorkerSpec {
 struct LocalFleetOptions {
   std::string broker_bin, worker_bin, redis_server_bin = "redis-server";
   std::string redis_url;  // empty: start redis-server on a free port in the log dir
+  // An external Redis's password file and TLS files, passed on to the broker and the workers as
+  // --redis-password-file/--redis-tls-*. A password inside redis_url goes to them through a
+  // file too (LOG_DIR/redis.password, mode 0600, removed on exit), never on a command line.
+  protocol::RedisAccessFiles redis_files;
   std::string bind_host = "127.0.0.1";
   int frontend_port = 5555;  // 0: a free port
   int backend_port = 5556;   // 0: a free port
@@ -44,7 +49,10 @@ class LocalFleet {
 
   std::string frontend() const;  // tcp://HOST:PORT for producers
   std::string backend() const;
+  // The Redis URL without its password, and the files that complete it (the password's
+  // included): what a producer of this fleet passes as --redis and --redis-*.
   const std::string& redis_url() const { return redis_url_; }
+  const protocol::RedisAccessFiles& redis_files() const { return options_.redis_files; }
   bool started_redis() const { return redis_ != nullptr; }
   // One line per process: name, pid, log file.
   std::string Describe() const;
@@ -71,9 +79,12 @@ class LocalFleet {
                const std::string& cuda_visible_devices, std::unique_ptr<Child>* out);
   static bool Reap(Child* c);  // true when it has exited
   static bool StopAll(const std::vector<Child*>& children, int timeout_ms);
+  // redis_url_ and the access files from the options: a password in the URL moves to a file.
+  Status SetUpRedisAccess();
 
   LocalFleetOptions options_;
   std::string redis_url_;
+  std::string written_password_file_;  // ours to remove
   int frontend_port_ = 0, backend_port_ = 0;
   std::unique_ptr<Child> redis_, broker_;
   std::vector<std::unique_ptr<Child>> workers_;

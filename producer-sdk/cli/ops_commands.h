@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "ferry/client.h"
+#include "ferry/protocol/redis_endpoint.h"
 #include "ferry/runtime/flags.h"
 
 namespace ferry::cli {
@@ -24,6 +25,9 @@ struct BrokerFlags {
   std::string redis = "redis://127.0.0.1:6379";
   std::string redis_prefix = "ferry:";
   int64_t request_timeout_ms = 5000;
+  std::string curve_server_public;         // CURVE: the broker's .key
+  std::string curve_secret;                // CURVE: this client's .key_secret
+  protocol::RedisAccessFiles redis_files;  // --redis-password-file, --redis-tls-*
 
   void Register(runtime::FlagSet* f);
   Status MakeClient(std::unique_ptr<client::Client>* out) const;

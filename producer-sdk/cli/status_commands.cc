@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "ferry/metrics/metrics_server.h"
+#include "ferry/runtime/redis_flags.h"
 #include "fleet_view.h"
 #include "ops_commands.h"
 
@@ -86,17 +87,29 @@ Status Sample(client::Client* c, FleetStats* out) {
 
 void BrokerFlags::Register(FlagSet* f) {
   f->String("frontend", &frontend, "the broker's frontend endpoint");
-  f->String("redis", &redis, "Redis holding the results, redis://HOST:PORT[/DB]");
+  f->String("redis", &redis,
+            "Redis holding the results, redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB]");
+  runtime::AddRedisAccessFlags(f, &redis_files);
   f->String("redis-prefix", &redis_prefix, "prefix of Ferry's Redis keys");
   f->Int("request-timeout-ms", &request_timeout_ms, "how long to wait for the broker's answer");
+  f->String("curve-server-public", &curve_server_public,
+            "CURVE: the broker's public certificate (its NAME.key)");
+  f->String("curve-secret", &curve_secret,
+            "CURVE: this client's secret certificate (NAME.key_secret, listed by the broker)");
 }
 
 Status BrokerFlags::MakeClient(std::unique_ptr<client::Client>* out) const {
   client::ClientOptions o;
   o.frontend = frontend;
   o.redis = redis;
+  o.redis_password_file = redis_files.password_file;
+  o.redis_tls_ca = redis_files.tls_ca;
+  o.redis_tls_cert = redis_files.tls_cert;
+  o.redis_tls_key = redis_files.tls_key;
   o.redis_prefix = redis_prefix;
   o.request_timeout_ms = static_cast<int>(request_timeout_ms);
+  o.curve_server_public = curve_server_public;
+  o.curve_secret = curve_secret;
   return client::Client::Create(o, out);
 }
 

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <thread>
 
 #include "commands.h"
+#include "ferry/runtime/redis_flags.h"
 #include "local_fleet.h"
 #include "ops_commands.h"
 
@@ -120,7 +122,10 @@ int RunUp(std::vector<char*>& args) {
   flags.Int("cpu-workers", &cpu_workers, "run N CPU workers instead of one per GPU");
   flags.String("gpus", &gpus, "GPU ids to use, e.g. 0,2 (default: all visible; none = CPU)");
   flags.Int("max-batch", &max_batch, "--max-batch of every worker");
-  flags.String("redis", &o.redis_url, "use this Redis (redis://HOST:PORT) instead of starting one");
+  flags.String("redis", &o.redis_url,
+               "use this Redis (redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB]) instead of "
+               "starting one; a password goes to the children in a file, never in argv");
+  runtime::AddRedisAccessFlags(&flags, &o.redis_files);
   flags.String("redis-server", &o.redis_server_bin, "the redis-server binary to start");
   flags.String("redis-prefix", &o.redis_prefix, "prefix of Ferry's Redis keys");
   flags.String("bind", &o.bind_host, "address the broker binds (0.0.0.0 = all interfaces)");
@@ -232,13 +237,16 @@ int RunUp(std::vector<char*>& args) {
         rc = FailWith(ready);
       } else if (!g_up_stop) {
         if (!ready.ok()) std::printf("ferry up: warning: %s; going on\n", ready.message().c_str());
+        // The URL without its password; the files (the password's too) as flags.
+        std::string redis = fleet->redis_url();
+        for (const auto& a : runtime::RedisAccessArgs(fleet->redis_files())) redis += " " + a;
         std::printf(
             "ferry up: ready\n"
             "  frontend  %s   (producers: ferry submit --frontend %s --redis %s ...)\n"
             "  backend   %s   (more workers: ferry-worker --broker %s --redis %s ...)\n"
             "  redis     %s%s\n",
-            fleet->frontend().c_str(), fleet->frontend().c_str(), fleet->redis_url().c_str(),
-            fleet->backend().c_str(), fleet->backend().c_str(), fleet->redis_url().c_str(),
+            fleet->frontend().c_str(), fleet->frontend().c_str(), redis.c_str(),
+            fleet->backend().c_str(), fleet->backend().c_str(), redis.c_str(),
             fleet->redis_url().c_str(), fleet->started_redis() ? " (started here)" : "");
         if (o.metrics_port_base > 0)
           std::printf("  metrics   http://127.0.0.1:%d/metrics (broker), ports %d.. (workers)\n",
@@ -249,6 +257,13 @@ int RunUp(std::vector<char*>& args) {
           std::ofstream env(env_file + ".tmp");
           env << "FERRY_FRONTEND=" << fleet->frontend() << "\nFERRY_BACKEND=" << fleet->backend()
               << "\nFERRY_REDIS=" << fleet->redis_url() << "\nFERRY_LOG_DIR=" << o.log_dir << "\n";
+          // The URL above carries no password: the file does (--redis-password-file).
+          const std::vector<std::string> access = runtime::RedisAccessArgs(fleet->redis_files());
+          for (size_t i = 0; i + 1 < access.size(); i += 2) {
+            std::string name = access[i].substr(2);  // --redis-tls-ca -> FERRY_REDIS_TLS_CA
+            for (char& c : name) c = c == '-' ? '_' : static_cast<char>(std::toupper(c));
+            env << "FERRY_" << name << "=" << access[i + 1] << "\n";
+          }
           if (o.metrics_port_base > 0)
             env << "FERRY_BROKER_METRICS=http://127.0.0.1:" << o.metrics_port_base << "/metrics\n";
           env.close();

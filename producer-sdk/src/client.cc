@@ -111,6 +111,8 @@ class Client::Impl {
   Status Start() {
     IoThread::Options o;
     o.frontend = options_.frontend;
+    o.curve_server_public = options_.curve_server_public;
+    o.curve_secret = options_.curve_secret;
     o.push_results = options_.push_results;
     o.redis = redis_;
     o.redis_prefix = options_.redis_prefix;
@@ -454,7 +456,11 @@ Client::~Client() = default;
 Status Client::Create(const ClientOptions& options, std::unique_ptr<Client>* out) {
   return Guarded("Create", [&] {
     protocol::RedisEndpoint redis;
-    FERRY_RETURN_IF_ERROR(protocol::ParseRedisUrl(options.redis, &redis));
+    FERRY_RETURN_IF_ERROR(
+        protocol::ResolveRedisEndpoint(options.redis,
+                                       {options.redis_password_file, options.redis_tls_ca,
+                                        options.redis_tls_cert, options.redis_tls_key},
+                                       &redis));
     if (options.request_timeout_ms <= 0)
       return Status::InvalidArgument("request_timeout_ms must be > 0");
     if (options.stored_input_bytes < 0)

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "ferry/protocol/codec.h"
+#include "ferry/protocol/curve.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/wire.h"
@@ -57,6 +58,18 @@ Status IoThread::Start(Options options, std::unique_ptr<IoThread>* out) {
     t->socket_.set(zmq::sockopt::immediate, 1);
     // Safety net only: the thread sends after ZMQ_EVENTS reports POLLOUT.
     t->socket_.set(zmq::sockopt::sndtimeo, 100);
+    FERRY_RETURN_IF_ERROR(protocol::ApplyCurveClient(t->socket_, t->options_.curve_server_public,
+                                                     t->options_.curve_secret));
+    // Handshake events, so that a refused key or a wrong broker key is said, not just a timeout.
+    const std::string monitor = "inproc://ferry-sdk-monitor-" + protocol::NewUuid();
+    if (zmq_socket_monitor(t->socket_.handle(), monitor.c_str(),
+                           ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+      return Status::Internal(std::string("zmq_socket_monitor: ") + zmq_strerror(zmq_errno()));
+    t->monitor_ = zmq::socket_t(t->context_, zmq::socket_type::pair);
+    t->monitor_.set(zmq::sockopt::linger, 0);
+    t->monitor_.connect(monitor);
     try {
       t->socket_.connect(t->options_.frontend);
     } catch (const zmq::error_t& e) {
@@ -150,13 +163,20 @@ Status IoThread::Call(int64_t rid, std::string_view command, zmq::message_t body
   auto request = Post(rid, command, std::move(body), completion->Setter(completion));
   if (!completion->WaitUntil(deadline)) {
     Forget(request);
-    return Status::Unavailable("broker at " + options_.frontend + " did not answer " +
-                               std::string(command) + " within " + std::to_string(timeout_ms) +
-                               " ms (is ferry-broker running and reachable?)");
+    const std::string why = handshake_error();
+    return Status::Unavailable(
+        "broker at " + options_.frontend + " did not answer " + std::string(command) + " within " +
+        std::to_string(timeout_ms) + " ms (" +
+        (why.empty() ? "is ferry-broker running and reachable?" : why) + ")");
   }
   std::lock_guard<std::mutex> lock(completion->mu);
   *reply = std::move(completion->reply);
   return Status::Ok();
+}
+
+std::string IoThread::handshake_error() const {
+  std::lock_guard<std::mutex> lock(handshake_mu_);
+  return handshake_error_;
 }
 
 std::string IoThread::push_channel() const {
@@ -231,12 +251,13 @@ void IoThread::Loop() {
     }
     const short socket_events =
         static_cast<short>(ZMQ_POLLIN | (unsent_.empty() ? 0 : ZMQ_POLLOUT));
-    zmq_pollitem_t items[3] = {
+    zmq_pollitem_t items[4] = {
         {socket_.handle(), 0, socket_events, 0},
+        {monitor_.handle(), 0, ZMQ_POLLIN, 0},
         {nullptr, wake_fd_, ZMQ_POLLIN, 0},
         {nullptr, push_ ? push_->fd() : -1, ZMQ_POLLIN, 0},
     };
-    const int rc = protocol::PollSockets(items, push_ ? 3 : 2, timeout_ms);
+    const int rc = protocol::PollSockets(items, push_ ? 4 : 3, timeout_ms);
     {
       std::lock_guard<std::mutex> lock(mailbox_mu_);
       asleep_ = false;
@@ -245,13 +266,14 @@ void IoThread::Loop() {
       if (zmq_errno() == ETERM) break;
       continue;  // EINTR
     }
-    if (items[1].revents & ZMQ_POLLIN) {
+    if (items[2].revents & ZMQ_POLLIN) {
       uint64_t count;
       if (read(wake_fd_, &count, sizeof(count)) < 0) {
         // EAGAIN: another read got it; nothing to do.
       }
     }
-    if (push_ && (items[2].revents & (ZMQ_POLLIN | ZMQ_POLLERR))) ReadPush();
+    if (items[1].revents & ZMQ_POLLIN) ReadMonitor();
+    if (push_ && (items[3].revents & (ZMQ_POLLIN | ZMQ_POLLERR))) ReadPush();
     if (items[0].revents & ZMQ_POLLIN) ReceiveAll();
   }
 }
@@ -320,6 +342,31 @@ void IoThread::DeliverFinished(const msgpack::object& body) {
     if (protocol::GetStringArray(body, "ids", &ids).ok() && options_.on_finished)
       options_.on_finished(ids, records);
   });
+}
+
+void IoThread::ReadMonitor() {
+  // Each event: a frame of uint16 event + uint32 value, then a frame with the endpoint.
+  const bool curve = !options_.curve_secret.empty();
+  for (int i = 0; i < 64; ++i) {
+    zmq::message_t head, endpoint;
+    try {
+      if (!monitor_.recv(head, zmq::recv_flags::dontwait)) return;
+      if (head.more()) (void)monitor_.recv(endpoint, zmq::recv_flags::none);
+    } catch (const zmq::error_t&) {
+      return;
+    }
+    if (head.size() < 6) continue;
+    uint16_t event;
+    uint32_t value;
+    std::memcpy(&event, head.data(), sizeof(event));
+    std::memcpy(&value, static_cast<const char*>(head.data()) + 2, sizeof(value));
+    std::string why =
+        event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED
+            ? ""
+            : protocol::DescribeHandshakeFailure(event, static_cast<int>(value), curve);
+    std::lock_guard<std::mutex> lock(handshake_mu_);
+    handshake_error_ = std::move(why);
+  }
 }
 
 void IoThread::SweepPending(Clock::time_point now) {

@@ -68,6 +68,8 @@ class IoThread {
 
   struct Options {
     std::string frontend;                // the broker's frontend endpoint
+    std::string curve_server_public;     // CURVE: the broker's .key; with curve_secret
+    std::string curve_secret;            // CURVE: this client's .key_secret
     bool push_results = false;           // subscribe for result notices from workers
     protocol::RedisEndpoint redis;       // where to subscribe
     std::string redis_prefix;            // the notify channel is <prefix>notify:<uuid>
@@ -111,6 +113,11 @@ class IoThread {
   // has tried, or timeout_ms passed; push_channel() says how it went.
   void Subscribe(int timeout_ms);
 
+  // Why the last connection attempt to the broker failed its handshake (a refused CURVE key, a
+  // wrong broker key, CURVE on one side only), for error messages; empty once a handshake
+  // succeeded or when none failed.
+  std::string handshake_error() const;
+
   // For tests: turns of the loop (one per wake-up), and exceptions caught from callbacks.
   int64_t loop_turns() const { return loop_turns_.load(); }
   int64_t callback_errors() const { return callback_errors_.load(); }
@@ -129,13 +136,15 @@ class IoThread {
   void MaybeSubscribe();
   void DropPush();
   void SweepPending(Clock::time_point now);
+  void ReadMonitor();
   template <typename Fn>
   void RunCallback(Fn&& fn);
 
   const Options options_;
   zmq::context_t context_{1};
-  zmq::socket_t socket_;  // the I/O thread's (created before it starts)
-  int wake_fd_ = -1;      // eventfd: Post wakes the thread through it
+  zmq::socket_t socket_;   // the I/O thread's (created before it starts)
+  zmq::socket_t monitor_;  // the I/O thread's: handshake events of socket_
+  int wake_fd_ = -1;       // eventfd: Post wakes the thread through it
   std::thread thread_;
   std::atomic<int64_t> next_rid_{0};
   std::atomic<int64_t> loop_turns_{0};
@@ -148,6 +157,8 @@ class IoThread {
   bool stop_ = false;    // guarded by mailbox_mu_
 
   // Published for callers by the I/O thread.
+  mutable std::mutex handshake_mu_;
+  std::string handshake_error_;  // guarded by handshake_mu_
   mutable std::mutex channel_mu_;
   std::string channel_;  // guarded by channel_mu_
   std::atomic<bool> subscribed_{false};

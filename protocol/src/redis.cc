@@ -1,9 +1,6 @@
 #include "ferry/protocol/redis.h"
 
-#include <fcntl.h>
 #include <hiredis/hiredis.h>
-#include <limits.h>
-#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -11,6 +8,8 @@
 #include <charconv>
 #include <cstring>
 #include <memory>
+
+#include "redis_transport.h"
 
 namespace ferry::protocol {
 namespace {
@@ -44,23 +43,6 @@ RedisReply Convert(const redisReply* r) {
   return out;
 }
 
-timeval ToTimeval(int ms) { return timeval{ms / 1000, (ms % 1000) * 1000}; }
-
-// A connected hiredis context whose reads and writes time out after timeout_ms, for RedisClient
-// and RedisSubscriber; kUnavailable (with host:port and why) when Redis cannot be reached.
-Status ConnectContext(const RedisEndpoint& endpoint, int timeout_ms, redisContext** out) {
-  *out = redisConnectWithTimeout(endpoint.host.c_str(), endpoint.port, ToTimeval(timeout_ms));
-  if (!*out || (*out)->err) {
-    std::string why = *out ? (*out)->errstr : "out of memory";
-    if (*out) redisFree(*out);
-    *out = nullptr;
-    return Status::Unavailable("redis " + endpoint.host + ":" + std::to_string(endpoint.port) +
-                               ": " + why);
-  }
-  redisSetTimeout(*out, ToTimeval(timeout_ms));
-  return Status::Ok();
-}
-
 }  // namespace
 
 RedisClient::RedisClient(const RedisEndpoint& endpoint, int timeout_ms)
@@ -80,24 +62,14 @@ std::unique_ptr<RedisClient> RedisClient::Lazy(const RedisEndpoint& endpoint, in
   return std::unique_ptr<RedisClient>(new RedisClient(endpoint, timeout_ms));
 }
 
-void RedisClient::Drop() {
-  if (ctx_) redisFree(ctx_);
-  ctx_ = nullptr;
-}
+void RedisClient::Drop() { conn_.reset(); }
 
 Status RedisClient::EnsureConnected() {
-  if (ctx_) return Status::Ok();
-  FERRY_RETURN_IF_ERROR(ConnectContext(endpoint_, timeout_ms_, &ctx_));
-  if (endpoint_.db != 0) {
-    std::string db = std::to_string(endpoint_.db);
-    RedisReply reply;
-    Status s = Command({"SELECT", db}, &reply);
-    if (!s.ok()) {
-      Drop();  // an error reply leaves the connection up, on the wrong database
-      return s;
-    }
-  }
-  return Status::Ok();
+  if (conn_) return Status::Ok();
+  // A refused AUTH or SELECT fails the connection: never a connection on the wrong database or
+  // as the default user.
+  return RedisConnection::Open(endpoint_, timeout_ms_, /*keepalive=*/false, /*select=*/true,
+                               /*ping=*/false, &conn_);
 }
 
 void RedisClient::Append(const std::vector<std::string_view>& argv) {
@@ -144,25 +116,9 @@ Status RedisClient::WriteQueued(const std::string& commands,
   }
   if (commands.size() > at)
     iov.push_back({const_cast<char*>(commands.data() + at), commands.size() - at});
-  size_t first = 0;
-  while (first < iov.size()) {
-    const int count = static_cast<int>(std::min<size_t>(iov.size() - first, IOV_MAX));
-    const ssize_t n = writev(ctx_->fd, iov.data() + first, count);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const std::string why =
-          errno == EAGAIN || errno == EWOULDBLOCK ? "write timed out" : std::strerror(errno);
-      Drop();
-      return Status::Unavailable("redis write: " + why);
-    }
-    size_t done = static_cast<size_t>(n);  // skip what went out
-    while (first < iov.size() && done >= iov[first].iov_len) done -= iov[first++].iov_len;
-    if (first < iov.size()) {
-      iov[first].iov_base = static_cast<char*>(iov[first].iov_base) + done;
-      iov[first].iov_len -= done;
-    }
-  }
-  return Status::Ok();
+  Status s = conn_->transport().Write(iov.data(), iov.size());
+  if (!s.ok()) Drop();
+  return s;
 }
 
 Status RedisClient::Flush(std::vector<RedisReply>* replies) {
@@ -175,22 +131,14 @@ Status RedisClient::Flush(std::vector<RedisReply>* replies) {
   pending_ = 0;
   if (n == 0) return Status::Ok();
   FERRY_RETURN_IF_ERROR(EnsureConnected());
-  if (!refs.empty()) {
-    FERRY_RETURN_IF_ERROR(WriteQueued(commands, refs));
-  } else if (redisAppendFormattedCommand(ctx_, commands.data(), commands.size()) != REDIS_OK) {
-    std::string why = ctx_->errstr;
-    Drop();
-    return Status::Unavailable("redis append: " + why);
-  }
+  FERRY_RETURN_IF_ERROR(WriteQueued(commands, refs));
   Status first_error;
   for (size_t i = 0; i < n; ++i) {
-    void* raw = nullptr;
-    if (redisGetReply(ctx_, &raw) != REDIS_OK || raw == nullptr) {
-      std::string why = ctx_->errstr[0] ? ctx_->errstr : "connection lost";
+    redisReply* r = nullptr;
+    if (Status s = conn_->ReadReply(&r); !s.ok()) {
       Drop();
-      return Status::Unavailable("redis: " + why);
+      return s;
     }
-    auto* r = static_cast<redisReply*>(raw);
     if (r->type == REDIS_REPLY_ERROR && first_error.ok())
       first_error = Status::Internal("redis: " + std::string(r->str, r->len));
     if (replies) replies->push_back(Convert(r));
@@ -222,7 +170,7 @@ namespace {
 // bodies directly into their destination.
 class SocketReader {
  public:
-  explicit SocketReader(int fd) : fd_(fd) {}
+  explicit SocketReader(RedisTransport* transport) : transport_(transport) {}
 
   // One line without its CR LF.
   Status Line(std::string* line) {
@@ -245,12 +193,9 @@ class SocketReader {
     std::memcpy(dst, staged_.data() + pos_, have);
     pos_ += have;
     for (size_t got = have; got < n;) {
-      const ssize_t r = recv(fd_, dst + got, n - got, 0);
-      if (r > 0) {
-        got += static_cast<size_t>(r);
-        continue;
-      }
-      FERRY_RETURN_IF_ERROR(Failure(r));
+      size_t r = 0;
+      FERRY_RETURN_IF_ERROR(transport_->Read(dst + got, n - got, &r));
+      got += r;
     }
     return Status::Ok();
   }
@@ -264,24 +209,13 @@ class SocketReader {
       pos_ = 0;
     }
     char buf[16 * 1024];
-    while (true) {
-      const ssize_t r = recv(fd_, buf, sizeof(buf), 0);
-      if (r > 0) {
-        staged_.append(buf, static_cast<size_t>(r));
-        return Status::Ok();
-      }
-      FERRY_RETURN_IF_ERROR(Failure(r));
-    }
-  }
-  // Ok for EINTR (try again); unavailable otherwise.
-  static Status Failure(ssize_t r) {
-    if (r < 0 && errno == EINTR) return Status::Ok();
-    if (r == 0) return Status::Unavailable("redis closed the connection");
-    if (errno == EAGAIN || errno == EWOULDBLOCK) return Status::Unavailable("redis read timed out");
-    return Status::Unavailable(std::string("redis read: ") + std::strerror(errno));
+    size_t r = 0;
+    FERRY_RETURN_IF_ERROR(transport_->Read(buf, sizeof(buf), &r));
+    staged_.append(buf, r);
+    return Status::Ok();
   }
 
-  int fd_;
+  RedisTransport* transport_;
   std::string staged_;
   size_t pos_ = 0;
 };
@@ -296,7 +230,7 @@ Status RedisClient::GetMany(const std::vector<std::string_view>& keys,
   // Everything queued before goes first; its replies would be read here: not allowed.
   if (pending_ != 0) return Status::Internal("GetMany with commands queued");
   for (auto key : keys) Append({consume ? "GETDEL" : "GET", key});
-  if (ctx_->reader->len > ctx_->reader->pos) {  // hiredis holds unread bytes: read through it
+  if (conn_->buffered()) {  // the parser holds unread bytes: read through it
     std::vector<RedisReply> replies;
     FERRY_RETURN_IF_ERROR(Flush(&replies));
     for (size_t i = 0; i < keys.size(); ++i) {
@@ -310,7 +244,7 @@ Status RedisClient::GetMany(const std::vector<std::string_view>& keys,
   commands.swap(queued_);
   pending_ = 0;
   FERRY_RETURN_IF_ERROR(WriteQueued(commands, {}));
-  SocketReader reader(ctx_->fd);
+  SocketReader reader(&conn_->transport());
   Status error;
   std::string line;
   for (size_t i = 0; i < keys.size(); ++i) {
@@ -346,52 +280,68 @@ Status RedisClient::GetMany(const std::vector<std::string_view>& keys,
 
 // ---- RedisSubscriber -------------------------------------------------------------------------
 
+RedisSubscriber::RedisSubscriber(std::unique_ptr<RedisConnection> conn) : conn_(std::move(conn)) {}
+
 Status RedisSubscriber::Connect(const RedisEndpoint& endpoint, int timeout_ms,
                                 const std::string& channel, std::unique_ptr<RedisSubscriber>* out) {
-  redisContext* ctx = nullptr;
-  FERRY_RETURN_IF_ERROR(ConnectContext(endpoint, timeout_ms, &ctx));
+  // A subscriber only reads: without keepalive probes a peer that vanished without a FIN/RST (a
+  // dead host, a NAT that forgot the flow) would leave it waiting for good. Pub/Sub channels
+  // are not per database: no SELECT.
+  std::unique_ptr<RedisConnection> conn;
+  FERRY_RETURN_IF_ERROR(RedisConnection::Open(endpoint, timeout_ms, /*keepalive=*/true,
+                                              /*select=*/false, /*ping=*/false, &conn));
   auto fail = [&](const std::string& why) {
-    redisFree(ctx);
     return Status::Unavailable("redis " + endpoint.host + ":" + std::to_string(endpoint.port) +
                                ": " + why);
   };
-  // A subscriber only reads: without keepalive probes a peer that vanished without a FIN/RST (a
-  // dead host, a NAT that forgot the flow) would leave it waiting for good.
-  redisEnableKeepAlive(ctx);
-  auto* r =
-      static_cast<redisReply*>(redisCommand(ctx, "SUBSCRIBE %b", channel.data(), channel.size()));
-  if (!r) return fail(ctx->errstr[0] ? ctx->errstr : "connection lost");
+  std::string command;
+  AppendRespCommand(&command, {"SUBSCRIBE", channel});
+  const iovec iov{command.data(), command.size()};
+  FERRY_RETURN_IF_ERROR(conn->transport().Write(&iov, 1));
+  redisReply* raw = nullptr;
+  if (Status s = conn->ReadReply(&raw); !s.ok()) return fail(s.message());
+  std::unique_ptr<redisReply, void (*)(void*)> r(raw, freeReplyObject);
   // The confirmation: ["subscribe", channel, 1].
   const bool confirmed = r->type == REDIS_REPLY_ARRAY && r->elements == 3 &&
                          r->element[0]->type == REDIS_REPLY_STRING &&
                          std::string_view(r->element[0]->str, r->element[0]->len) == "subscribe";
-  const std::string what =
-      r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len) : "unexpected reply to SUBSCRIBE";
-  freeReplyObject(r);
-  if (!confirmed) return fail(what);
+  if (!confirmed)
+    return fail(r->type == REDIS_REPLY_ERROR ? std::string(r->str, r->len)
+                                             : "unexpected reply to SUBSCRIBE");
   // From now on reads never block: a spurious wake-up reads nothing instead of stalling the
-  // polling thread (hiredis treats EAGAIN as "try later" only without REDIS_BLOCK).
-  const int flags = fcntl(ctx->fd, F_GETFL);
-  if (flags < 0 || fcntl(ctx->fd, F_SETFL, flags | O_NONBLOCK) < 0)
-    return fail(std::string("fcntl: ") + std::strerror(errno));
-  ctx->flags &= ~REDIS_BLOCK;
-  out->reset(new RedisSubscriber(ctx));
+  // polling thread.
+  FERRY_RETURN_IF_ERROR(conn->transport().SetNonBlocking());
+  out->reset(new RedisSubscriber(std::move(conn)));
   return Status::Ok();
 }
 
-RedisSubscriber::~RedisSubscriber() { redisFree(ctx_); }
+RedisSubscriber::~RedisSubscriber() = default;
 
-int RedisSubscriber::fd() const { return ctx_->fd; }
+int RedisSubscriber::fd() const { return conn_ ? conn_->transport().fd() : -1; }
 
 Status RedisSubscriber::ReadAvailable(
     const std::function<void(std::string_view payload)>& on_message) {
-  if (ctx_->err) return Status::Unavailable(std::string("redis subscriber: ") + ctx_->errstr);
-  if (redisBufferRead(ctx_) != REDIS_OK)
-    return Status::Unavailable(std::string("redis subscriber: ") + ctx_->errstr);
+  if (!conn_) return Status::Unavailable("redis subscriber: closed");
+  RedisTransport& transport = conn_->transport();
+  char buf[16 * 1024];
+  while (true) {
+    size_t got = 0;
+    Status s = transport.ReadNow(buf, sizeof(buf), &got);
+    if (s.ok()) s = conn_->Feed(buf, got);
+    if (!s.ok()) {
+      conn_.reset();
+      return Status::Unavailable("redis subscriber: " + s.message());
+    }
+    // Plain TCP: one read, what is left the next poll shows. TLS: until OpenSSL holds nothing.
+    if (got == 0 || !transport.tls()) break;
+  }
   while (true) {
     void* raw = nullptr;
-    if (redisGetReplyFromReader(ctx_, &raw) != REDIS_OK)
-      return Status::Unavailable(std::string("redis subscriber: ") + ctx_->errstr);
+    if (redisReaderGetReply(conn_->reader(), &raw) != REDIS_OK) {
+      const std::string why = conn_->reader()->errstr;
+      conn_.reset();
+      return Status::Unavailable("redis subscriber: protocol error: " + why);
+    }
     if (raw == nullptr) return Status::Ok();  // no complete reply buffered
     // Freed even when on_message throws.
     std::unique_ptr<redisReply, void (*)(void*)> owned(static_cast<redisReply*>(raw),
@@ -404,6 +354,12 @@ Status RedisSubscriber::ReadAvailable(
       on_message(std::string_view(r->element[2]->str, r->element[2]->len));
     }
   }
+}
+
+Status CheckRedisAccess(const RedisEndpoint& endpoint, int timeout_ms, bool* refused) {
+  std::unique_ptr<RedisConnection> conn;
+  return RedisConnection::Open(endpoint, timeout_ms, /*keepalive=*/false, /*select=*/true,
+                               /*ping=*/endpoint.password.empty(), &conn, refused);
 }
 
 }  // namespace ferry::protocol

@@ -1,5 +1,7 @@
 #include "ferry/protocol/util.h"
 
+#include <algorithm>
+
 #include <unistd.h>
 
 #include <chrono>
@@ -51,36 +53,15 @@ std::string HostName() {
   return buf;
 }
 
-Status ParseRedisUrl(std::string_view url, RedisEndpoint* out) {
-  std::string_view rest = url;
-  constexpr std::string_view kScheme = "redis://";
-  if (rest.substr(0, kScheme.size()) == kScheme) rest.remove_prefix(kScheme.size());
-  size_t slash = rest.find('/');
-  std::string_view hostport = rest.substr(0, slash);
-  if (slash != std::string_view::npos) {
-    std::string db(rest.substr(slash + 1));
-    if (!db.empty()) {
-      try {
-        out->db = std::stoi(db);
-      } catch (...) {
-        return Status::InvalidArgument("bad Redis database in \"" + std::string(url) + "\"");
-      }
-    }
+std::string Printable(std::string_view s, size_t max) {
+  std::string out;
+  out.reserve(std::min(s.size(), max) + 3);
+  for (size_t i = 0; i < s.size() && i < max; ++i) {
+    const unsigned char c = static_cast<unsigned char>(s[i]);
+    out.push_back(c < 0x20 || c >= 0x7f ? '?' : static_cast<char>(c));
   }
-  size_t colon = hostport.rfind(':');
-  if (colon == std::string_view::npos) {
-    out->host = std::string(hostport);
-  } else {
-    out->host = std::string(hostport.substr(0, colon));
-    try {
-      out->port = std::stoi(std::string(hostport.substr(colon + 1)));
-    } catch (...) {
-      return Status::InvalidArgument("bad Redis port in \"" + std::string(url) + "\"");
-    }
-  }
-  if (out->host.empty() || out->port <= 0 || out->port > 65535)
-    return Status::InvalidArgument("bad Redis URL \"" + std::string(url) + "\"");
-  return Status::Ok();
+  if (s.size() > max) out += "...";
+  return out;
 }
 
 }  // namespace ferry::protocol

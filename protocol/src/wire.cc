@@ -73,6 +73,7 @@ Status RecvMessage(zmq::socket_t& socket, bool router, Message* out, bool dont_w
   out->envelope.clear();
   out->command.clear();
   out->body.rebuild();
+  out->user_id.clear();
   std::vector<zmq::message_t> parts;
   parts.reserve(4);  // [identity,] FERRY1, COMMAND, BODY: one allocation, not three
   try {
@@ -99,6 +100,9 @@ Status RecvMessage(zmq::socket_t& socket, bool router, Message* out, bool dont_w
     if (router && !parts.empty()) out->envelope.push_back(std::move(parts[0]));
     return Status(codes::kMalformed, "message has no FERRY1 tag frame");
   }
+  // Metadata rides on the frames that came off the wire (the tag frame), not on a ROUTER's
+  // routing-id frame.
+  if (const char* user = zmq_msg_gets(parts[tag].handle(), "User-Id")) out->user_id = user;
   for (size_t i = 0; i < tag; ++i) out->envelope.push_back(std::move(parts[i]));
   if (parts.size() - tag < 2 || parts.size() - tag > 3)
     return Status(codes::kMalformed, "expected FERRY1, COMMAND and BODY frames");

@@ -165,13 +165,21 @@ std::string Process::Log() const {
 }
 
 RedisServer::RedisServer(Options options)
-    : port_(options.port != 0 ? options.port : FreePort()), append_only_(options.append_only) {
+    : options_(std::move(options)), port_(options_.port != 0 ? options_.port : FreePort()) {
   Start();
 }
 
 protocol::RedisEndpoint RedisServer::endpoint() const {
   protocol::RedisEndpoint ep;
   ep.port = port_;
+  ep.user = options_.user;
+  ep.password = options_.password.empty() ? options_.requirepass : options_.password;
+  ep.tls = options_.tls;
+  if (ep.tls) {
+    ep.tls_ca = options_.tls_ca;
+    ep.tls_cert = options_.client_cert;
+    ep.tls_key = options_.client_key;
+  }
   return ep;
 }
 
@@ -184,7 +192,7 @@ std::unique_ptr<protocol::RedisClient> RedisServer::Connect() const {
 void RedisServer::Start() {
   std::vector<std::string> argv = {"/usr/bin/redis-server",
                                    "--port",
-                                   std::to_string(port_),
+                                   options_.tls ? "0" : std::to_string(port_),
                                    "--bind",
                                    "127.0.0.1",
                                    "--dir",
@@ -192,9 +200,17 @@ void RedisServer::Start() {
                                    "--save",
                                    "",
                                    "--appendonly",
-                                   append_only_ ? "yes" : "no",
+                                   options_.append_only ? "yes" : "no",
                                    "--appendfsync",
                                    "always"};
+  if (!options_.requirepass.empty())
+    argv.insert(argv.end(), {"--requirepass", options_.requirepass});
+  if (!options_.acl_file.empty()) argv.insert(argv.end(), {"--aclfile", options_.acl_file});
+  if (options_.tls)
+    argv.insert(argv.end(),
+                {"--tls-port", std::to_string(port_), "--tls-cert-file", options_.tls_cert,
+                 "--tls-key-file", options_.tls_key, "--tls-ca-cert-file", options_.tls_ca,
+                 "--tls-auth-clients", options_.tls_auth_clients ? "yes" : "no"});
   process_ = std::make_unique<Process>(argv, dir_.path() + "/redis.log");
   if (!WaitFor([&] { return Ping(); }, std::chrono::seconds(10)))
     throw std::runtime_error("redis-server did not start: " + process_->Log());

@@ -66,11 +66,26 @@ class RedisServer {
   struct Options {
     int port = 0;              // 0: a free port
     bool append_only = false;  // AOF with fsync always (for restart tests)
+    std::string requirepass;   // the default user's password
+    std::string acl_file;      // the users (--aclfile)
+    // TLS only: `port` is the TLS port and there is no plain one. PEM files; with
+    // tls_auth_clients a client needs a certificate that tls_ca signed.
+    bool tls = false;
+    std::string tls_cert, tls_key, tls_ca;
+    bool tls_auth_clients = true;
+    // Who this helper (Ping, Connect, endpoint()) is: an ACL user (empty: the default user) and
+    // its password (empty: requirepass), and with TLS its client certificate and key.
+    std::string user, password;
+    std::string client_cert, client_key;
   };
   RedisServer() : RedisServer(Options{}) {}
   explicit RedisServer(Options options);
   int port() const { return port_; }
-  std::string url() const { return "redis://127.0.0.1:" + std::to_string(port_); }
+  // redis://127.0.0.1:PORT, or rediss://: no user or password.
+  std::string url() const {
+    return (options_.tls ? "rediss://127.0.0.1:" : "redis://127.0.0.1:") + std::to_string(port_);
+  }
+  // The helper's own endpoint: url() with its user, password and TLS files.
   protocol::RedisEndpoint endpoint() const;
   // A fresh connection for the test's own reads and writes; null when Redis does not answer.
   std::unique_ptr<protocol::RedisClient> Connect() const;
@@ -81,8 +96,8 @@ class RedisServer {
  private:
   void Start();
   TempDir dir_;
+  Options options_;
   int port_;
-  bool append_only_;
   std::unique_ptr<Process> process_;
 };
 

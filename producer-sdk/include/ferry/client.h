@@ -58,8 +58,28 @@ namespace ferry::client {
 struct ClientOptions {
   // The broker's frontend (ZeroMQ endpoint).
   std::string frontend = "tcp://127.0.0.1:5555";
-  // Where results are read: redis://HOST:PORT[/DB].
+  // CurveZMQ (docs/security.md), for a broker started with --curve-secret: the broker's public
+  // certificate (its NAME.key) and this client's secret certificate (NAME.key_secret, whose
+  // NAME.key is in the broker's --allow-producers). Both or neither; files as `ferry keygen`,
+  // czmq or pyzmq write them. When the broker refuses the key, or the broker's key is wrong,
+  // calls fail with `unavailable` and a message that says so.
+  std::string curve_server_public;
+  std::string curve_secret;
+  // Where results are read: redis://[USER[:PASSWORD]@]HOST:PORT[/DB], or rediss://... for TLS
+  // (docs/security.md). With a password every connection starts with AUTH (an ACL user: the
+  // deploy/redis/users.acl "ferry-producer"). A Redis that refuses the credentials, the TLS
+  // certificate or the database makes the calls that read Redis fail with `unavailable`, and a
+  // message that says so (naming the user, never the password); Create does not connect.
   std::string redis = "redis://127.0.0.1:6379";
+  // The password, read from this file (one line) by Create, instead of from `redis`: keeps it
+  // out of URLs that get logged and out of command lines. Not both.
+  std::string redis_password_file;
+  // rediss:// only: CA certificates (PEM file) that verify Redis's certificate (default: the
+  // system's), and a client certificate and its private key (PEM files, both or neither) for a
+  // Redis with tls-auth-clients. Create fails with invalid_argument when they do not load.
+  std::string redis_tls_ca;
+  std::string redis_tls_cert;
+  std::string redis_tls_key;
   // Prefix of every Ferry key in Redis; must match the broker's and workers'.
   std::string redis_prefix = "ferry:";
   // How long Submit/SubmitMany/Stats wait for the broker's answer, and the Redis connect/read
@@ -117,7 +137,8 @@ struct CancelReport {
 class Client {
  public:
   // Makes a client and starts its background I/O thread. Fails with invalid_argument on bad options
-  // (an endpoint ZeroMQ cannot parse, a bad Redis URL). Does NOT wait for the broker or Redis: both
+  // (an endpoint ZeroMQ cannot parse, a bad Redis URL, a Redis password or TLS file that cannot be
+  // read or loaded). Does NOT wait for the broker or Redis: both
   // are connected lazily and reconnected after failures, so a service may start first.
   // On success stores the client in *out (the caller owns it).
   static Status Create(const ClientOptions& options, std::unique_ptr<Client>* out);

@@ -114,7 +114,8 @@ TEST_F(AdmissionTest, AnIdAlreadyPendingIsADuplicate) {
   ASSERT_TRUE(scheduler_.NextChunk(&chunk));
   EXPECT_EQ(AdmitJob(Submit("a", "m")).code(), codes::kDuplicate);
   // Once it is finished the id may be used again.
-  ASSERT_EQ(scheduler_.Complete("w1", {"a"}).size(), 1u);
+  std::vector<std::string> not_held;
+  ASSERT_EQ(scheduler_.Complete("w1", {"a"}, &not_held).size(), 1u);
   s = AdmitJob(Submit("a", "m"));
   EXPECT_TRUE(s.ok()) << s.ToString();
 }
@@ -161,7 +162,8 @@ TEST_F(AdmissionTest, PendingBytesOverMaxPendingBytesAreQueueFull) {
   Chunk chunk;
   ASSERT_TRUE(scheduler_.NextChunk(&chunk));
   EXPECT_EQ(AdmitJob(Submit("a", "m", {31})).code(), codes::kQueueFull);
-  ASSERT_EQ(scheduler_.Complete("w1", {"q1"}).size(), 1u);
+  std::vector<std::string> not_held;
+  ASSERT_EQ(scheduler_.Complete("w1", {"q1"}, &not_held).size(), 1u);
   s = AdmitJob(Submit("a", "m", {31}));
   EXPECT_TRUE(s.ok()) << s.ToString();
 }

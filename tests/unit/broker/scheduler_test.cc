@@ -56,7 +56,8 @@ TEST(Scheduler, ChunksRespectMaxBatchAndCredit) {
   EXPECT_FALSE(s.NextChunk(&c));
   EXPECT_EQ(s.QueueDepth("m"), 4u);
   // DONE returns credit.
-  auto done = s.Complete("w1", {"j0", "j1", "j2"});
+  std::vector<std::string> not_held;
+  auto done = s.Complete("w1", {"j0", "j1", "j2"}, &not_held);
   EXPECT_EQ(done.size(), 3u);
   ASSERT_TRUE(s.NextChunk(&c));
   EXPECT_EQ(Ids(c), (std::vector<std::string>{"j6", "j7", "j8"}));
@@ -165,21 +166,29 @@ TEST(Scheduler, LostWorkerRequeuesAtFrontWithNextAttempt) {
   s.AddWorker("w2", Hello("w2", 10, {{"m", 10}}), 0);
   ASSERT_TRUE(s.NextChunk(&c));
   EXPECT_EQ(Ids(c), (std::vector<std::string>{"j0", "j1", "j2", "j3"}));
-  // A late DONE from the presumed-dead worker still finishes j0: its result is in Redis and
-  // the first result wins. w2's credit comes back; its own later DONE is ignored.
+  // A late DONE from the presumed-dead worker does not finish j0 by itself: w2 holds it, so the
+  // id comes back as not held (the broker finishes it once it sees the result in Redis, with
+  // Take). w2's own DONE finishes it.
   EXPECT_EQ(s.workers().at("w2").in_flight.size(), 4u);
-  EXPECT_EQ(s.Complete("w1", {"j0"}).size(), 1u);
-  EXPECT_EQ(s.workers().at("w2").in_flight.size(), 3u);
-  EXPECT_TRUE(s.Complete("w2", {"j0"}).empty());
+  std::vector<std::string> not_held;
+  EXPECT_TRUE(s.Complete("w1", {"j0"}, &not_held).empty());
+  EXPECT_EQ(not_held, (std::vector<std::string>{"j0"}));
+  EXPECT_EQ(s.workers().at("w2").in_flight.size(), 4u);
+  not_held.clear();
+  EXPECT_EQ(s.Complete("w2", {"j0"}, &not_held).size(), 1u);
+  EXPECT_TRUE(not_held.empty());
   EXPECT_FALSE(s.IsPending("j0"));
+  EXPECT_EQ(s.workers().at("w2").in_flight.size(), 3u);
 }
 
-TEST(Scheduler, DoneForAQueuedJobFinishesIt) {
+TEST(Scheduler, DoneForAJobTheSenderDoesNotHoldFinishesNothing) {
   Scheduler s;
   ASSERT_TRUE(s.Add(MakeJob("a", "m")).ok());
-  EXPECT_EQ(s.Complete("some-worker", {"a", "unknown"}).size(), 1u);
-  EXPECT_EQ(s.QueueDepth("m"), 0u);
-  EXPECT_EQ(s.pending(), 0u);
+  std::vector<std::string> not_held;
+  EXPECT_TRUE(s.Complete("some-worker", {"a", "unknown"}, &not_held).empty());
+  EXPECT_EQ(not_held, (std::vector<std::string>{"a"}));  // pending but queued; unknown ignored
+  EXPECT_EQ(s.QueueDepth("m"), 1u);
+  EXPECT_EQ(s.pending(), 1u);
 }
 
 TEST(Scheduler, AgingServesOldLowPriorityJobsUnderHighPriorityLoad) {
@@ -192,7 +201,8 @@ TEST(Scheduler, AgingServesOldLowPriorityJobsUnderHighPriorityLoad) {
   for (int i = 0; i < 4; ++i) {
     ASSERT_TRUE(s.NextChunk(&c));
     order.push_back(c.jobs[0]->id);
-    s.Complete("w", {c.jobs[0]->id});
+    std::vector<std::string> not_held;
+    s.Complete("w", {c.jobs[0]->id}, &not_held);
   }
   EXPECT_EQ(order, (std::vector<std::string>{"hi0", "hi1", "hi2", "old-low"}));
 }

@@ -16,15 +16,20 @@
 #include <string>
 #include <vector>
 
+#include "ferry/protocol/redis_endpoint.h"
 #include "ferry/status.h"
 
 namespace ferry::broker {
 
 struct BrokerOptions {
-  std::string frontend = "tcp://*:5555";
-  std::string backend = "tcp://*:5556";
+  // Loopback by default: binding beyond it needs CURVE (below) or `insecure`.
+  std::string frontend = "tcp://127.0.0.1:5555";
+  std::string backend = "tcp://127.0.0.1:5556";
   std::string redis = "redis://127.0.0.1:6379";
   std::string redis_prefix = "ferry:";
+  // --redis-password-file, --redis-tls-ca/-cert/-key (docs/security.md). A Redis that refuses
+  // the credentials, the TLS files or the database fails Create (`unavailable`).
+  protocol::RedisAccessFiles redis_files;
   int64_t heartbeat_ms = 1000;  // interval of HEARTBEATs to workers
   int64_t liveness = 3;         // a worker silent for heartbeat_ms * liveness is dropped
   int64_t max_attempts = 3;     // a job requeued this many times fails as "poisoned"
@@ -37,6 +42,22 @@ struct BrokerOptions {
   bool journal = true;                    // journal accepted jobs in Redis (--no-journal)
   int64_t redis_timeout_ms = 1000;
   int metrics_port = 0;  // serve /metrics and /healthz here; 0 = off, -1 = any free port
+  std::string metrics_addr = "127.0.0.1";  // the address /metrics binds
+
+  // CurveZMQ (docs/security.md). `curve_secret`, the broker's own NAME.key_secret, makes both
+  // sockets CURVE servers; then only clients whose public key is a *.key file in
+  // `allow_producers` (frontend) or `allow_workers` (backend) get in, and `allow_operators`
+  // (optional) lists producers that may also cancel any producer's jobs. Re-read on Reload().
+  std::string curve_secret;
+  std::string allow_producers;
+  std::string allow_workers;
+  std::string allow_operators;
+  // Bind a non-loopback address without CURVE (anyone who reaches the ports is a member).
+  bool insecure = false;
+
+  // Bounds on what one message may ask for (a member can misbehave too).
+  int64_t max_result_ttl_s = 7 * 24 * 3600;  // SUBMIT result_ttl_s above it: invalid_argument
+  int64_t max_jobs_per_message = 10000;      // jobs per SUBMIT, ids per CANCEL
 };
 
 class Broker {
@@ -49,6 +70,8 @@ class Broker {
   // Serves until Stop(). Returns OK after a clean stop.
   Status Run();
   void Stop() { stop_.store(true, std::memory_order_relaxed); }
+  // Re-reads the allowed-key directories on the broker's thread, soon (SIGHUP). Async-signal-safe.
+  void Reload() { reload_.store(true, std::memory_order_relaxed); }
 
   // The endpoints actually bound (resolves port 0 / wildcards), for tests and logs.
   std::string frontend_endpoint() const;
@@ -61,6 +84,7 @@ class Broker {
   explicit Broker(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
   std::atomic<bool> stop_{false};
+  std::atomic<bool> reload_{false};
 };
 
 }  // namespace ferry::broker

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ferry/protocol/keys.h"
+#include "ferry/protocol/redis_endpoint.h"
 #include "ferry/status.h"
 #include "ferry/worker/model_config.h"
 
@@ -17,7 +18,13 @@ using ModelSpec = ModelConfig;
 
 struct WorkerOptions {
   std::string broker = "tcp://127.0.0.1:5556";  // the broker's backend ROUTER
+  // CurveZMQ (docs/security.md): the broker's public certificate (its NAME.key) and this
+  // worker's secret certificate (NAME.key_secret, listed in the broker's --allow-workers).
+  std::string curve_server_public;
+  std::string curve_secret;
   std::string redis = "redis://127.0.0.1:6379";
+  // --redis-password-file, --redis-tls-ca/-cert/-key (docs/security.md).
+  protocol::RedisAccessFiles redis_files;
   // At least one, from --models FILE and/or --model NAME=PATH; after parsing, every entry's
   // device and max_batch are filled in from --device and --max-batch when the file left them.
   std::vector<ModelConfig> models;
@@ -37,6 +44,7 @@ struct WorkerOptions {
   std::string log_level = "info";
   bool log_json = false;     // --log-json: one JSON object per log line
   int64_t metrics_port = 0;  // serve /metrics and /healthz here; 0 = off, -1 = any free port
+  std::string metrics_addr = "127.0.0.1";  // the address /metrics binds
 
   // Jobs the worker can hold at once (its credit): the largest max batch of its models times
   // (instances + 1), so the broker sends the next chunk while the current ones compute.

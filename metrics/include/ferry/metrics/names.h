@@ -60,6 +60,13 @@ inline constexpr const char* kChunksDispatchedHelp = "Chunks (groups of jobs) se
 inline constexpr const char* kDuplicatesSuppressed = "ferry_duplicates_suppressed_total";
 inline constexpr const char* kDuplicatesSuppressedHelp =
     "Duplicate completions or results that were ignored.";
+inline constexpr const char* kMessagesRefused = "ferry_broker_messages_refused_total";
+inline constexpr const char* kMessagesRefusedHelp =
+    "Messages dropped unread: from a key no longer allowed, or a member's message the broker "
+    "refuses (a DONE for jobs it does not hold, a READY with bad fields).";
+inline constexpr const char* kRepliesDropped = "ferry_broker_replies_dropped_total";
+inline constexpr const char* kRepliesDroppedHelp =
+    "Replies and notices to producers dropped: the producer was gone or had too many unread.";
 
 // ---- latency histograms {model} (seconds; LatencyBuckets) --------------------------------------
 // broker: accepted -> DONE received (the result is in Redis by then).

@@ -1,8 +1,9 @@
 #pragma once
-// RedisClient: a small synchronous Redis connection on top of hiredis, with pipelining.
-// hiredis reports failures in two channels -- the context's transport error and error replies;
-// both are checked here and nowhere else. A transport failure drops the connection and the next
-// call reconnects, so callers just retry with backoff.
+// RedisClient: a small synchronous Redis connection with pipelining, over plain TCP or TLS
+// (rediss://), authenticated with AUTH (and on its database, SELECT) at every (re)connection;
+// hiredis parses the replies. Failures come in two channels -- the transport (connection,
+// TLS, AUTH) and error replies; both are checked here and nowhere else. A transport failure
+// drops the connection and the next call reconnects, so callers just retry with backoff.
 //
 // Thread-safety: none; one client per thread (or guard it with a mutex).
 
@@ -17,9 +18,9 @@
 #include "ferry/protocol/util.h"
 #include "ferry/status.h"
 
-struct redisContext;
-
 namespace ferry::protocol {
+
+class RedisConnection;  // src/redis_transport.h
 
 struct RedisReply {
   enum class Type { kNil, kString, kInteger, kArray, kStatus, kError };
@@ -31,7 +32,8 @@ struct RedisReply {
 
 class RedisClient {
  public:
-  // Connects (and SELECTs the db). Fails with kUnavailable when Redis cannot be reached.
+  // Connects (TLS, AUTH and SELECT as the endpoint says). Fails with kUnavailable when Redis
+  // cannot be reached or refuses this client (the message says which: credentials, TLS, db).
   static Status Connect(const RedisEndpoint& endpoint, int timeout_ms,
                         std::unique_ptr<RedisClient>* out);
   // Makes a client that connects on first use (and reconnects after failures), for processes
@@ -42,8 +44,8 @@ class RedisClient {
   RedisClient& operator=(const RedisClient&) = delete;
 
   // Queues a command for the next Flush: the arguments are copied once, straight into the
-  // pipeline's wire form (RESP); Flush hands that to hiredis, which copies it into its output
-  // buffer once more. An empty `argv` is ignored (Redis would not answer it).
+  // pipeline's wire form (RESP), which Flush writes from there. An empty `argv` is ignored
+  // (Redis would not answer it).
   void Append(const std::vector<std::string_view>& argv);
   // Like Append, except that arguments of at least kByRefBytes are not copied: Flush sends them
   // from where they are (writev), so they must stay alive and unchanged until Flush returns.
@@ -61,10 +63,11 @@ class RedisClient {
   // GET (through GetMany): `found` false when the key does not exist.
   Status Get(std::string_view key, std::string* value, bool* found);
   // One GET per key, pipelined in one round trip, each value read from the socket straight
-  // into its string (one copy, by the kernel: for big values, no staging buffer and no extra
-  // copy). (*values)[i] is keys[i]'s value; nullopt when the key does not exist. An error reply
-  // (e.g. WRONGTYPE) fails the call with internal; transport failures with unavailable.
-  // `consume`: GETDEL instead of GET -- each key is deleted as it is read (Redis >= 6.2).
+  // into its string (one copy, by the kernel -- or by OpenSSL's decryption under TLS: for big
+  // values, no staging buffer and no extra copy). (*values)[i] is keys[i]'s value; nullopt when the
+  // key does not exist. An error reply (e.g. WRONGTYPE) fails the call with internal; transport
+  // failures with unavailable. `consume`: GETDEL instead of GET -- each key is deleted as it is
+  // read (Redis >= 6.2).
   Status GetMany(const std::vector<std::string_view>& keys,
                  std::vector<std::optional<std::string>>* values, bool consume = false);
 
@@ -75,9 +78,9 @@ class RedisClient {
 
   RedisEndpoint endpoint_;
   int timeout_ms_;
-  redisContext* ctx_ = nullptr;
-  // Writes the queued commands straight to the socket, the by-reference arguments between the
-  // bytes of queued_ (writev). For plain TCP; hiredis's own buffer is empty then.
+  std::unique_ptr<RedisConnection> conn_;  // null until connected, and after a failure
+  // Writes the queued commands straight to the connection, the by-reference arguments between
+  // the bytes of queued_ (a gather write on plain TCP).
   Status WriteQueued(const std::string& commands,
                      const std::vector<std::pair<size_t, std::string_view>>& refs);
   void AppendCommand(const std::vector<std::string_view>& argv, bool by_ref);
@@ -105,14 +108,23 @@ class RedisSubscriber {
 
   // The socket to poll for reading.
   int fd() const;
-  // Reads what the socket holds now (one read; call when fd() is readable) and calls
+  // Reads what the socket holds now (one read on plain TCP; with TLS, until nothing is left
+  // inside OpenSSL either, which poll() could not see; call when fd() is readable) and calls
   // on_message with each complete message's payload (valid during the call only). kUnavailable
   // when the connection closed or failed: the subscriber is then unusable.
   Status ReadAvailable(const std::function<void(std::string_view payload)>& on_message);
 
  private:
-  explicit RedisSubscriber(redisContext* ctx) : ctx_(ctx) {}
-  redisContext* ctx_;
+  explicit RedisSubscriber(std::unique_ptr<RedisConnection> conn);
+  std::unique_ptr<RedisConnection> conn_;
 };
+
+// For a process's start (ferry-broker, ferry-worker, ferry-bench): connects once -- TCP, TLS,
+// AUTH, SELECT, and a PING when no password is given -- so that a wrong password, user, CA,
+// certificate or database stops the process at once with a clear message instead of failing
+// every write later. Returns ok when Redis let this client in. On failure *refused says whether
+// Redis (or its TLS) turned this client away -- no retry cures that: exit -- or could not be
+// reached at all (or did not answer in time), which a process that reconnects may ride out.
+Status CheckRedisAccess(const RedisEndpoint& endpoint, int timeout_ms, bool* refused);
 
 }  // namespace ferry::protocol

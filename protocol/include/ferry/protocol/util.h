@@ -5,6 +5,7 @@
 #include <string>
 #include <string_view>
 
+#include "ferry/protocol/redis_endpoint.h"  // RedisEndpoint, ParseRedisUrl
 #include "ferry/status.h"
 
 namespace ferry::protocol {
@@ -17,12 +18,9 @@ int64_t MonotonicMicros();
 std::string NewUuid();
 std::string HostName();
 
-struct RedisEndpoint {
-  std::string host = "127.0.0.1";
-  int port = 6379;
-  int db = 0;
-};
-// Parses redis://HOST:PORT[/DB] (also HOST:PORT).
-Status ParseRedisUrl(std::string_view url, RedisEndpoint* out);
+// `s` made safe to log or print: control characters, DEL and bytes >= 0x80 become '?', and at
+// most `max` characters are kept ("..." marks a cut). For names and messages that came from the
+// network, so that a peer cannot write into an operator's terminal or break a log line.
+std::string Printable(std::string_view s, size_t max = 128);
 
 }  // namespace ferry::protocol

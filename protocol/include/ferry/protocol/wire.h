@@ -39,6 +39,9 @@ struct Message {
   std::vector<zmq::message_t> envelope;  // frames before the tag (ROUTER side only)
   std::string command;
   zmq::message_t body;  // msgpack bytes; may be empty (treated as an empty map)
+  // The peer's ZAP User-Id: with CURVE, the Z85 public key the broker's ZAP handler admitted
+  // (see broker/src/zap_handler.h); empty without CURVE.
+  std::string user_id;
 };
 
 // Receives one whole multipart message (all parts are always drained, even on error).
