@@ -1,0 +1,270 @@
+"""ferry.AsyncClient: the client as asyncio coroutines."""
+
+import asyncio
+
+from . import _protocol
+from ._engine import Engine
+from ._requests import RunJob
+from ._errors import InvalidArgument, Timeout, Unavailable
+
+__all__ = ["AsyncClient", "CancelReport"]
+
+
+class CancelReport(tuple):
+    """What the broker did with the ids of one cancel() call (every id in exactly one list):
+    cancelled (were queued: their result is now "cancelled"), running (on a worker: dropped
+    there if their batch has not started), not_found (not pending: unknown or finished)."""
+
+    __slots__ = ()
+
+    def __new__(cls, cancelled, running, not_found):
+        return tuple.__new__(cls, (cancelled, running, not_found))
+
+    cancelled = property(lambda self: self[0])
+    running = property(lambda self: self[1])
+    not_found = property(lambda self: self[2])
+
+    def __repr__(self):
+        return "CancelReport(cancelled=%r, running=%r, not_found=%r)" % self
+
+
+class AsyncClient:
+    """Submits jobs to a Ferry broker and reads their results, on asyncio.
+
+        async with ferry.AsyncClient() as client:
+            result = await client.run("tiny", np.ones(8, np.float32), timeout=10)
+
+    Every coroutine runs on the event loop the client first ran on (it binds to it then):
+    thousands of concurrent ``await client.run(...)`` share one socket, and the runs started
+    in one turn of the loop travel to the broker as one SUBMIT. Not thread-safe: use it from
+    its loop only (ferry.Client is the thread-safe, blocking client).
+
+    Options (keywords; the C++ SDK's ClientOptions, same names and defaults): redis_prefix,
+    request_timeout_ms, push_results, stored_input_bytes, input_ttl_s, consume_results,
+    curve_server_public, curve_secret, redis_password_file, redis_tls_ca, redis_tls_cert,
+    redis_tls_key. frontend and redis default to $FERRY_FRONTEND and $FERRY_REDIS, then
+    tcp://127.0.0.1:5555 and redis://127.0.0.1:6379. See docs/python.md.
+    """
+
+    def __init__(self, frontend=None, redis=None, **options):
+        self.options = _protocol.Options(frontend, redis, **options)
+        # Checked now (a bad URL or key file fails here, not at the first call).
+        from . import _resp
+        o = self.options
+        _resp.parse_redis_url(o.redis, o.redis_password_file, o.redis_tls_ca, o.redis_tls_cert,
+                              o.redis_tls_key)
+        self._engine = None
+        self._closed = False
+
+    # ---- internals --------------------------------------------------------------------------
+
+    def _get_engine(self):
+        e = self._engine
+        if e is not None:
+            if e.loop is not asyncio.get_running_loop():
+                raise InvalidArgument("this AsyncClient runs on another event loop (a client "
+                                      "binds to the loop it first ran on)")
+            return e
+        if self._closed:
+            raise Unavailable("the client is closed")
+        self._engine = Engine(self.options, asyncio.get_running_loop())
+        return self._engine
+
+    def _prepare(self, model, inputs, id, priority, timeout_ms, result_ttl_s):
+        o = self.options
+        return _protocol.prepare(model, inputs, id, priority, timeout_ms, result_ttl_s,
+                                 o.stored_input_bytes, o.redis_prefix)
+
+    @staticmethod
+    def _timeout(timeout):
+        if timeout is None:
+            return None
+        if timeout < 0:
+            raise InvalidArgument("timeout must be >= 0 seconds or None (no limit)")
+        return float(timeout)
+
+    # ---- the API ----------------------------------------------------------------------------
+
+    async def submit(self, model, *inputs, id=None, priority=0, timeout_ms=0, result_ttl_s=0):
+        """Submits one job; returns its id once the broker accepted it. Raises the rejection
+        (UnknownModel, QueueFull, TooLarge, Duplicate, InvalidArgument, ...; .id is the job's
+        id, to resubmit a retryable one with) or Unavailable when the broker did not answer
+        within request_timeout_ms (the job may or may not be accepted: resubmit the same id)."""
+        prep = self._prepare(model, inputs, id, priority, timeout_ms, result_ttl_s)
+        return (await self._submit_prepared([prep]))[0]
+
+    async def submit_many(self, jobs):
+        """Submits jobs (ferry.Job or dicts) in one SUBMIT per 32 MiB; returns their ids in
+        order. If any is rejected, raises the first rejection's error with .ids (every id, in
+        order), .accepted (the accepted ids: wait for these) and .errors ({id: FerryError})."""
+        preps = self._prepare_many(jobs)
+        if not preps:
+            return []
+        return await self._submit_prepared(preps)
+
+    def _prepare_many(self, jobs):
+        preps, seen = [], set()
+        for j in jobs:
+            j = _protocol.Job.of(j)
+            p = self._prepare(j.model, j.inputs, j.id, j.priority, j.timeout_ms, j.result_ttl_s)
+            if p.id in seen:
+                raise InvalidArgument("id %r appears twice in one submit_many" % p.id, id=p.id)
+            seen.add(p.id)
+            preps.append(p)
+        return preps
+
+    async def _submit_prepared(self, preps):
+        engine = self._get_engine()
+        ids = [p.id for p in preps]
+        await engine.store_inputs(preps)
+        engine.track(ids)  # before sending: a result may come before the reply
+        call = engine.queue_submit(preps)
+        try:
+            verdicts = await asyncio.wait_for(call.future, engine.timeout)
+        except asyncio.TimeoutError:
+            engine.untrack(ids)  # maybe accepted: a wait then reads Redis before sleeping
+            err = Unavailable(engine.silence_message("SUBMIT", self.options.request_timeout_ms),
+                              id=ids[0])
+            err.ids, err.accepted, err.errors = ids, [], {i: err for i in ids}
+            raise err
+        except BaseException:
+            engine.untrack(ids)
+            raise
+        errors = {i: v for i, v in verdicts.items() if v is not None}
+        if not errors:
+            return ids
+        engine.untrack(list(errors))
+        # Stored inputs of rejected jobs are nobody's (a duplicate's belong to the pending job).
+        engine.delete_inputs([p for p in preps if p.id in errors
+                              and errors[p.id].code != "duplicate"])
+        first = next(errors[i] for i in ids if i in errors)
+        first.ids = ids
+        first.accepted = [i for i in ids if i not in errors]
+        first.errors = errors
+        raise first
+
+    async def wait(self, id, timeout=None):
+        """The result of job `id` (status done, failed, cancelled or expired), waiting up to
+        `timeout` seconds (None: no limit; 0: check once). Raises Timeout when none came in
+        time (the job may still finish: wait again), Unavailable when Redis stayed unreachable
+        until then. Wakes at once on the broker's or the worker's notice for jobs submitted
+        here; otherwise re-checks Redis every 50 ms, backing off to 1 s."""
+        _protocol.check_id(id)
+        engine = self._get_engine()
+        return await engine.wait(id, self._timeout(timeout), self.options.consume_results)
+
+    async def poll(self, id):
+        """The result of job `id` if it has one now, else None (pending, unknown or expired:
+        Redis cannot tell). Never deletes the result (consume_results does not apply)."""
+        _protocol.check_id(id)
+        return await self._get_engine().read(id, False)
+
+    async def run(self, model, *inputs, timeout=None, **job_options):
+        """Submits one job and waits for its result (job_options: id, priority, timeout_ms,
+        result_ttl_s). The SUBMIT asks for no ACCEPTED ("ack": false): one message and one
+        wake-up per job. Raises the job's rejection (UnknownModel, QueueFull, TooLarge,
+        InvalidArgument; a duplicate id means that job is pending: its result is returned);
+        rejected `unavailable` is resubmitted (same id) after a back-off until `timeout`; after
+        request_timeout_ms without a result the same id is resubmitted too (a pending job is
+        then a duplicate: nothing runs twice). Raises Timeout when `timeout` seconds pass
+        (run again with the same id to keep waiting), Unavailable when no broker took the job
+        at all ("it was not sent")."""
+        prep, timeout = self._prepare_run(model, inputs, timeout, job_options)
+        return await self._run_prepared(prep, timeout)
+
+    def _prepare_run(self, model, inputs, timeout, job_options):
+        unknown = set(job_options) - {"id", "priority", "timeout_ms", "result_ttl_s"}
+        if unknown:
+            raise TypeError("run() got unknown job option(s): %s" % ", ".join(sorted(unknown)))
+        timeout = self._timeout(timeout)
+        if timeout == 0:
+            raise InvalidArgument("run needs a timeout > 0 (or None); to check once, use poll")
+        prep = self._prepare(model, inputs, job_options.get("id"), job_options.get("priority", 0),
+                             job_options.get("timeout_ms", 0), job_options.get("result_ttl_s", 0))
+        return prep, timeout
+
+    async def _run_prepared(self, prep, timeout):
+        engine = self._get_engine()
+        consume = self.options.consume_results
+        id = prep.id
+        if engine.finished_here(id):  # a run again after a timeout, whose result came since
+            return await engine.wait(id, timeout, consume)
+        loop = engine.loop
+        deadline = None if timeout is None else loop.time() + timeout
+        job = RunJob(prep)
+
+        async def resubmit():
+            job.sent_at = loop.time()
+            if prep.stored:
+                try:
+                    await engine.store_inputs([prep])
+                except Unavailable:
+                    return  # Redis is away: the next silence tries again
+            engine.queue_run(job)
+
+        if prep.stored:
+            await engine.store_inputs([prep])
+        engine.track((id,))
+        engine.queue_run(job)
+        ok = False
+        backoff = 0.05
+        try:
+            while True:
+                left = None if deadline is None else max(0.0, deadline - loop.time())
+                try:
+                    r = await engine.wait(id, left, consume, run=job, resubmit=resubmit)
+                    ok = True
+                    return r
+                except Unavailable as err:
+                    if err is not job.error:
+                        if not job.ever_sent:
+                            raise Unavailable(engine.unsent_message(timeout), id=id) from err
+                        raise
+                    # The broker could not journal the job: back off, resubmit the same id.
+                    if deadline is not None and loop.time() + backoff >= deadline:
+                        raise
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 1.0)
+                    await resubmit()
+                except Timeout:
+                    if not job.ever_sent:
+                        raise Unavailable(engine.unsent_message(timeout), id=id)
+                    ok = True  # sent: the caller may run again with the same id
+                    raise
+        finally:
+            job.cancelled = True
+            if not ok:
+                engine.untrack((id,))
+                if prep.stored and (not job.ever_sent or job.error is not None):
+                    engine.delete_inputs([prep])  # nobody will read them
+
+    async def cancel(self, *ids):
+        """Cancels jobs (one CANCEL); returns a CancelReport (cancelled, running, not_found)."""
+        if len(ids) == 1 and isinstance(ids[0], (list, tuple)):
+            ids = tuple(ids[0])
+        for i in ids:
+            _protocol.check_id(i)
+        if not ids:
+            return CancelReport([], [], [])
+        body = await self._get_engine().request(b"CANCEL", {"ids": list(ids)}, "CANCELLED")
+        return CancelReport(body.get("ids") or [], body.get("running") or [],
+                            body.get("not_found") or [])
+
+    async def stats(self):
+        """The broker's statistics: workers, queues, pending, counters (docs/protocol.md)."""
+        body = await self._get_engine().request(b"STATS", {}, "STATS")
+        body.pop("rid", None)
+        return body
+
+    async def close(self):
+        """Closes the socket and Redis connections; waits in progress raise Unavailable."""
+        self._closed = True
+        if self._engine is not None:
+            await self._engine.close()
+
+    async def __aenter__(self):
+        self._get_engine()
+        return self
+
+    async def __aexit__(self, *exc):
+        await self.close()

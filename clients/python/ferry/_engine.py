@@ -1,0 +1,627 @@
+"""The client's engine: everything that talks to the broker and Redis, on one asyncio loop.
+
+One I/O task owns the DEALER socket (an actor, like the C++ SDK's I/O thread): callers queue
+jobs and requests and kick it; each turn it builds messages from everything queued -- the jobs
+of all the `run` calls made since its last turn go out as ONE ``SUBMIT`` (``"ack": false``), the
+jobs of all `submit` calls as another -- sends what the socket takes, then reads every message
+that has arrived (replies matched by ``rid``; ``FINISHED`` notices) and sleeps until a caller or
+the socket wakes it. The socket's file descriptor is watched with ``loop.add_reader``.
+
+Results: ``FINISHED`` from the broker (with small records inline: ``inline_results``) and, at
+light load, notices published by the worker on this client's Redis channel (``notify``) mark an
+id's entry as finished and wake its waiters; a waiter decodes the inline record, or reads the
+result from Redis (GET, pipelined with every other read of the same turn). Waiters also re-check
+Redis on their own every 50 ms doubling to 1 s: the safety net for lost notices (a broker
+restart) and for ids another process submitted.
+
+Nothing here is thread-safe: every method runs on the loop (ferry.Client calls in through
+run_coroutine_threadsafe).
+"""
+
+import asyncio
+import itertools
+import uuid
+
+import msgpack
+import zmq
+import zmq.auth
+
+from . import _protocol, _resp
+from ._errors import InvalidArgument, Timeout, Unavailable
+from ._requests import Request, RunBatch, SubmitBatch, SubmitCall
+from ._wheel import TimerWheel
+
+PUSH_MAX_TRACKED = 64           # notices straight from workers while fewer jobs are tracked
+FIRST_RECHECK = 0.05            # s: first Redis re-check of a waiter, doubling ...
+MAX_RECHECK = 1.0               # ... to this
+MAX_HELD_BYTES = 64 << 20       # inline records kept for ids nobody waits on yet
+TRACK_TTL = 60.0                # s: entries nobody waits on are dropped after this
+PUSH_RETRY_MIN, PUSH_RETRY_MAX = 1.0, 30.0
+SEND_RETRY = 0.005              # s: re-check a socket that would not take a message
+
+_packer = msgpack.Packer(use_bin_type=True)
+_pack = _packer.pack
+
+
+class _Entry:
+    """What the client knows about one id: ours (submitted here: a notice will come), finished
+    (a notice said the result is in Redis), the inline record, waiters to wake."""
+
+    __slots__ = ("ours", "has_result", "record", "recheck", "version", "waiters", "nwait",
+                 "delivered", "touched")
+
+    def __init__(self, now):
+        self.ours = False
+        self.has_result = False
+        self.record = None
+        self.recheck = False
+        self.version = 0
+        self.waiters = []
+        self.nwait = 0
+        self.delivered = False
+        self.touched = now
+
+
+def _wake_future(fut):
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Engine:
+    def __init__(self, options, loop):
+        self.opts = options
+        self.loop = loop
+        self.prefix = options.redis_prefix
+        self.timeout = options.request_timeout_ms / 1000.0
+        self.endpoint = _resp.parse_redis_url(
+            options.redis, options.redis_password_file, options.redis_tls_ca,
+            options.redis_tls_cert, options.redis_tls_key)
+        self.redis = _resp.Commands(self.endpoint, loop, self.timeout)
+        self.entries = {}
+        self.held_bytes = 0
+        self.closed = False
+        self._rids = itertools.count(1)
+        self._runs = []          # RunJob, queued for the next ack:false SUBMIT
+        self._submits = []       # (Prepared, _SubmitCall), queued for the next SUBMIT
+        self._requests = []      # (command, body, _Request)
+        self._awaiting = {}      # rid -> handler
+        self._stalled = None     # a message the socket refused after all: sent first
+        self._wake = None
+        self._kicked = False
+        self._retry_timer = None
+        self._last_sweep = self._last_entry_sweep = loop.time()
+        self._wheel = TimerWheel(loop)  # waiters' timers
+        # The result subscription.
+        self._sub = None
+        self._channel = None
+        self._subscribing = None
+        self._sub_retry_at = 0.0
+        self._sub_backoff = 0.0
+        self._subscribed_before = False
+        # Counters, for stats and tests.
+        self.messages_sent = 0
+        self.callback_errors = 0
+        self.last_error = None
+
+        self.ctx = zmq.Context(1)
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        self.curve = bool(options.curve_server_public)
+        if self.curve:
+            try:
+                server_public, _ = zmq.auth.load_certificate(options.curve_server_public)
+                public, secret = zmq.auth.load_certificate(options.curve_secret)
+            except (OSError, ValueError) as e:
+                sock.close(0)
+                self.ctx.term()
+                raise InvalidArgument("CURVE certificates: %s" % e)
+            if secret is None:
+                sock.close(0)
+                self.ctx.term()
+                raise InvalidArgument("curve_secret %s holds no secret key (want NAME.key_secret)"
+                                      % options.curve_secret)
+            sock.curve_serverkey = server_public
+            sock.curve_publickey = public
+            sock.curve_secretkey = secret
+        try:
+            sock.connect(options.frontend)
+        except zmq.ZMQError as e:
+            sock.close(0)
+            self.ctx.term()
+            raise InvalidArgument("frontend endpoint %r: %s" % (options.frontend, e))
+        self.sock = sock
+        self._fd = sock.getsockopt(zmq.FD)
+        loop.add_reader(self._fd, self.kick)
+        self._task = loop.create_task(self._io_loop())
+
+    # ---- the I/O task --------------------------------------------------------------------
+
+    def kick(self):
+        w = self._wake
+        if w is not None and not w.done():
+            w.set_result(None)
+        else:
+            self._kicked = True
+
+    async def _io_loop(self):
+        loop = self.loop
+        while not self.closed:
+            self._kicked = False
+            try:
+                self._flush()
+                self._drain()
+                now = loop.time()
+                if now - self._last_sweep >= 1.0:
+                    self._sweep(now)
+            except Exception as e:  # never leave the loop: count it, go on
+                self.callback_errors += 1
+                self.last_error = e
+            if self._kicked or self.closed:
+                continue
+            self._wake = loop.create_future()
+            try:
+                await self._wake
+            finally:
+                self._wake = None
+
+    def _writable(self):
+        return self.sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT
+
+    def _send(self, command, body):
+        try:
+            self.sock.send_multipart((_protocol.TAG, command, body), zmq.NOBLOCK, copy=False)
+            self.messages_sent += 1
+            return True
+        except zmq.Again:
+            self._stalled = (command, body)
+            return False
+
+    def _retry_later(self):
+        if self._retry_timer is None:
+            def fire():
+                self._retry_timer = None
+                self.kick()
+            self._retry_timer = self.loop.call_later(SEND_RETRY, fire)
+
+    def _flush(self):
+        while self._stalled is not None or self._requests or self._submits or self._runs:
+            if not self._writable():
+                self._retry_later()
+                return
+            if self._stalled is not None:
+                command, body = self._stalled
+                self._stalled = None
+                if not self._send(command, body):
+                    self._retry_later()
+                    return
+                continue
+            if self._requests:
+                command, body, handler = self._requests.pop(0)
+                if not handler.alive():
+                    continue
+                rid = next(self._rids)
+                body["rid"] = rid
+                self._awaiting[rid] = handler
+                self._send(command, _pack(body))
+            elif self._submits:
+                self._send_submits()
+            else:
+                self._send_runs()
+
+    def _take(self, queue, prep_of):
+        """The head of `queue` that fits one message: unique ids, <= 32 MiB (one job more)."""
+        taken, ids, size = [], set(), 0
+        n = 0
+        for item in queue:
+            p = prep_of(item)
+            if p is None:
+                n += 1
+                continue
+            if taken and (p.id in ids or size + p.size > _protocol.MAX_MESSAGE_BYTES):
+                break
+            taken.append(item)
+            ids.add(p.id)
+            size += p.size
+            n += 1
+        del queue[:n]
+        return taken, ids
+
+    def _header(self, njobs, ack, rid):
+        notify = self._notify_channel(njobs)
+        fields = 3 + (notify is not None) + (not ack)
+        parts = [_packer.pack_map_header(fields)]
+        if notify is not None:
+            parts.append(_pack("notify"))
+            parts.append(_pack(notify))
+        if not ack:
+            parts.append(_pack("ack"))
+            parts.append(_pack(False))
+        parts.append(_pack("inline_results"))
+        parts.append(_pack(True))
+        parts.append(_pack("rid"))
+        parts.append(_pack(rid))
+        parts.append(_pack("jobs"))
+        parts.append(_packer.pack_array_header(njobs))
+        return parts
+
+    def _send_runs(self):
+        jobs, _ = self._take(self._runs, lambda j: None if j.cancelled else j.prep)
+        if not jobs:
+            return
+        rid = next(self._rids)
+        parts = self._header(len(jobs), False, rid)
+        now = self.loop.time()
+        for j in jobs:
+            parts.append(j.prep.packed)
+            j.queued = False
+            j.sent = j.ever_sent = True
+            j.sent_at = now
+        self._awaiting[rid] = RunBatch(self, jobs)
+        self._send(b"SUBMIT", b"".join(parts))
+
+    def _send_submits(self):
+        items, ids = self._take(self._submits,
+                                lambda it: None if it[1].future.done() else it[0])
+        if not items:
+            return
+        rid = next(self._rids)
+        parts = self._header(len(items), True, rid)
+        calls = []
+        for p, call in items:
+            parts.append(p.packed)
+            if not calls or calls[-1] is not call:
+                calls.append(call)
+        self._awaiting[rid] = SubmitBatch(calls, ids)
+        self._send(b"SUBMIT", b"".join(parts))
+
+    def _drain(self):
+        sock = self.sock
+        for _ in range(4096):
+            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                return
+            frames = sock.recv_multipart(zmq.NOBLOCK)
+            if len(frames) != 3 or frames[0] != _protocol.TAG:
+                continue  # not Ferry framing: dropped
+            try:
+                body = msgpack.unpackb(frames[2], raw=False) if frames[2] else {}
+                if type(body) is not dict:
+                    continue
+                command = frames[1].decode("ascii", "replace")
+                if command == "FINISHED":
+                    self.finished(body.get("ids") or (), body.get("results"))
+                    continue
+                handler = self._awaiting.pop(body.get("rid"), None)
+                if handler is not None:
+                    handler.reply(command, body)
+            except Exception as e:
+                self.callback_errors += 1
+                self.last_error = e
+        self.kick()  # more than a turn's worth: come back after the others had a go
+
+    def _sweep(self, now):
+        self._last_sweep = now
+        for rid in [r for r, h in self._awaiting.items() if not h.alive()]:
+            del self._awaiting[rid]
+        # Queued work whose callers gave up while no broker took anything.
+        self._runs = [j for j in self._runs if not j.cancelled]
+        self._submits = [it for it in self._submits if not it[1].future.done()]
+        self._requests = [r for r in self._requests if r[2].alive()]
+        if now - self._last_entry_sweep >= 5.0:
+            self._last_entry_sweep = now
+            stale = [i for i, e in self.entries.items()
+                     if e.nwait == 0 and now - e.touched > TRACK_TTL]
+            for i in stale:
+                self._erase(i)
+
+    # ---- result tracking ------------------------------------------------------------------
+
+    def _erase(self, id):
+        e = self.entries.pop(id, None)
+        if e is not None and e.record is not None:
+            self.held_bytes -= len(e.record)
+
+    def _changed(self, e):
+        e.version += 1
+        e.touched = self.loop.time()
+        if e.waiters:
+            ws, e.waiters = e.waiters, []
+            for f in ws:
+                if not f.done():
+                    f.set_result(None)
+
+    def finished(self, ids, records):
+        """A FINISHED body (or a worker's notice): these ids' results are in Redis."""
+        entries = self.entries
+        if records:
+            for id, rec in records.items():
+                e = entries.get(id)
+                if e is None or e.has_result or type(rec) is not bytes:
+                    continue
+                if e.nwait == 0 and self.held_bytes + len(rec) > MAX_HELD_BYTES:
+                    continue  # read from Redis when someone waits
+                e.record = rec
+                self.held_bytes += len(rec)
+                e.has_result = True
+                self._changed(e)
+        for id in ids:
+            e = entries.get(id)
+            if e is None or e.has_result:
+                continue
+            e.has_result = True
+            self._changed(e)
+
+    def _recheck_ours(self):
+        for e in list(self.entries.values()):
+            if e.ours and not e.has_result:
+                e.recheck = True
+                self._changed(e)
+
+    def track(self, ids):
+        now = self.loop.time()
+        entries = self.entries
+        for id in ids:
+            e = entries.get(id)
+            if e is None:
+                e = entries[id] = _Entry(now)
+            e.ours = True
+            e.touched = now
+
+    def untrack(self, ids):
+        for id in ids:
+            e = self.entries.get(id)
+            if e is None or e.has_result:
+                continue
+            e.ours = False
+            if e.nwait == 0:
+                self._erase(id)
+
+    def finished_here(self, id):
+        e = self.entries.get(id)
+        return e is not None and e.has_result
+
+    async def read(self, id, consume):
+        """The result of `id` in Redis, or None. Unavailable when Redis does not answer."""
+        key = self.prefix + "result:" + id
+        try:
+            raw = await self.redis.execute("GETDEL" if consume else "GET", key)
+        except _resp.ReplyError as e:
+            raise Unavailable("Redis GET %s: %s" % (key, e), id=id)
+        if raw is None:
+            return None
+        return _protocol.decode_result(raw, id)
+
+    async def wait(self, id, timeout, consume, run=None, resubmit=None):
+        """Waits for id's result (client.h's Wait contract, timeout in seconds, None = none).
+        With `run`, also returns run's rejection, and calls resubmit() after a silence."""
+        loop = self.loop
+        now = loop.time()
+        deadline = None if timeout is None else now + timeout
+        e = self.entries.get(id)
+        if e is None:
+            e = self.entries[id] = _Entry(now)
+        e.nwait += 1
+        try:
+            backoff = FIRST_RECHECK
+            next_read = now
+            if e.ours and not e.has_result and not e.recheck and timeout != 0:
+                next_read = now + backoff
+                backoff = FIRST_RECHECK * 2
+            seen = e.version
+            last_error = None
+            while True:
+                if self.closed:
+                    raise Unavailable("the client is closed", id=id)
+                rec = e.record
+                if rec is not None:
+                    if e.nwait == 1:
+                        e.record = None
+                        self.held_bytes -= len(rec)
+                    r = _protocol.decode_result(rec, id)
+                    e.delivered = True
+                    return r
+                if run is not None and run.error is not None:
+                    raise run.error
+                now = loop.time()
+                if e.version != seen:
+                    seen = e.version
+                    if e.has_result or e.recheck:
+                        next_read = now
+                if now >= next_read:
+                    e.recheck = False
+                    try:
+                        r = await self.read(id, consume)
+                        last_error = None
+                    except Unavailable as err:  # Redis may be restarting: until the deadline
+                        r, last_error = None, err
+                    if r is not None:
+                        e.delivered = True
+                        return r
+                    now = loop.time()
+                    next_read = now + backoff
+                    backoff = min(backoff * 2, MAX_RECHECK)
+                    if run is not None and resubmit is not None and run.sent \
+                            and now - run.sent_at >= self.timeout and last_error is None:
+                        await resubmit()  # silence: resubmit the same id (pending: duplicate)
+                    continue
+                if deadline is not None and now >= deadline:
+                    if last_error is not None:
+                        raise last_error
+                    raise Timeout("no result for job %r within %g s" % (id, timeout), id=id)
+                fut = self._wheel.sleep_until(next_read if deadline is None
+                                              else min(next_read, deadline))
+                e.waiters.append(fut)
+                await fut
+        finally:
+            e.nwait -= 1
+            if e.nwait == 0 and (e.delivered or not e.ours) and self.entries.get(id) is e:
+                self._erase(id)
+
+    # ---- the result subscription (notify) -------------------------------------------------
+
+    def _notify_channel(self, njobs):
+        if not self.opts.push_results or len(self.entries) > PUSH_MAX_TRACKED:
+            return None
+        if self._channel is not None:
+            return self._channel
+        if self._subscribing is None and self.loop.time() >= self._sub_retry_at:
+            self._subscribing = self.loop.create_task(self._subscribe())
+        return None
+
+    async def _subscribe(self):
+        channel = "%snotify:%s" % (self.prefix, uuid.uuid4())
+        conn = None
+        try:
+            conn = await _resp.Connection.open(self.endpoint, self.loop, min(self.timeout, 1.0),
+                                               on_push=self._on_push, on_lost=self._on_sub_lost,
+                                               select_db=False)
+            reply = await asyncio.wait_for(conn.call("SUBSCRIBE", channel),
+                                           min(self.timeout, 1.0))
+            if isinstance(reply, _resp.ReplyError):
+                raise Unavailable("SUBSCRIBE: %s" % reply)
+        except (Unavailable, asyncio.TimeoutError, OSError) as e:
+            if conn is not None:
+                conn._on_lost = None
+                conn.close()
+            self.last_error = e
+            self._sub_backoff = min(max(self._sub_backoff * 2, PUSH_RETRY_MIN), PUSH_RETRY_MAX)
+            self._sub_retry_at = self.loop.time() + self._sub_backoff
+            return
+        finally:
+            self._subscribing = None
+        if self.closed:
+            conn._on_lost = None
+            conn.close()
+            return
+        self._sub_backoff = 0.0
+        self._sub = conn
+        self._channel = channel
+        if self._subscribed_before:
+            self._recheck_ours()  # jobs sent to the old channel after it failed
+        self._subscribed_before = True
+
+    def _on_push(self, payload):
+        try:
+            body = msgpack.unpackb(payload, raw=False)
+            self.finished(body.get("ids") or (), body.get("results"))
+        except Exception as e:
+            self.callback_errors += 1
+            self.last_error = e
+
+    def _on_sub_lost(self):
+        self._sub = None
+        self._channel = None
+        self._recheck_ours()  # notices published meanwhile are gone: read Redis now
+
+    # ---- what the client calls ------------------------------------------------------------
+
+    def queue_run(self, job):
+        job.error = None
+        job.sent = False
+        job.queued = True
+        self._runs.append(job)
+        self.kick()
+
+    def reject(self, job, err):
+        job.sent = False
+        job.error = err
+        e = self.entries.get(job.prep.id)
+        if e is not None and e.waiters:
+            ws, e.waiters = e.waiters, []
+            for f in ws:
+                _wake_future(f)
+
+    def queue_submit(self, preps):
+        call = SubmitCall(preps, self.loop.create_future())
+        for p in preps:
+            self._submits.append((p, call))
+        self.kick()
+        return call
+
+    async def request(self, command, body, expected):
+        fut = self.loop.create_future()
+        handler = Request(fut, expected)
+        self._requests.append((command, body, handler))
+        self.kick()
+        try:
+            return await asyncio.wait_for(fut, self.timeout)
+        except asyncio.TimeoutError:
+            raise Unavailable(self.silence_message(command.decode(), self.opts.request_timeout_ms))
+
+    def silence_message(self, what, ms):
+        msg = ("broker at %s did not answer %s within %d ms (is ferry-broker running and "
+               "reachable?)" % (self.opts.frontend, what, ms))
+        if self.curve:
+            msg += ("; CURVE is on: a wrong curve_server_public, or a client key the broker "
+                    "does not allow, looks exactly like this")
+        return msg
+
+    def unsent_message(self, timeout):
+        within = "" if timeout is None else " within %g s" % timeout
+        msg = ("no broker at %s took the job%s (is ferry-broker running and reachable?); it "
+               "was not sent" % (self.opts.frontend, within))
+        if self.curve:
+            msg += "; CURVE is on: check curve_server_public and that the broker allows this key"
+        return msg
+
+    async def store_inputs(self, preps):
+        """Writes the stored (big) inputs of these jobs to Redis, one round trip."""
+        ttl = self.opts.input_ttl_s
+        cmds = [("SET", key, data, "EX", ttl) for p in preps if p.stored for key, data in p.stored]
+        if not cmds:
+            return
+        try:
+            replies = await self.redis.execute_many(cmds)
+        except Unavailable as e:
+            raise Unavailable("storing big inputs in Redis: %s" % e.message)
+        for r in replies:
+            if isinstance(r, _resp.ReplyError):
+                raise Unavailable("storing big inputs in Redis: %s" % r)
+
+    def delete_inputs(self, preps):
+        keys = [key for p in preps if p.stored for key, _ in p.stored]
+        if keys:
+            self.loop.create_task(self._delete(keys))
+
+    async def _delete(self, keys):
+        try:
+            await self.redis.execute("DEL", *keys)
+        except Exception:
+            pass  # they expire (input_ttl_s)
+
+    async def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        self.kick()
+        try:
+            self.loop.remove_reader(self._fd)
+        except Exception:
+            pass
+        if self._retry_timer is not None:
+            self._retry_timer.cancel()
+        self._wheel.close()
+        self._task.cancel()
+        if self._subscribing is not None:
+            self._subscribing.cancel()
+        for e in list(self.entries.values()):
+            self._changed(e)
+        for _, _, h in self._requests:
+            if not h.future.done():
+                h.future.set_exception(Unavailable("the client is closed"))
+        for h in self._awaiting.values():
+            if isinstance(h, Request) and not h.future.done():
+                h.future.set_exception(Unavailable("the client is closed"))
+        for _, call in self._submits:
+            if not call.future.done():
+                call.future.set_exception(Unavailable("the client is closed"))
+        if self._sub is not None:
+            self._sub._on_lost = None
+            self._sub.close()
+        self.redis.close()
+        try:
+            await self._task
+        except (asyncio.CancelledError, Exception):
+            pass
+        self.sock.close(0)
+        self.ctx.term()

@@ -1,0 +1,230 @@
+"""The wire contract's client side (docs/protocol.md): ids, jobs, result records, options."""
+
+import os
+import re
+import uuid
+
+import msgpack
+
+from . import _tensor
+from ._errors import FerryError, InvalidArgument, error_for
+
+TAG = b"FERRY1"
+MAX_MODEL_NAME = 128
+MAX_INPUTS = 64
+MAX_MESSAGE_BYTES = 32 << 20  # tensor data per SUBMIT message, as the C++ SDK
+INT64_MAX = (1 << 63) - 1
+
+_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
+_packb = msgpack.Packer(use_bin_type=True).pack
+
+
+def valid_id(id):
+    return type(id) is str and _ID.match(id) is not None
+
+
+def check_id(id):
+    if not valid_id(id):
+        raise InvalidArgument("job id %r must be 1-128 characters of [A-Za-z0-9._:-]" % (id,))
+    return id
+
+
+def new_id():
+    return str(uuid.uuid4())
+
+
+class Result:
+    """A job's final result, as stored in Redis under <prefix>result:<id>.
+
+    status: "done", "failed", "cancelled" or "expired". outputs: the model's outputs as numpy
+    arrays without the batch dim (empty unless done). error: (code, message), or None when done.
+    model, worker ("" when the broker wrote it), batch_size (the batch it ran in), attempt (1 on
+    the first run), timing (microsecond Unix timestamps: submitted, dispatched, received,
+    compute_start, compute_end, finished; broker-written results only submitted and finished).
+    output_dtypes: the protocol dtype of each output (bfloat16 outputs arrive as float32)."""
+
+    __slots__ = ("id", "status", "outputs", "error", "model", "worker", "batch_size", "attempt",
+                 "timing", "output_dtypes")
+
+    @property
+    def ok(self):
+        return self.status == "done"
+
+    def raise_for_status(self):
+        """Returns self when done; raises the FerryError of its error code otherwise."""
+        if self.status != "done":
+            code, message = self.error or (self.status, "")
+            raise error_for(code, message, self.id)
+        return self
+
+    def __repr__(self):
+        shapes = ", ".join("%s%s" % (a.dtype, list(a.shape)) for a in self.outputs)
+        err = "" if self.error is None else " error=%r" % (self.error,)
+        return "Result(id=%r status=%r outputs=[%s]%s batch_size=%d worker=%r)" % (
+            self.id, self.status, shapes, err, self.batch_size, self.worker)
+
+    def __eq__(self, other):
+        if not isinstance(other, Result):
+            return NotImplemented
+        return (self.id == other.id and self.status == other.status
+                and self.error == other.error and len(self.outputs) == len(other.outputs)
+                and all(a.dtype == b.dtype and a.shape == b.shape and (a == b).all()
+                        for a, b in zip(self.outputs, other.outputs)))
+
+    __hash__ = None
+
+
+_STATUSES = ("done", "failed", "cancelled", "expired")
+
+
+def decode_result(record, id):
+    """A Result from a result record's bytes; FerryError(malformed) when it is not one."""
+    try:
+        m = msgpack.unpackb(record, raw=False)
+        status = m["status"]
+        if status not in _STATUSES:
+            raise ValueError("unknown status %r" % (status,))
+        r = Result()
+        r.id = m.get("id", id)
+        r.status = status
+        outs = m.get("outputs") or ()
+        r.outputs = [_tensor.decode(t) for t in outs]
+        r.output_dtypes = [t["dtype"] for t in outs]
+        err = m.get("error")
+        r.error = (err.get("code", ""), err.get("message", "")) if err else None
+        if r.error is None and status != "done":
+            r.error = (status, "")
+        r.model = m.get("model", "")
+        r.worker = m.get("worker", "")
+        r.batch_size = m.get("batch_size", 0)
+        r.attempt = m.get("attempt", 0)
+        r.timing = m.get("timing") or {}
+        return r
+    except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException) as e:
+        raise FerryError("result record for %r is not a Ferry result: %s" % (id, e),
+                         code="malformed", id=id)
+
+
+class Job:
+    """One job for submit_many: Job(model, *inputs, id=None, priority=0, timeout_ms=0,
+    result_ttl_s=0). A dict with the same keys (inputs as a list) works too."""
+
+    __slots__ = ("model", "inputs", "id", "priority", "timeout_ms", "result_ttl_s")
+
+    def __init__(self, model, *inputs, id=None, priority=0, timeout_ms=0, result_ttl_s=0):
+        self.model = model
+        self.inputs = inputs
+        self.id = id
+        self.priority = priority
+        self.timeout_ms = timeout_ms
+        self.result_ttl_s = result_ttl_s
+
+    @classmethod
+    def of(cls, j):
+        if isinstance(j, Job):
+            return j
+        if isinstance(j, dict):
+            extra = set(j) - set(cls.__slots__)
+            if extra or "model" not in j:
+                raise InvalidArgument("a job dict takes model, inputs, id, priority, timeout_ms, "
+                                      "result_ttl_s (got %s)" % sorted(j))
+            return cls(j["model"], *j.get("inputs", ()), id=j.get("id"),
+                       priority=j.get("priority", 0), timeout_ms=j.get("timeout_ms", 0),
+                       result_ttl_s=j.get("result_ttl_s", 0))
+        raise InvalidArgument("a job is a ferry.Job or a dict, not %s" % type(j).__name__)
+
+
+class Prepared:
+    """A job checked and encoded for SUBMIT: `packed` is its msgpack map; `stored` the
+    (key, bytes) of its inputs that go to Redis first (the claim check)."""
+
+    __slots__ = ("id", "packed", "stored", "size")
+
+
+def _int(name, v, low=0):
+    if type(v) is not int:
+        if isinstance(v, bool) or not hasattr(v, "__index__"):
+            raise InvalidArgument("%s must be an integer, not %r" % (name, v))
+        v = int(v)
+    if v < low or v > INT64_MAX:
+        raise InvalidArgument("%s must be %d..2^63-1 (got %d)" % (name, low, v))
+    return v
+
+
+def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes, prefix):
+    """Checks one job and encodes it (InvalidArgument / TooLarge when it cannot be sent)."""
+    id = new_id() if id is None else check_id(id)
+    if type(model) is not str or not 0 < len(model) <= MAX_MODEL_NAME:
+        raise InvalidArgument("model must be a string of 1-128 characters", id=id)
+    if len(inputs) > MAX_INPUTS:
+        raise InvalidArgument("a job takes at most 64 inputs", id=id)
+    try:
+        encoded = []
+        stored = None
+        size = 256
+        for i, x in enumerate(inputs):
+            name, shape, data, nbytes = _tensor.encode(x, "input %d" % i)
+            if stored_bytes and nbytes >= stored_bytes:
+                if stored is None:
+                    stored = []
+                stored.append(("%sinput:%s:%d" % (prefix, id, i), data))
+                encoded.append({"dtype": name, "shape": shape, "stored": True})
+            else:
+                encoded.append({"dtype": name, "shape": shape, "data": data})
+                size += nbytes
+            size += 64
+        job = {"id": id, "model": model, "inputs": encoded}
+        if priority:
+            job["priority"] = _int("priority", priority, -INT64_MAX - 1)
+        if timeout_ms:
+            job["timeout_ms"] = _int("timeout_ms", timeout_ms)
+        if result_ttl_s:
+            job["result_ttl_s"] = _int("result_ttl_s", result_ttl_s)
+    except FerryError as e:
+        e.id = id
+        raise
+    p = Prepared()
+    p.id = id
+    p.packed = _packb(job)
+    p.stored = stored
+    p.size = size
+    return p
+
+
+class Options:
+    """The client's options (the C++ SDK's ClientOptions, same names and defaults)."""
+
+    DEFAULTS = {
+        "redis_prefix": "ferry:",
+        "request_timeout_ms": 5000,
+        "push_results": True,
+        "stored_input_bytes": 64 * 1024,
+        "input_ttl_s": 3600,
+        "consume_results": False,
+        "curve_server_public": None,
+        "curve_secret": None,
+        "redis_password_file": None,
+        "redis_tls_ca": None,
+        "redis_tls_cert": None,
+        "redis_tls_key": None,
+    }
+
+    def __init__(self, frontend=None, redis=None, **options):
+        unknown = set(options) - set(self.DEFAULTS)
+        if unknown:
+            raise TypeError("unknown ferry client option(s): %s (known: %s)"
+                            % (", ".join(sorted(unknown)), ", ".join(sorted(self.DEFAULTS))))
+        self.frontend = frontend or os.environ.get("FERRY_FRONTEND") or "tcp://127.0.0.1:5555"
+        self.redis = redis or os.environ.get("FERRY_REDIS") or "redis://127.0.0.1:6379"
+        for k, v in self.DEFAULTS.items():
+            setattr(self, k, options.get(k, v))
+        self.request_timeout_ms = _int("request_timeout_ms", self.request_timeout_ms, 1)
+        self.stored_input_bytes = _int("stored_input_bytes", self.stored_input_bytes)
+        self.input_ttl_s = _int("input_ttl_s", self.input_ttl_s, 1)
+        if self.input_ttl_s > 30 * 24 * 3600:
+            raise InvalidArgument("input_ttl_s must be 1 s to 30 days")
+        if type(self.redis_prefix) is not str or not self.redis_prefix:
+            raise InvalidArgument("redis_prefix must be a non-empty string")
+        if bool(self.curve_server_public) != bool(self.curve_secret):
+            raise InvalidArgument("curve_server_public (the broker's NAME.key) and curve_secret "
+                                  "(this client's NAME.key_secret) go together")

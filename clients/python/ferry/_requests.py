@@ -1,0 +1,126 @@
+"""What the engine keeps per request in flight: run() jobs, submit() calls, and the handler of
+each reply (matched by rid)."""
+
+from ._errors import FerryError, error_for
+
+
+class RunJob:
+    """One run() submission: queued -> sent (ack false: a reply comes only for a rejection)."""
+
+    __slots__ = ("prep", "sent", "ever_sent", "cancelled", "error", "sent_at", "queued")
+
+    def __init__(self, prep):
+        self.prep = prep
+        self.sent = False
+        self.ever_sent = False
+        self.cancelled = False
+        self.error = None
+        self.sent_at = 0.0
+        self.queued = False
+
+
+class SubmitCall:
+    """One submit()/submit_many() call: its jobs' verdicts (None = accepted) by id."""
+
+    __slots__ = ("preps", "verdicts", "left", "future")
+
+    def __init__(self, preps, future):
+        self.preps = preps
+        self.verdicts = {}
+        self.left = len(preps)
+        self.future = future
+
+    def settle(self, id, verdict):
+        if id in self.verdicts or self.future.done():
+            return
+        self.verdicts[id] = verdict
+        self.left -= 1
+        if self.left == 0:
+            self.future.set_result(self.verdicts)
+
+
+class RunBatch:
+    """Reply handler of one ack:false SUBMIT: only rejections come back."""
+
+    __slots__ = ("jobs", "engine")
+
+    def __init__(self, engine, jobs):
+        self.engine = engine
+        self.jobs = jobs
+
+    def alive(self):  # a run still waits (run() marks its job cancelled when it returns)
+        return any(not j.cancelled for j in self.jobs)
+
+    def reply(self, command, body):
+        if command == "ERROR":
+            err = error_for(body.get("code", "internal"), body.get("message", ""))
+            for j in self.jobs:
+                self.engine.reject(j, err)
+            return
+        if command != "ACCEPTED":
+            err = FerryError("broker answered %s to SUBMIT" % command, code="malformed")
+            for j in self.jobs:
+                self.engine.reject(j, err)
+            return
+        by_id = {j.prep.id: j for j in self.jobs}
+        for r in body.get("rejected") or ():
+            j = by_id.get(r.get("id"))
+            if j is None and len(self.jobs) == 1:
+                j = self.jobs[0]  # a rejection without a readable id: the only job's
+            if j is None or r.get("code") == "duplicate":
+                continue  # duplicate: a job with this id is pending; its result is ours
+            self.engine.reject(j, error_for(r.get("code", "internal"), r.get("message", ""),
+                                             j.prep.id))
+
+
+class SubmitBatch:
+    __slots__ = ("calls", "ids")
+
+    def __init__(self, calls, ids):
+        self.calls = calls
+        self.ids = ids
+
+    def alive(self):
+        return any(not c.future.done() for c in self.calls)
+
+    def reply(self, command, body):
+        if command == "ACCEPTED":
+            verdicts = dict.fromkeys(body.get("ids") or ())
+            for r in body.get("rejected") or ():
+                verdicts[r.get("id")] = error_for(r.get("code", "internal"),
+                                                  r.get("message", ""), r.get("id"))
+        elif command == "ERROR":
+            err = error_for(body.get("code", "internal"), body.get("message", ""))
+            verdicts = {i: err for i in self.ids}
+        else:
+            err = FerryError("broker answered %s to SUBMIT" % command, code="malformed")
+            verdicts = {i: err for i in self.ids}
+        missing = FerryError("the broker did not report on this job", code="internal")
+        for c in self.calls:
+            for p in c.preps:
+                if p.id in self.ids:
+                    c.settle(p.id, verdicts.get(p.id, missing))
+
+
+class Request:
+    __slots__ = ("future", "expected")
+
+    def __init__(self, future, expected):
+        self.future = future
+        self.expected = expected
+
+    def alive(self):
+        return not self.future.done()
+
+    def reply(self, command, body):
+        if self.future.done():
+            return
+        if command == "ERROR":
+            self.future.set_exception(error_for(body.get("code", "internal"),
+                                                body.get("message", "")))
+        elif command != self.expected:
+            self.future.set_exception(FerryError(
+                "broker answered %s where %s was expected" % (command, self.expected),
+                code="malformed"))
+        else:
+            self.future.set_result(body)

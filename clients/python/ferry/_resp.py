@@ -1,0 +1,353 @@
+"""Redis for the client, spoken directly (RESP2 over asyncio): pipelined commands on one
+connection, and a Pub/Sub connection for result notices.
+
+Why not redis.asyncio: the redis-py that Debian bookworm ships (4.3.4) leaves the reply of a
+cancelled command on the connection, where the next command reads it (CVE-2023-28858/28859) --
+a client whose callers time out would hand one job's result to another. Here a reply always
+goes to the command that asked, in order, whether or not its caller still waits; a command that
+gets no reply within its timeout closes the connection and fails every command on it.
+"""
+
+import asyncio
+import socket
+import ssl
+import urllib.parse
+
+from ._errors import InvalidArgument, Unavailable
+
+__all__ = ["Endpoint", "parse_redis_url", "Connection", "Commands", "ReplyError"]
+
+
+class ReplyError(Exception):
+    """An error reply from Redis (-ERR ...): a value, not a broken connection."""
+
+
+class Endpoint:
+    """Where and how to connect: from the URL and the client's redis_* options."""
+
+    __slots__ = ("url", "host", "port", "db", "username", "password", "ssl")
+
+    def __repr__(self):  # never the password
+        return "Endpoint(%s:%d db=%d tls=%s user=%r)" % (self.host, self.port, self.db,
+                                                           self.ssl is not None, self.username)
+
+
+def parse_redis_url(url, password_file=None, tls_ca=None, tls_cert=None, tls_key=None):
+    """redis://[user[:password]@]host:port[/db] or rediss://... (TLS) -> Endpoint.
+
+    password_file: a file holding the password (one line; trailing newline ignored), instead
+    of one in the URL (not both, as the C++ SDK). TLS (rediss://): the server certificate is
+    verified against tls_ca (else the system's CAs); tls_cert + tls_key are the client's own
+    certificate for servers that ask for one (tls-auth-clients). The host name is not checked
+    against the certificate (redis-py's default)."""
+    try:
+        u = urllib.parse.urlsplit(url)
+        port = u.port
+    except ValueError as e:
+        raise InvalidArgument("Redis URL %r: %s" % (_redact(url), e))
+    if u.scheme not in ("redis", "rediss") or not u.hostname:
+        raise InvalidArgument("Redis URL %r: want redis://[user[:password]@]host:port[/db] or "
+                              "rediss://..." % _redact(url))
+    e = Endpoint()
+    e.url = _redact(url)
+    e.host = u.hostname
+    e.port = port or 6379
+    path = u.path.lstrip("/")
+    if path and not path.isdigit():
+        raise InvalidArgument("Redis URL %r: the database must be a number" % _redact(url))
+    if u.query or u.fragment:
+        raise InvalidArgument("Redis URL %r: query parameters are not supported (use the "
+                              "redis_* options)" % _redact(url))
+    e.db = int(path) if path else 0
+    e.username = urllib.parse.unquote(u.username) if u.username else None
+    e.password = urllib.parse.unquote(u.password) if u.password else None
+    if password_file:
+        if e.password is not None:
+            raise InvalidArgument("the Redis password is given twice, in the URL and in "
+                                  "redis_password_file: give it once")
+        try:
+            with open(password_file, "r", encoding="utf-8") as f:
+                text = f.read().rstrip("\r\n")
+        except OSError as err:
+            raise InvalidArgument("redis_password_file %s: %s" % (password_file, err))
+        if not text:
+            raise InvalidArgument("redis_password_file %s is empty" % password_file)
+        if "\n" in text:
+            raise InvalidArgument("redis_password_file %s has more than one line; it holds the "
+                                  "password alone" % password_file)
+        e.password = text
+    if e.username and e.password is None:
+        raise InvalidArgument("Redis URL %r: a user needs a password" % _redact(url))
+    e.ssl = None
+    tls_files = (tls_ca, tls_cert, tls_key)
+    if u.scheme == "rediss":
+        if bool(tls_cert) != bool(tls_key):
+            raise InvalidArgument("redis_tls_cert and redis_tls_key go together")
+        try:
+            ctx = ssl.create_default_context(cafile=tls_ca) if tls_ca else \
+                ssl.create_default_context()
+            ctx.check_hostname = False
+            ctx.verify_mode = ssl.CERT_REQUIRED
+            if tls_cert:
+                ctx.load_cert_chain(tls_cert, tls_key)
+        except (OSError, ssl.SSLError) as err:
+            raise InvalidArgument("Redis TLS files: %s" % err)
+        e.ssl = ctx
+    elif any(tls_files):
+        raise InvalidArgument("redis_tls_ca/cert/key need a rediss:// URL (got %r)" % _redact(url))
+    return e
+
+
+def _redact(url):
+    try:
+        u = urllib.parse.urlsplit(url)
+        if u.password is not None:
+            netloc = u.netloc.replace(":" + u.password + "@", ":***@")
+            return urllib.parse.urlunsplit(u._replace(netloc=netloc))
+    except ValueError:
+        pass
+    return url
+
+
+def _encode(args):
+    out = [b"*%d\r\n" % len(args)]
+    for a in args:
+        if isinstance(a, str):
+            a = a.encode()
+        elif isinstance(a, int):
+            a = b"%d" % a
+        out.append(b"$%d\r\n" % len(a))
+        out.append(a)
+        out.append(b"\r\n")
+    return out
+
+
+class _Incomplete(Exception):
+    pass
+
+
+_INCOMPLETE = _Incomplete()
+
+
+def _parse(buf, pos):
+    """One RESP2 reply from buf[pos:]: (value, next pos); raises _INCOMPLETE."""
+    end = buf.find(b"\r\n", pos)
+    if end < 0:
+        raise _INCOMPLETE
+    t = buf[pos]
+    if t == 36:  # $ bulk string
+        n = int(buf[pos + 1:end])
+        if n < 0:
+            return None, end + 2
+        start = end + 2
+        if len(buf) < start + n + 2:
+            raise _INCOMPLETE
+        return bytes(buf[start:start + n]), start + n + 2
+    if t == 42:  # * array
+        n = int(buf[pos + 1:end])
+        if n < 0:
+            return None, end + 2
+        pos = end + 2
+        items = []
+        for _ in range(n):
+            v, pos = _parse(buf, pos)
+            items.append(v)
+        return items, pos
+    if t == 43:  # + simple string
+        return bytes(buf[pos + 1:end]).decode(), end + 2
+    if t == 58:  # : integer
+        return int(buf[pos + 1:end]), end + 2
+    if t == 45:  # - error
+        return ReplyError(bytes(buf[pos + 1:end]).decode(errors="replace")), end + 2
+    raise ValueError("not a RESP reply (byte %r)" % bytes(buf[pos:pos + 1]))
+
+
+class Connection(asyncio.Protocol):
+    """One connection. call() pipelines: commands made in one turn of the loop are written
+    together, replies resolve their futures in order. In Pub/Sub mode (on_push given),
+    ["message", channel, payload] pushes go to on_push(payload)."""
+
+    def __init__(self, loop, on_push=None, on_lost=None):
+        self._loop = loop
+        self._transport = None
+        self._buf = bytearray()
+        self._fifo = []  # futures awaiting replies, oldest first
+        self._head = 0
+        self._out = []
+        self._flush_scheduled = False
+        self._on_push = on_push
+        self._on_lost = on_lost
+        self.closed = False
+        self.error = None
+
+    @classmethod
+    async def open(cls, endpoint, loop, timeout, on_push=None, on_lost=None, select_db=True):
+        conn = cls(loop, on_push, on_lost)
+        try:
+            await asyncio.wait_for(
+                loop.create_connection(lambda: conn, endpoint.host, endpoint.port,
+                                       ssl=endpoint.ssl),
+                timeout)
+            hello = []
+            if endpoint.password is not None:
+                hello.append(conn.call("AUTH", endpoint.username, endpoint.password)
+                             if endpoint.username else conn.call("AUTH", endpoint.password))
+            if select_db and endpoint.db:
+                hello.append(conn.call("SELECT", endpoint.db))
+            if hello:
+                for r in await asyncio.wait_for(asyncio.gather(*hello), timeout):
+                    if isinstance(r, ReplyError):
+                        raise Unavailable("Redis at %s:%d refused the connection: %s"
+                                          % (endpoint.host, endpoint.port, r))
+        except (OSError, asyncio.TimeoutError, ssl.SSLError, ConnectionError) as e:
+            conn.close()
+            raise Unavailable("Redis at %s:%d: %s" % (endpoint.host, endpoint.port,
+                                                      e or type(e).__name__))
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    # -- asyncio.Protocol
+    def connection_made(self, transport):
+        self._transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:
+                pass
+
+    def data_received(self, data):
+        buf = self._buf
+        buf += data
+        pos = 0
+        try:
+            while pos < len(buf):
+                value, pos2 = _parse(buf, pos)
+                pos = pos2
+                if (self._on_push is not None and type(value) is list and len(value) == 3
+                        and value[0] == b"message"):
+                    self._on_push(value[2])
+                    continue
+                if self._head >= len(self._fifo):
+                    raise ValueError("a reply nobody asked for")
+                fut = self._fifo[self._head]
+                self._fifo[self._head] = None
+                self._head += 1
+                if not fut.done():
+                    fut.set_result(value)
+        except _Incomplete:
+            pass
+        except Exception as e:  # a protocol error: this connection is unusable
+            self.error = e
+            self._transport.abort()
+            return
+        if pos:
+            del buf[:pos]
+        if self._head > 64 and self._head * 2 > len(self._fifo):
+            del self._fifo[:self._head]
+            self._head = 0
+
+    def connection_lost(self, exc):
+        self.closed = True
+        err = Unavailable("Redis connection lost: %s" % (self.error or exc or "closed"))
+        for fut in self._fifo[self._head:]:
+            if fut is not None and not fut.done():
+                fut.set_exception(err)
+        self._fifo = []
+        self._head = 0
+        if self._on_lost is not None:
+            cb, self._on_lost = self._on_lost, None
+            cb()
+
+    # -- commands
+    def call(self, *args):
+        """A future for the reply to one command (ReplyError for an error reply)."""
+        fut = self._loop.create_future()
+        if self.closed or self._transport is None:
+            fut.set_exception(Unavailable("Redis connection is closed"))
+            return fut
+        self._fifo.append(fut)
+        self._out.extend(_encode(args))
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            self._loop.call_soon(self._flush)
+        return fut
+
+    def _flush(self):
+        self._flush_scheduled = False
+        if self._out and not self.closed:
+            out, self._out = self._out, []
+            self._transport.writelines(out)
+
+    def pending(self):
+        return len(self._fifo) - self._head
+
+    def close(self):
+        self.closed = True
+        if self._transport is not None:
+            self._transport.abort()
+
+
+class Commands:
+    """Lazily connected command connection, reconnected after a failure. execute() bounds each
+    command by `timeout` seconds: a reply that is late closes the connection (every command on
+    it fails with Unavailable), so a late reply can never be read as another command's."""
+
+    def __init__(self, endpoint, loop, timeout):
+        self._endpoint = endpoint
+        self._loop = loop
+        self._timeout = timeout
+        self._conn = None
+        self._connecting = None
+
+    async def _connection(self):
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            return conn
+        if self._connecting is None:
+            self._connecting = self._loop.create_task(
+                Connection.open(self._endpoint, self._loop, self._timeout))
+        task = self._connecting
+        try:
+            conn = await asyncio.shield(task)
+        finally:
+            if task.done() and self._connecting is task:
+                self._connecting = None
+        self._conn = conn
+        return conn
+
+    async def execute(self, *args):
+        conn = await self._connection()
+        fut = conn.call(*args)
+        timer = self._loop.call_later(self._timeout, _expire, conn, fut)
+        try:
+            value = await fut
+        finally:
+            timer.cancel()
+        if isinstance(value, ReplyError):
+            raise value
+        return value
+
+    async def execute_many(self, commands):
+        """Several commands in one round trip; their replies (ReplyError values included)."""
+        conn = await self._connection()
+        futs = [conn.call(*c) for c in commands]
+        timer = self._loop.call_later(self._timeout, _expire, conn, futs[-1])
+        try:
+            return [await f for f in futs]
+        finally:
+            timer.cancel()
+
+    def close(self):
+        if self._conn is not None:
+            self._conn.close()
+        if self._connecting is not None:
+            self._connecting.cancel()
+
+
+def _expire(conn, fut):
+    if not fut.done():
+        conn.error = "no reply within the timeout"
+        conn.close()

@@ -1,0 +1,48 @@
+import os
+import sys
+import tempfile
+
+import numpy as np
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+if os.environ.get("FERRY_TEST_INSTALLED") != "1":  # else: the installed package
+    sys.path.insert(0, os.path.dirname(HERE))
+
+from fleet import Fleet, make_models  # noqa: E402
+
+W = np.array([[0.01 * (i * 8 + j) - 0.3 for j in range(8)] for i in range(8)], np.float64)
+B = np.array([0.1 * j for j in range(8)], np.float64)
+
+
+def tiny_reference(x):
+    """tiny.pt: y[j] = sum_i x[i] W[i][j] + b[j] (float64 here; the model computes float32)."""
+    return np.asarray(x, np.float64) @ W + B
+
+
+def assert_tiny(result, x):
+    assert result.status == "done", result
+    assert result.error is None
+    assert len(result.outputs) == 1
+    y = result.outputs[0]
+    assert y.dtype == np.float32 and y.shape == (8,)
+    np.testing.assert_allclose(y, tiny_reference(x), rtol=1e-5, atol=1e-5)
+
+
+@pytest.fixture(scope="session")
+def models_dir():
+    d = tempfile.mkdtemp(prefix="ferry-py-models-")
+    make_models(d, ["tiny", "multi", "null", "slow", "whisper"])
+    yield d
+    import shutil
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def fleet(models_dir):
+    """The shared fleet: tiny, multi, null and slow on one CPU worker (max batch 64)."""
+    f = Fleet(models_dir, models=("tiny", "multi", "null", "slow"),
+              worker_args=["--max-batch", "64", "--threads", "1"])
+    yield f
+    f.stop()

@@ -1,0 +1,343 @@
+"""The clients against a real fleet (redis-server, ferry-broker, ferry-worker)."""
+
+import asyncio
+import threading
+import uuid
+
+import numpy as np
+import pytest
+
+import ferry
+from conftest import assert_tiny
+from fleet import wait_for
+
+
+def uid(tag):
+    return "py-%s-%s" % (tag, uuid.uuid4().hex[:12])
+
+
+@pytest.fixture
+def client(fleet):
+    with ferry.Client(fleet.frontend, fleet.redis_url) as c:
+        yield c
+
+
+def test_run_and_submit_wait_give_the_reference_outputs(client):
+    rng = np.random.default_rng(1)
+    xs = rng.uniform(-1, 1, (40, 8)).astype(np.float32)
+    for x in xs[:5]:
+        r = client.run("tiny", x, timeout=30)
+        assert_tiny(r, x)
+        assert r.model == "tiny" and r.worker == "py-worker-0" and r.attempt == 1
+        assert r.batch_size >= 1
+        assert {"submitted", "dispatched", "received", "compute_start", "compute_end",
+                "finished"} <= set(r.timing)
+    ids = client.submit_many([ferry.Job("tiny", x) for x in xs[5:20]]
+                             + [{"model": "tiny", "inputs": [x]} for x in xs[20:]])
+    assert len(set(ids)) == 35
+    for i, x in zip(ids, xs[5:]):
+        r = client.wait(i, timeout=30)
+        assert r.id == i
+        assert_tiny(r, x)
+    one = client.submit("tiny", xs[0].tolist() and xs[0], id=uid("given"), priority=3)
+    assert one.startswith("py-given-")
+    assert_tiny(client.wait(one, timeout=30), xs[0])
+
+
+def test_several_outputs_and_every_dtype_through_a_worker(client):
+    a = np.array([1.0, -2.0, 0.5, 4.0], np.float32)
+    b = np.array([3, -10, 2 ** 40], np.int64)
+    r = client.run("multi", a, b, timeout=30)
+    assert r.status == "done" and len(r.outputs) == 2
+    np.testing.assert_array_equal(r.outputs[0], 2 * a + 1)
+    assert r.outputs[1].dtype == np.int64 and r.outputs[1].shape == ()
+    assert int(r.outputs[1]) == b.sum()
+    assert r.output_dtypes == ["float32", "int64"]
+    # null.pt returns its input: every protocol dtype there and back through libtorch.
+    rng = np.random.default_rng(2)
+    for name, dt in sorted(ferry.DTYPES.items()):
+        if name == "bfloat16":
+            x = ferry.bfloat16(np.array([1.5, -3.0, 0.0078125], np.float32))
+            want = np.array([1.5, -3.0, 0.0078125], np.float32)
+        elif name == "bool":
+            x = want = np.array([True, False, True])
+        elif dt.kind == "f":
+            x = want = rng.standard_normal((2, 3)).astype(dt)
+        else:
+            x = want = rng.integers(np.iinfo(dt).min, np.iinfo(dt).max, (3, 2)).astype(dt)
+        r = client.run("null", x, timeout=30)
+        assert r.status == "done", (name, r)
+        assert r.output_dtypes == [name]
+        assert r.outputs[0].dtype == want.dtype and r.outputs[0].shape == want.shape, name
+        np.testing.assert_array_equal(r.outputs[0], want)
+
+
+def test_a_model_error_is_a_failed_result(client):
+    r = client.run("tiny", np.zeros(5, np.float32), timeout=30)  # tiny takes [8]
+    assert r.status == "failed" and r.error[0] == "model_error" and not r.ok
+    with pytest.raises(ferry.FerryError) as e:
+        r.raise_for_status()
+    assert e.value.code == "model_error"
+
+
+def test_poll_wait_timeout_and_consume(fleet, client):
+    x = np.ones(8, np.float32)
+    assert client.poll(uid("never")) is None
+    with pytest.raises(ferry.Timeout) as e:
+        client.wait(uid("never"), timeout=0.2)
+    assert isinstance(e.value, TimeoutError)
+    i = client.submit("tiny", x)
+    assert_tiny(client.wait(i, timeout=30), x)
+    assert_tiny(client.poll(i), x)  # poll reads Redis; the result stays
+    # consume_results: what wait reads from Redis is deleted (GETDEL). An id submitted by
+    # another client gets no notice here, so this wait reads Redis.
+    with ferry.Client(fleet.frontend, fleet.redis_url, consume_results=True) as consumer:
+        assert_tiny(consumer.wait(i, timeout=30), x)
+        assert consumer.poll(i) is None
+    assert fleet.redis().exists("ferry:result:" + i) == 0
+
+
+def test_stats(client):
+    st = client.stats()
+    assert "rid" not in st
+    assert [w["id"] for w in st["workers"]] == ["py-worker-0"]
+    assert {"tiny", "multi", "null", "slow"} <= set(st["workers"][0]["models"])
+    assert st["counters"]["accepted"] >= 0 and isinstance(st["queues"], dict)
+
+
+def test_rejections_from_the_broker(client):
+    x = np.ones(8, np.float32)
+    with pytest.raises(ferry.UnknownModel) as e:
+        client.submit("no-such-model", x, id="py-unknown-1")
+    assert e.value.code == "unknown_model" and e.value.id == "py-unknown-1"
+    assert not e.value.retryable
+    with pytest.raises(ferry.UnknownModel):
+        client.run("no-such-model", x, timeout=30)
+    bad = ferry.Tensor(x, "float32")
+    bad.data = bad.data[:30]  # 30 bytes for a [8] float32: the broker's check, not ours
+    with pytest.raises(ferry.InvalidArgument):
+        client.submit("tiny", bad)
+    with pytest.raises(ferry.InvalidArgument):  # ours: a bad id never leaves
+        client.submit("tiny", x, id="not valid")
+    # duplicate: an id still pending. submit says so; run waits for that job instead.
+    slow_id = uid("dup")
+    client.submit("slow", np.array([300.0], np.float32), id=slow_id)
+    with pytest.raises(ferry.Duplicate):
+        client.submit("slow", np.array([1.0], np.float32), id=slow_id)
+    r = client.run("slow", np.array([1.0], np.float32), id=slow_id, timeout=60)
+    assert r.status == "done" and float(r.outputs[0][0]) == 300.0  # the pending job's result
+    # submit_many: the accepted ones are accepted; the error lists them and the rejected.
+    good = uid("good")
+    with pytest.raises(ferry.UnknownModel) as e:
+        client.submit_many([ferry.Job("tiny", x, id=good), ferry.Job("nope", x)])
+    assert e.value.accepted == [good] and len(e.value.ids) == 2
+    assert set(e.value.errors) == {e.value.ids[1]}
+    assert_tiny(client.wait(good, timeout=30), x)
+
+
+def test_stored_inputs_go_through_redis(fleet, client):
+    """Inputs of >= 64 KiB go to Redis (ferry:input:ID:I) before the SUBMIT; the worker reads
+    and deletes them. null returns the input: the 80 KB output comes back by GET."""
+    r_before = fleet.redis().info("commandstats").get("cmdstat_set", {}).get("calls", 0)
+    x = np.random.default_rng(4).standard_normal(20000).astype(np.float32)  # 80,000 bytes
+    small = np.arange(8, dtype=np.float32)
+    r = client.run("null", x, timeout=30)
+    np.testing.assert_array_equal(r.outputs[0], x)
+    i = client.submit("null", x)
+    np.testing.assert_array_equal(client.wait(i, timeout=30).outputs[0], x)
+    calls = fleet.redis().info("commandstats")["cmdstat_set"]["calls"]
+    assert calls - r_before >= 2  # the two stored inputs (results are written with SET too)
+    assert fleet.redis().keys("ferry:input:*") == []
+    with ferry.Client(fleet.frontend, fleet.redis_url, stored_input_bytes=0) as inline:
+        np.testing.assert_array_equal(inline.run("null", x, timeout=30).outputs[0], x)
+    # Two inputs, one stored and one not, in one job (multi wants [4] and [3]: model_error,
+    # but the stored one was read and deleted all the same).
+    with ferry.Client(fleet.frontend, fleet.redis_url, stored_input_bytes=16) as c:
+        r = c.run("multi", np.ones(4, np.float32), np.arange(3), timeout=30)
+        assert r.status == "done" and int(r.outputs[1]) == 3
+    # A rejected job's stored inputs are deleted by the client.
+    with pytest.raises(ferry.UnknownModel):
+        client.submit("nope", x)
+    with pytest.raises(ferry.UnknownModel):
+        client.run("nope", x, timeout=30)
+    wait_for(lambda: fleet.redis().keys("ferry:input:*") == [], 10, "stored inputs deleted")
+    assert_tiny(client.run("tiny", small, timeout=30), small)
+
+
+def test_cancel(client):
+    first = client.submit("slow", np.array([1500.0], np.float32))  # ~1.5 s on the worker
+    queued = [client.submit("slow", np.array([1.0], np.float32), priority=-1) for _ in range(3)]
+    unknown = uid("unknown")
+    # The worker holds at most max_batch x 2 jobs; `first` blocks it, so the others may be
+    # queued at the broker or held by the worker: each lands in exactly one list.
+    report = client.cancel(*queued, unknown)
+    assert report.not_found == [unknown]
+    assert sorted(report.cancelled + report.running) == sorted(queued)
+    for i in queued:
+        r = client.wait(i, timeout=60)
+        if i in report.cancelled:
+            assert r.status == "cancelled" and r.error[0] == "cancelled"
+        else:  # was on the worker: dropped there unless its batch had started
+            assert r.status in ("cancelled", "done")
+    assert client.wait(first, timeout=60).status == "done"
+    assert client.cancel(first).not_found == [first]
+
+
+def test_job_deadline_expires_a_queued_job(client):
+    blockers = [client.submit("slow", np.array([800.0], np.float32)) for _ in range(3)]
+    late = client.submit("tiny", np.ones(8, np.float32), timeout_ms=1)
+    r = client.wait(late, timeout=60)
+    # Started within 1 ms of acceptance is possible in principle only with an idle worker:
+    # this one is busy with the blockers for seconds.
+    assert r.status == "expired" and r.error[0] == "expired" and r.outputs == []
+    for b in blockers:
+        assert client.wait(b, timeout=60).status == "done"
+
+
+def test_thousand_concurrent_async_runs_on_one_client(fleet):
+    xs = np.random.default_rng(5).uniform(-1, 1, (1000, 8)).astype(np.float32)
+
+    async def main():
+        async with ferry.AsyncClient(fleet.frontend, fleet.redis_url) as c:
+            results = await asyncio.gather(*[c.run("tiny", x, timeout=60) for x in xs])
+            engine = c._engine
+            engine._sweep(engine.loop.time())
+            assert engine._awaiting == {}  # no handler left behind per SUBMIT
+            assert engine.entries == {} and engine.held_bytes == 0  # nor per job
+            return results, engine.messages_sent
+    results, sent = asyncio.run(main())
+    for r, x in zip(results, xs):
+        assert_tiny(r, x)
+    assert len({r.id for r in results}) == 1000
+    assert max(r.batch_size for r in results) > 1  # the worker batched them
+    assert sent < 100  # runs made in one turn of the loop travel as one SUBMIT
+
+
+def test_sync_and_async_clients_in_threads(fleet):
+    errors = []
+    rng = np.random.default_rng(6)
+    xs = rng.uniform(-1, 1, (8, 8)).astype(np.float32)
+    shared = ferry.Client(fleet.frontend, fleet.redis_url)
+
+    def sync_worker(k):
+        try:
+            for j in range(30):
+                x = xs[(k + j) % 8]
+                if j % 3 == 0:
+                    assert_tiny(shared.wait(shared.submit("tiny", x), timeout=30), x)
+                else:
+                    assert_tiny(shared.run("tiny", x, timeout=30), x)
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    def async_worker(k):
+        async def main():
+            async with ferry.AsyncClient(fleet.frontend, fleet.redis_url) as c:
+                rs = await asyncio.gather(*[c.run("tiny", xs[j % 8], timeout=30)
+                                            for j in range(100)])
+                for j, r in enumerate(rs):
+                    assert_tiny(r, xs[j % 8])
+        try:
+            asyncio.run(main())
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=sync_worker, args=(k,)) for k in range(6)]
+    threads += [threading.Thread(target=async_worker, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    shared.close()
+    assert errors == []
+    with pytest.raises(ferry.Unavailable):
+        shared.run("tiny", xs[0], timeout=5)  # closed
+
+
+def test_async_api(fleet):
+    async def main():
+        c = ferry.AsyncClient(fleet.frontend, fleet.redis_url)
+        x = np.ones(8, np.float32)
+        i = await c.submit("tiny", x)
+        assert_tiny(await c.wait(i, timeout=30), x)
+        assert_tiny(await c.poll(i), x)
+        ids = await c.submit_many([ferry.Job("tiny", x) for _ in range(5)])
+        for r in await asyncio.gather(*[c.wait(i, timeout=30) for i in ids]):
+            assert_tiny(r, x)
+        assert (await c.cancel(uid("gone"))).not_found
+        assert (await c.stats())["workers"]
+        with pytest.raises(ferry.UnknownModel):
+            await c.run("nope", x, timeout=10)
+        # A caller that gives up (asyncio cancellation) leaves the client working.
+        task = asyncio.ensure_future(c.run("slow", np.array([300.0], np.float32)))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert_tiny(await c.run("tiny", x, timeout=30), x)
+        await c.close()
+    asyncio.run(main())
+
+
+def test_no_broker_means_unavailable_not_a_hang():
+    with ferry.Client("tcp://127.0.0.1:9", "redis://127.0.0.1:9", request_timeout_ms=300) as c:
+        with pytest.raises(ferry.Unavailable) as e:
+            c.run("tiny", np.ones(8, np.float32), timeout=0.3)
+        assert "not sent" in str(e.value) and e.value.retryable
+        with pytest.raises(ferry.Unavailable):
+            c.submit("tiny", np.ones(8, np.float32))
+        with pytest.raises(ferry.Unavailable):
+            c.poll(uid("x"))  # no Redis either
+
+
+def test_run_resubmits_the_same_id_after_silence_and_takes_the_notice(fleet):
+    """A stub broker drops the first SUBMIT (as a broker that crashed before journaling it
+    would): after request_timeout_ms without a result the client GETs the result, finds none
+    and sends the same id again. By then its notify channel is subscribed, so the stub answers
+    the way a worker does: SET the record, PUBLISH the notice (record inline) on the channel."""
+    import msgpack
+    import zmq
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    seen, stop = [], threading.Event()
+    store = fleet.redis()
+    y = np.array([4.0, 2.0], np.float32)
+    record = msgpack.packb({"status": "done", "model": "tiny", "worker": "stub", "batch_size": 1,
+                            "attempt": 1, "timing": {},
+                            "outputs": [{"dtype": "float32", "shape": [2], "data": y.tobytes()}]})
+
+    def serve():
+        while not stop.is_set():
+            if not router.poll(50):
+                continue
+            peer, tag, command, body = router.recv_multipart()
+            body = msgpack.unpackb(body)
+            seen.append(body)
+            if len(seen) == 1:
+                continue  # silence
+            job_id = body["jobs"][0]["id"]
+            store.set("pystub:result:" + job_id, record)
+            notice = msgpack.packb({"ids": [job_id], "results": {job_id: record}})
+            if body.get("notify"):
+                store.publish(body["notify"], notice)
+            else:
+                router.send_multipart([peer, tag, b"FINISHED", notice])
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        with ferry.Client("tcp://127.0.0.1:%d" % port, fleet.redis_url, redis_prefix="pystub:",
+                          request_timeout_ms=300) as c:
+            r = c.run("tiny", np.ones(8, np.float32), timeout=30)
+    finally:
+        stop.set()
+        t.join()
+        router.close(0)
+        ctx.term()
+    np.testing.assert_array_equal(r.outputs[0], y)
+    assert r.worker == "stub"
+    assert len(seen) == 2
+    assert seen[0]["jobs"][0]["id"] == seen[1]["jobs"][0]["id"] == r.id
+    assert seen[0]["ack"] is False and seen[1]["ack"] is False
+    assert seen[0]["inline_results"] is True
+    assert seen[1]["notify"].startswith("pystub:notify:")

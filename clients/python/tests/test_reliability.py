@@ -1,0 +1,116 @@
+"""Backpressure, limits and failures, each on a fleet of its own: a broker killed and
+restarted mid-run, Redis killed and restarted."""
+
+import asyncio
+
+import numpy as np
+import pytest
+
+import ferry
+from conftest import assert_tiny
+from fleet import Fleet, wait_for
+
+
+def test_queue_full_and_too_large(models_dir):
+    # One worker holding at most 2 jobs (max batch 1 x (1 executor + 1)), 2 queued at most.
+    f = Fleet(models_dir, models=("slow",), worker_args=["--max-batch", "1"],
+              broker_args=["--max-queue", "2", "--max-job-bytes", "4096"])
+    try:
+        with ferry.Client(f.frontend, f.redis_url) as c:
+            with pytest.raises(ferry.TooLarge) as e:
+                c.submit("slow", np.zeros(2048, np.float32))  # 8 KiB > 4096, sent inline
+            assert not e.value.retryable
+            with pytest.raises(ferry.TooLarge):  # a stored input: checked from its shape
+                c.run("slow", np.zeros(50000, np.float32), timeout=30)
+            wait_for(lambda: f.redis().keys("ferry:input:*") == [], 10, "inputs deleted")
+            accepted = []
+            with pytest.raises(ferry.QueueFull) as e:
+                for _ in range(20):
+                    accepted.append(c.submit("slow", np.array([1500.0], np.float32)))
+            assert e.value.retryable and e.value.id not in accepted
+            assert 2 <= len(accepted) <= 4  # 2 on the worker (if it took them yet) + 2 queued
+            with pytest.raises(ferry.QueueFull):
+                c.run("slow", np.array([1.0], np.float32), timeout=30)
+            report = c.cancel(*accepted)
+            assert len(report.cancelled) + len(report.running) == len(accepted)
+    finally:
+        f.stop()
+
+
+def test_broker_killed_and_restarted_mid_run(models_dir):
+    f = Fleet(models_dir, models=("slow",), worker_args=["--max-batch", "8"])
+    total_runs, total_waits = 240, 40
+    try:
+        async def main():
+            loop = asyncio.get_running_loop()
+            done = []
+            # request_timeout_ms: a run with no result after 1 s GETs its result and, if there
+            # is none, resubmits the same id (covers a SUBMIT lost with the broker).
+            async with ferry.AsyncClient(f.frontend, f.redis_url, request_timeout_ms=1000) as c:
+                x = np.array([15.0], np.float32)  # ~15 ms a batch
+                ids = await c.submit_many([ferry.Job("slow", x) for _ in range(total_waits)])
+
+                async def one_run():
+                    r = await c.run("slow", x, timeout=90)
+                    done.append(r)
+                    return r
+
+                async def one_wait(i):
+                    r = await c.wait(i, timeout=90)
+                    done.append(r)
+                    return r
+
+                runs = [asyncio.ensure_future(one_run()) for _ in range(total_runs)]
+                waits = [asyncio.ensure_future(one_wait(i)) for i in ids]
+                await loop.run_in_executor(
+                    None, lambda: wait_for(lambda: len(done) >= 20, 60, "20 results"))
+                killed_at = len(done)
+                await loop.run_in_executor(None, f.restart_broker)  # SIGKILL, start again
+                results = await asyncio.gather(*runs, *waits)
+                return killed_at, results, ids
+
+        killed_at, results, ids = asyncio.run(main())
+        print("killed at", killed_at, "attempts", sorted(set(r.attempt for r in results)),
+              f.stats()["counters"])
+        assert killed_at < (total_runs + total_waits) // 2  # the kill did land mid-run
+        assert len(results) == total_runs + total_waits
+        assert len({r.id for r in results}) == len(results)
+        assert [r.id for r in results[total_runs:]] == ids
+        for r in results:
+            assert r.status == "done", r
+            assert r.outputs[0].tolist() == [15.0]
+    finally:
+        f.stop()
+
+
+def test_redis_killed_and_restarted(models_dir):
+    f = Fleet(models_dir, models=("tiny",))
+    x = np.linspace(-1, 1, 8).astype(np.float32)
+    try:
+        async def main():
+            loop = asyncio.get_running_loop()
+            async with ferry.AsyncClient(f.frontend, f.redis_url) as c:
+                assert_tiny(await c.run("tiny", x, timeout=30), x)  # subscribed, warm
+                await loop.run_in_executor(None, f.kill, f.redis_proc)
+                with pytest.raises(ferry.Unavailable) as e:
+                    await c.submit("tiny", x)  # the broker cannot journal it
+                assert e.value.retryable
+                with pytest.raises(ferry.Unavailable):
+                    await c.poll("py-some-id")
+                # Runs made while Redis is down: rejected `unavailable`, resubmitted with the
+                # same id after a back-off until Redis is back.
+                runs = [asyncio.ensure_future(c.run("tiny", x * k, timeout=90))
+                        for k in range(20)]
+                rejected = f.stats()["counters"]["rejected"]
+                await loop.run_in_executor(None, lambda: wait_for(
+                    lambda: f.stats()["counters"]["rejected"] >= rejected + 20, 30,
+                    "the 20 runs rejected (unavailable) by the broker"))
+                assert not any(r.done() for r in runs)
+                await loop.run_in_executor(None, f.start_redis)
+                results = await asyncio.gather(*runs)
+                for k, r in enumerate(results):
+                    assert_tiny(r, x * k)
+                assert_tiny(await c.run("tiny", x, timeout=30), x)
+        asyncio.run(main())
+    finally:
+        f.stop()

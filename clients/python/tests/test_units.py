@@ -1,0 +1,287 @@
+"""Checks that need no fleet: dtypes, records, options, errors."""
+
+import msgpack
+import numpy as np
+import pytest
+
+import ferry
+from ferry import _protocol, _resp, _tensor
+
+
+@pytest.mark.parametrize("name", sorted(ferry.DTYPES))
+def test_every_dtype_round_trips_through_the_wire_form(name):
+    rng = np.random.default_rng(3)
+    if name == "bfloat16":
+        x = ferry.bfloat16(np.array([[1.0, -2.5, 3.140625], [0.0, 1e-3, -7.0]], np.float32))
+        dtype, shape, data, _ = _tensor.encode(x, "x")
+        back = _tensor.decode({"dtype": dtype, "shape": shape, "data": data})
+        assert back.dtype == np.float32  # bfloat16 comes back as float32, exactly
+        np.testing.assert_array_equal(back, np.array([[1.0, -2.5, 3.140625],
+                                                      [0.0, 0.0009994506835937, -7.0]],
+                                                     np.float32))
+        return
+    np_dtype = ferry.DTYPES[name]
+    if name == "bool":
+        x = rng.integers(0, 2, (3, 4)).astype(bool)
+    elif np_dtype.kind == "f":
+        x = rng.standard_normal((3, 4)).astype(np_dtype)
+    else:
+        info = np.iinfo(np_dtype)
+        x = rng.integers(info.min, info.max, (3, 4), endpoint=True).astype(np_dtype)
+    dtype, shape, data, nbytes = _tensor.encode(x, "x")
+    assert dtype == name and shape == [3, 4] and nbytes == x.nbytes
+    wire = msgpack.unpackb(msgpack.packb({"dtype": dtype, "shape": shape, "data": data}))
+    back = _tensor.decode(wire)
+    assert back.dtype == x.dtype and back.shape == x.shape and back.flags.writeable
+    np.testing.assert_array_equal(back, x)
+
+
+def test_inputs_are_sent_little_endian_and_contiguous():
+    x = np.arange(12, dtype=">i4").reshape(3, 4).T  # big-endian, not contiguous
+    dtype, shape, data, _ = _tensor.encode(x, "x")
+    assert (dtype, shape) == ("int32", [4, 3])
+    assert bytes(data) == np.ascontiguousarray(x, "<i4").tobytes()
+    dtype, shape, data, _ = _tensor.encode([[1.5, 2.5]], "x")  # lists: numpy.asarray
+    assert (dtype, shape) == ("float64", [1, 2])
+    assert _tensor.encode(np.float32(2.0), "x")[:2] == ("float32", [])  # a scalar
+
+
+def test_dtypes_without_a_ferry_dtype_are_refused():
+    for bad in (np.zeros(2, np.uint16), np.zeros(2, np.complex64), np.array(["a"])):
+        with pytest.raises(ferry.InvalidArgument):
+            _tensor.encode(bad, "x")
+
+
+def test_bfloat16_rounds_to_nearest_even():
+    bits = ferry.bfloat16(np.array([1.0 + 2 ** -8, 1.0 + 3 * 2 ** -8, np.nan], np.float32)).data
+    assert np.frombuffer(bits, "<u2").tolist()[:2] == [0x3F80, 0x3F82]
+    assert np.frombuffer(bits, "<u2")[2] == 0x7FC0
+
+
+def record(**fields):
+    base = {"id": "j1", "status": "done", "outputs": [], "model": "m", "worker": "w",
+            "batch_size": 3, "attempt": 1, "timing": {"submitted": 1}}
+    base.update(fields)
+    return msgpack.packb(base)
+
+
+def test_result_records_decode():
+    y = np.arange(6, dtype=np.float32).reshape(2, 3)
+    r = _protocol.decode_result(record(outputs=[
+        {"dtype": "float32", "shape": [2, 3], "data": y.tobytes()}]), "j1")
+    assert (r.id, r.status, r.error, r.model, r.worker, r.batch_size, r.attempt) == \
+        ("j1", "done", None, "m", "w", 3, 1)
+    np.testing.assert_array_equal(r.outputs[0], y)
+    assert r.ok and r.raise_for_status() is r
+    f = _protocol.decode_result(record(status="failed", error={"code": "model_error",
+                                                                "message": "boom"}), "j1")
+    assert f.error == ("model_error", "boom") and not f.ok
+    with pytest.raises(ferry.FerryError) as e:
+        f.raise_for_status()
+    assert e.value.code == "model_error" and e.value.id == "j1"
+    for bad in (b"\xc1", msgpack.packb([1]), record(status="weird"),
+                record(outputs=[{"dtype": "float32", "shape": [2], "data": b"123"}])):
+        with pytest.raises(ferry.FerryError) as e:
+            _protocol.decode_result(bad, "j1")
+        assert e.value.code == "malformed"
+
+
+def test_errors_by_code():
+    for code, cls in [("queue_full", ferry.QueueFull), ("unavailable", ferry.Unavailable),
+                      ("unknown_model", ferry.UnknownModel), ("too_large", ferry.TooLarge),
+                      ("invalid_argument", ferry.InvalidArgument), ("timeout", ferry.Timeout),
+                      ("duplicate", ferry.Duplicate), ("malformed", ferry.FerryError)]:
+        e = ferry.error_for(code, "msg", "id1")
+        assert type(e) is cls and e.code == code and e.message == "msg" and e.id == "id1"
+        assert e.retryable == (code in ("queue_full", "unavailable"))
+    assert isinstance(ferry.Timeout("x"), TimeoutError)
+    import pickle
+    e = pickle.loads(pickle.dumps(ferry.QueueFull("full", id="a")))
+    assert type(e) is ferry.QueueFull and e.id == "a"
+
+
+def test_options_and_urls(tmp_path, monkeypatch):
+    with pytest.raises(TypeError):
+        ferry.AsyncClient(no_such_option=1)
+    with pytest.raises(ferry.InvalidArgument):
+        ferry.AsyncClient(redis="http://x")
+    with pytest.raises(ferry.InvalidArgument):
+        ferry.AsyncClient(redis="redis://h:1/notanumber")
+    with pytest.raises(ferry.InvalidArgument):
+        ferry.AsyncClient(redis_tls_ca="/x")  # TLS files need rediss://
+    with pytest.raises(ferry.InvalidArgument):
+        ferry.AsyncClient(curve_server_public="/x")  # and curve_secret
+    with pytest.raises(ferry.InvalidArgument):
+        ferry.AsyncClient(request_timeout_ms=0)
+    e = _resp.parse_redis_url("redis://user:p%40ss@host:7000/3")
+    assert (e.host, e.port, e.db, e.username, e.password, e.ssl) == \
+        ("host", 7000, 3, "user", "p@ss", None)
+    pw = tmp_path / "pw"
+    pw.write_text("s3cret\n")
+    e = _resp.parse_redis_url("rediss://host:7000", password_file=str(pw))
+    assert e.password == "s3cret" and e.ssl is not None and e.port == 7000
+    assert "p@ss" not in repr(_resp.parse_redis_url("redis://:p%40ss@h:1"))
+    with pytest.raises(ferry.InvalidArgument):  # the password twice
+        _resp.parse_redis_url("redis://:x@h:1", password_file=str(pw))
+    with pytest.raises(ferry.InvalidArgument):
+        _resp.parse_redis_url("redis://h:1?db=2")
+    (tmp_path / "two").write_text("a\nb\n")
+    with pytest.raises(ferry.InvalidArgument):
+        _resp.parse_redis_url("redis://h:1", password_file=str(tmp_path / "two"))
+    monkeypatch.setenv("FERRY_FRONTEND", "tcp://127.0.0.1:1")
+    monkeypatch.setenv("FERRY_REDIS", "redis://127.0.0.1:2")
+    c = ferry.AsyncClient()
+    assert (c.options.frontend, c.options.redis) == ("tcp://127.0.0.1:1", "redis://127.0.0.1:2")
+    c = ferry.AsyncClient("tcp://127.0.0.1:3")  # arguments win
+    assert c.options.frontend == "tcp://127.0.0.1:3"
+
+
+def test_curve_keys_from_zmq_certificates_against_a_curve_server(tmp_path):
+    """CURVE with pyzmq's certificate files, against a stub broker (a CURVE ROUTER behind a
+    ZAP handler that allows one client key) that answers STATS."""
+    import threading
+    import zmq
+    import zmq.auth
+    from zmq.auth.thread import ThreadAuthenticator
+    keys, allowed = tmp_path / "keys", tmp_path / "allowed"
+    keys.mkdir()
+    allowed.mkdir()
+    server_pub, server_secret = zmq.auth.create_certificates(str(keys), "server")
+    client_pub, client_secret = zmq.auth.create_certificates(str(keys), "client")
+    _, other_secret = zmq.auth.create_certificates(str(keys), "other")
+    (allowed / "client.key").write_bytes(open(client_pub, "rb").read())
+
+    ctx = zmq.Context()
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve(domain="*", location=str(allowed))
+    router = ctx.socket(zmq.ROUTER)
+    router.curve_server = True
+    router.curve_publickey, router.curve_secretkey = zmq.auth.load_certificate(server_secret)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            if router.poll(50):
+                peer, tag, command, body = router.recv_multipart()
+                rid = msgpack.unpackb(body)["rid"]
+                router.send_multipart([peer, tag, b"STATS",
+                                       msgpack.packb({"workers": [], "rid": rid})])
+    t = threading.Thread(target=serve)
+    t.start()
+    endpoint = "tcp://127.0.0.1:%d" % port
+    try:
+        with ferry.Client(endpoint, curve_server_public=server_pub,
+                          curve_secret=client_secret) as c:
+            assert c.stats() == {"workers": []}
+        for secret, server in ((other_secret, server_pub),      # a key the server refuses
+                               (client_secret, client_pub)):    # the wrong server key
+            with ferry.Client(endpoint, curve_server_public=server, curve_secret=secret,
+                              request_timeout_ms=300) as c:
+                with pytest.raises(ferry.Unavailable) as e:
+                    c.stats()
+                assert "CURVE" in str(e.value)
+    finally:
+        stop.set()
+        t.join()
+        router.close(0)
+        auth.stop()
+        ctx.term()
+    with pytest.raises(ferry.InvalidArgument):  # a public certificate where the secret goes
+        ferry.Client(endpoint, curve_server_public=server_pub, curve_secret=server_pub)
+
+
+def test_bad_jobs_fail_before_anything_is_sent():
+    c = ferry.AsyncClient("tcp://127.0.0.1:9")
+    prep = c._prepare
+    with pytest.raises(ferry.InvalidArgument):
+        prep("tiny", (np.zeros(8, np.float32),), "bad id!", 0, 0, 0)
+    with pytest.raises(ferry.InvalidArgument):
+        prep("", (), None, 0, 0, 0)
+    with pytest.raises(ferry.InvalidArgument):
+        prep("tiny", (), None, 0, -1, 0)
+    with pytest.raises(ferry.InvalidArgument):
+        prep("tiny", [np.zeros(1)] * 65, None, 0, 0, 0)
+    p = prep("tiny", (np.zeros(20000, np.float32), np.zeros(8, np.float32)), "j", 5, 10, 20)
+    job = msgpack.unpackb(p.packed)
+    assert job["inputs"][0] == {"dtype": "float32", "shape": [20000], "stored": True}
+    assert job["inputs"][1]["data"] == bytes(32)
+    assert (job["priority"], job["timeout_ms"], job["result_ttl_s"]) == (5, 10, 20)
+    assert [k for k, _ in p.stored] == ["ferry:input:j:0"]
+
+
+def test_redis_acl_user_and_tls_with_client_certificates(tmp_path):
+    """The client's Redis side on a real redis-server with TLS only (client certificates
+    required) and an ACL user: rediss://user:password@, redis_password_file, redis_tls_ca,
+    redis_tls_cert, redis_tls_key."""
+    import asyncio
+    import shutil
+    import socket
+    import subprocess
+    from fleet import free_port, wait_for
+    if shutil.which("openssl") is None or shutil.which("redis-server") is None:
+        pytest.skip("needs openssl and redis-server")
+
+    def run(*args):
+        subprocess.run(args, cwd=tmp_path, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+        "-subj", "/CN=ferry-test-ca", "-keyout", "ca.key", "-out", "ca.crt")
+    for name in ("server", "client"):
+        run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=" + name,
+            "-keyout", name + ".key", "-out", name + ".csr")
+        run("openssl", "x509", "-req", "-in", name + ".csr", "-CA", "ca.crt", "-CAkey",
+            "ca.key", "-CAcreateserial", "-days", "1", "-out", name + ".crt")
+    port = free_port()
+    (tmp_path / "redis.conf").write_text(
+        "port 0\ntls-port %d\nbind 127.0.0.1\nsave \"\"\ndir %s\n"
+        "tls-cert-file server.crt\ntls-key-file server.key\ntls-ca-cert-file ca.crt\n"
+        "tls-auth-clients yes\nuser default off\n"
+        "user producer on >s3cret ~ferry:* &ferry:notify:* +@all\n" % (port, tmp_path))
+    redis = subprocess.Popen(["redis-server", str(tmp_path / "redis.conf")], cwd=tmp_path,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    (tmp_path / "pw").write_text("s3cret\n")
+    tls = {"redis_tls_ca": str(tmp_path / "ca.crt"),
+           "redis_tls_cert": str(tmp_path / "client.crt"),
+           "redis_tls_key": str(tmp_path / "client.key")}
+    url = "rediss://producer:s3cret@127.0.0.1:%d" % port
+    record = msgpack.packb({"id": "tls-1", "status": "done", "outputs": [], "model": "m",
+                            "worker": "w", "batch_size": 1, "attempt": 1, "timing": {}})
+
+    async def main():
+        c = ferry.AsyncClient("tcp://127.0.0.1:9", url, request_timeout_ms=2000, **tls)
+        engine = c._get_engine()
+        await engine.redis.execute("SET", "ferry:result:tls-1", record)
+        assert (await c.poll("tls-1")).status == "done"
+        assert (await c.wait("tls-1", timeout=5)).worker == "w"
+        assert await c.poll("tls-2") is None
+        await c.close()
+        c = ferry.AsyncClient("tcp://127.0.0.1:9", "rediss://producer@127.0.0.1:%d" % port,
+                              redis_password_file=str(tmp_path / "pw"), **tls)
+        assert (await c.poll("tls-1")).status == "done"
+        await c.close()
+        for bad_url, options in [
+                ("rediss://producer:wrong@127.0.0.1:%d" % port, tls),      # wrong password
+                (url, {"redis_tls_ca": tls["redis_tls_ca"]}),              # no client cert
+                ("redis://producer:s3cret@127.0.0.1:%d" % port, {})]:      # no TLS at all
+            c = ferry.AsyncClient("tcp://127.0.0.1:9", bad_url, request_timeout_ms=1000,
+                                  **options)
+            with pytest.raises(ferry.Unavailable):
+                await c.poll("tls-1")
+            await c.close()
+
+    try:
+        def listening():
+            assert redis.poll() is None, "redis-server exited"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                return True
+            except OSError:
+                return False
+        wait_for(listening, 20, "redis-server with TLS")
+        assert redis.poll() is None
+        asyncio.run(main())
+    finally:
+        redis.kill()
+        redis.wait()
