@@ -8,7 +8,7 @@ PKGS=(build-essential cmake ninja-build pkg-config
       redis-server libgtest-dev libgmock-dev
       python3 python3-zmq python3-msgpack python3-redis python3-numpy python3-yaml
       python3-venv python3-pip python3-setuptools python3-pytest python3-fastapi python3-uvicorn
-      python3-httpx python3-multipart python3-celery espeak-ng)
+      python3-httpx python3-multipart python3-celery espeak-ng openssl)
 missing=()
 for p in "${PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -20,6 +20,7 @@ run_coroutine_threadsafe).
 
 import asyncio
 import itertools
+import struct
 import uuid
 
 import msgpack
@@ -38,9 +39,30 @@ MAX_HELD_BYTES = 64 << 20       # inline records kept for ids nobody waits on ye
 TRACK_TTL = 60.0                # s: entries nobody waits on are dropped after this
 PUSH_RETRY_MIN, PUSH_RETRY_MAX = 1.0, 30.0
 SEND_RETRY = 0.005              # s: re-check a socket that would not take a message
+HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
 
 _packer = msgpack.Packer(use_bin_type=True)
 _pack = _packer.pack
+
+
+def describe_handshake_failure(event, value, curve):
+    """The C++ SDK's protocol::DescribeHandshakeFailure, word for word where it can be."""
+    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+        return ("the broker refused this client's CURVE key (ZAP status %d): its public key is "
+                "not in the broker's allowed keys" % value)
+    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
+        if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+            return ("the broker does not use CURVE but this client does (security mechanism "
+                    "mismatch)" if curve else
+                    "the broker requires CURVE: give the broker's public key "
+                    "(curve_server_public) and this client's secret key (curve_secret)")
+        return "the handshake with the broker failed with a protocol error (ZMTP code %d)" % value
+    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        return ("the CURVE handshake with the broker failed: the broker's public key "
+                "(curve_server_public) is not the key of the broker at that address"
+                if curve else "the handshake with the broker failed")
+    return "handshake event %d (value %d)" % (event, value)
 
 
 class _Entry:
@@ -102,6 +124,9 @@ class Engine:
         self.messages_sent = 0
         self.callback_errors = 0
         self.last_error = None
+        # Why the last handshake with the broker failed (a refused CURVE key, a wrong broker
+        # key, CURVE on one side only), from the socket's monitor; None once one succeeds.
+        self.handshake_error = None
 
         self.ctx = zmq.Context(1)
         sock = self.ctx.socket(zmq.DEALER)
@@ -124,15 +149,25 @@ class Engine:
             sock.curve_serverkey = server_public
             sock.curve_publickey = public
             sock.curve_secretkey = secret
+        # Handshake events (as the C++ SDK): a refused key or a wrong broker key is said, not
+        # left to look like a broker that does not answer.
+        monitor = sock.get_monitor_socket(HANDSHAKE_EVENTS,
+                                          "inproc://ferry-client-monitor-%s" % uuid.uuid4())
+        monitor.setsockopt(zmq.LINGER, 0)
         try:
             sock.connect(options.frontend)
         except zmq.ZMQError as e:
+            monitor.close(0)
             sock.close(0)
             self.ctx.term()
             raise InvalidArgument("frontend endpoint %r: %s" % (options.frontend, e))
         self.sock = sock
+        self._monitor = monitor
         self._fd = sock.getsockopt(zmq.FD)
+        self._monitor_fd = monitor.getsockopt(zmq.FD)
         loop.add_reader(self._fd, self.kick)
+        loop.add_reader(self._monitor_fd, self._read_monitor)
+        self._read_monitor()  # ZMQ_FD is edge-triggered: consume what is pending now
         self._task = loop.create_task(self._io_loop())
 
     # ---- the I/O task --------------------------------------------------------------------
@@ -164,6 +199,21 @@ class Engine:
                 await self._wake
             finally:
                 self._wake = None
+
+    def _read_monitor(self):
+        """Reads the socket monitor's events (edge-triggered: until none is left)."""
+        mon = self._monitor
+        try:
+            while mon.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                frames = mon.recv_multipart(zmq.NOBLOCK)
+                if len(frames[0]) < 6:
+                    continue
+                event, value = struct.unpack("=HI", frames[0][:6])
+                self.handshake_error = (None if event == zmq.EVENT_HANDSHAKE_SUCCEEDED
+                                        else describe_handshake_failure(event, value,
+                                                                        self.curve))
+        except zmq.ZMQError:
+            pass
 
     def _writable(self):
         return self.sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT
@@ -395,7 +445,7 @@ class Engine:
         """Waits for id's result (client.h's Wait contract, timeout in seconds, None = none).
         With `run`, also returns run's rejection, and calls resubmit() after a silence."""
         loop = self.loop
-        now = loop.time()
+        now = started = loop.time()
         deadline = None if timeout is None else now + timeout
         e = self.entries.get(id)
         if e is None:
@@ -423,6 +473,11 @@ class Engine:
                 if run is not None and run.error is not None:
                     raise run.error
                 now = loop.time()
+                if run is not None and not run.ever_sent and self.handshake_error is not None \
+                        and now - started >= self.timeout:
+                    # Not sent because no handshake succeeds (a refused or wrong CURVE key):
+                    # said now, not left to the deadline (run raises "it was not sent", why).
+                    raise Unavailable(self.handshake_error, id=id)
                 if e.version != seen:
                     seen = e.version
                     if e.has_result or e.recheck:
@@ -548,21 +603,24 @@ class Engine:
         except asyncio.TimeoutError:
             raise Unavailable(self.silence_message(command.decode(), self.opts.request_timeout_ms))
 
-    def silence_message(self, what, ms):
-        msg = ("broker at %s did not answer %s within %d ms (is ferry-broker running and "
-               "reachable?)" % (self.opts.frontend, what, ms))
+    def _why(self):
+        self._read_monitor()
+        if self.handshake_error is not None:
+            return self.handshake_error
+        why = "is ferry-broker running and reachable?"
         if self.curve:
-            msg += ("; CURVE is on: a wrong curve_server_public, or a client key the broker "
-                    "does not allow, looks exactly like this")
-        return msg
+            why += (" CURVE is on: a wrong curve_server_public or a key the broker does not "
+                    "allow also looks like this")
+        return why
+
+    def silence_message(self, what, ms):
+        return ("broker at %s did not answer %s within %d ms (%s)"
+                % (self.opts.frontend, what, ms, self._why()))
 
     def unsent_message(self, timeout):
         within = "" if timeout is None else " within %g s" % timeout
-        msg = ("no broker at %s took the job%s (is ferry-broker running and reachable?); it "
-               "was not sent" % (self.opts.frontend, within))
-        if self.curve:
-            msg += "; CURVE is on: check curve_server_public and that the broker allows this key"
-        return msg
+        return ("no broker at %s took the job%s (%s); it was not sent"
+                % (self.opts.frontend, within, self._why()))
 
     async def store_inputs(self, preps):
         """Writes the stored (big) inputs of these jobs to Redis, one round trip."""
@@ -623,5 +681,14 @@ class Engine:
             await self._task
         except (asyncio.CancelledError, Exception):
             pass
+        try:
+            self.loop.remove_reader(self._monitor_fd)
+        except Exception:
+            pass
+        try:
+            self.sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        self._monitor.close(0)
         self.sock.close(0)
         self.ctx.term()

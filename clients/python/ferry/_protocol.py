@@ -2,6 +2,7 @@
 
 import os
 import re
+import urllib.parse
 import uuid
 
 import msgpack
@@ -218,6 +219,7 @@ class Options:
         self.redis = redis or os.environ.get("FERRY_REDIS") or "redis://127.0.0.1:6379"
         for k, v in self.DEFAULTS.items():
             setattr(self, k, options.get(k, v))
+        self._env_defaults(options)
         self.request_timeout_ms = _int("request_timeout_ms", self.request_timeout_ms, 1)
         self.stored_input_bytes = _int("stored_input_bytes", self.stored_input_bytes)
         self.input_ttl_s = _int("input_ttl_s", self.input_ttl_s, 1)
@@ -227,4 +229,35 @@ class Options:
             raise InvalidArgument("redis_prefix must be a non-empty string")
         if bool(self.curve_server_public) != bool(self.curve_secret):
             raise InvalidArgument("curve_server_public (the broker's NAME.key) and curve_secret "
-                                  "(this client's NAME.key_secret) go together")
+                                  "(this client's NAME.key_secret) go together (in the "
+                                  "environment: FERRY_CURVE_SERVER_PUBLIC, FERRY_CURVE_SECRET)")
+
+    # Options whose default comes from the environment (`ferry up --env-file` writes them).
+    ENV = {
+        "curve_server_public": "FERRY_CURVE_SERVER_PUBLIC",
+        "curve_secret": "FERRY_CURVE_SECRET",
+        "redis_password_file": "FERRY_REDIS_PASSWORD_FILE",
+        "redis_tls_ca": "FERRY_REDIS_TLS_CA",
+        "redis_tls_cert": "FERRY_REDIS_TLS_CERT",
+        "redis_tls_key": "FERRY_REDIS_TLS_KEY",
+    }
+
+    def _env_defaults(self, options):
+        """An option not given as an argument takes its FERRY_* variable (a given None or ""
+        means "none": it does not). Redis ones apply only where they can: the TLS files to a
+        rediss:// URL, the password file to a URL without a password, so that a plain URL
+        passed in code still works in a shell that sourced a TLS fleet's env file."""
+        env = {k: os.environ.get(v) or None for k, v in self.ENV.items() if k not in options}
+        try:
+            u = urllib.parse.urlsplit(self.redis)
+            tls, has_password = u.scheme == "rediss", u.password is not None
+        except ValueError:  # parse_redis_url says what is wrong with it
+            tls, has_password = False, False
+        if not tls:
+            for k in ("redis_tls_ca", "redis_tls_cert", "redis_tls_key"):
+                env.pop(k, None)
+        if has_password:
+            env.pop("redis_password_file", None)
+        for k, v in env.items():
+            if v is not None:
+                setattr(self, k, v)
