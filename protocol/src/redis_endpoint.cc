@@ -190,6 +190,12 @@ Status ResolveRedisEndpoint(std::string_view url, const RedisAccessFiles& files,
           "once (the file keeps it out of the command line)");
     FERRY_RETURN_IF_ERROR(ReadPasswordFile(files.password_file, &ep.password));
   }
+  // AUTH needs a password; without one the connection would silently be Redis's default user.
+  if (!ep.user.empty() && ep.password.empty())
+    return Status::InvalidArgument("the Redis URL \"" + RedactRedisUrl(url) + "\" names user \"" +
+                                   ep.user +
+                                   "\" but no password: give it with --redis-password-file (or in "
+                                   "the URL)");
   ep.tls_ca = files.tls_ca;
   ep.tls_cert = files.tls_cert;
   ep.tls_key = files.tls_key;

@@ -140,8 +140,14 @@ Status MakeTlsContext(const RedisEndpoint& ep, CtxPtr* out) {
   if (!ep.tls_cert.empty()) {
     if (SSL_CTX_use_certificate_chain_file(ctx.get(), ep.tls_cert.c_str()) != 1)
       return Status::InvalidArgument("--redis-tls-cert " + ep.tls_cert + ": " + SslErrors());
-    if (SSL_CTX_use_PrivateKey_file(ctx.get(), ep.tls_key.c_str(), SSL_FILETYPE_PEM) != 1)
-      return Status::InvalidArgument("--redis-tls-key " + ep.tls_key + ": " + SslErrors());
+    if (SSL_CTX_use_PrivateKey_file(ctx.get(), ep.tls_key.c_str(), SSL_FILETYPE_PEM) != 1) {
+      const bool mismatch = ERR_GET_REASON(ERR_peek_last_error()) == X509_R_KEY_VALUES_MISMATCH;
+      const std::string why = SslErrors();
+      if (mismatch)
+        return Status::InvalidArgument("--redis-tls-key " + ep.tls_key +
+                                       " does not match --redis-tls-cert " + ep.tls_cert);
+      return Status::InvalidArgument("--redis-tls-key " + ep.tls_key + ": " + why);
+    }
     if (SSL_CTX_check_private_key(ctx.get()) != 1)
       return Status::InvalidArgument("--redis-tls-key " + ep.tls_key +
                                      " does not match --redis-tls-cert " + ep.tls_cert);
@@ -224,6 +230,15 @@ void EnableKeepAlive(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &count, sizeof(count));
 }
 
+// `text` (an error reply to AUTH, say) with every occurrence of `secret` replaced by "***": a
+// server or proxy that echoes its arguments must not put the password in a message or a log.
+std::string Scrub(std::string text, const std::string& secret) {
+  if (secret.empty()) return text;
+  for (size_t at = text.find(secret); at != std::string::npos; at = text.find(secret, at + 3))
+    text.replace(at, secret.size(), "***");
+  return text;
+}
+
 Status TransportFailure(const char* what, int error) {
   if (error == EAGAIN || error == EWOULDBLOCK)
     return Status::Unavailable(std::string("redis ") + what + " timed out");
@@ -268,8 +283,9 @@ Status RedisTransport::Handshake(const RedisEndpoint& ep) {
                               SSL_set1_host(ssl_, ep.host.c_str()) == 1;
   if (!named) return Status::Internal("TLS: cannot set the expected host name: " + SslErrors());
   ERR_clear_error();
-  if (SSL_connect(ssl_) == 1) return Status::Ok();
-  const int error = SSL_get_error(ssl_, 0);
+  const int rc = SSL_connect(ssl_);
+  if (rc == 1) return Status::Ok();
+  const int error = SSL_get_error(ssl_, rc);
   const long verify = SSL_get_verify_result(ssl_);
   const std::string where = Where(ep) + ": TLS handshake failed: ";
   if (verify != X509_V_OK) {
@@ -342,9 +358,13 @@ Status RedisTransport::Write(const iovec* iov_in, size_t count) {
 
 Status RedisTransport::SslWrite(const char* data, size_t n) {
   ERR_clear_error();
+  socket_.error = 0;
   size_t written = 0;
-  if (SSL_write_ex(ssl_, data, n, &written) == 1) return Status::Ok();  // all of it
-  const int error = SSL_get_error(ssl_, 0);
+  // Without SSL_MODE_ENABLE_PARTIAL_WRITE, success means all n bytes (OpenSSL itself resumes
+  // after the short sends our BIO reports).
+  const int rc = SSL_write_ex(ssl_, data, n, &written);
+  if (rc == 1) return Status::Ok();
+  const int error = SSL_get_error(ssl_, rc);
   if (error == SSL_ERROR_WANT_WRITE || error == SSL_ERROR_WANT_READ)
     return Status::Unavailable("redis write timed out");
   if (socket_.eof) return Status::Unavailable("redis closed the connection");
@@ -373,12 +393,14 @@ Status RedisTransport::Read(char* buf, size_t n, size_t* got) {
 
 Status RedisTransport::SslRead(char* buf, size_t n, size_t* got) {
   ERR_clear_error();
+  socket_.error = 0;
   size_t r = 0;
-  if (SSL_read_ex(ssl_, buf, n, &r) == 1) {
+  const int rc = SSL_read_ex(ssl_, buf, n, &r);
+  if (rc == 1) {
     *got = r;
     return Status::Ok();
   }
-  const int error = SSL_get_error(ssl_, 0);
+  const int error = SSL_get_error(ssl_, rc);
   if (error == SSL_ERROR_WANT_READ || error == SSL_ERROR_WANT_WRITE) {
     if (nonblocking_) {
       *got = 0;
@@ -508,7 +530,7 @@ Status RedisConnection::Open(const RedisEndpoint& ep, int timeout_ms, bool keepa
       }
       std::unique_ptr<redisReply, void (*)(void*)> owned(r, freeReplyObject);
       if (r->type != REDIS_REPLY_ERROR) continue;
-      const std::string error(r->str, r->len);
+      const std::string error = Scrub(std::string(r->str, r->len), ep.password);
       switch (steps[i]) {
         case Step::kAuth:
           s = Status::Unavailable(Where(ep) + " refused the credentials of user \"" +

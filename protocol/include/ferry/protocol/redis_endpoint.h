@@ -57,7 +57,8 @@ struct RedisAccessFiles {
 // and checks that the TLS files load (a CA that is not PEM, a key that does not match its
 // certificate) -- so that a process fails at start, not at its first connection. Fails with
 // invalid_argument when a file cannot be read or is wrong, when the password is given both in
-// the URL and in a file, or when TLS files come with a redis:// URL.
+// the URL and in a file, when the URL names a user but no password is given, or when TLS files
+// come with a redis:// URL.
 Status ResolveRedisEndpoint(std::string_view url, const RedisAccessFiles& files,
                             RedisEndpoint* out);
 
