@@ -83,6 +83,16 @@ std::string WorkerOf(const Scrape& s) {
   return "";
 }
 
+// A JSON number as a count: NaN is 0, and the value is clamped to +-2^53 (a double's exact
+// integers), so that a hostile or broken STATS reply (1e400, -inf) never makes the cast or the
+// differences `ferry top` takes between two replies overflow.
+int64_t Count(const JsonValue& v) {
+  constexpr double kLimit = 9007199254740992.0;  // 2^53
+  const double d = v.NumberOr(0);
+  if (std::isnan(d)) return 0;
+  return static_cast<int64_t>(std::clamp(d, -kLimit, kLimit));
+}
+
 const Scrape* FindByUrl(const std::vector<Scrape>& v, const std::string& url) {
   for (const auto& s : v)
     if (s.url == url && s.ok) return &s;
@@ -104,21 +114,19 @@ Status ParseFleetStats(const std::string& json, FleetStats* out) {
     r.id = w["id"].StringOr("?");
     r.device = w["device"].StringOr("?");
     r.host = w["host"].StringOr("?");
-    r.pid = static_cast<int64_t>(w["pid"].NumberOr(0));
-    r.capacity = static_cast<int64_t>(w["capacity"].NumberOr(0));
-    r.credit = static_cast<int64_t>(w["credit"].NumberOr(0));
-    r.in_flight = static_cast<int64_t>(w["in_flight"].NumberOr(0));
-    r.last_seen_ms = static_cast<int64_t>(w["last_seen_ms"].NumberOr(0));
+    r.pid = Count(w["pid"]);
+    r.capacity = Count(w["capacity"]);
+    r.credit = Count(w["credit"]);
+    r.in_flight = Count(w["in_flight"]);
+    r.last_seen_ms = Count(w["last_seen_ms"]);
     for (const JsonValue& m : w["models"].array) r.models.push_back(m.StringOr("?"));
     out->workers.push_back(std::move(r));
   }
   std::sort(out->workers.begin(), out->workers.end(),
             [](const WorkerRow& a, const WorkerRow& b) { return a.id < b.id; });
-  for (const auto& [model, depth] : root["queues"].object)
-    out->queues[model] = static_cast<int64_t>(depth.NumberOr(0));
-  out->pending = static_cast<int64_t>(root["pending"].NumberOr(0));
-  for (const auto& [name, value] : root["counters"].object)
-    out->counters[name] = static_cast<int64_t>(value.NumberOr(0));
+  for (const auto& [model, depth] : root["queues"].object) out->queues[model] = Count(depth);
+  out->pending = Count(root["pending"]);
+  for (const auto& [name, value] : root["counters"].object) out->counters[name] = Count(value);
   return Status::Ok();
 }
 

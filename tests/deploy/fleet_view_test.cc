@@ -32,6 +32,32 @@ TEST(FleetView, ParsesStatsJson) {
   EXPECT_EQ(ParseFleetStats("{\"workers\": [", &s).code(), "malformed");
 }
 
+// Found by tests/fuzz/fuzz_stats: a number no int64 holds (1e400 is inf to the JSON reader)
+// was cast to int64 (undefined behaviour). Counts are clamped to +-2^53; NaN-free.
+TEST(FleetView, OutOfRangeNumbersAreClamped) {
+  FleetStats s;
+  ASSERT_TRUE(ParseFleetStats(R"({"workers": [{"id": "w", "pid": 1e400, "credit": -1e400,
+                                   "last_seen_ms": 1e300}],
+                                  "queues": {"tiny": 1e19}, "pending": -1e19,
+                                  "counters": {"accepted": 1e400, "finished": -1e400}})",
+                              &s)
+                  .ok());
+  constexpr int64_t kLimit = int64_t{1} << 53;
+  ASSERT_EQ(s.workers.size(), 1u);
+  EXPECT_EQ(s.workers[0].pid, kLimit);
+  EXPECT_EQ(s.workers[0].credit, -kLimit);
+  EXPECT_EQ(s.workers[0].last_seen_ms, kLimit);
+  EXPECT_EQ(s.queues.at("tiny"), kLimit);
+  EXPECT_EQ(s.pending, -kLimit);
+  EXPECT_EQ(s.counters.at("accepted"), kLimit);
+  EXPECT_EQ(s.counters.at("finished"), -kLimit);
+  // The tables and the rates between two such replies are printed without overflow.
+  EXPECT_NE(FormatStatus(s, "x").find("accepted 9007199254740992"), std::string::npos);
+  FleetStats before = s;
+  before.counters["accepted"] = -kLimit;
+  EXPECT_FALSE(FormatTop(before, s, 1.0, IntervalMetrics(), "x").empty());
+}
+
 TEST(FleetView, StatusTables) {
   FleetStats s;
   ASSERT_TRUE(ParseFleetStats(kStats, &s).ok());
