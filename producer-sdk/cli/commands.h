@@ -7,7 +7,7 @@ namespace ferry::cli {
 // Exit codes (also in `ferry --help`).
 enum ExitCode : int {
   kExitOk = 0,           // done / accepted / printed
-  kExitFailed = 1,       // job failed, expired or cancelled; submit rejected; other errors
+  kExitFailed = 1,       // job failed/expired/cancelled; submit rejected; `up`: the fleet failed
   kExitUsage = 2,        // bad flags or input files
   kExitUnavailable = 3,  // timed out, broker or Redis unreachable, queue full
   kExitPending = 4,      // `get`: no result yet

@@ -3,11 +3,15 @@
 // ferry-broker and N ferry-workers, each a child process (fork/exec) in its own process group
 // (so a terminal's Ctrl-C reaches only `ferry up`, which then stops them in order) with
 // PR_SET_PDEATHSIG, so nothing outlives a killed `ferry up`. Logs go to LOG_DIR/<name>.log.
+// With CURVE (keys_dir) the broker runs with --curve-secret and allow dirs made by
+// PrepareFleetKeys, each worker with a key of its own, and the readiness checks with the
+// producer's key.
 //
 // Thread-safety: one thread owns a LocalFleet.
 
 #include <sys/types.h>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +23,7 @@ namespace ferry::cli {
 
 struct WorkerSpec {
   std::string label;                 // "gpu 0", "cpu 1"
+  std::string name;                  // its --name (in args too); readiness looks for it
   std::vector<std::string> args;     // extra ferry-worker flags (--device, --name, ...)
   std::string cuda_visible_devices;  // set in its environment when non-empty
 };
@@ -39,7 +44,25 @@ struct LocalFleetOptions {
   std::vector<std::string> broker_args, worker_args;  // appended verbatim
   int metrics_port_base = 0;  // > 0: broker --metrics-port base, worker i base + 1 + i
   std::string log_dir;        // must exist
+  // Non-empty: CURVE on both broker sockets, with the keys PrepareFleetKeys writes here.
+  std::string keys_dir;
 };
+
+// The CURVE keys of a local fleet, all under one directory (mode 0700):
+//   broker.key, broker.key_secret            the broker's pair
+//   producer.key, producer.key_secret        for producers (and `ferry up`'s own checks)
+//   workerN.key, workerN.key_secret          one pair per worker
+//   allow-producers/producer.key             --allow-producers (public keys only)
+//   allow-workers/workerN.key                --allow-workers (public keys only)
+// Existing pairs are kept (a kept --keys-dir gives producers the same keys next time); the
+// public keys are copied into the allow dirs each time. Secrets are 0600 (ferry keygen's files).
+struct FleetKeys {
+  std::string dir;
+  std::string broker_public, broker_secret, producer_public, producer_secret;
+  std::string allow_producers, allow_workers;
+  std::vector<std::string> worker_secrets;  // one per worker
+};
+Status PrepareFleetKeys(const std::string& dir, size_t workers, FleetKeys* out);
 
 class LocalFleet {
  public:
@@ -54,13 +77,20 @@ class LocalFleet {
   const std::string& redis_url() const { return redis_url_; }
   const protocol::RedisAccessFiles& redis_files() const { return options_.redis_files; }
   bool started_redis() const { return redis_ != nullptr; }
+  // With CURVE: the keys (curve() false: none).
+  bool curve() const { return !options_.keys_dir.empty(); }
+  const FleetKeys& keys() const { return keys_; }
   // One line per process: name, pid, log file.
   std::string Describe() const;
 
-  // Waits until the broker lists every worker; fails with timeout (saying how many came).
-  Status WaitReady(int timeout_ms, int request_timeout_ms);
-  // Reaps children that exited; reports each as a line in *events. Fails (unavailable) when the
-  // broker or our redis-server is gone.
+  // Waits until the fleet is ready: the broker we started listens on the frontend and backend
+  // ports (so the answers come from it, not from another broker on the port) and lists every
+  // worker we started. Fails at once (unavailable, with the child's last log lines) when any
+  // child exits first; timeout (saying which workers are missing) after `timeout_ms`;
+  // cancelled when `stop()` turns true.
+  Status WaitReady(int timeout_ms, int request_timeout_ms, const std::function<bool()>& stop);
+  // Reaps children that exited; reports each as a line in *events (with its last log lines).
+  // Fails (unavailable) when the broker or our redis-server is gone.
   Status Check(std::string* events);
   // SIGTERM to the workers, wait (SIGKILL at the deadline), then the broker, then redis-server.
   // Returns true when everything exited on SIGTERM in time.
@@ -82,7 +112,11 @@ class LocalFleet {
   // redis_url_ and the access files from the options: a password in the URL moves to a file.
   Status SetUpRedisAccess();
 
+  // "NAME exited with code N; the last lines of LOG:" and those lines, indented.
+  static std::string DescribeExit(const Child& c, const std::string& what);
+
   LocalFleetOptions options_;
+  FleetKeys keys_;
   std::string redis_url_;
   std::string written_password_file_;  // ours to remove
   int frontend_port_ = 0, backend_port_ = 0;
@@ -93,5 +127,16 @@ class LocalFleet {
 
 // A TCP port on 127.0.0.1 that was free a moment ago.
 int PickFreePort();
+
+// Whether `port` can be bound on `host` (an address, or "*" for all) right now, the way the
+// broker binds it (SO_REUSEADDR). False when another process listens there.
+bool PortFree(const std::string& host, int port);
+
+// Whether process `pid` holds a listening TCP socket on `port` (Linux: /proc/PID/fd and
+// /proc/PID/net/tcp{,6}).
+bool ProcessListensOn(pid_t pid, int port);
+
+// The last `n` lines of a file (for a child's log), each prefixed with `indent`.
+std::string TailLines(const std::string& path, int n, const std::string& indent);
 
 }  // namespace ferry::cli

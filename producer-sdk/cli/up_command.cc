@@ -8,11 +8,14 @@
 #include <cctype>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <thread>
 
 #include "commands.h"
+#include "ferry/protocol/curve.h"
 #include "ferry/runtime/redis_flags.h"
 #include "local_fleet.h"
 #include "ops_commands.h"
@@ -96,10 +99,107 @@ std::vector<std::string> VisibleGpus(const std::string& gpus_flag) {
   return out;
 }
 
+// A value for an env file that sh (`set -a; . FILE`), systemd's EnvironmentFile= and
+// docker's --env-file read alike: as it is when plain, else in single quotes.
+std::string EnvValue(const std::string& v) {
+  bool plain = !v.empty();
+  for (char c : v) plain &= std::isalnum(static_cast<unsigned char>(c)) || strchr("_./:@%+,=-", c);
+  return plain ? v : "'" + v + "'";
+}
+
+// --model NAME=PATH: the file must be there before anything starts.
+Status CheckModelFlag(const std::string& m) {
+  const size_t eq = m.find('=');
+  if (eq == std::string::npos || eq == 0 || eq + 1 == m.size())
+    return Status::InvalidArgument("--model " + m + ": want NAME=PATH.pt");
+  const std::string path = m.substr(eq + 1);
+  std::error_code ec;
+  if (!fs::exists(path, ec))
+    return Status::InvalidArgument("--model " + m + ": no such file: " + path);
+  if (!fs::is_regular_file(path, ec) || access(path.c_str(), R_OK) != 0)
+    return Status::InvalidArgument("--model " + m + ": not a readable file: " + path);
+  return Status::Ok();
+}
+
 std::string Hostname() {
   char buf[HOST_NAME_MAX + 1] = {};
   gethostname(buf, sizeof(buf) - 1);
   return buf;
+}
+
+// "ferry up: MESSAGE" on stderr, ending in exactly one newline.
+void Say(const std::string& message) {
+  std::string m = message;
+  while (!m.empty() && m.back() == '\n') m.pop_back();
+  std::fprintf(stderr, "ferry up: %s\n", m.c_str());
+}
+
+// The endpoints and what a producer or another worker passes to use them.
+void PrintReady(const LocalFleet& fleet, const LocalFleetOptions& o) {
+  // The URL without its password; the files (the password's too) as flags.
+  std::string redis = fleet.redis_url();
+  for (const auto& a : runtime::RedisAccessArgs(fleet.redis_files())) redis += " " + a;
+  std::string producer_keys, worker_keys;
+  if (fleet.curve()) {
+    const FleetKeys& k = fleet.keys();
+    producer_keys =
+        " --curve-server-public " + k.broker_public + " --curve-secret " + k.producer_secret;
+    worker_keys = " --curve-server-public " + k.broker_public +
+                  " --curve-secret YOURS.key_secret (its .key in " + k.allow_workers +
+                  ", then SIGHUP the broker)";
+  }
+  std::printf(
+      "ferry up: ready\n"
+      "  frontend  %s   (producers: ferry submit --frontend %s --redis %s%s ...)\n"
+      "  backend   %s   (more workers: ferry-worker --broker %s --redis %s%s ...)\n"
+      "  redis     %s%s\n",
+      fleet.frontend().c_str(), fleet.frontend().c_str(), redis.c_str(), producer_keys.c_str(),
+      fleet.backend().c_str(), fleet.backend().c_str(), redis.c_str(), worker_keys.c_str(),
+      fleet.redis_url().c_str(), fleet.started_redis() ? " (started here)" : "");
+  if (fleet.curve())
+    std::printf(
+        "  keys      %s (CURVE on: broker.key, producer.key_secret, allow-producers/, "
+        "allow-workers/)\n",
+        fleet.keys().dir.c_str());
+  if (o.metrics_port_base > 0)
+    std::printf("  metrics   http://127.0.0.1:%d/metrics (broker), ports %d.. (workers)\n",
+                o.metrics_port_base, o.metrics_port_base + 1);
+  std::printf("  logs      %s\nferry up: Ctrl-C to drain and stop\n", o.log_dir.c_str());
+  std::fflush(stdout);
+}
+
+// What a producer of this fleet needs, as FERRY_* variables named after the CLI's flags
+// (--curve-secret -> FERRY_CURVE_SECRET): endpoints, and paths of files, never a secret itself.
+Status WriteEnvFile(const std::string& path, const LocalFleet& fleet, const LocalFleetOptions& o) {
+  std::ostringstream env;
+  env << "FERRY_FRONTEND=" << EnvValue(fleet.frontend()) << "\n"
+      << "FERRY_BACKEND=" << EnvValue(fleet.backend()) << "\n"
+      << "FERRY_REDIS=" << EnvValue(fleet.redis_url()) << "\n"
+      << "FERRY_REDIS_PREFIX=" << EnvValue(o.redis_prefix) << "\n"
+      << "FERRY_LOG_DIR=" << EnvValue(o.log_dir) << "\n";
+  // The URL above carries no password: the file does (--redis-password-file).
+  const std::vector<std::string> access = runtime::RedisAccessArgs(fleet.redis_files());
+  for (size_t i = 0; i + 1 < access.size(); i += 2) {
+    std::string name = access[i].substr(2);  // --redis-tls-ca -> FERRY_REDIS_TLS_CA
+    for (char& c : name) c = c == '-' ? '_' : static_cast<char>(std::toupper(c));
+    env << "FERRY_" << name << "=" << EnvValue(access[i + 1]) << "\n";
+  }
+  if (fleet.curve()) {
+    env << "FERRY_CURVE_SERVER_PUBLIC=" << EnvValue(fleet.keys().broker_public) << "\n"
+        << "FERRY_CURVE_SECRET=" << EnvValue(fleet.keys().producer_secret) << "\n";
+  }
+  if (o.metrics_port_base > 0)
+    env << "FERRY_BROKER_METRICS=http://127.0.0.1:" << o.metrics_port_base << "/metrics\n";
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << env.str();
+    if (!out.flush()) return Status::InvalidArgument("cannot write --env-file " + tmp);
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return Status::InvalidArgument("cannot write --env-file " + path + ": " + ec.message());
+  return Status::Ok();
 }
 
 }  // namespace
@@ -109,13 +209,19 @@ int RunUp(std::vector<char*>& args) {
   std::string bin_dir, models_file, gpus, log_dir, env_file;
   int64_t cpu_workers = 0, frontend_port = 5555, backend_port = 5556, max_batch = 32;
   int64_t metrics_port_base = 0, ready_timeout_ms = 120000, drain_timeout_ms = 30000;
+  bool curve = false;
+  std::string keys_dir;
   FlagSet flags(
       "ferry up",
       "Starts a local fleet: redis-server (unless --redis), ferry-broker, and one ferry-worker\n"
       "per visible GPU (nvidia-smi -L / $CUDA_VISIBLE_DEVICES; each worker sees one GPU through\n"
       "CUDA_VISIBLE_DEVICES) or --cpu-workers N on the CPU. Prints the endpoints once every\n"
-      "worker registered. Ctrl-C or SIGTERM drains: workers first (SIGTERM, wait), then the\n"
-      "broker, then redis-server; exits 0. Binaries come from --bin-dir, next to ferry, or $PATH.");
+      "worker registered with the broker it started. Ctrl-C or SIGTERM drains: workers first\n"
+      "(SIGTERM, wait), then the broker, then redis-server; exits 0. A child that exits before\n"
+      "the fleet is ready (its last log lines are printed), a port in use or no readiness within\n"
+      "--ready-timeout-ms: exit 1 (bad flags: 2). CURVE (keys made in --keys-dir) whenever\n"
+      "--bind is not loopback, or with --curve. Binaries come from --bin-dir, next to ferry, or\n"
+      "$PATH.");
   flags.Repeated("model", &o.models, "a model for every worker, NAME=PATH.pt");
   flags.String("models", &models_file,
                "a model repository file, passed to every worker as --models (docs/models.md)");
@@ -128,7 +234,11 @@ int RunUp(std::vector<char*>& args) {
   runtime::AddRedisAccessFlags(&flags, &o.redis_files);
   flags.String("redis-server", &o.redis_server_bin, "the redis-server binary to start");
   flags.String("redis-prefix", &o.redis_prefix, "prefix of Ferry's Redis keys");
-  flags.String("bind", &o.bind_host, "address the broker binds (0.0.0.0 = all interfaces)");
+  flags.String("bind", &o.bind_host,
+               "address the broker binds (0.0.0.0 = all interfaces; not loopback: CURVE on)");
+  flags.Bool("curve", &curve, "CURVE on both broker sockets even on loopback (keys in --keys-dir)");
+  flags.String("keys-dir", &keys_dir,
+               "where the CURVE keys are made (kept ones are reused) (default: LOG_DIR/keys)");
   flags.Int("frontend-port", &frontend_port, "the broker's producer port (0 = a free port)");
   flags.Int("backend-port", &backend_port, "the broker's worker port (0 = a free port)");
   flags.Int("metrics-port-base", &metrics_port_base,
@@ -145,8 +255,11 @@ int RunUp(std::vector<char*>& args) {
   flags.String("log-dir", &log_dir,
                "keep logs (and redis data) here (default: a temp dir, "
                "removed on exit)");
-  flags.String("env-file", &env_file, "write FERRY_FRONTEND=, FERRY_REDIS=, ... here when ready");
-  flags.Int("ready-timeout-ms", &ready_timeout_ms, "how long to wait for the workers to register");
+  flags.String("env-file", &env_file,
+               "when ready, write what a producer needs here: FERRY_FRONTEND=, FERRY_REDIS=, "
+               "FERRY_CURVE_SERVER_PUBLIC= (a path), ...; removed on exit");
+  flags.Int("ready-timeout-ms", &ready_timeout_ms,
+            "how long to wait for the workers to register (then exit 1)");
   flags.Int("drain-timeout-ms", &drain_timeout_ms, "per stage of the shutdown, then SIGKILL");
   Status parsed = flags.Parse(static_cast<int>(args.size()), args.data());
   if (int rc = runtime::HandleFlagResult(flags, parsed); rc >= 0) return rc;
@@ -167,6 +280,24 @@ int RunUp(std::vector<char*>& args) {
                  flags.Usage().c_str());
     return kExitUsage;
   }
+  for (const auto& m : o.models) {
+    if (Status s = CheckModelFlag(m); !s.ok()) {
+      std::fprintf(stderr, "ferry up: %s\n", s.message().c_str());
+      return kExitUsage;
+    }
+  }
+  if (frontend_port != 0 && frontend_port == backend_port) {
+    std::fprintf(stderr, "ferry up: --frontend-port and --backend-port are both %lld\n",
+                 static_cast<long long>(frontend_port));
+    return kExitUsage;
+  }
+  if (ready_timeout_ms <= 0 || drain_timeout_ms <= 0) {
+    std::fprintf(stderr, "ferry up: --ready-timeout-ms and --drain-timeout-ms must be > 0\n");
+    return kExitUsage;
+  }
+  // Beyond loopback, anyone who reaches the ports would be a member: CURVE, always.
+  const std::string bind_host = o.bind_host == "0.0.0.0" ? "*" : o.bind_host;
+  curve = curve || !protocol::IsLoopbackEndpoint("tcp://" + bind_host + ":1");
   o.frontend_port = static_cast<int>(frontend_port);
   o.backend_port = static_cast<int>(backend_port);
   o.metrics_port_base = static_cast<int>(metrics_port_base);
@@ -182,17 +313,21 @@ int RunUp(std::vector<char*>& args) {
   }
   std::string host = Hostname();
   for (const auto& id : gpu_ids) {
-    o.workers.push_back({"gpu " + id + " (cuda:0 with CUDA_VISIBLE_DEVICES=" + id + ")",
-                         {"--device", "cuda:0", "--name", host + ":gpu" + id, "--max-batch",
-                          std::to_string(max_batch)},
-                         id});
+    const std::string name = host + ":gpu" + id;
+    o.workers.push_back(
+        {"gpu " + id + " (cuda:0 with CUDA_VISIBLE_DEVICES=" + id + ")",
+         name,
+         {"--device", "cuda:0", "--name", name, "--max-batch", std::to_string(max_batch)},
+         id});
   }
   unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   for (int64_t i = 0; i < cpu_workers; ++i) {
     int64_t threads = std::max<int64_t>(1, cores / cpu_workers);
+    const std::string name = host + ":cpu" + std::to_string(i);
     o.workers.push_back({"cpu " + std::to_string(i),
-                         {"--device", "cpu", "--threads", std::to_string(threads), "--max-batch",
-                          std::to_string(max_batch)},
+                         name,
+                         {"--device", "cpu", "--name", name, "--threads", std::to_string(threads),
+                          "--max-batch", std::to_string(max_batch)},
                          ""});
   }
 
@@ -206,6 +341,7 @@ int RunUp(std::vector<char*>& args) {
     fs::create_directories(log_dir, ec);
   }
   o.log_dir = fs::absolute(log_dir).string();
+  if (curve) o.keys_dir = keys_dir.empty() ? o.log_dir + "/keys" : fs::absolute(keys_dir).string();
 
   // Signals before the children exist, so an early Ctrl-C still drains.
   g_up_stop = 0;
@@ -221,62 +357,35 @@ int RunUp(std::vector<char*>& args) {
     std::unique_ptr<LocalFleet> fleet;
     Status s = LocalFleet::Start(o, &fleet);
     if (!s.ok()) {
-      rc = FailWith(s);
+      Say(s.message());
+      rc = s.code() == codes::kInvalidArgument ? kExitUsage : kExitFailed;
     } else {
-      std::printf("ferry up: starting\n%s", fleet->Describe().c_str());
+      std::printf("ferry up: starting%s\n%s", fleet->curve() ? " (CURVE on)" : "",
+                  fleet->Describe().c_str());
       std::fflush(stdout);
-      // Waits for the workers, but a signal during the wait still drains.
-      auto deadline =
-          std::chrono::steady_clock::now() + std::chrono::milliseconds(ready_timeout_ms);
-      Status ready = Status::Timeout("interrupted");
-      while (!g_up_stop && std::chrono::steady_clock::now() < deadline) {
-        ready = fleet->WaitReady(500, 1000);
-        if (ready.ok() || ready.code() != codes::kTimeout) break;
-      }
-      if (!ready.ok() && ready.code() != codes::kTimeout) {
-        rc = FailWith(ready);
-      } else if (!g_up_stop) {
-        if (!ready.ok()) std::printf("ferry up: warning: %s; going on\n", ready.message().c_str());
-        // The URL without its password; the files (the password's too) as flags.
-        std::string redis = fleet->redis_url();
-        for (const auto& a : runtime::RedisAccessArgs(fleet->redis_files())) redis += " " + a;
-        std::printf(
-            "ferry up: ready\n"
-            "  frontend  %s   (producers: ferry submit --frontend %s --redis %s ...)\n"
-            "  backend   %s   (more workers: ferry-worker --broker %s --redis %s ...)\n"
-            "  redis     %s%s\n",
-            fleet->frontend().c_str(), fleet->frontend().c_str(), redis.c_str(),
-            fleet->backend().c_str(), fleet->backend().c_str(), redis.c_str(),
-            fleet->redis_url().c_str(), fleet->started_redis() ? " (started here)" : "");
-        if (o.metrics_port_base > 0)
-          std::printf("  metrics   http://127.0.0.1:%d/metrics (broker), ports %d.. (workers)\n",
-                      o.metrics_port_base, o.metrics_port_base + 1);
-        std::printf("  logs      %s\nferry up: Ctrl-C to drain and stop\n", o.log_dir.c_str());
-        std::fflush(stdout);
+      // Waits for the workers; a child that exits first fails it at once; a signal drains.
+      Status ready =
+          fleet->WaitReady(static_cast<int>(ready_timeout_ms), 1000, [] { return g_up_stop != 0; });
+      if (!ready.ok() && ready.code() != codes::kCancelled) {
+        Say(ready.message());
+        rc = kExitFailed;
+      } else if (ready.ok()) {
+        PrintReady(*fleet, o);
         if (!env_file.empty()) {
-          std::ofstream env(env_file + ".tmp");
-          env << "FERRY_FRONTEND=" << fleet->frontend() << "\nFERRY_BACKEND=" << fleet->backend()
-              << "\nFERRY_REDIS=" << fleet->redis_url() << "\nFERRY_LOG_DIR=" << o.log_dir << "\n";
-          // The URL above carries no password: the file does (--redis-password-file).
-          const std::vector<std::string> access = runtime::RedisAccessArgs(fleet->redis_files());
-          for (size_t i = 0; i + 1 < access.size(); i += 2) {
-            std::string name = access[i].substr(2);  // --redis-tls-ca -> FERRY_REDIS_TLS_CA
-            for (char& c : name) c = c == '-' ? '_' : static_cast<char>(std::toupper(c));
-            env << "FERRY_" << name << "=" << access[i + 1] << "\n";
+          if (Status w = WriteEnvFile(env_file, *fleet, o); !w.ok()) {
+            Say(w.message());
+            rc = kExitFailed;
           }
-          if (o.metrics_port_base > 0)
-            env << "FERRY_BROKER_METRICS=http://127.0.0.1:" << o.metrics_port_base << "/metrics\n";
-          env.close();
-          fs::rename(env_file + ".tmp", env_file);
         }
       }
       while (!g_up_stop && rc == kExitOk) {
         std::string events;
         Status alive = fleet->Check(&events);
-        if (!events.empty()) std::fprintf(stderr, "ferry up: %s", events.c_str());
-        if (!alive.ok())
-          rc = FailWith(alive);
-        else
+        if (!events.empty()) Say(events);
+        if (!alive.ok()) {
+          Say(alive.message());
+          rc = kExitFailed;
+        } else
           std::this_thread::sleep_for(std::chrono::milliseconds(100));
       }
       std::printf("ferry up: draining (workers, then the broker%s)\n",
@@ -286,16 +395,13 @@ int RunUp(std::vector<char*>& args) {
       std::printf("ferry up: stopped%s\n", clean ? "" : " (some processes had to be killed)");
     }
   }
-  if (temp_logs && rc == kExitOk) {
-    std::error_code ec;
+  std::error_code ec;
+  if (temp_logs && (rc == kExitOk || fs::is_empty(log_dir, ec))) {
     fs::remove_all(log_dir, ec);
   } else if (temp_logs) {
     std::fprintf(stderr, "ferry up: logs kept in %s\n", log_dir.c_str());
   }
-  if (!env_file.empty()) {
-    std::error_code ec;
-    fs::remove(env_file, ec);
-  }
+  if (!env_file.empty()) fs::remove(env_file, ec);
   return rc;
 }
 

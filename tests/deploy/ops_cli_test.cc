@@ -1,8 +1,10 @@
 // The operator commands against real processes: `ferry status` and `ferry top` against a live
 // redis-server + ferry-broker (no worker needed), and `ferry up` running a job end to end and
-// draining on SIGTERM.
+// draining on SIGTERM, with CURVE when it binds beyond loopback, and failing (exit 1, the cause
+// on the terminal) when a child dies before the fleet is ready or its port is taken.
 #include <dirent.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <gtest/gtest.h>
 
@@ -252,13 +254,176 @@ TEST(FerryUp, StartsRunsAJobAndDrainsOnSigterm) {
       WaitFor([&] { return !ReadEnvFile(env_file).empty(); }, std::chrono::milliseconds(1)));
 }
 
+// The mode bits of a file (-1 when it is missing).
+int Mode(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
+}
+
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// Binding all interfaces turns CURVE on by itself: keys are made (secrets 0600), the env file
+// names them (paths, never key material), a job runs with them, and a client whose key is not
+// listed -- or that speaks plaintext -- gets nothing accepted.
+TEST(FerryUp, BindingBeyondLoopbackUsesCurve) {
+  if (WorkerBin().empty()) GTEST_SKIP() << "built without ferry-worker (no libtorch)";
+  TempDir dir;
+  const std::string env_file = dir.path() + "/fleet.env", logs = dir.path() + "/logs";
+  Process up({CliBin(), "up", "--cpu-workers", "1", "--model", "tiny=" + ModelPath("tiny"),
+              "--bind", "0.0.0.0", "--frontend-port", "0", "--backend-port", "0", "--log-dir", logs,
+              "--env-file", env_file, "--max-batch", "8"},
+             dir.path() + "/up.log");
+  ASSERT_TRUE(WaitFor([&] { return ReadEnvFile(env_file).count("FERRY_REDIS") > 0; }, seconds(90)))
+      << up.Log();
+  EXPECT_NE(up.Log().find("CURVE on"), std::string::npos) << up.Log();
+  auto env = ReadEnvFile(env_file);
+  const std::string server_public = env["FERRY_CURVE_SERVER_PUBLIC"];
+  const std::string secret = env["FERRY_CURVE_SECRET"];
+  EXPECT_EQ(server_public, logs + "/keys/broker.key");
+  EXPECT_EQ(secret, logs + "/keys/producer.key_secret");
+  EXPECT_EQ(Mode(secret), 0600);
+  EXPECT_EQ(Mode(logs + "/keys/broker.key_secret"), 0600);
+  EXPECT_EQ(Mode(logs + "/keys/worker0.key_secret"), 0600);
+  EXPECT_EQ(Mode(logs + "/keys"), 0700);
+  EXPECT_EQ(Mode(logs + "/keys/allow-producers/producer.key"), 0644);
+  EXPECT_EQ(Mode(logs + "/keys/allow-workers/worker0.key"), 0644);
+  EXPECT_EQ(Mode(logs + "/keys/allow-workers/worker0.key_secret"), -1)
+      << "no secrets in allow dirs";
+  // The env file holds paths: no line of a secret certificate is in it.
+  const std::string env_text = ReadAll(env_file), secret_text = ReadAll(secret);
+  const size_t at = secret_text.find("secret-key = \"");
+  ASSERT_NE(at, std::string::npos) << secret_text;
+  EXPECT_EQ(env_text.find(secret_text.substr(at + 14, 40)), std::string::npos) << env_text;
+  // No key material on any child's command line either (ps shows argv).
+  for (const auto& [name, pid] : ChildrenOf(up.pid())) {
+    const std::string cmdline = ReadAll("/proc/" + std::to_string(pid) + "/cmdline");
+    EXPECT_EQ(cmdline.find(secret_text.substr(at + 14, 40)), std::string::npos) << name;
+  }
+
+  std::ofstream(dir.path() + "/x.f32", std::ios::binary)
+      .write(std::string(8 * sizeof(float), '\0').data(), 8 * sizeof(float));
+  const std::vector<std::string> job = {"submit",
+                                        "--model",
+                                        "tiny",
+                                        "--input",
+                                        dir.path() + "/x.f32",
+                                        "--shape",
+                                        "8",
+                                        "--frontend",
+                                        env["FERRY_FRONTEND"],
+                                        "--redis",
+                                        env["FERRY_REDIS"],
+                                        "--request-timeout-ms",
+                                        "3000"};
+  auto with = [&](std::vector<std::string> extra) {
+    std::vector<std::string> args = job;
+    args.insert(args.end(), extra.begin(), extra.end());
+    return args;
+  };
+  std::string out;
+  ASSERT_EQ(
+      RunCli(dir,
+             with({"--wait", "--curve-server-public", server_public, "--curve-secret", secret}),
+             &out),
+      0)
+      << out << up.Log();
+  EXPECT_NE(out.find("done"), std::string::npos) << out;
+
+  // A key the broker does not list: refused, and the error says CURVE.
+  ASSERT_EQ(RunCli(dir, {"keygen", dir.path() + "/stranger", "s"}, &out), 0) << out;
+  EXPECT_EQ(RunCli(dir,
+                   with({"--curve-server-public", server_public, "--curve-secret",
+                         dir.path() + "/stranger/s.key_secret"}),
+                   &out),
+            3)
+      << out;
+  EXPECT_NE(out.find("CURVE"), std::string::npos) << out;
+  // Plaintext: no answer at all.
+  EXPECT_EQ(RunCli(dir, with({}), &out), 3) << out;
+  ASSERT_EQ(RunCli(dir,
+                   {"status", "--frontend", env["FERRY_FRONTEND"], "--curve-server-public",
+                    server_public, "--curve-secret", secret},
+                   &out),
+            0)
+      << out;
+  EXPECT_NE(out.find("accepted 1  rejected 0  finished 1"), std::string::npos) << out;
+
+  up.Signal(SIGTERM);
+  EXPECT_EQ(up.Wait(seconds(90)), 0) << up.Log();
+}
+
+// A worker that exits before the fleet is ready (its model file is not TorchScript) fails
+// `ferry up` at once -- not after --ready-timeout-ms, here far longer than the test's own
+// wait -- with exit 1, the worker's exit and its last log lines on the terminal, and no "ready".
+TEST(FerryUp, AWorkerThatDiesBeforeReadyFailsItAtOnceWithItsLog) {
+  if (WorkerBin().empty()) GTEST_SKIP() << "built without ferry-worker (no libtorch)";
+  TempDir dir;
+  const std::string bad = dir.path() + "/bad.pt";
+  std::ofstream(bad) << "not a TorchScript file\n";
+  Process up({CliBin(), "up", "--cpu-workers", "1", "--model", "tiny=" + bad, "--frontend-port",
+              "0", "--backend-port", "0", "--ready-timeout-ms", "3600000"},
+             dir.path() + "/up.log");
+  ASSERT_EQ(up.Wait(seconds(120)), 1) << up.Log();
+  const std::string out = up.Log();
+  EXPECT_NE(out.find("worker0 exited with code 1 before the fleet was ready"), std::string::npos)
+      << out;
+  // The worker's own words, from its log.
+  EXPECT_NE(out.find("cannot load model \"tiny\""), std::string::npos) << out;
+  EXPECT_EQ(out.find("ferry up: ready"), std::string::npos) << out;
+  EXPECT_NE(out.find("logs kept in"), std::string::npos) << out;
+}
+
+// With its frontend port held by another broker, `ferry up` fails (exit 1, naming the flag and
+// the address) instead of declaring ready against that broker.
+TEST_F(LiveBroker, FerryUpOnATakenFrontendPortFails) {
+  if (WorkerBin().empty()) GTEST_SKIP() << "built without ferry-worker (no libtorch)";
+  const std::string port = frontend_.substr(frontend_.rfind(':') + 1);
+  std::string out;
+  EXPECT_EQ(RunCli(dir_,
+                   {"up", "--cpu-workers", "1", "--model", "tiny=" + ModelPath("tiny"),
+                    "--frontend-port", port, "--backend-port", "0"},
+                   &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("--frontend-port " + port + ": 127.0.0.1:" + port + " is in use"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("ferry up: ready"), std::string::npos) << out;
+  EXPECT_EQ(CountWorkers(frontend_), 0) << "no worker of ours joined the other broker";
+}
+
+TEST(FerryUp, AMissingModelFileFailsBeforeAnythingStarts) {
+  TempDir dir;
+  std::string out;
+  EXPECT_EQ(RunCli(dir, {"up", "--model", "tiny=/nonexistent.pt", "--cpu-workers", "1"}, &out), 2)
+      << out;
+  EXPECT_NE(out.find("--model tiny=/nonexistent.pt: no such file: /nonexistent.pt"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(out.find("starting"), std::string::npos) << out;
+}
+
 TEST(FerryUp, UsageErrors) {
   TempDir dir;
   std::string out;
   EXPECT_EQ(RunCli(dir, {"up"}, &out), 2) << out;
   EXPECT_NE(out.find("needs --model"), std::string::npos) << out;
-  EXPECT_EQ(RunCli(dir, {"up", "--model", "m=x.pt", "--bin-dir", dir.path()}, &out), 1) << out;
+  std::ofstream(dir.path() + "/x.pt") << "x";
+  EXPECT_EQ(
+      RunCli(dir, {"up", "--model", "m=" + dir.path() + "/x.pt", "--bin-dir", dir.path()}, &out), 1)
+      << out;
   EXPECT_NE(out.find("ferry-broker not found"), std::string::npos) << out;
+  EXPECT_EQ(RunCli(dir, {"up", "--model", "m", "--cpu-workers", "1"}, &out), 2) << out;
+  EXPECT_NE(out.find("want NAME=PATH.pt"), std::string::npos) << out;
+  EXPECT_EQ(RunCli(dir,
+                   {"up", "--model", "m=" + dir.path() + "/x.pt", "--frontend-port", "7000",
+                    "--backend-port", "7000"},
+                   &out),
+            2)
+      << out;
 }
 
 }  // namespace
