@@ -61,7 +61,8 @@ def describe_handshake_failure(event, value, curve):
     if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
         return ("the CURVE handshake with the broker failed: the broker's public key "
                 "(curve_server_public) is not the key of the broker at that address"
-                if curve else "the handshake with the broker failed")
+                if curve else "the handshake with the broker failed (a broker with CURVE on "
+                "needs curve_server_public and curve_secret)")
     return "handshake event %d (value %d)" % (event, value)
 
 
@@ -127,6 +128,7 @@ class Engine:
         # Why the last handshake with the broker failed (a refused CURVE key, a wrong broker
         # key, CURVE on one side only), from the socket's monitor; None once one succeeds.
         self.handshake_error = None
+        self._handshake_detailed = False
 
         self.ctx = zmq.Context(1)
         sock = self.ctx.socket(zmq.DEALER)
@@ -209,9 +211,15 @@ class Engine:
                 if len(frames[0]) < 6:
                     continue
                 event, value = struct.unpack("=HI", frames[0][:6])
-                self.handshake_error = (None if event == zmq.EVENT_HANDSHAKE_SUCCEEDED
-                                        else describe_handshake_failure(event, value,
-                                                                        self.curve))
+                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                    self.handshake_error, self._handshake_detailed = None, False
+                elif event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                    self.handshake_error = describe_handshake_failure(event, value, self.curve)
+                    self._handshake_detailed = True
+                elif not self._handshake_detailed:
+                    # A peer that closes at once may give either event on a retry: keep the
+                    # one with the reason.
+                    self.handshake_error = describe_handshake_failure(event, value, self.curve)
         except zmq.ZMQError:
             pass
 

@@ -234,6 +234,7 @@ class Options:
 
     # Options whose default comes from the environment (`ferry up --env-file` writes them).
     ENV = {
+        "redis_prefix": "FERRY_REDIS_PREFIX",
         "curve_server_public": "FERRY_CURVE_SERVER_PUBLIC",
         "curve_secret": "FERRY_CURVE_SECRET",
         "redis_password_file": "FERRY_REDIS_PASSWORD_FILE",

@@ -38,8 +38,8 @@ def parse_redis_url(url, password_file=None, tls_ca=None, tls_cert=None, tls_key
     password_file: a file holding the password (one line; trailing newline ignored), instead
     of one in the URL (not both, as the C++ SDK). TLS (rediss://): the server certificate is
     verified against tls_ca (else the system's CAs); tls_cert + tls_key are the client's own
-    certificate for servers that ask for one (tls-auth-clients). The host name is not checked
-    against the certificate (redis-py's default)."""
+    certificate for servers that ask for one (tls-auth-clients). The certificate must name the
+    URL's host (a DNS name or an IP address in its subjectAltName), as the C++ side checks."""
     try:
         u = urllib.parse.urlsplit(url)
         port = u.port
@@ -86,8 +86,8 @@ def parse_redis_url(url, password_file=None, tls_ca=None, tls_cert=None, tls_key
         try:
             ctx = ssl.create_default_context(cafile=tls_ca) if tls_ca else \
                 ssl.create_default_context()
-            ctx.check_hostname = False
             ctx.verify_mode = ssl.CERT_REQUIRED
+            ctx.check_hostname = True  # against the URL's host (asyncio passes it)
             if tls_cert:
                 ctx.load_cert_chain(tls_cert, tls_key)
         except (OSError, ssl.SSLError) as err:
@@ -197,8 +197,11 @@ class Connection(asyncio.Protocol):
             if hello:
                 for r in await asyncio.wait_for(asyncio.gather(*hello), timeout):
                     if isinstance(r, ReplyError):
+                        why = str(r)
+                        if endpoint.password:  # a server or proxy that echoes its arguments
+                            why = why.replace(endpoint.password, "***")
                         raise Unavailable("Redis at %s:%d refused the connection: %s"
-                                          % (endpoint.host, endpoint.port, r))
+                                          % (endpoint.host, endpoint.port, why))
         except (OSError, asyncio.TimeoutError, ssl.SSLError, ConnectionError) as e:
             conn.close()
             raise Unavailable("Redis at %s:%d: %s" % (endpoint.host, endpoint.port,

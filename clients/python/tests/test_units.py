@@ -134,6 +134,9 @@ def test_options_and_urls(tmp_path, monkeypatch):
     assert (c.options.frontend, c.options.redis) == ("tcp://127.0.0.1:1", "redis://127.0.0.1:2")
     c = ferry.AsyncClient("tcp://127.0.0.1:3")  # arguments win
     assert c.options.frontend == "tcp://127.0.0.1:3"
+    monkeypatch.setenv("FERRY_REDIS_PREFIX", "other:")
+    assert ferry.AsyncClient().options.redis_prefix == "other:"
+    assert ferry.AsyncClient(redis_prefix="mine:").options.redis_prefix == "mine:"
 
 
 def test_curve_keys_from_zmq_certificates_against_a_curve_server(tmp_path):
@@ -219,23 +222,13 @@ def test_redis_acl_user_and_tls_with_client_certificates(tmp_path):
     import shutil
     import socket
     import subprocess
-    from fleet import free_port, wait_for
+    from fleet import free_port, make_test_ca, wait_for
     if shutil.which("openssl") is None or shutil.which("redis-server") is None:
         pytest.skip("needs openssl and redis-server")
-
-    def run(*args):
-        subprocess.run(args, cwd=tmp_path, check=True, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
-    run("openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-        "-subj", "/CN=ferry-test-ca", "-keyout", "ca.key", "-out", "ca.crt")
-    for name in ("server", "client"):
-        run("openssl", "req", "-newkey", "rsa:2048", "-nodes", "-subj", "/CN=" + name,
-            "-keyout", name + ".key", "-out", name + ".csr")
-        run("openssl", "x509", "-req", "-in", name + ".csr", "-CA", "ca.crt", "-CAkey",
-            "ca.key", "-CAcreateserial", "-days", "1", "-out", name + ".crt")
+    make_test_ca(str(tmp_path))
     port = free_port()
     (tmp_path / "redis.conf").write_text(
-        "port 0\ntls-port %d\nbind 127.0.0.1\nsave \"\"\ndir %s\n"
+        "port 0\ntls-port %d\nbind 127.0.0.1 127.0.0.2\nsave \"\"\ndir %s\n"
         "tls-cert-file server.crt\ntls-key-file server.key\ntls-ca-cert-file ca.crt\n"
         "tls-auth-clients yes\nuser default off\n"
         "user producer on >s3cret ~ferry:* &ferry:notify:* +@all\n" % (port, tmp_path))
@@ -261,14 +254,17 @@ def test_redis_acl_user_and_tls_with_client_certificates(tmp_path):
                               redis_password_file=str(tmp_path / "pw"), **tls)
         assert (await c.poll("tls-1")).status == "done"
         await c.close()
-        for bad_url, options in [
-                ("rediss://producer:wrong@127.0.0.1:%d" % port, tls),      # wrong password
-                (url, {"redis_tls_ca": tls["redis_tls_ca"]}),              # no client cert
-                ("redis://producer:s3cret@127.0.0.1:%d" % port, {})]:      # no TLS at all
+        for bad_url, options, said in [
+                ("rediss://producer:wrong@127.0.0.1:%d" % port, tls, "WRONGPASS"),
+                (url, {"redis_tls_ca": tls["redis_tls_ca"]}, ""),           # no client cert
+                ("redis://producer:s3cret@127.0.0.1:%d" % port, {}, ""),    # no TLS at all
+                # The server's certificate names 127.0.0.1 (and localhost), not 127.0.0.2.
+                ("rediss://producer:s3cret@127.0.0.2:%d" % port, tls, "mismatch")]:
             c = ferry.AsyncClient("tcp://127.0.0.1:9", bad_url, request_timeout_ms=1000,
                                   **options)
-            with pytest.raises(ferry.Unavailable):
+            with pytest.raises(ferry.Unavailable) as e:
                 await c.poll("tls-1")
+            assert said in str(e.value)
             await c.close()
 
     try:
@@ -285,3 +281,47 @@ def test_redis_acl_user_and_tls_with_client_certificates(tmp_path):
     finally:
         redis.kill()
         redis.wait()
+
+
+def test_the_issue_27_contract_names_exist_exactly():
+    """The public names and signatures the issue promised (what users write against); each
+    is also exercised against a real fleet in test_client.py."""
+    import inspect
+    P = inspect.Parameter
+    for cls, is_async in ((ferry.Client, False), (ferry.AsyncClient, True)):
+        init = inspect.signature(cls.__init__).parameters
+        assert list(init) == ["self", "frontend", "redis", "options"]
+        assert init["options"].kind is P.VAR_KEYWORD
+        want = {
+            "submit": ["self", "model", "*inputs", "id=None", "priority=0", "timeout_ms=0",
+                       "result_ttl_s=0"],
+            "submit_many": ["self", "jobs"],
+            "wait": ["self", "id", "timeout=None"],
+            "poll": ["self", "id"],
+            "run": ["self", "model", "*inputs", "timeout=None", "**job_options"],
+            "cancel": ["self", "*ids"],
+            "stats": ["self"],
+            "close": ["self"],
+        }
+        for name, params in want.items():
+            fn = getattr(cls, name)
+            assert [str(p) for p in inspect.signature(fn).parameters.values()] == params, name
+            assert inspect.iscoroutinefunction(fn) is is_async, name
+        if is_async:
+            assert inspect.iscoroutinefunction(cls.__aenter__)
+            assert inspect.iscoroutinefunction(cls.__aexit__)
+        else:
+            assert callable(cls.__enter__) and callable(cls.__exit__)
+    for field in ("id", "status", "outputs", "error", "model", "worker", "batch_size",
+                  "attempt", "timing"):
+        assert field in ferry.Result.__slots__, field
+    for cls, code, retryable in ((ferry.QueueFull, "queue_full", True),
+                                 (ferry.Unavailable, "unavailable", True),
+                                 (ferry.UnknownModel, "unknown_model", False),
+                                 (ferry.InvalidArgument, "invalid_argument", False),
+                                 (ferry.TooLarge, "too_large", False),
+                                 (ferry.Timeout, "timeout", False)):
+        e = cls("why")
+        assert isinstance(e, ferry.FerryError)
+        assert (e.code, e.message, e.retryable) == (code, "why", retryable)
+        assert type(ferry.error_for(code, "m")) is cls
