@@ -2,7 +2,8 @@
 # ferry-launch-gpus.sh: starts one ferry-worker per visible GPU (or MIG slice), in parallel, each
 # its own process that sees exactly one device (CUDA_VISIBLE_DEVICES=<that device>, --device
 # cuda:0), so no two model loads share CUDA state. Without a GPU it starts --cpu-workers N CPU
-# workers. Every other argument goes to each ferry-worker unchanged. SIGINT/SIGTERM are
+# workers. Every other argument goes to each ferry-worker unchanged (but --name NAME becomes
+# NAME-gpuK and --metrics-port P becomes P+K for the K-th worker). SIGINT/SIGTERM are
 # forwarded to every worker (which drain: finish and report held jobs, then leave), and the
 # launcher waits for all of them; it exits non-zero when any worker did.
 #
@@ -79,9 +80,11 @@ discover() {
 mapfile -t devices < <(discover)
 
 # Forwarded flags the launcher must adjust: --device (always cuda:0 for a GPU worker), --name
-# (made unique per worker), --instances and --threads (for the CPU thread rule).
+# (made unique per worker), --metrics-port (one port per worker), --instances and --threads
+# (for the CPU thread rule).
 fwd=()
 name=""
+metrics_port=""
 instances=1
 threads=""
 i=0
@@ -92,6 +95,8 @@ while [ $i -lt ${#args[@]} ]; do
     --device=*) i=$((i + 1)); continue ;;
     --name) name="${args[$((i + 1))]:-}"; i=$((i + 2)); continue ;;
     --name=*) name="${a#*=}"; i=$((i + 1)); continue ;;
+    --metrics-port) metrics_port="${args[$((i + 1))]:-}"; i=$((i + 2)); continue ;;
+    --metrics-port=*) metrics_port="${a#*=}"; i=$((i + 1)); continue ;;
     --instances) instances="${args[$((i + 1))]:-1}" ;;
     --instances=*) instances="${a#*=}" ;;
     --threads) threads="${args[$((i + 1))]:-}" ;;
@@ -100,6 +105,11 @@ while [ $i -lt ${#args[@]} ]; do
   fwd+=("$a")
   i=$((i + 1))
 done
+
+if [ -n "$metrics_port" ] && ! [[ "$metrics_port" =~ ^[0-9]+$ ]]; then
+  echo "ferry-launch-gpus: --metrics-port wants a number, got '$metrics_port'" >&2
+  exit 2
+fi
 
 if [ ${#devices[@]} -gt 0 ]; then
   count=${#devices[@]}
@@ -116,10 +126,13 @@ fi
 
 pids=()
 labels=()
+started=0
 start_worker() {  # label, CUDA_VISIBLE_DEVICES value ("" for a CPU worker), device
   local label="$1" visible="$2" device="$3"
   local cmd=("$worker_bin" --device "$device" "${fwd[@]}")
   [ -n "$name" ] && cmd+=(--name "$name-$label")
+  [ -n "$metrics_port" ] && cmd+=(--metrics-port "$((metrics_port + started))")
+  started=$((started + 1))
   if [ "$dry_run" -eq 1 ]; then
     if [ -n "$visible" ]; then echo "CUDA_VISIBLE_DEVICES=$visible ${cmd[*]}"; else echo "${cmd[*]}"; fi
     return

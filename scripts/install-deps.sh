@@ -3,7 +3,7 @@
 # nothing when everything is there. Uses sudo when not root.
 set -euo pipefail
 PKGS=(build-essential cmake ninja-build pkg-config
-      libtorch-dev libopenblas0-openmp libtomlplusplus-dev
+      libtorch-dev libopenblas0-openmp libtomlplusplus-dev libssl-dev
       cppzmq-dev libzmq3-dev libmsgpack-cxx-dev libhiredis-dev libspdlog-dev libcpp-httplib-dev
       redis-server libgtest-dev libgmock-dev
       python3 python3-zmq python3-msgpack python3-redis python3-numpy python3-yaml
