@@ -376,6 +376,22 @@ TEST(FerryUp, AWorkerThatDiesBeforeReadyFailsItAtOnceWithItsLog) {
   EXPECT_NE(out.find("logs kept in"), std::string::npos) << out;
 }
 
+// A broker that cannot start (it is told to bind an address of no interface here: 192.0.2.1 is
+// TEST-NET-1, documentation only) fails `ferry up` at once too, with the broker's log lines.
+TEST(FerryUp, ABrokerThatCannotBindFailsItAtOnce) {
+  if (WorkerBin().empty()) GTEST_SKIP() << "built without ferry-worker (no libtorch)";
+  TempDir dir;
+  Process up(
+      {CliBin(), "up", "--cpu-workers", "1", "--model", "tiny=" + ModelPath("tiny"), "--bind",
+       "192.0.2.1", "--frontend-port", "0", "--backend-port", "0", "--ready-timeout-ms", "3600000"},
+      dir.path() + "/up.log");
+  ASSERT_EQ(up.Wait(seconds(120)), 1) << up.Log();
+  const std::string out = up.Log();
+  EXPECT_NE(out.find("broker exited with code"), std::string::npos) << out;
+  EXPECT_NE(out.find("before the fleet was ready; the last lines of "), std::string::npos) << out;
+  EXPECT_EQ(out.find("ferry up: ready"), std::string::npos) << out;
+}
+
 // With its frontend port held by another broker, `ferry up` fails (exit 1, naming the flag and
 // the address) instead of declaring ready against that broker.
 TEST_F(LiveBroker, FerryUpOnATakenFrontendPortFails) {
