@@ -298,10 +298,14 @@ def check_kustomization(path, doc):
 
 
 def render_kustomizations(kdir, names):
-    """Every kustomization under kdir, rendered by kubectl and checked as a whole."""
+    """Every kustomization under kdir, rendered by kubectl and checked as a whole. Returns
+    [(where, [(path, object)])]. Without kubectl: the raw base objects, and the MIG profiles
+    the overlays' patches ask for."""
     kubectl = shutil.which("kubectl")
     dirs = sorted(os.path.dirname(p) for p in
                   glob.glob(os.path.join(kdir, "**", "kustomization.yaml"), recursive=True))
+    rendered = []
+    mig_seen = set()
     if not kubectl:
         note("kubectl not found; kustomizations not rendered (raw base objects checked)")
         objects = []
@@ -310,9 +314,15 @@ def render_kustomizations(kdir, names):
                 if isinstance(d, dict) and d.get("kind") not in (None, "Kustomization"):
                     check_k8s(os.path.relpath(f, kdir), d, objects)
         check_k8s_cross("kubernetes/base", objects, names)
-        return
-    mig_seen = set()
-    for d in dirs:
+        rendered.append(("kubernetes/base", objects))
+        for d in dirs:
+            text = open(os.path.join(d, "kustomization.yaml")).read()
+            for profile in re.findall(r"op: add\s+path: \S*/limits/nvidia\.com~1mig-(\S+)", text):
+                mig_seen.add("nvidia.com/mig-" + profile)
+                if profile not in MIG_PROFILES:
+                    problem(os.path.relpath(d, kdir), f"mig-{profile} is no A100/H100/H200 MIG "
+                            "profile")
+    for d in dirs if kubectl else []:
         rel = "kubernetes/" + os.path.relpath(d, kdir)
         r = subprocess.run([kubectl, "kustomize", d], capture_output=True, text=True)
         if r.returncode != 0:
@@ -323,6 +333,7 @@ def render_kustomizations(kdir, names):
             if isinstance(doc, dict):
                 check_k8s(rel, doc, objects)
         check_k8s_cross(rel, objects, names)
+        rendered.append((rel, objects))
         for _, doc in objects:
             if doc["kind"] == "Deployment" and doc["metadata"]["name"] == "ferry-worker":
                 limits = pod_of(doc)["containers"][0].get("resources", {}).get("limits", {})
@@ -330,9 +341,11 @@ def render_kustomizations(kdir, names):
                 if "mig" in os.path.basename(d) and not any(
                         k.startswith("nvidia.com/mig-") for k in limits):
                     problem(rel, "MIG variant without a nvidia.com/mig-* resource")
+    if kubectl:
+        note(f"kubectl kustomize rendered {len(dirs)} kustomizations")
     if len(mig_seen) < 2:
         problem("kubernetes", f"want the MIG profile as a choice (overlays), saw {sorted(mig_seen)}")
-    note(f"kubectl kustomize rendered {len(dirs)} kustomizations")
+    return rendered
 
 
 def check_compose(path, doc):
@@ -888,17 +901,7 @@ def main():
                     continue
                 if "panels" in doc:
                     check_dashboard(rel, doc, names)
-    kdir = os.path.join(deploy, "kubernetes")
-    render_kustomizations(kdir, names)
-    # The rendered objects once more, for the flags.
-    rendered = []
-    if shutil.which("kubectl"):
-        for d in sorted(os.path.dirname(p) for p in glob.glob(
-                os.path.join(kdir, "**", "kustomization.yaml"), recursive=True)):
-            r = subprocess.run(["kubectl", "kustomize", d], capture_output=True, text=True)
-            if r.returncode == 0:
-                objs = [("", x) for x in yaml.safe_load_all(r.stdout) if isinstance(x, dict)]
-                rendered.append(("kubernetes/" + os.path.relpath(d, kdir), objs))
+    rendered = render_kustomizations(os.path.join(deploy, "kubernetes"), names)
     check_systemd(deploy, a.units, a.bindir)
     check_install(a.cmake, a.build_dir)
     check_all_flags(deploy, bins, rendered, a.units)
