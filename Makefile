@@ -3,7 +3,8 @@ BUILD ?= build
 BUILD_TYPE ?= RelWithDebInfo
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build test unit integration demo cuda-check clean
+.PHONY: all deps configure build test unit integration demo cuda-check clean \
+        fuzz-build fuzz fuzz-ci fuzz-seeds sanitize
 
 all: build
 
@@ -33,6 +34,40 @@ demo: build
 # downloads ~1.2 GB of .debs into /tmp the first time). Not part of `make test`.
 cuda-check:
 	bash scripts/check-cuda-build.sh
+
+# Fuzzing and sanitizers (tests/fuzz/README.md), each in a clang build dir of its own, without
+# libtorch (nothing fuzzed or sanitized here needs it). `make fuzz`: every libFuzzer target for
+# FUZZ_SECONDS each; `make fuzz-ci`: each over its committed corpus plus FUZZ_CI_SECONDS of new
+# inputs; both fail on any crash, sanitizer report, leak or oversized allocation. `make sanitize`:
+# the unit tests, and the integration tests that need no ferry-worker, built with ASan + UBSan.
+FUZZ_BUILD ?= build-fuzz
+FUZZ_SECONDS ?= 60
+FUZZ_CI_SECONDS ?= 15
+ASAN_BUILD ?= build-asan
+CLANG_CMAKE = CC=clang CXX=clang++ cmake -S . -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+	-DCMAKE_DISABLE_FIND_PACKAGE_Torch=ON
+
+fuzz-build: deps
+	bash tests/fuzz/install-clang.sh
+	$(CLANG_CMAKE) -B $(FUZZ_BUILD) -DFERRY_FUZZ=ON -DFERRY_BUILD_TESTS=OFF
+	cmake --build $(FUZZ_BUILD) --target fuzzers
+
+fuzz: fuzz-build
+	bash tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
+fuzz-ci: fuzz-build
+	bash tests/fuzz/run.sh $(FUZZ_BUILD) $(FUZZ_CI_SECONDS)
+
+# Rewrites tests/fuzz/corpus from Ferry's own encoders (review the diff before committing it).
+fuzz-seeds: fuzz-build
+	$(FUZZ_BUILD)/tests/fuzz/ferry_fuzz_seeds tests/fuzz/corpus
+
+sanitize: deps
+	bash tests/fuzz/install-clang.sh
+	$(CLANG_CMAKE) -B $(ASAN_BUILD) -DFERRY_SANITIZE=address,undefined
+	cmake --build $(ASAN_BUILD)
+	ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --test-dir $(ASAN_BUILD) --output-on-failure --timeout 600
 
 clean:
 	rm -rf $(BUILD)
