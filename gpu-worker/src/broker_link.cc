@@ -53,10 +53,8 @@ Status BrokerLink::Connect(std::unique_ptr<zmq::socket_t>* out) {
         protocol::ApplyCurveClient(*dealer, options_.curve_server_public, options_.curve_secret));
     const std::string endpoint =
         "inproc://ferry-worker-link-monitor-" + std::to_string(++monitors_);
-    if (zmq_socket_monitor(dealer->handle(), endpoint.c_str(),
-                           ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) == 0) {
+    if (zmq_socket_monitor(dealer->handle(), endpoint.c_str(), protocol::kHandshakeWatchEvents) ==
+        0) {
       monitor_ = std::make_unique<zmq::socket_t>(*context_, zmq::socket_type::pair);
       monitor_->set(zmq::sockopt::linger, 0);
       monitor_->connect(endpoint);
@@ -71,7 +69,6 @@ Status BrokerLink::Connect(std::unique_ptr<zmq::socket_t>* out) {
 
 std::string BrokerLink::HandshakeFailure() {
   if (!monitor_) return "";
-  std::string why;
   for (int i = 0; i < 64; ++i) {
     zmq::message_t head, endpoint;
     try {
@@ -85,12 +82,9 @@ std::string BrokerLink::HandshakeFailure() {
     uint32_t value;
     std::memcpy(&event, head.data(), sizeof(event));
     std::memcpy(&value, static_cast<const char*>(head.data()) + 2, sizeof(value));
-    why = event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED
-              ? ""
-              : protocol::DescribeHandshakeFailure(event, static_cast<int>(value),
-                                                   !options_.curve_secret.empty());
+    handshake_watch_.OnEvent(event, static_cast<int>(value));
   }
-  return why;
+  return handshake_watch_.error();
 }
 
 Status BrokerLink::Start() {

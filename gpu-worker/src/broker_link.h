@@ -44,6 +44,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "ferry/protocol/curve.h"
 #include "ferry/protocol/types.h"
 #include "ferry/protocol/wire.h"
 #include "input_fetcher.h"
@@ -129,7 +130,8 @@ class BrokerLink {
   InputFetcher* fetcher_;
   std::unique_ptr<zmq::socket_t> dealer_;
   std::unique_ptr<zmq::socket_t> monitor_;  // handshake events of dealer_ (the loop thread's)
-  int64_t monitors_ = 0;                    // for unique monitor endpoints
+  protocol::HandshakeWatch handshake_watch_{!options_.curve_secret.empty()};
+  int64_t monitors_ = 0;  // for unique monitor endpoints
 
   std::atomic<bool> drain_requested_{false};
   std::atomic<int64_t> last_broker_us_{0};

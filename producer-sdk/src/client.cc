@@ -384,9 +384,11 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
     if (!keys.empty()) (void)store_.Delete(keys);  // else they expire
   }
   if (unsent) {
+    const std::string why = io_->handshake_error();
     return Status::Unavailable("no broker at " + options_.frontend + " took the job within " +
-                               std::to_string(timeout_ms) +
-                               " ms (is ferry-broker running and reachable?); it was not sent");
+                               std::to_string(timeout_ms) + " ms (" +
+                               (why.empty() ? "is ferry-broker running and reachable?" : why) +
+                               "); it was not sent");
   }
   return s;
 }

@@ -61,11 +61,10 @@ Status IoThread::Start(Options options, std::unique_ptr<IoThread>* out) {
     FERRY_RETURN_IF_ERROR(protocol::ApplyCurveClient(t->socket_, t->options_.curve_server_public,
                                                      t->options_.curve_secret));
     // Handshake events, so that a refused key or a wrong broker key is said, not just a timeout.
+    t->handshake_watch_ = protocol::HandshakeWatch(!t->options_.curve_secret.empty());
     const std::string monitor = "inproc://ferry-sdk-monitor-" + protocol::NewUuid();
-    if (zmq_socket_monitor(t->socket_.handle(), monitor.c_str(),
-                           ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0)
+    if (zmq_socket_monitor(t->socket_.handle(), monitor.c_str(), protocol::kHandshakeWatchEvents) !=
+        0)
       return Status::Internal(std::string("zmq_socket_monitor: ") + zmq_strerror(zmq_errno()));
     t->monitor_ = zmq::socket_t(t->context_, zmq::socket_type::pair);
     t->monitor_.set(zmq::sockopt::linger, 0);
@@ -346,7 +345,6 @@ void IoThread::DeliverFinished(const msgpack::object& body) {
 
 void IoThread::ReadMonitor() {
   // Each event: a frame of uint16 event + uint32 value, then a frame with the endpoint.
-  const bool curve = !options_.curve_secret.empty();
   for (int i = 0; i < 64; ++i) {
     zmq::message_t head, endpoint;
     try {
@@ -360,12 +358,9 @@ void IoThread::ReadMonitor() {
     uint32_t value;
     std::memcpy(&event, head.data(), sizeof(event));
     std::memcpy(&value, static_cast<const char*>(head.data()) + 2, sizeof(value));
-    std::string why =
-        event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED
-            ? ""
-            : protocol::DescribeHandshakeFailure(event, static_cast<int>(value), curve);
+    handshake_watch_.OnEvent(event, static_cast<int>(value));
     std::lock_guard<std::mutex> lock(handshake_mu_);
-    handshake_error_ = std::move(why);
+    handshake_error_ = handshake_watch_.error();
   }
 }
 

@@ -45,6 +45,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "ferry/protocol/curve.h"
 #include "ferry/protocol/redis.h"
 #include "ferry/protocol/types.h"
 #include "ferry/protocol/util.h"
@@ -157,8 +158,9 @@ class IoThread {
   bool stop_ = false;    // guarded by mailbox_mu_
 
   // Published for callers by the I/O thread.
+  protocol::HandshakeWatch handshake_watch_{false};  // the I/O thread's; set up in Start
   mutable std::mutex handshake_mu_;
-  std::string handshake_error_;  // guarded by handshake_mu_
+  std::string handshake_error_;  // guarded by handshake_mu_: handshake_watch_.error()
   mutable std::mutex channel_mu_;
   std::string channel_;  // guarded by channel_mu_
   std::atomic<bool> subscribed_{false};

@@ -219,4 +219,27 @@ std::string DescribeHandshakeFailure(int event, int value, bool curve_configured
   return "";
 }
 
+void HandshakeWatch::OnEvent(int event, int value) {
+  switch (event) {
+    case ZMQ_EVENT_CONNECTED:
+      succeeded_ = false;
+      return;
+    case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+      succeeded_ = true;
+      error_.clear();
+      return;
+    case ZMQ_EVENT_DISCONNECTED:
+      if (!succeeded_ && curve_ && error_.empty())
+        error_ =
+            "the broker closed the connection during the CURVE handshake: the broker's public "
+            "key (--curve-server-public) is not the key of the broker at that address, or this "
+            "client's key is not listed";
+      succeeded_ = false;
+      return;
+    default:
+      if (std::string why = DescribeHandshakeFailure(event, value, curve_); !why.empty())
+        error_ = std::move(why);
+  }
+}
+
 }  // namespace ferry::protocol

@@ -62,4 +62,24 @@ bool IsLoopbackEndpoint(const std::string& endpoint);
 // a person can act on: "" when nothing is known.
 std::string DescribeHandshakeFailure(int zmq_event, int value, bool curve_configured);
 
+// Follows a client socket's monitor events (subscribe to kHandshakeWatchEvents) and keeps what a
+// person should read when the broker does not answer: "" while the last connection is fine.
+// A CURVE server that cannot open our HELLO (we named the wrong server key) sends no error: it
+// closes the connection, so a disconnect before the handshake succeeded says that too.
+class HandshakeWatch {
+ public:
+  explicit HandshakeWatch(bool curve_configured) : curve_(curve_configured) {}
+  void OnEvent(int zmq_event, int value);
+  const std::string& error() const { return error_; }
+
+ private:
+  bool curve_;
+  bool succeeded_ = false;  // since the last CONNECTED
+  std::string error_;
+};
+inline constexpr int kHandshakeWatchEvents =
+    ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |
+    ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+    ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+
 }  // namespace ferry::protocol
