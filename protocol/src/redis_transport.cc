@@ -130,6 +130,9 @@ Status MakeTlsContext(const RedisEndpoint& ep, CtxPtr* out) {
   SSL_CTX_set_min_proto_version(ctx.get(), TLS1_2_VERSION);
   SSL_CTX_set_default_passwd_cb(ctx.get(), NoPassphrase);
   SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
+  // Read whole socket buffers, not a record header then its body (two recv() per record);
+  // what this reads ahead is invisible to poll(): RedisSubscriber reads until OpenSSL is empty.
+  SSL_CTX_set_read_ahead(ctx.get(), 1);
   if (ep.tls_ca.empty()) {
     if (SSL_CTX_set_default_verify_paths(ctx.get()) != 1)
       return Status::InvalidArgument("TLS: cannot load the system's CA certificates: " +
