@@ -30,10 +30,12 @@ bool ParseDType(std::string_view name, DType* out) {
 }
 
 int64_t NumElements(const std::vector<int64_t>& shape) {
+  // At most 2^59 elements, so that numel * ItemSize (at most 8) never wraps: with 2^62, a
+  // [2^31, 2^31] float64 tensor needed "0 bytes" (found by tests/fuzz/fuzz_tensor).
   int64_t n = 1;
   for (int64_t d : shape) {
     if (d < 0) return -1;
-    if (d != 0 && n > (int64_t{1} << 62) / d) return -1;
+    if (d != 0 && n > kMaxElements / d) return -1;
     n *= d;
   }
   return n;

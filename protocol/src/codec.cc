@@ -145,9 +145,17 @@ Status DecodeTensorList(const msgpack::object& o, std::vector<TensorRef>* out, b
   if (o.via.array.size > kMaxInputsPerJob)
     return Status::InvalidArgument("more than 64 tensors in one job");
   out->resize(o.via.array.size);
+  // Each tensor is at most 2^62 bytes (NumElements); their sum must not wrap either: stored
+  // inputs claim sizes they do not carry, and two of 2^62 summed to a negative job size that
+  // admission let through (found by tests/fuzz/fuzz_submit).
+  constexpr uint64_t kMaxTotalBytes = uint64_t{1} << 62;
+  uint64_t total = 0;
   for (uint32_t i = 0; i < o.via.array.size; ++i) {
     Status s = DecodeTensor(o.via.array.ptr[i], &(*out)[i], allow_stored);
     if (!s.ok()) return Status(s.code(), "tensor " + std::to_string(i) + ": " + s.message());
+    if ((*out)[i].size > kMaxTotalBytes - total)
+      return Status::InvalidArgument("the tensors of one job are over 2^62 bytes");
+    total += (*out)[i].size;
   }
   return Status::Ok();
 }

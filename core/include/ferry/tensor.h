@@ -33,7 +33,9 @@ const char* DTypeName(DType dtype);
 bool ParseDType(std::string_view name, DType* out);
 // Bytes per element.
 size_t ItemSize(DType dtype);
-// Product of the dims; -1 when a dim is negative or the product overflows 2^62.
+// Product of the dims; -1 when a dim is negative or the product is over kMaxElements, so that
+// NumElements(shape) * ItemSize(dtype) always fits in an int64.
+inline constexpr int64_t kMaxElements = int64_t{1} << 59;
 int64_t NumElements(const std::vector<int64_t>& shape);
 
 struct Tensor {

@@ -1,6 +1,8 @@
 // Codec round trips for every dtype and rejection of malformed bodies.
 #include <gtest/gtest.h>
 
+#include <functional>
+
 #include "ferry/protocol/codec.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
@@ -88,6 +90,41 @@ TEST(Tensor, RejectsMalformedTensors) {
   EXPECT_EQ(DecodeCustom("float32", {-1}, 0).code(), codes::kInvalidArgument);
   EXPECT_EQ(DecodeCustom("int8", std::vector<int64_t>(17, 1), 1).code(), codes::kInvalidArgument);
   EXPECT_TRUE(DecodeCustom("uint8", {0, 5}, 0).ok());  // empty tensors are legal
+}
+
+// Found by tests/fuzz/fuzz_tensor: 2^62 float64 elements "need" 2^65 bytes, which wrapped to 0,
+// so a tensor of that shape with no data was accepted (and would have reached a device).
+TEST(Tensor, RejectsShapesWhoseByteSizeWouldWrap) {
+  const int64_t k31 = int64_t{1} << 31;
+  EXPECT_EQ(DecodeCustom("float64", {k31, k31}, 0).code(), codes::kInvalidArgument);
+  EXPECT_EQ(DecodeCustom("int32", {k31, k31}, 0).code(), codes::kInvalidArgument);
+  EXPECT_EQ(DecodeCustom("uint8", {k31, k31, 4}, 0).code(), codes::kInvalidArgument);
+  EXPECT_EQ(NumElements({k31, k31}), -1);
+  EXPECT_EQ(NumElements({k31, k31 / 8}), kMaxElements);         // the largest shape still counted
+  EXPECT_TRUE(DecodeCustom("float64", {0, k31, k31}, 0).ok());  // empty: 0 elements, 0 bytes
+}
+
+// Found by tests/fuzz/fuzz_submit: two stored inputs of 2^62 bytes each summed to 2^63, a
+// negative job size once cast, which admission let through; a job's tensors stay under 2^62.
+TEST(Tensor, RejectsJobsWhoseTensorsSumPast2To62Bytes) {
+  auto list = [](int n) {
+    msgpack::sbuffer buf;
+    Packer pk(buf);
+    pk.pack_map(1);
+    PackString(pk, "inputs");
+    pk.pack_array(static_cast<uint32_t>(n));
+    for (int i = 0; i < n; ++i) PackStoredTensor(pk, DType::kFloat64, {1 << 30, 1 << 29});
+    return buf;
+  };
+  std::vector<TensorRef> tensors;
+  msgpack::sbuffer one = list(1);
+  auto oh = Unpacked(one);
+  ASSERT_TRUE(DecodeTensorList(*Find(oh.get(), "inputs"), &tensors, /*allow_stored=*/true).ok());
+  EXPECT_EQ(tensors[0].size, uint64_t{1} << 62);
+  msgpack::sbuffer two = list(2);
+  oh = Unpacked(two);
+  EXPECT_EQ(DecodeTensorList(*Find(oh.get(), "inputs"), &tensors, true).code(),
+            codes::kInvalidArgument);
 }
 
 TEST(Body, RejectsWhatIsNotOneMsgpackMap) {
@@ -203,6 +240,84 @@ TEST(Submit, StoredInputsTravelWithoutTheirBytes) {
   TensorRef t;
   EXPECT_EQ(DecodeTensor(boh.get(), &t, /*allow_stored=*/true).code(), codes::kInvalidArgument);
   EXPECT_EQ(Keys("ferry:").Input("j-s", 1), "ferry:input:j-s:1");
+}
+
+// READY's optional "inputs" per model: a round trip, and what the decoder refuses.
+TEST(Ready, InputSpecsRoundTripAndBoundsAreChecked) {
+  WorkerHello h;
+  h.worker = "w";
+  h.device = "cpu";
+  h.capacity = 4;
+  InputSpec mel{"mel", DType::kFloat32, {-1, 80}};
+  InputSpec len{"", DType::kInt64, {}};
+  h.models = {{"asr", 8, std::vector<InputSpec>{mel, len}}, {"free", 2, std::nullopt}};
+  zmq::message_t msg = EncodeHello(h);
+  msgpack::object_handle oh;
+  ASSERT_TRUE(UnpackMap(msg.data(), msg.size(), &oh).ok());
+  WorkerHello back;
+  ASSERT_TRUE(DecodeHello(oh.get(), &back).ok());
+  ASSERT_EQ(back.models.size(), 2u);
+  ASSERT_TRUE(back.models[0].inputs.has_value());
+  EXPECT_EQ(*back.models[0].inputs, (std::vector<InputSpec>{mel, len}));
+  EXPECT_FALSE(back.models[1].inputs.has_value());
+
+  // One model whose "inputs" is whatever `pack` writes.
+  auto decode = [](const std::function<void(Packer&)>& pack) {
+    msgpack::sbuffer buf;
+    Packer pk(buf);
+    pk.pack_map(4);
+    PackString(pk, "worker");
+    PackString(pk, "w");
+    PackString(pk, "device");
+    PackString(pk, "cpu");
+    PackString(pk, "capacity");
+    pk.pack_int64(4);
+    PackString(pk, "models");
+    pk.pack_array(1);
+    pk.pack_map(3);
+    PackString(pk, "name");
+    PackString(pk, "m");
+    PackString(pk, "max_batch");
+    pk.pack_int64(2);
+    PackString(pk, "inputs");
+    pack(pk);
+    auto oh = Unpacked(buf);
+    WorkerHello out;
+    return DecodeHello(oh.get(), &out);
+  };
+  auto one = [](const char* dtype, std::vector<int64_t> shape) {
+    return [=](Packer& pk) {
+      pk.pack_array(1);
+      pk.pack_map(2);
+      PackString(pk, "dtype");
+      PackString(pk, dtype);
+      PackString(pk, "shape");
+      pk.pack_array(static_cast<uint32_t>(shape.size()));
+      for (int64_t d : shape) pk.pack_int64(d);
+    };
+  };
+  EXPECT_TRUE(decode(one("uint8", {-1, 3})).ok());
+  Status s = decode(one("float128", {1}));
+  EXPECT_EQ(s.code(), codes::kInvalidArgument);
+  EXPECT_NE(s.message().find("unknown dtype"), std::string::npos) << s.message();
+  s = decode(one("uint8", {-2}));
+  EXPECT_NE(s.message().find(">= -1"), std::string::npos) << s.message();
+  s = decode(one("uint8", std::vector<int64_t>(17, 1)));
+  EXPECT_NE(s.message().find("more than 16 dims"), std::string::npos) << s.message();
+  s = decode([](Packer& pk) {
+    pk.pack_array(65);
+    for (int i = 0; i < 65; ++i) pk.pack_map(0);
+  });
+  EXPECT_NE(s.message().find("more than 64 inputs"), std::string::npos) << s.message();
+  s = decode([](Packer& pk) { pk.pack_int64(3); });
+  EXPECT_NE(s.message().find("must be an array"), std::string::npos) << s.message();
+  s = decode([](Packer& pk) {
+    pk.pack_array(1);
+    pk.pack_map(1);
+    PackString(pk, "dtype");
+    PackString(pk, "uint8");
+  });
+  EXPECT_NE(s.message().find("\"shape\" must be an array"), std::string::npos) << s.message();
 }
 
 TEST(Accepted, RoundTrip) {
