@@ -516,19 +516,28 @@ Status RedisConnection::Open(const RedisEndpoint& ep, int timeout_ms, bool keepa
     AppendRespCommand(&hello, {"PING"});
     steps.push_back(Step::kPing);
   }
+  // The first write or read failing: closed at once by a TLS peer that wants a client
+  // certificate (TLS 1.3 says so only after the handshake: the write may meet a reset, the read
+  // the alert), or by a TLS port a plain client talks to. A timeout is not a refusal.
+  auto closed = [&](const Status& failure) {
+    turned_away = failure.message().find("timed out") == std::string::npos;
+    std::string hint;
+    if (!ep.tls)
+      hint = " (is it a TLS port? use rediss://)";
+    else if (ep.tls_cert.empty())
+      hint = " (does Redis want a client certificate? --redis-tls-cert, --redis-tls-key)";
+    return Status::Unavailable(Where(ep) + ": " + failure.message() + hint);
+  };
   if (!steps.empty()) {
     const iovec iov{hello.data(), hello.size()};
     s = c->transport_->Write(&iov, 1);
     OPENSSL_cleanse(hello.data(), hello.size());  // the password
+    if (!s.ok()) s = closed(s);
     for (size_t i = 0; s.ok() && i < steps.size(); ++i) {
       redisReply* r = nullptr;
       s = c->ReadReply(&r);
       if (!s.ok()) {
-        // Closed at once: a TLS peer that wants a client certificate (TLS 1.3 says so only now),
-        // or a plain client on a TLS port. A timeout is not a refusal.
-        turned_away = s.message().find("timed out") == std::string::npos;
-        s = Status::Unavailable(Where(ep) + ": " + s.message() +
-                                (c->transport_->tls() ? "" : " (is it a TLS port? use rediss://)"));
+        s = closed(s);
         break;
       }
       std::unique_ptr<redisReply, void (*)(void*)> owned(r, freeReplyObject);
