@@ -1,6 +1,7 @@
 #include "ferry/protocol/messages.h"
 
 #include "ferry/protocol/keys.h"
+#include "ferry/protocol/util.h"
 #include "ferry/protocol/wire.h"
 
 namespace ferry::protocol {
@@ -291,6 +292,58 @@ zmq::message_t EncodeEmpty(int64_t rid) {
   return ToMessage(std::move(buf));
 }
 
+void PackInputSpecs(Packer& pk, const std::vector<InputSpec>& specs) {
+  pk.pack_array(static_cast<uint32_t>(specs.size()));
+  for (const auto& spec : specs) {
+    pk.pack_map(spec.name.empty() ? 2 : 3);
+    if (!spec.name.empty()) {
+      PackKey(pk, "name");
+      PackString(pk, spec.name);
+    }
+    PackKey(pk, "dtype");
+    PackString(pk, DTypeName(spec.dtype));
+    PackKey(pk, "shape");
+    pk.pack_array(static_cast<uint32_t>(spec.shape.size()));
+    for (int64_t d : spec.shape) pk.pack_int64(d);
+  }
+}
+
+Status DecodeInputSpecs(const msgpack::object& o, std::vector<InputSpec>* out) {
+  out->clear();
+  if (o.type != msgpack::type::ARRAY) return Status::InvalidArgument("must be an array");
+  if (o.via.array.size > kMaxInputsPerJob)
+    return Status::InvalidArgument("more than " + std::to_string(kMaxInputsPerJob) + " inputs");
+  for (uint32_t i = 0; i < o.via.array.size; ++i) {
+    const msgpack::object& e = o.via.array.ptr[i];
+    const std::string at = "input " + std::to_string(i) + ": ";
+    if (e.type != msgpack::type::MAP) return Status::InvalidArgument(at + "must be a map");
+    InputSpec spec;
+    if (Find(e, "name")) FERRY_RETURN_IF_ERROR(GetString(e, "name", &spec.name));
+    std::string dtype;
+    FERRY_RETURN_IF_ERROR(GetString(e, "dtype", &dtype));
+    if (!ParseDType(dtype, &spec.dtype))
+      return Status::InvalidArgument(at + "unknown dtype \"" + Printable(dtype, 32) + "\"");
+    const msgpack::object* shape = Find(e, "shape");
+    if (!shape || shape->type != msgpack::type::ARRAY)
+      return Status::InvalidArgument(at + "\"shape\" must be an array");
+    if (shape->via.array.size > kMaxTensorDims)
+      return Status::InvalidArgument(at + "more than " + std::to_string(kMaxTensorDims) + " dims");
+    for (uint32_t d = 0; d < shape->via.array.size; ++d) {
+      const msgpack::object& v = shape->via.array.ptr[d];
+      int64_t dim = 0;
+      if (v.type == msgpack::type::POSITIVE_INTEGER && v.via.u64 <= INT64_MAX)
+        dim = static_cast<int64_t>(v.via.u64);
+      else if (v.type == msgpack::type::NEGATIVE_INTEGER && v.via.i64 == -1)
+        dim = -1;
+      else
+        return Status::InvalidArgument(at + "\"shape\" must hold integers >= -1");
+      spec.shape.push_back(dim);
+    }
+    out->push_back(std::move(spec));
+  }
+  return Status::Ok();
+}
+
 zmq::message_t EncodeHello(const WorkerHello& h) {
   msgpack::sbuffer buf;
   Packer pk(buf);
@@ -308,11 +361,15 @@ zmq::message_t EncodeHello(const WorkerHello& h) {
   PackKey(pk, "models");
   pk.pack_array(static_cast<uint32_t>(h.models.size()));
   for (const auto& m : h.models) {
-    pk.pack_map(2);
+    pk.pack_map(m.inputs ? 3 : 2);
     PackKey(pk, "name");
     PackString(pk, m.name);
     PackKey(pk, "max_batch");
     pk.pack_int64(m.max_batch);
+    if (m.inputs) {
+      PackKey(pk, "inputs");
+      PackInputSpecs(pk, *m.inputs);
+    }
   }
   if (h.resident) {
     PackKey(pk, "resident");
@@ -338,6 +395,13 @@ Status DecodeHello(const msgpack::object& body, WorkerHello* out) {
     FERRY_RETURN_IF_ERROR(GetString(models->via.array.ptr[i], "name", &m.name));
     FERRY_RETURN_IF_ERROR(GetInt(models->via.array.ptr[i], "max_batch", &m.max_batch, 1));
     if (m.max_batch < 1) return Status::InvalidArgument("\"max_batch\" must be >= 1");
+    if (const msgpack::object* inputs = Find(models->via.array.ptr[i], "inputs")) {
+      m.inputs.emplace();
+      Status s = DecodeInputSpecs(*inputs, &*m.inputs);
+      if (!s.ok())
+        return Status::InvalidArgument("\"inputs\" of model " + std::to_string(i) + ": " +
+                                       s.message());
+    }
     out->models.push_back(std::move(m));
   }
   out->resident.reset();

@@ -74,8 +74,14 @@ zmq::message_t EncodeCancelled(const Cancelled& c);
 Status DecodeCancelled(const msgpack::object& body, Cancelled* out);
 
 // ---- READY ----------------------------------------------------------------------------------
+// A model entry is {"name", "max_batch", "inputs"?: [{"name"?, "dtype", "shape"}]}. The decoder
+// checks the structure of "inputs" (at most kMaxInputsPerJob entries, known dtypes, at most
+// kMaxTensorDims dims, each >= -1); the broker checks the names and the rest (CheckHello).
 zmq::message_t EncodeHello(const WorkerHello& h);
 Status DecodeHello(const msgpack::object& body, WorkerHello* out);
+// The "inputs" array of a READY model entry (also STATS' "models"); `out` is cleared first.
+void PackInputSpecs(Packer& pk, const std::vector<InputSpec>& specs);
+Status DecodeInputSpecs(const msgpack::object& o, std::vector<InputSpec>* out);
 
 // ---- CHUNK entries --------------------------------------------------------------------------
 // Packs one entry; `inputs_raw` is the msgpack encoding of the inputs array. An empty `notify`

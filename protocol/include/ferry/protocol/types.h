@@ -65,9 +65,23 @@ struct Cancelled {
 };
 
 // ---- READY (worker -> broker) -------------------------------------------------------------
+// A model's declared input (READY "inputs", from the worker's model repository file): the dtype
+// and the shape of one job input, without the batch dimension; -1 in `shape` matches any size.
+// `name` is optional (messages and `ferry models` show it).
+struct InputSpec {
+  std::string name;
+  DType dtype = DType::kFloat32;
+  std::vector<int64_t> shape;
+  bool operator==(const InputSpec& o) const {
+    return name == o.name && dtype == o.dtype && shape == o.shape;
+  }
+};
 struct ModelInfo {
   std::string name;
   int64_t max_batch = 1;
+  // Optional: the job inputs the model takes, in order. Absent (nullopt): not declared, the
+  // broker accepts any inputs.
+  std::optional<std::vector<InputSpec>> inputs;
 };
 struct WorkerHello {
   std::string worker;  // a name unique in the fleet, e.g. host:pid:device
