@@ -34,6 +34,17 @@ bool ValidModelName(const std::string& s) {
   return true;
 }
 
+// Input names in a READY's "inputs": 1-64 characters of [A-Za-z0-9._-].
+bool ValidInputName(const std::string& s) {
+  if (s.empty() || s.size() > 64) return false;
+  for (char c : s) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) return false;
+  }
+  return true;
+}
+
 // What a READY may announce; a clear message for the first field out of bounds.
 Status CheckHello(const protocol::WorkerHello& h) {
   if (!PrintableName(h.worker, 128))
@@ -58,6 +69,14 @@ Status CheckHello(const protocol::WorkerHello& h) {
                                      std::to_string(kMaxBatch));
     if (!names.insert(mi.name).second)
       return Status::InvalidArgument("READY announces \"" + mi.name + "\" twice");
+    // "inputs": count, rank, dims and dtypes were checked by DecodeHello; the names here.
+    if (mi.inputs) {
+      for (const auto& in : *mi.inputs)
+        if (!in.name.empty() && !ValidInputName(in.name))
+          return Status::InvalidArgument("READY input name \"" + protocol::Printable(in.name) +
+                                         "\" of \"" + mi.name +
+                                         "\": 1-64 characters of [A-Za-z0-9._-]");
+    }
   }
   if (h.resident) {
     for (const auto& r : *h.resident)
@@ -153,7 +172,19 @@ void Broker::Impl::HandleReady(protocol::Message& m, const msgpack::object& body
   spdlog::info("worker {} {} on {} (capacity {}, models {}{})", hello.worker,
                known ? "re-announced" : "joined", hello.device, hello.capacity, models,
                zap ? ", key " + zap->NameOf(m.user_id) : "");
+  std::vector<std::string> declared;  // models whose input specs this worker announces
+  for (const auto& mi : hello.models)
+    if (mi.inputs) declared.push_back(mi.name);
+  const std::string name = hello.worker;
   scheduler.AddWorker(worker, std::move(hello), protocol::MonotonicMicros(), m.user_id);
+  for (const auto& model : declared) {
+    const auto* specs = scheduler.SpecsOf(model);
+    if (specs != nullptr && specs->size() > 1)
+      spdlog::warn(
+          "model {}: workers announce {} different input specs (worker {} is the latest); jobs "
+          "matching any of them are accepted",
+          model, specs->size(), name);
+  }
 }
 
 void Broker::Impl::HandleDone(protocol::Message& m, const msgpack::object& body) {

@@ -1,6 +1,9 @@
 // Producer-facing handlers: SUBMIT, CANCEL, STATS, and the replies.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <map>
+#include <optional>
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
@@ -13,6 +16,48 @@ namespace ferry::broker {
 
 namespace {
 std::string Str(const zmq::message_t& m) { return std::string(m.to_string_view()); }
+
+// STATS "models": {model: {"specs": [{"inputs"?: [spec], "workers": [name]}]}} -- every known
+// model, with the workers serving it grouped by the input spec they announced (no "inputs": not
+// declared). Specs the broker still checks although no worker serves the model now are listed
+// with no workers.
+void PackModels(protocol::Packer& pk, const Scheduler& scheduler) {
+  using Specs = std::optional<std::vector<protocol::InputSpec>>;
+  std::map<std::string, std::vector<std::pair<Specs, std::vector<std::string>>>> groups;
+  for (const auto& model : scheduler.known_models()) groups[model];
+  for (const auto& [rid, w] : scheduler.workers()) {
+    for (const auto& mi : w.hello.models) {
+      auto& list = groups[mi.name];
+      auto it = std::find_if(list.begin(), list.end(),
+                             [&](const auto& g) { return g.first == mi.inputs; });
+      if (it == list.end()) it = list.insert(list.end(), {mi.inputs, {}});
+      it->second.push_back(w.hello.worker);
+    }
+  }
+  for (auto& [model, list] : groups) {
+    const auto* specs = scheduler.SpecsOf(model);
+    if (!list.empty() || specs == nullptr) continue;
+    for (const auto& spec : *specs) list.push_back({spec, {}});
+  }
+  pk.pack_map(static_cast<uint32_t>(groups.size()));
+  for (auto& [model, list] : groups) {
+    protocol::PackString(pk, model);
+    pk.pack_map(1);
+    protocol::PackString(pk, "specs");
+    pk.pack_array(static_cast<uint32_t>(list.size()));
+    for (auto& [spec, workers] : list) {
+      std::sort(workers.begin(), workers.end());
+      pk.pack_map(spec ? 2 : 1);
+      if (spec) {
+        protocol::PackString(pk, "inputs");
+        protocol::PackInputSpecs(pk, *spec);
+      }
+      protocol::PackString(pk, "workers");
+      pk.pack_array(static_cast<uint32_t>(workers.size()));
+      for (const auto& name : workers) protocol::PackString(pk, name);
+    }
+  }
+}
 }  // namespace
 
 void Broker::Impl::ReplyError(protocol::Message& m, int64_t rid, std::string_view code,
@@ -213,7 +258,9 @@ void Broker::Impl::HandleStats(protocol::Message& m, int64_t rid) {
   msgpack::sbuffer buf;
   protocol::Packer pk(buf);
   const int64_t now_mono = protocol::MonotonicMicros();
-  pk.pack_map(rid ? 5 : 4);
+  pk.pack_map(rid ? 6 : 5);
+  protocol::PackString(pk, "models");
+  PackModels(pk, scheduler);
   protocol::PackString(pk, "workers");
   pk.pack_array(static_cast<uint32_t>(scheduler.workers().size()));
   for (const auto& [routing_id, w] : scheduler.workers()) {

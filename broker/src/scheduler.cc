@@ -48,14 +48,53 @@ void Scheduler::AddWorker(const std::string& routing_id, protocol::WorkerHello h
   WorkerState& w = it->second;
   w.routing_id = routing_id;
   w.key = key;
+  std::set<std::string> touched;  // the models whose specs may change: old and new
+  for (const auto& [name, mb] : w.max_batch) touched.insert(name);
   w.max_batch.clear();
   for (const auto& m : hello.models) {
     w.max_batch[m.name] = m.max_batch;
     known_models_.insert(m.name);
+    touched.insert(m.name);
   }
   w.hello = std::move(hello);
   w.last_seen_us = now_us;
   if (inserted) lru_.push_front(routing_id);  // a new worker is served first
+  RefreshSpecs(touched, &routing_id);
+}
+
+void Scheduler::RefreshSpecs(const std::set<std::string>& models, const std::string* first) {
+  struct Seen {
+    bool unchecked = false;
+    std::vector<InputSpecs> specs;
+  };
+  std::unordered_map<std::string, Seen> seen;
+  auto note = [&](const WorkerState& w, bool front) {
+    for (const auto& m : w.hello.models) {
+      if (models.count(m.name) == 0) continue;
+      Seen& s = seen[m.name];
+      if (!m.inputs) {
+        s.unchecked = true;
+        continue;
+      }
+      auto found = std::find(s.specs.begin(), s.specs.end(), *m.inputs);
+      if (found == s.specs.end())
+        s.specs.insert(front ? s.specs.begin() : s.specs.end(), *m.inputs);
+      else if (front)
+        std::rotate(s.specs.begin(), found, found + 1);
+    }
+  };
+  const WorkerState* front = nullptr;
+  if (first != nullptr) {
+    auto it = workers_.find(*first);
+    if (it != workers_.end()) front = &it->second;
+  }
+  for (const auto& [id, w] : workers_)
+    if (&w != front) note(w, false);
+  if (front != nullptr) note(*front, true);
+  for (auto& [model, s] : seen) {  // models no worker serves now keep their specs
+    if (s.unchecked) s.specs.clear();
+    specs_[model] = std::move(s.specs);
+  }
 }
 
 void Scheduler::Touch(const std::string& routing_id, int64_t now_us) {
@@ -82,8 +121,11 @@ std::vector<Job*> Scheduler::RemoveWorker(const std::string& routing_id) {
     requeued.push_back(job);
   }
   counters_.requeued += static_cast<int64_t>(requeued.size());
+  std::set<std::string> models;
+  for (const auto& [name, mb] : it->second.max_batch) models.insert(name);
   workers_.erase(it);
   lru_.remove(routing_id);
+  RefreshSpecs(models, nullptr);
   return requeued;
 }
 
@@ -125,6 +167,16 @@ std::unique_ptr<Job> Scheduler::Take(const std::string& id) {
     w->second.in_flight.erase(id);
   }
   return job;
+}
+
+std::vector<std::unique_ptr<Job>> Scheduler::TakeQueued(const std::string& model) {
+  std::vector<std::string> ids;
+  if (auto q = queues_.find(model); q != queues_.end())
+    for (const auto& [priority, level] : q->second)
+      for (const Job* j : level) ids.push_back(j->id);
+  std::vector<std::unique_ptr<Job>> out;
+  for (const auto& id : ids) out.push_back(Take(id));
+  return out;
 }
 
 std::vector<std::unique_ptr<Job>> Scheduler::TakeExpired(int64_t now_us) {

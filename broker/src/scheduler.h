@@ -76,6 +76,18 @@ class Scheduler {
   // from the journal by AddKnownModel).
   bool KnowsModel(const std::string& model) const { return known_models_.count(model) != 0; }
   void AddKnownModel(const std::string& model) { known_models_.insert(model); }
+  // The input specs a model's jobs are checked against at admission (READY "inputs"): the
+  // distinct specs of the workers that serve it now, the latest announcer's first. A job is
+  // admitted when it matches any of them, so both generations of a rolling upgrade are served.
+  // Empty (or null, for a model no worker announced) means unchecked: no worker declared a
+  // spec, or one that serves the model declared none. When the last worker serving a model
+  // leaves, its specs stay until a worker announces the model again (jobs queued meanwhile are
+  // still checked).
+  using InputSpecs = std::vector<protocol::InputSpec>;
+  const std::vector<InputSpecs>* SpecsOf(const std::string& model) const {
+    auto it = specs_.find(model);
+    return it == specs_.end() ? nullptr : &it->second;
+  }
   const Job* Find(const std::string& id) const;
 
   // Registers (or re-registers) a worker. A re-announce of a known routing id keeps its jobs.
@@ -101,6 +113,9 @@ class Scheduler {
   std::unique_ptr<Job> Take(const std::string& id);
   // Removes and returns queued jobs whose deadline is before `now_us` (wall clock).
   std::vector<std::unique_ptr<Job>> TakeExpired(int64_t now_us);
+  // Removes and returns every queued job of `model` (its dispatched jobs stay): for a model
+  // that has had no worker too long (orphan_watch.h).
+  std::vector<std::unique_ptr<Job>> TakeQueued(const std::string& model);
   // Total bytes of the inputs of pending jobs: those in the broker's memory, and those their
   // producers stored in Redis.
   int64_t pending_bytes() const { return pending_bytes_; }
@@ -129,6 +144,9 @@ class Scheduler {
   // The queue level holding the oldest job (lowest seq), for aging.
   static PriorityQueue::iterator OldestLevel(PriorityQueue& pq);
   void Unqueue(Job* job);
+  // Recomputes specs_ for `models` from the registered workers; `first` (may be null) is the
+  // routing id of the worker whose specs go first.
+  void RefreshSpecs(const std::set<std::string>& models, const std::string* first);
 
   std::unordered_map<std::string, std::unique_ptr<Job>> jobs_;
   std::multimap<int64_t, std::string> deadlines_;  // deadline -> id, queued jobs with one
@@ -140,6 +158,7 @@ class Scheduler {
   std::unordered_map<std::string, WorkerState> workers_;
   std::list<std::string> lru_;  // routing ids, least recently served first
   std::set<std::string> known_models_;
+  std::unordered_map<std::string, std::vector<InputSpecs>> specs_;  // model -> see SpecsOf
   SchedulerCounters counters_;
   int64_t next_seq_ = 0;
 };

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ferry/broker/broker.h"
@@ -169,6 +171,126 @@ TEST_F(AdmissionTest, PendingBytesOverMaxPendingBytesAreQueueFull) {
 }
 
 // Several checks fail at once: the earliest in the documented order names the code.
+// ---- input specs (READY "inputs") ----
+
+protocol::InputSpec Spec(DType dtype, std::vector<int64_t> shape, std::string name = "") {
+  protocol::InputSpec s;
+  s.name = std::move(name);
+  s.dtype = dtype;
+  s.shape = std::move(shape);
+  return s;
+}
+
+protocol::WorkerHello HelloWith(const std::string& worker, const std::string& model,
+                                std::optional<std::vector<protocol::InputSpec>> inputs) {
+  protocol::WorkerHello h;
+  h.worker = worker;
+  h.device = "cpu";
+  h.capacity = 8;
+  h.models = {{model, 4, std::move(inputs)}};
+  return h;
+}
+
+// A job of `model` whose inputs have these dtypes and shapes (no bytes: only the form is read).
+protocol::SubmitJob Shaped(const std::string& model,
+                           std::vector<std::pair<DType, std::vector<int64_t>>> inputs,
+                           bool stored = false) {
+  protocol::SubmitJob in;
+  in.id = "j";
+  in.model = model;
+  for (auto& [dtype, shape] : inputs) {
+    protocol::TensorRef t;
+    t.dtype = dtype;
+    t.shape = shape;
+    t.stored = stored;
+    in.inputs.push_back(t);
+  }
+  return in;
+}
+
+TEST_F(AdmissionTest, JobsAreCheckedAgainstTheAnnouncedInputSpec) {
+  scheduler_.AddWorker(
+      "w2",
+      HelloWith("w2", "asr",
+                std::vector<protocol::InputSpec>{Spec(DType::kFloat32, {-1, 80}, "mel"),
+                                                 Spec(DType::kInt64, {}, "lengths")}),
+      0);
+  EXPECT_TRUE(AdmitJob(Shaped("asr", {{DType::kFloat32, {0, 80}}, {DType::kInt64, {}}})).ok());
+  EXPECT_TRUE(AdmitJob(Shaped("asr", {{DType::kFloat32, {3000, 80}}, {DType::kInt64, {}}})).ok());
+
+  Status s = AdmitJob(Shaped("asr", {{DType::kFloat16, {100, 80}}, {DType::kInt64, {}}}));
+  EXPECT_EQ(s.code(), codes::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "model \"asr\" input 0 (\"mel\"): expected float32 [-1, 80], got float16 [100, 80]");
+  s = AdmitJob(Shaped("asr", {{DType::kFloat32, {100, 81}}, {DType::kInt64, {}}}));
+  EXPECT_EQ(s.message(),
+            "model \"asr\" input 0 (\"mel\"): expected float32 [-1, 80], got float32 [100, 81]");
+  s = AdmitJob(Shaped("asr", {{DType::kFloat32, {100, 80}}, {DType::kInt64, {1}}}));
+  EXPECT_EQ(s.message(), "model \"asr\" input 1 (\"lengths\"): expected int64 [], got int64 [1]");
+  s = AdmitJob(Shaped("asr", {{DType::kFloat32, {80}}, {DType::kInt64, {}}}));  // rank
+  EXPECT_TRUE(Contains(s.message(), "expected float32 [-1, 80], got float32 [80]")) << s.message();
+  s = AdmitJob(Shaped("asr", {{DType::kFloat32, {100, 80}}}));
+  EXPECT_EQ(s.code(), codes::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "model \"asr\" takes 2 input(s) (input 0 (\"mel\"): float32 [-1, 80], input 1 "
+            "(\"lengths\"): int64 []), got 1");
+  // Stored (claim-check) inputs carry their dtype and shape in the job: checked the same way.
+  EXPECT_TRUE(
+      AdmitJob(Shaped("asr", {{DType::kFloat32, {7, 80}}, {DType::kInt64, {}}}, true)).ok());
+  s = AdmitJob(Shaped("asr", {{DType::kInt16, {7, 80}}, {DType::kInt64, {}}}, true));
+  EXPECT_EQ(s.code(), codes::kInvalidArgument);
+  EXPECT_TRUE(Contains(s.message(), "got int16 [7, 80]")) << s.message();
+}
+
+TEST_F(AdmissionTest, AModelWithoutASpecTakesAnyInputs) {
+  // SetUp's worker announces "m" without "inputs": today's behaviour.
+  EXPECT_TRUE(AdmitJob(Shaped("m", {{DType::kBool, {1, 2, 3}}, {DType::kInt8, {}}})).ok());
+  // One worker serving a model without a spec makes it unchecked, whatever the others declare.
+  scheduler_.AddWorker(
+      "w2", HelloWith("w2", "m", std::vector<protocol::InputSpec>{Spec(DType::kUInt8, {4})}), 0);
+  EXPECT_TRUE(AdmitJob(Shaped("m", {{DType::kBool, {1}}})).ok());
+  scheduler_.RemoveWorker("w1");
+  EXPECT_EQ(AdmitJob(Shaped("m", {{DType::kBool, {1}}})).code(), codes::kInvalidArgument);
+}
+
+TEST_F(AdmissionTest, DuringARollingUpgradeAJobMatchingAnyWorkersSpecIsAdmitted) {
+  scheduler_.AddWorker(
+      "old", HelloWith("old", "asr", std::vector<protocol::InputSpec>{Spec(DType::kInt16, {-1})}),
+      0);
+  scheduler_.AddWorker(
+      "new", HelloWith("new", "asr", std::vector<protocol::InputSpec>{Spec(DType::kFloat32, {-1})}),
+      0);
+  ASSERT_EQ(scheduler_.SpecsOf("asr")->size(), 2u);
+  EXPECT_TRUE(AdmitJob(Shaped("asr", {{DType::kInt16, {16000}}})).ok());
+  EXPECT_TRUE(AdmitJob(Shaped("asr", {{DType::kFloat32, {16000}}})).ok());
+  Status s = AdmitJob(Shaped("asr", {{DType::kUInt8, {16000}}}));
+  EXPECT_EQ(s.code(), codes::kInvalidArgument);
+  // The message is about the latest announcer's spec, and says there are two.
+  EXPECT_TRUE(Contains(s.message(), "expected float32 [-1], got uint8 [16000]")) << s.message();
+  EXPECT_TRUE(Contains(s.message(), "2 different input specs")) << s.message();
+  // The old generation leaves: only the new spec is left.
+  scheduler_.RemoveWorker("old");
+  EXPECT_EQ(AdmitJob(Shaped("asr", {{DType::kInt16, {16000}}})).code(), codes::kInvalidArgument);
+  // The last worker leaves: its spec is kept (jobs queued until a worker is back are checked).
+  scheduler_.RemoveWorker("new");
+  EXPECT_EQ(AdmitJob(Shaped("asr", {{DType::kInt16, {16000}}})).code(), codes::kInvalidArgument);
+  EXPECT_TRUE(AdmitJob(Shaped("asr", {{DType::kFloat32, {16000}}})).ok());
+  // A worker re-announcing the model with another spec replaces it.
+  scheduler_.AddWorker(
+      "back", HelloWith("back", "asr", std::vector<protocol::InputSpec>{Spec(DType::kInt16, {-1})}),
+      0);
+  EXPECT_TRUE(AdmitJob(Shaped("asr", {{DType::kInt16, {16000}}})).ok());
+  EXPECT_EQ(AdmitJob(Shaped("asr", {{DType::kFloat32, {1}}})).code(), codes::kInvalidArgument);
+}
+
+TEST_F(AdmissionTest, UnknownModelComesBeforeTheSpecAndTheSpecBeforeTooLarge) {
+  scheduler_.AddWorker(
+      "w2", HelloWith("w2", "s", std::vector<protocol::InputSpec>{Spec(DType::kUInt8, {4})}), 0);
+  EXPECT_EQ(AdmitJob(Shaped("nope", {{DType::kFloat32, {1}}})).code(), codes::kUnknownModel);
+  protocol::SubmitJob big = Submit("b", "s", {500});  // uint8 [500]: the wrong shape, too large
+  EXPECT_EQ(AdmitJob(big).code(), codes::kInvalidArgument);
+}
+
 TEST_F(AdmissionTest, UnknownModelComesBeforeTooLarge) {
   EXPECT_EQ(AdmitJob(Submit("a", "nope", {101})).code(), codes::kUnknownModel);
 }
