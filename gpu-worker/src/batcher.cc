@@ -75,6 +75,20 @@ void Batcher::RunGroup(const Model& model, const std::vector<Job>& jobs,
              results);
     return;
   }
+  if (!s.ok() && !out.error_detail.empty()) {
+    // The job's result carries the first line; the whole text (a TorchScript traceback, with
+    // source paths) is for the operator: once, on one line, with the jobs it failed.
+    std::string ids;
+    for (size_t n = 0; n < indices.size() && n < 8; ++n)
+      ids += (n ? "," : "") + jobs[indices[n]].entry.id;
+    if (indices.size() > 8) ids += ",... (" + std::to_string(indices.size()) + " jobs)";
+    std::string detail = out.error_detail;
+    while (!detail.empty() && (detail.back() == '\n' || detail.back() == ' ')) detail.pop_back();
+    for (size_t at = detail.find('\n'); at != std::string::npos; at = detail.find('\n', at + 3))
+      detail.replace(at, 1, " | ");
+    spdlog::warn("model {}: job(s) {} failed with model_error \"{}\"; the library said: {}",
+                 model.name(), ids, s.message(), detail);
+  }
   for (size_t n = 0; n < indices.size(); ++n) {
     JobResult& r = (*results)[indices[n]];
     r.status = s;

@@ -21,18 +21,19 @@ namespace {
 
 constexpr size_t kMaxErrorMessage = 1000;
 
-// The library's message, at most kMaxErrorMessage bytes. An error raised inside the
-// TorchScript interpreter comes as a long traceback that ends with the actual error
-// ("RuntimeError: mat1 and mat2 shapes cannot be multiplied ..."): that line goes first.
+// A model_error with `message`, at most kMaxErrorMessage bytes.
 Status ModelError(std::string message) {
-  constexpr std::string_view kMarker = "<--- HERE\n";
-  if (size_t here = message.rfind(kMarker); here != std::string::npos) {
-    std::string error = message.substr(here + kMarker.size());
-    while (!error.empty() && (error.back() == '\n' || error.back() == ' ')) error.pop_back();
-    if (!error.empty()) message = error + "\n" + message.substr(0, here + kMarker.size());
-  }
   if (message.size() > kMaxErrorMessage) message.resize(kMaxErrorMessage);
   return Status(codes::kModelError, std::move(message));
+}
+
+// A library exception's text as a job's model_error: its first meaningful line
+// (SummarizeModelError). When that is not the whole text, the whole text goes to
+// out->error_detail, for the worker's log.
+Status LibraryError(std::string_view text, BatchOutput* out) {
+  std::string first = SummarizeModelError(text);
+  if (first.size() != text.size()) out->error_detail = std::string(text);
+  return ModelError(std::move(first));
 }
 
 // Flattens forward's return value into tensors; false when it is not a tensor or a
@@ -248,6 +249,7 @@ Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& in
   out->owner.reset();
   out->retry_smaller = false;
   out->out_of_memory = false;
+  out->error_detail.clear();
   const int64_t batch = static_cast<int64_t>(inputs.size());
   if (batch == 0) return Status::Ok();
   FERRY_RETURN_IF_ERROR(CheckSignatures(padding_, inputs));
@@ -298,12 +300,12 @@ Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& in
     out->retry_smaller = true;
     out->out_of_memory = IsOutOfMemory(e.what_without_backtrace());
     if (out->out_of_memory) cuda::ReleaseCachedMemory();
-    return ModelError(e.what_without_backtrace());
+    return LibraryError(e.what_without_backtrace(), out);
   } catch (const std::exception& e) {
     out->retry_smaller = true;
     out->out_of_memory = IsOutOfMemory(e.what());
     if (out->out_of_memory) cuda::ReleaseCachedMemory();
-    return ModelError(e.what());
+    return LibraryError(e.what(), out);
   }
 
   // Split: job j's slice of output k starts at j * (bytes per job) in the contiguous tensor;
@@ -342,6 +344,47 @@ Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& in
   }
   out->owner = std::move(tensors);
   return Status::Ok();
+}
+
+std::string SummarizeModelError(std::string_view text) {
+  auto trimmed = [](std::string_view line) {
+    while (!line.empty() && (line.back() == ' ' || line.back() == '\r' || line.back() == '\t'))
+      line.remove_suffix(1);
+    while (!line.empty() && (line.front() == ' ' || line.front() == '\t')) line.remove_prefix(1);
+    return line;
+  };
+  // The first non-empty line of `from`, skipping the interpreter's header lines.
+  auto first_line = [&](std::string_view from) -> std::string_view {
+    while (!from.empty()) {
+      const size_t nl = from.find('\n');
+      std::string_view line = trimmed(from.substr(0, nl));
+      from = nl == std::string_view::npos ? std::string_view() : from.substr(nl + 1);
+      if (line.empty() || line.rfind("The following operation failed", 0) == 0 ||
+          line.rfind("Traceback of TorchScript", 0) == 0 ||
+          line.rfind("Exception raised from", 0) == 0)
+        continue;
+      return line;
+    }
+    return {};
+  };
+  // The TorchScript interpreter's traceback marks the failing expression of each frame with
+  // "<--- HERE", followed by indented source lines; the error itself is the first line after the
+  // last mark that starts in the first column ("RuntimeError: mat1 and mat2 shapes ...").
+  std::string_view line;
+  if (size_t here = text.rfind("<--- HERE"); here != std::string_view::npos) {
+    for (size_t nl = text.find('\n', here); nl != std::string_view::npos && line.empty();) {
+      const size_t end = text.find('\n', nl + 1);
+      std::string_view candidate = text.substr(
+          nl + 1, end == std::string_view::npos ? std::string_view::npos : end - nl - 1);
+      if (!candidate.empty() && candidate.front() != ' ' && candidate.front() != '\t')
+        line = trimmed(candidate);
+      nl = end;
+    }
+  }
+  if (line.empty()) line = first_line(text);
+  if (line.rfind("builtins.", 0) == 0) line.remove_prefix(9);  // raise in TorchScript
+  if (line.empty()) return std::string(trimmed(text));
+  return std::string(line);
 }
 
 void SetTorchThreads(int intra_op_threads) {

@@ -14,7 +14,8 @@
 //     tuple/list of tensors, each batch-first) back per job, trimming outputs named by the
 //     policy back to each job's own length.
 // Library exceptions (c10::Error, std::exception) become a Status with code model_error and
-// the library's message; an out-of-memory error is flagged so the caller can halve the batch.
+// the library's first meaningful line (SummarizeModelError; the whole text is in
+// BatchOutput::error_detail); an out-of-memory error is flagged so the caller can halve the batch.
 // Nothing throws out.
 //
 // Thread-safety: Run() may be called from several executor threads at once, each with its own
@@ -24,6 +25,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cuda_support.h"
@@ -44,6 +46,10 @@ struct BatchOutput {
   bool retry_smaller = false;
   // On failure: the device ran out of memory (c10::OutOfMemoryError or "out of memory").
   bool out_of_memory = false;
+  // On failure from a library exception whose text is more than the status's message (a
+  // TorchScript traceback, with source paths): the whole text, for the worker's log. The
+  // status carries only SummarizeModelError's line, since results go back to producers.
+  std::string error_detail;
 };
 
 class Model {
@@ -87,6 +93,13 @@ class Model {
   int64_t parameter_bytes_ = 0;
   std::unique_ptr<Impl> impl_;
 };
+
+// The line of a library exception's text that a job's model_error carries: for an error raised
+// in the TorchScript interpreter ("The following operation failed in the TorchScript
+// interpreter. Traceback of TorchScript ... <--- HERE\n    <source>\nRuntimeError: <msg>"), the
+// first line after the last "<--- HERE" that is not indented source ("RuntimeError: <msg>"; a
+// "builtins." prefix is dropped); otherwise the first non-empty line. Blanks are trimmed.
+std::string SummarizeModelError(std::string_view text);
 
 // Sets the number of intra-op threads libtorch uses. Call it in every executor thread (with
 // OpenMP the setting is per thread) and once at start-up.

@@ -151,6 +151,22 @@ Status ReadSpec(TableReader& r, TensorSpec* spec) {
   return r.Ints("shape", &spec->shape);
 }
 
+Status ValidateInputSpec(const protocol::InputSpec& spec);
+
+Status ReadInputSpec(TableReader& r, protocol::InputSpec* spec) {
+  FERRY_RETURN_IF_ERROR(r.String("name", &spec->name));
+  std::string dtype;
+  FERRY_RETURN_IF_ERROR(r.String("dtype", &dtype));
+  if (dtype.empty()) return r.Error(nullptr, "dtype", "missing");
+  if (!ParseDType(dtype, &spec->dtype))
+    return r.Error(r.Get("dtype"), "dtype", "unknown dtype \"" + dtype + "\"");
+  if (!r.Get("shape")) return r.Error(nullptr, "shape", "missing");
+  FERRY_RETURN_IF_ERROR(r.Ints("shape", &spec->shape));
+  Status s = ValidateInputSpec(*spec);
+  if (!s.ok()) return r.Error(r.Get("shape"), "", s.message());
+  return Status::Ok();
+}
+
 Status ReadModel(TableReader& r, ModelConfig* m) {
   FERRY_RETURN_IF_ERROR(r.String("path", &m->path));
   if (m->path.empty()) return r.Error(nullptr, "path", "missing (the TorchScript file)");
@@ -168,6 +184,15 @@ Status ReadModel(TableReader& r, ModelConfig* m) {
   else
     return r.Error(r.Get("load"), "load", "must be \"eager\" or \"lazy\"");
 
+  if (r.Get("inputs")) {
+    m->inputs.emplace();
+    FERRY_RETURN_IF_ERROR(r.Tables("inputs", false, [&](TableReader& t) {
+      protocol::InputSpec spec;
+      FERRY_RETURN_IF_ERROR(ReadInputSpec(t, &spec));
+      m->inputs->push_back(std::move(spec));
+      return Status::Ok();
+    }));
+  }
   FERRY_RETURN_IF_ERROR(r.Tables("convert", false, [&](TableReader& c) {
     InputConversion conv;
     FERRY_RETURN_IF_ERROR(c.Index("input", &conv.input));
@@ -214,6 +239,23 @@ Status ReadModel(TableReader& r, ModelConfig* m) {
   FERRY_RETURN_IF_ERROR(r.NoUnknownKeys());
   Status s = ValidateModelConfig(*m);
   if (!s.ok()) return r.Error(nullptr, "", s.message());
+  return Status::Ok();
+}
+
+// One declared input: rank, dims and name (the broker applies the same bounds to READY).
+Status ValidateInputSpec(const protocol::InputSpec& spec) {
+  if (spec.shape.size() > protocol::kMaxTensorDims)
+    return Status::InvalidArgument("an input has at most " +
+                                   std::to_string(protocol::kMaxTensorDims) + " dims");
+  for (int64_t d : spec.shape)
+    if (d < -1) return Status::InvalidArgument("input shapes hold sizes >= 0, or -1 for any size");
+  if (spec.name.size() > 64)
+    return Status::InvalidArgument("an input name has at most 64 characters");
+  for (char c : spec.name) {
+    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                    c == '.' || c == '_' || c == '-';
+    if (!ok) return Status::InvalidArgument("input names are made of [A-Za-z0-9._-]");
+  }
   return Status::Ok();
 }
 
@@ -264,6 +306,31 @@ Status ValidateModelConfig(const ModelConfig& m) {
     if (b < 1 || b > 65536) return Status::InvalidArgument("warmup.batch_sizes must be 1..65536");
   if (m.warmup.iterations < 0 || m.warmup.iterations > 1000)
     return Status::InvalidArgument("warmup.iterations must be 0..1000");
+  if (m.inputs) {
+    const auto& in = *m.inputs;
+    if (in.size() > protocol::kMaxInputsPerJob)
+      return Status::InvalidArgument("at most " + std::to_string(protocol::kMaxInputsPerJob) +
+                                     " inputs");
+    for (const auto& spec : in) FERRY_RETURN_IF_ERROR(ValidateInputSpec(spec));
+    for (const auto& c : m.convert)
+      if (c.input >= in.size())
+        return Status::InvalidArgument("convert names input " + std::to_string(c.input) +
+                                       "; inputs declares " + std::to_string(in.size()));
+    for (size_t k : p.inputs)
+      if (k >= in.size())
+        return Status::InvalidArgument("padding names input " + std::to_string(k) +
+                                       "; inputs declares " + std::to_string(in.size()));
+    const auto& w = m.warmup.inputs;
+    if (!w.empty() && w.size() != in.size())
+      return Status::InvalidArgument("warmup feeds " + std::to_string(w.size()) +
+                                     " inputs; inputs declares " + std::to_string(in.size()));
+    for (size_t k = 0; k < w.size(); ++k) {
+      if (w[k].dtype != in[k].dtype || w[k].shape.size() != in[k].shape.size())
+        return Status::InvalidArgument("warmup input " + std::to_string(k) +
+                                       " differs from inputs[" + std::to_string(k) +
+                                       "] in dtype or rank");
+    }
+  }
   return Status::Ok();
 }
 

@@ -125,7 +125,8 @@ protocol::WorkerHello Worker::Impl::Hello() const {
   hello.host = protocol::HostName();
   hello.pid = getpid();
   hello.capacity = options_.capacity();
-  for (const ModelConfig& m : options_.models) hello.models.push_back({m.name, m.max_batch});
+  for (const ModelConfig& m : options_.models)
+    hello.models.push_back({m.name, m.max_batch, m.inputs});  // inputs: nullopt when undeclared
   hello.resident = registry_->Resident();
   return hello;
 }

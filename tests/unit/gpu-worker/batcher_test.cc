@@ -30,6 +30,16 @@ Tensor Floats(std::vector<float> v, std::vector<int64_t> shape) {
   return Tensor::From<float>(v, std::move(shape), DType::kFloat32);
 }
 
+// A view of `t` (which must outlive it).
+protocol::TensorRef Ref(const Tensor& t) {
+  protocol::TensorRef r;
+  r.dtype = t.dtype;
+  r.shape = t.shape;
+  r.data = t.data.data();
+  r.size = t.data.size();
+  return r;
+}
+
 std::vector<float> AsFloats(const protocol::TensorRef& r) {
   std::vector<float> out(r.size / sizeof(float));
   if (!out.empty()) std::memcpy(out.data(), r.data, r.size);
@@ -180,6 +190,73 @@ TEST_F(BatcherTest, JobThatMakesTheModelThrowIsIsolatedByHalving) {
       EXPECT_GE(results[j].batch_size, 1);
     }
   }
+}
+
+// A model_error carries the library's first meaningful line, not the TorchScript traceback
+// with its source paths; the whole text is in BatchOutput::error_detail, which the batcher logs.
+TEST_F(BatcherTest, ModelErrorsCarryTheLibrarysLineNotTheTraceback) {
+  auto raises = Load("raises",
+                     "def check(self, x):\n"
+                     "    assert not bool((x < 0.0).any()), 'negative input: ' + str(x.size(0))\n"
+                     "    return x\n"
+                     "\n"
+                     "def forward(self, x):\n"
+                     "    return self.check(x) * 2.0\n");
+  const std::string kRaised = "RuntimeError: AssertionError: negative input: 1";
+  const Tensor negative = Floats({-1.0f, 1.0f}, {2});
+  BatchOutput out;
+  std::vector<protocol::TensorRef> args = {Ref(negative)};
+  Status s = raises->Run({&args}, &out);
+  ASSERT_EQ(s.code(), codes::kModelError);
+  EXPECT_EQ(s.message(), kRaised) << s.message();
+  // The whole text names the TorchScript frames; the message does not.
+  EXPECT_NE(out.error_detail.find("Traceback"), std::string::npos) << out.error_detail;
+  EXPECT_NE(out.error_detail.find("negative input"), std::string::npos);
+
+  // An error from an operator inside the interpreter: the operator's line.
+  auto linear = Linear();
+  const Tensor wrong = Floats({1, 2, 3, 4, 5}, {5});
+  args = {Ref(wrong)};
+  s = linear->Run({&args}, &out);
+  ASSERT_EQ(s.code(), codes::kModelError);
+  EXPECT_EQ(s.message().find('\n'), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("cannot be multiplied"), std::string::npos) << s.message();
+  EXPECT_EQ(s.message().find("code/"), std::string::npos) << s.message();
+  EXPECT_FALSE(out.error_detail.empty());
+
+  // Through the batcher: the job fails alone with the line; its batch-mate succeeds.
+  std::vector<Job> jobs;
+  jobs.push_back(MakeJob("neg", "raises", {negative}));
+  jobs.push_back(MakeJob("pos", "raises", {Floats({1.0f, 2.0f}, {2})}));
+  auto results = Batcher().Run(*raises, std::move(jobs));
+  EXPECT_EQ(results[0].status.message(), kRaised);
+  ASSERT_TRUE(results[1].status.ok()) << results[1].status.ToString();
+}
+
+TEST(SummarizeModelErrorTest, TakesTheErrorLineOfATorchScriptTraceback) {
+  const std::string traceback =
+      "The following operation failed in the TorchScript interpreter.\n"
+      "Traceback of TorchScript (most recent call last):\n"
+      "  File \"code/__torch__/model.py\", line 9, in forward\n"
+      "    x: Tensor) -> Tensor:\n"
+      "    _0 = torch.matmul(x, self.w)\n"
+      "         ~~~~~~~~~~~~ <--- HERE\n"
+      "    return _0\n"
+      "\n"
+      "Traceback of TorchScript, original code (most recent call last):\n"
+      "  File \"/home/alice/src/model.py\", line 12, in forward\n"
+      "    return torch.matmul(x, self.w)\n"
+      "           ~~~~~~~~~~~~ <--- HERE\n"
+      "    y = 1\n"
+      "RuntimeError: mat1 and mat2 shapes cannot be multiplied (1x5 and 8x3)\n"
+      "  a detail line\n";
+  EXPECT_EQ(SummarizeModelError(traceback),
+            "RuntimeError: mat1 and mat2 shapes cannot be multiplied (1x5 and 8x3)");
+  EXPECT_EQ(SummarizeModelError("builtins.RuntimeError: nope\n"), "RuntimeError: nope");
+  EXPECT_EQ(SummarizeModelError("\n  shape '[2, 3]' is invalid for input of size 5\nmore\n"),
+            "shape '[2, 3]' is invalid for input of size 5");
+  EXPECT_EQ(SummarizeModelError("one line"), "one line");
+  EXPECT_EQ(SummarizeModelError(""), "");
 }
 
 TEST_F(BatcherTest, TupleOutputsOfMixedDtypesAreSplitPerJob) {

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <map>
 
 #include "batch_limit.h"
 #include "ferry/worker/model_config.h"
@@ -133,6 +134,88 @@ TEST(RepositoryTest, BadFilesFailWithFileLineAndKey) {
     EXPECT_NE(s.message().find(c.expect), std::string::npos)
         << "message: " << s.message() << "\nwanted: " << c.expect;
   }
+}
+
+TEST(RepositoryTest, InputSpecs) {
+  const char* text = R"(
+[models.asr]
+path = "/m/asr.pt"
+inputs = [{ name = "pcm", dtype = "int16", shape = [-1] }]
+
+[models.pair]
+path = "/m/pair.pt"
+[[models.pair.inputs]]
+dtype = "float32"
+shape = [-1, 80]
+[[models.pair.inputs]]
+name = "lengths"
+dtype = "int64"
+shape = []
+
+[models.free]
+path = "/m/free.pt"
+)";
+  std::vector<ModelConfig> models;
+  Status s = ParseModelRepositoryText(text, "m.toml", &models);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  std::map<std::string, const ModelConfig*> by_name;
+  for (const auto& m : models) by_name[m.name] = &m;
+  const auto& asr = *by_name.at("asr");
+  ASSERT_TRUE(asr.inputs.has_value());
+  ASSERT_EQ(asr.inputs->size(), 1u);
+  EXPECT_EQ((*asr.inputs)[0].name, "pcm");
+  EXPECT_EQ((*asr.inputs)[0].dtype, DType::kInt16);
+  EXPECT_EQ((*asr.inputs)[0].shape, std::vector<int64_t>({-1}));
+  const auto& pair = *by_name.at("pair");
+  ASSERT_TRUE(pair.inputs.has_value());
+  ASSERT_EQ(pair.inputs->size(), 2u);
+  EXPECT_EQ((*pair.inputs)[0].name, "");
+  EXPECT_EQ((*pair.inputs)[0].shape, std::vector<int64_t>({-1, 80}));
+  EXPECT_EQ((*pair.inputs)[1].dtype, DType::kInt64);
+  EXPECT_TRUE((*pair.inputs)[1].shape.empty());          // a scalar per job
+  EXPECT_FALSE(by_name.at("free")->inputs.has_value());  // no spec: anything goes
+
+  const std::string head = "[models.a]\npath = \"a.pt\"\n";
+  const std::string u8 = "inputs = [{ dtype = \"uint8\", shape = [3, 4] }]\n";
+  struct Case {
+    std::string text;
+    const char* expect;
+  };
+  const Case cases[] = {
+      {head + "inputs = [{ dtype = \"float33\", shape = [1] }]\n", "unknown dtype \"float33\""},
+      {head + "inputs = [{ shape = [1] }]\n", "models.a.inputs[0].dtype: missing"},
+      {head + "inputs = [{ dtype = \"uint8\" }]\n", "models.a.inputs[0].shape: missing"},
+      {head + "inputs = [{ dtype = \"uint8\", shape = [-2] }]\n", "-1 for any size"},
+      {head + "inputs = [{ dtype = \"uint8\", shape = [1.5] }]\n", "array of integers"},
+      {head + "inputs = [{ dtype = \"uint8\", shape = [1], size = 3 }]\n",
+       "models.a.inputs[0].size: unknown key"},
+      {head + "inputs = [{ name = \"a b\", dtype = \"uint8\", shape = [1] }]\n", "[A-Za-z0-9._-]"},
+      {head + "inputs = [{ dtype = \"uint8\", shape = [1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1] }]\n",
+       "at most 16 dims"},
+      {head + "inputs = { dtype = \"uint8\", shape = [1] }\n", "models.a.inputs: must be an array"},
+      {head + u8 + "convert = [{ input = 1, to = \"float32\" }]\n", "convert names input 1"},
+      {head + u8 + "[models.a.warmup]\ninputs = [{ dtype = \"float32\", shape = [3, 4] }]\n",
+       "differs from inputs[0] in dtype or rank"},
+      {head + u8 + "[models.a.padding]\ninputs = [1]\n", "padding names input 1"},
+  };
+  for (const Case& c : cases) {
+    s = ParseModelRepositoryText(c.text, "t.toml", &models);
+    EXPECT_EQ(s.code(), codes::kInvalidArgument) << c.text;
+    EXPECT_NE(s.message().find(c.expect), std::string::npos)
+        << "message: " << s.message() << "\nwanted: " << c.expect;
+  }
+  // 65 inputs: more than a job may carry.
+  std::string many = head + "inputs = [";
+  for (int i = 0; i < 65; ++i)
+    many += std::string(i ? ", " : "") + "{ dtype = \"uint8\", shape = [] }";
+  s = ParseModelRepositoryText(many + "]\n", "t.toml", &models);
+  EXPECT_NE(s.message().find("at most 64 inputs"), std::string::npos) << s.message();
+  // A warmup with a fixed size where the spec says -1 agrees with it.
+  s = ParseModelRepositoryText(head + "inputs = [{ dtype = \"float32\", shape = [-1, 80] }]\n" +
+                                   "[models.a.warmup]\n" +
+                                   "inputs = [{ dtype = \"float32\", shape = [3000, 80] }]\n",
+                               "t.toml", &models);
+  EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
 TEST(RepositoryTest, ByteSizes) {

@@ -8,10 +8,12 @@
 // typo never silently falls back to a default. Torch-free. Thread-safety: plain values.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "ferry/protocol/types.h"
 #include "ferry/status.h"
 #include "ferry/tensor.h"
 
@@ -81,6 +83,10 @@ struct ModelConfig {
   WarmupSpec warmup;
   bool pinned = false;  // never evicted under --memory-budget
   LoadPolicy load = LoadPolicy::kEager;
+  // `inputs`: the job inputs the model takes, as sent on the wire (before `convert`, without the
+  // batch dimension and without the lengths input padding adds); -1 in a shape matches any size.
+  // Announced in READY; the broker rejects jobs that do not match. nullopt: not declared.
+  std::optional<std::vector<protocol::InputSpec>> inputs;
 };
 
 // Reads and validates a repository file. Fails with kInvalidArgument and a message naming the
@@ -90,7 +96,9 @@ Status ParseModelRepository(const std::string& path, std::vector<ModelConfig>* o
 Status ParseModelRepositoryText(std::string_view text, const std::string& source,
                                 std::vector<ModelConfig>* out);
 
-// Checks one entry's values (also for --model entries): name, indices, buckets, dtypes.
+// Checks one entry's values (also for --model entries): name, indices, buckets, dtypes, and the
+// input specs (at most 64 inputs of at most 16 dims, each >= -1; names 0-64 characters of
+// [A-Za-z0-9._-]; warmup inputs agreeing with them in count, dtype and rank).
 Status ValidateModelConfig(const ModelConfig& config);
 
 // Parses a byte count: "1048576", "512M", "2G", "1.5G", "64K", "1T" (powers of 1024; an
