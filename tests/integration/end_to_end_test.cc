@@ -13,7 +13,9 @@
 #include <thread>
 
 #include "ferry/client.h"
+#include "ferry/protocol/messages.h"
 #include "ferry/protocol/redis.h"
+#include "ferry/protocol/wire.h"
 #include "fleet.h"
 #include "process.h"
 #include "reference.h"
@@ -341,6 +343,22 @@ TEST_F(EndToEnd, WrongShapeJobFailsAloneBatchMatesSucceed) {
       EXPECT_EQ(results[i].state, JobState::kFailed) << i;
       EXPECT_EQ(results[i].error.code(), "model_error") << i;
       EXPECT_FALSE(results[i].error.message().empty());
+      // The library's line, not the TorchScript traceback with its source paths...
+      EXPECT_EQ(results[i].error.message().find('\n'), std::string::npos)
+          << results[i].error.message();
+      EXPECT_EQ(results[i].error.message().find("Traceback"), std::string::npos);
+      EXPECT_EQ(results[i].error.message().find("code/"), std::string::npos);
+      // ... which went to the worker's log, on one line with the job's id (job 7's error is
+      // raised inside the TorchScript interpreter: a traceback).
+      if (i == 7)
+        EXPECT_TRUE(testutil::WaitFor(
+            [&] {
+              const std::string log = fleet_->worker(0).Log();
+              const size_t at = log.find(results[i].id + " failed with model_error");
+              return at != std::string::npos && log.find("Traceback", at) < log.find('\n', at);
+            },
+            std::chrono::seconds(10)))
+            << fleet_->worker(0).Log();
       continue;
     }
     ASSERT_EQ(results[i].state, JobState::kDone) << i << " " << results[i].error.ToString();
@@ -350,6 +368,115 @@ TEST_F(EndToEnd, WrongShapeJobFailsAloneBatchMatesSucceed) {
   // The worker survived: a fresh job still runs.
   auto more = RunAll(*client_, {TinyJob(999)}, *fleet_);
   EXPECT_EQ(more[0].state, JobState::kDone);
+}
+
+// A model repository that declares tiny's input: jobs that do not match are rejected at SUBMIT
+// (inline and stored inputs alike) and never reach the worker; a READY whose spec lies is
+// refused with an ERROR and a log line, and the fleet keeps serving.
+TEST_F(EndToEnd, InputSpecsRejectBadJobsAtSubmit) {
+  testutil::TempDir dir;
+  const std::string repo = dir.path() + "/models.toml";
+  std::ofstream(repo) << "[models.tiny]\npath = \"" << testutil::ModelPath("tiny")
+                      << "\"\ninputs = [{ name = \"x\", dtype = \"float32\", shape = [8] }]\n";
+  FleetOptions o;
+  o.workers = 1;
+  o.models = {};
+  o.worker_args = {"--models", repo};
+  StartFleet(o);
+
+  auto good = RunAll(*client_, {TinyJob(1)}, *fleet_);
+  ASSERT_EQ(good[0].state, JobState::kDone) << good[0].error.ToString();
+
+  Job short_job = TinyJob(2);
+  short_job.inputs = {testutil::RandomFloats({5}, 2)};
+  Job double_job = TinyJob(3);
+  double_job.inputs = {Tensor::From(std::vector<double>(8, 1.0), {8}, DType::kFloat64)};
+  Job two = TinyJob(4);
+  two.inputs.push_back(testutil::RandomFloats({8}, 5));
+  std::vector<SubmitOutcome> out;
+  ASSERT_TRUE(client_->SubmitMany({short_job, double_job, two, TinyJob(6)}, &out).ok());
+  ASSERT_EQ(out.size(), 4u);
+  EXPECT_EQ(out[0].status.code(), "invalid_argument");
+  EXPECT_EQ(out[0].status.message(),
+            "model \"tiny\" input 0 (\"x\"): expected float32 [8], got float32 [5]");
+  EXPECT_EQ(out[1].status.message(),
+            "model \"tiny\" input 0 (\"x\"): expected float32 [8], got float64 [8]");
+  EXPECT_EQ(out[2].status.code(), "invalid_argument");
+  EXPECT_NE(out[2].status.message().find("takes 1 input(s)"), std::string::npos)
+      << out[2].status.message();
+  ASSERT_TRUE(out[3].status.ok()) << out[3].status.ToString();
+  Result r;
+  ASSERT_TRUE(client_->Wait(out[3].id, 30000, &r).ok());
+  EXPECT_EQ(r.state, JobState::kDone);
+
+  // Claim-check inputs: their dtype and shape travel in the SUBMIT and are checked the same way;
+  // the SDK deletes the stored bytes of the rejected job.
+  ClientOptions stored;
+  stored.frontend = fleet_->frontend();
+  stored.redis = fleet_->redis().url();
+  stored.stored_input_bytes = 16;  // tiny's 32-byte input goes through Redis
+  std::unique_ptr<Client> c;
+  ASSERT_TRUE(Client::Create(stored, &c).ok());
+  Job stored_bad = TinyJob(7);
+  stored_bad.inputs = {testutil::RandomFloats({9}, 7)};
+  std::string id;
+  Status s = c->Run(stored_bad, 10000, &r, &id);
+  EXPECT_EQ(s.code(), "invalid_argument");
+  EXPECT_NE(s.message().find("got float32 [9]"), std::string::npos) << s.message();
+  ASSERT_TRUE(c->Run(TinyJob(8), 30000, &r).ok());
+  EXPECT_EQ(r.state, JobState::kDone);
+  EXPECT_TRUE(KeysMatching(*fleet_, "ferry:input:*").empty());
+
+  // The broker's STATS lists the model's spec and its worker.
+  std::string json;
+  ASSERT_TRUE(client_->Stats(&json).ok());
+  EXPECT_NE(json.find(R"("inputs":[{"name":"x","dtype":"float32","shape":[8]}])"),
+            std::string::npos)
+      << json;
+
+  // A READY whose spec no decoder should take: an ERROR back, one log line, nothing registered.
+  zmq::context_t ctx;
+  zmq::socket_t liar(ctx, zmq::socket_type::dealer);
+  liar.set(zmq::sockopt::linger, 0);
+  liar.set(zmq::sockopt::rcvtimeo, 10000);
+  liar.connect(fleet_->backend());
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  pk.pack_map(4);
+  protocol::PackString(pk, "worker");
+  protocol::PackString(pk, "liar");
+  protocol::PackString(pk, "device");
+  protocol::PackString(pk, "cpu");
+  protocol::PackString(pk, "capacity");
+  pk.pack_int64(4);
+  protocol::PackString(pk, "models");
+  pk.pack_array(1);
+  pk.pack_map(3);
+  protocol::PackString(pk, "name");
+  protocol::PackString(pk, "tiny");
+  protocol::PackString(pk, "max_batch");
+  pk.pack_int64(4);
+  protocol::PackString(pk, "inputs");
+  pk.pack_array(1);
+  pk.pack_map(2);
+  protocol::PackString(pk, "dtype");
+  protocol::PackString(pk, "float128");
+  protocol::PackString(pk, "shape");
+  pk.pack_array(1);
+  pk.pack_int64(8);
+  ASSERT_TRUE(
+      protocol::SendMessage(liar, nullptr, protocol::kReady, protocol::ToMessage(std::move(buf)))
+          .ok());
+  protocol::Message reply;
+  ASSERT_TRUE(protocol::RecvMessage(liar, /*router=*/false, &reply, /*dont_wait=*/false).ok());
+  EXPECT_EQ(reply.command, protocol::kError);
+  EXPECT_TRUE(testutil::WaitFor(
+      [&] { return fleet_->broker().Log().find("refused a READY") != std::string::npos; },
+      std::chrono::seconds(10)));
+  EXPECT_NE(fleet_->broker().Log().find("unknown dtype"), std::string::npos);
+  EXPECT_EQ(testutil::CountWorkers(fleet_->frontend()), 1);
+  auto after = RunAll(*client_, {TinyJob(9)}, *fleet_);
+  EXPECT_EQ(after[0].state, JobState::kDone);
 }
 
 TEST_F(EndToEnd, MultiInputMultiOutputModel) {
