@@ -40,6 +40,7 @@ constexpr const char* kTopUsage =
     "  stats                  print the broker's statistics as JSON\n"
     "  status                 workers, queues and counters as tables\n"
     "  top                    a refreshing view of the fleet with rates (q or Ctrl-C quits)\n"
+    "  models                 models, their input specs and the workers serving them\n"
     "  up --model NAME=PATH   a local fleet: redis-server, broker, one worker per GPU\n"
     "  keygen DIR NAME        a CURVE key pair: DIR/NAME.key and DIR/NAME.key_secret\n"
     "\n"
@@ -284,6 +285,7 @@ int RunCli(int argc, char** argv) {
   if (command == "stats") return RunStats(args);
   if (command == "status") return RunStatus(args);
   if (command == "top") return RunTop(args);
+  if (command == "models") return RunModels(args);
   if (command == "up") return RunUp(args);
   if (command == "keygen") return RunKeygen(args);
   if (command == "help") {

@@ -99,6 +99,29 @@ const Scrape* FindByUrl(const std::vector<Scrape>& v, const std::string& url) {
   return nullptr;
 }
 
+// What a terminal gets of a string from the network: control characters become '?'.
+std::string Shown(const std::string& s) {
+  std::string out = s;
+  for (char& c : out)
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) c = '?';
+  return out;
+}
+
+// STATS "inputs" [{"name"?, "dtype", "shape"}] as "name: dtype [d, ...]" (or "K: ..." unnamed).
+std::string DescribeInputs(const JsonValue& inputs) {
+  std::string out;
+  for (size_t k = 0; k < inputs.array.size(); ++k) {
+    const JsonValue& in = inputs.array[k];
+    std::string shape;
+    for (const JsonValue& d : in["shape"].array)
+      shape += (shape.empty() ? "" : ", ") + std::to_string(Count(d));
+    const std::string name = in["name"].StringOr("");
+    out += (k ? ", " : "") + (name.empty() ? std::to_string(k) : Shown(name)) + ": " +
+           Shown(in["dtype"].StringOr("?")) + " [" + shape + "]";
+  }
+  return out.empty() ? "(no inputs)" : out;
+}
+
 }  // namespace
 
 IntervalMetrics::IntervalMetrics() : p50_s(kNaN), p99_s(kNaN) {}
@@ -124,6 +147,17 @@ Status ParseFleetStats(const std::string& json, FleetStats* out) {
   }
   std::sort(out->workers.begin(), out->workers.end(),
             [](const WorkerRow& a, const WorkerRow& b) { return a.id < b.id; });
+  for (const auto& [model, entry] : root["models"].object) {
+    auto& groups = out->models[Shown(model)];
+    for (const JsonValue& g : entry["specs"].array) {
+      ModelSpecGroup group;
+      group.declared = g["inputs"].type == JsonValue::Type::kArray;
+      if (group.declared) group.inputs = DescribeInputs(g["inputs"]);
+      for (const JsonValue& w : g["workers"].array) group.workers.push_back(Shown(w.StringOr("?")));
+      std::sort(group.workers.begin(), group.workers.end());
+      groups.push_back(std::move(group));
+    }
+  }
   for (const auto& [model, depth] : root["queues"].object) out->queues[model] = Count(depth);
   out->pending = Count(root["pending"]);
   for (const auto& [name, value] : root["counters"].object) out->counters[name] = Count(value);
@@ -153,6 +187,27 @@ std::string FormatStatus(const FleetStats& s, const std::string& endpoint) {
       out += "  " + name + " " + std::to_string(value);
   }
   return out + "\n";
+}
+
+std::string FormatModels(const FleetStats& s, const std::string& endpoint) {
+  std::string out = "broker " + endpoint + ": " + std::to_string(s.models.size()) + " model(s)\n\n";
+  if (s.models.empty()) return out + "no model announced yet\n";
+  Table table({"MODEL", "INPUTS", "WORKERS"});
+  for (const auto& [model, groups] : s.models) {
+    if (groups.empty()) table.Add({model, "(not declared: any inputs)", "(none now)"});
+    for (const auto& g : groups)
+      table.Add({model, g.declared ? g.inputs : "(not declared: any inputs)",
+                 g.workers.empty() ? "(none now; still checked)" : Join(g.workers)});
+  }
+  out += table.Render();
+  bool several = false;
+  for (const auto& [model, groups] : s.models) several |= groups.size() > 1;
+  if (several)
+    out +=
+        "\nA model listed with several specs is served by workers that disagree (a rolling\n"
+        "upgrade): the broker accepts jobs that match any of its declared specs, and any\n"
+        "job when one of its workers declares none.\n";
+  return out;
 }
 
 IntervalMetrics ComputeIntervalMetrics(const std::vector<Scrape>& before,

@@ -20,9 +20,17 @@ struct WorkerRow {
   std::vector<std::string> models;
 };
 
+// One input spec of a model (STATS "models") and the workers that announced it.
+struct ModelSpecGroup {
+  bool declared = false;  // false: these workers declared no spec (any inputs are accepted)
+  std::string inputs;     // e.g. "mel: float32 [-1, 80], 1: int64 []" (-1: any size)
+  std::vector<std::string> workers;  // sorted; empty: no worker serves it now, still checked
+};
+
 struct FleetStats {
-  std::vector<WorkerRow> workers;         // sorted by id
-  std::map<std::string, int64_t> queues;  // model -> queued jobs
+  std::map<std::string, std::vector<ModelSpecGroup>> models;  // model -> its specs
+  std::vector<WorkerRow> workers;                             // sorted by id
+  std::map<std::string, int64_t> queues;                      // model -> queued jobs
   int64_t pending = 0;
   std::map<std::string, int64_t> counters;  // accepted, rejected, finished, requeued, ...
 };
@@ -32,6 +40,9 @@ Status ParseFleetStats(const std::string& json, FleetStats* out);
 
 // One-shot tables: workers, queues, counters. `endpoint` is shown in the title.
 std::string FormatStatus(const FleetStats& stats, const std::string& endpoint);
+
+// `ferry models`: one row per model and input spec -- MODEL, INPUTS, WORKERS.
+std::string FormatModels(const FleetStats& stats, const std::string& endpoint);
 
 // One scrape of one /metrics endpoint.
 struct Scrape {

@@ -2,6 +2,7 @@
 // The operator commands of the `ferry` tool (see `ferry COMMAND --help`):
 //   ferry status   one-shot tables of the broker's workers, queues and counters
 //   ferry top      the same, refreshing, with rates over the interval (q or Ctrl-C quits)
+//   ferry models   the models, their declared input specs and the workers serving them
 //   ferry up       a whole local fleet: redis-server, ferry-broker, one ferry-worker per GPU
 // Each takes argv without the command word and returns the exit code (commands.h).
 
@@ -17,6 +18,7 @@ namespace ferry::cli {
 
 int RunStatus(std::vector<char*>& args);
 int RunTop(std::vector<char*>& args);
+int RunModels(std::vector<char*>& args);  // models_command.cc
 int RunUp(std::vector<char*>& args);
 
 // The flags status/top share with the other commands (--frontend, --redis, ...).

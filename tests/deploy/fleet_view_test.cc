@@ -32,6 +32,41 @@ TEST(FleetView, ParsesStatsJson) {
   EXPECT_EQ(ParseFleetStats("{\"workers\": [", &s).code(), "malformed");
 }
 
+// `ferry models` from STATS "models": a row per model and spec, the workers of each.
+TEST(FleetView, ModelsListTheirSpecsAndWorkers) {
+  FleetStats s;
+  ASSERT_TRUE(ParseFleetStats(R"({"models": {
+      "asr": {"specs": [
+        {"inputs": [{"name": "mel", "dtype": "float32", "shape": [-1, 80]},
+                    {"dtype": "int64", "shape": []}], "workers": ["h:2:cpu", "h:1:cpu"]},
+        {"inputs": [{"dtype": "int16", "shape": [-1]}], "workers": []}]},
+      "tiny": {"specs": [{"workers": ["h:1:cpu"]}]},
+      "gone": {"specs": []}},
+    "workers": [], "queues": {}, "pending": 0, "counters": {}})",
+                              &s)
+                  .ok());
+  ASSERT_EQ(s.models.size(), 3u);
+  const auto& asr = s.models.at("asr");
+  ASSERT_EQ(asr.size(), 2u);
+  EXPECT_TRUE(asr[0].declared);
+  EXPECT_EQ(asr[0].inputs, "mel: float32 [-1, 80], 1: int64 []");
+  EXPECT_EQ(asr[0].workers, (std::vector<std::string>{"h:1:cpu", "h:2:cpu"}));
+  EXPECT_EQ(asr[1].inputs, "0: int16 [-1]");
+  EXPECT_FALSE(s.models.at("tiny")[0].declared);
+
+  const std::string text = FormatModels(s, "tcp://b:5555");
+  EXPECT_NE(text.find("broker tcp://b:5555: 3 model(s)"), std::string::npos) << text;
+  EXPECT_NE(text.find("MODEL  INPUTS"), std::string::npos) << text;
+  EXPECT_NE(text.find("asr    mel: float32 [-1, 80], 1: int64 []  h:1:cpu,h:2:cpu"),
+            std::string::npos)
+      << text;
+  EXPECT_NE(text.find("0: int16 [-1]"), std::string::npos) << text;
+  EXPECT_NE(text.find("(none now; still checked)"), std::string::npos) << text;
+  EXPECT_NE(text.find("tiny   (not declared: any inputs)"), std::string::npos) << text;
+  EXPECT_NE(text.find("several specs"), std::string::npos) << text;
+  EXPECT_NE(FormatModels(FleetStats(), "e").find("no model announced yet"), std::string::npos);
+}
+
 // Found by tests/fuzz/fuzz_stats: a number no int64 holds (1e400 is inf to the JSON reader)
 // was cast to int64 (undefined behaviour). Counts are clamped to +-2^53; NaN-free.
 TEST(FleetView, OutOfRangeNumbersAreClamped) {

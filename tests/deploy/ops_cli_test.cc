@@ -442,5 +442,30 @@ TEST(FerryUp, UsageErrors) {
       << out;
 }
 
+// `ferry models`: each model with the input spec its worker declared (or none) and the worker.
+TEST(Models, ListsSpecsAndWorkers) {
+  if (WorkerBin().empty()) GTEST_SKIP() << "built without ferry-worker (no libtorch)";
+  TempDir dir;
+  const std::string repo = dir.path() + "/models.toml";
+  std::ofstream(repo) << "[models.tiny]\npath = \"" << ModelPath("tiny")
+                      << "\"\ninputs = [{ name = \"x\", dtype = \"float32\", shape = [8] }]\n";
+  FleetOptions o;
+  o.workers = 1;
+  o.models = {"multi"};  // --model multi=PATH: no spec
+  o.worker_args = {"--models", repo};
+  Fleet fleet(o);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  std::string out;
+  ASSERT_EQ(RunCli(dir, {"models", "--frontend", fleet.frontend()}, &out), 0) << out;
+  EXPECT_NE(out.find("broker " + fleet.frontend() + ": 2 model(s)"), std::string::npos) << out;
+  const size_t tiny = out.find("\ntiny ");
+  ASSERT_NE(tiny, std::string::npos) << out;
+  const std::string tiny_row = out.substr(tiny + 1, out.find('\n', tiny + 1) - tiny - 1);
+  EXPECT_NE(tiny_row.find("x: float32 [8]"), std::string::npos) << out;
+  EXPECT_NE(tiny_row.find(":cpu"), std::string::npos) << out;  // the worker, HOST:PID:cpu
+  EXPECT_NE(out.find("\nmulti  (not declared: any inputs)"), std::string::npos) << out;
+  EXPECT_EQ(RunCli(dir, {"models", "extra", "--frontend", fleet.frontend()}, &out), 2) << out;
+}
+
 }  // namespace
 }  // namespace ferry::testutil
