@@ -14,6 +14,10 @@ namespace ferry::broker {
 
 namespace {
 constexpr int kMaxMessagesPerTurn = 512;  // per socket, before committing and dispatching
+// And at most this long reading one socket in a turn, so that a burst of heavy messages on one
+// socket cannot starve the other, the journal commit and the heartbeats.
+constexpr int64_t kMaxReadMicrosPerTurn = 50'000;
+constexpr int kFrontendSendHwm = 10'000;  // replies queued per producer connection
 }  // namespace
 
 Broker::Impl::Impl(const BrokerOptions& o)
@@ -125,9 +129,14 @@ Status Broker::Impl::Init() {
     for (zmq::socket_t* s : {&frontend, &backend}) {
       s->set(zmq::sockopt::linger, 0);
       s->set(zmq::sockopt::maxmsgsize, options.max_message_bytes);
-      s->set(zmq::sockopt::sndhwm, 100000);
       s->set(zmq::sockopt::rcvhwm, 100000);
     }
+    backend.set(zmq::sockopt::sndhwm, 100000);
+    // Replies to producers: at most kFrontendSendHwm queued per producer, never a blocking send
+    // (a reply that does not fit is dropped and counted: ferry_broker_replies_dropped_total).
+    frontend.set(zmq::sockopt::sndhwm, kFrontendSendHwm);
+    frontend.set(zmq::sockopt::sndtimeo, 0);
+    frontend.set(zmq::sockopt::router_mandatory, 1);
   } catch (const zmq::error_t& e) {
     return Status::Internal(std::string("socket options: ") + e.what());
   }
@@ -206,7 +215,11 @@ void Broker::Impl::Heartbeat(int64_t now_mono) {
   if (now_mono < next_heartbeat_us) return;
   next_heartbeat_us = now_mono + options.heartbeat_ms * 1000;
   int64_t deadline = now_mono - options.heartbeat_ms * options.liveness * 1000;
-  for (const auto& id : scheduler.SilentWorkers(deadline)) DropWorker(id, "silent");
+  // A worker is silent only when nothing of it waits unread: when the broker itself was busy
+  // (a long turn), the workers' messages are still in the socket, not missing.
+  const bool unread = (backend.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
+  if (!unread)
+    for (const auto& id : scheduler.SilentWorkers(deadline)) DropWorker(id, "silent");
   for (const auto& [id, w] : scheduler.workers())
     protocol::SendTo(backend, id, protocol::kHeartbeat, protocol::EncodeEmpty());
 }
@@ -253,7 +266,9 @@ Status Broker::Run() {
     if (d.zap && (items[2].revents & ZMQ_POLLIN)) d.zap->Handle();
     // Workers first: their DONEs free credit for the producers' new jobs. Only sockets that
     // poll reported readable are read (each empty read costs libzmq system calls).
+    int64_t turn_end = protocol::MonotonicMicros() + kMaxReadMicrosPerTurn;
     for (int i = 0; (items[0].revents & ZMQ_POLLIN) && i < kMaxMessagesPerTurn; ++i) {
+      if ((i & 15) == 15 && protocol::MonotonicMicros() > turn_end) break;
       Status s = protocol::RecvMessage(d.backend, /*router=*/true, &m);
       if (s.code() == codes::kUnavailable) break;
       if (!s.ok()) {
@@ -262,7 +277,9 @@ Status Broker::Run() {
       }
       d.HandleBackend(m);
     }
+    turn_end = protocol::MonotonicMicros() + kMaxReadMicrosPerTurn;
     for (int i = 0; (items[1].revents & ZMQ_POLLIN) && i < kMaxMessagesPerTurn; ++i) {
+      if ((i & 15) == 15 && protocol::MonotonicMicros() > turn_end) break;
       Status s = protocol::RecvMessage(d.frontend, /*router=*/true, &m);
       if (s.code() == codes::kUnavailable) break;
       if (!s.ok()) {

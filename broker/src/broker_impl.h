@@ -80,6 +80,9 @@ struct Broker::Impl {
   // jobs the journal could not keep). Removals alone are committed only when due (see
   // journal.h) or when `quiet` (this loop turn read nothing).
   void CommitAndReply(bool quiet);
+  // Sends a reply to a producer; one it cannot take now is dropped and counted.
+  void Reply(const std::vector<zmq::message_t>& envelope, std::string_view command,
+             zmq::message_t body);
   void ReplyError(protocol::Message& m, int64_t rid, std::string_view code,
                   std::string_view message);
   // FINISHED to each job's producer, with the inline results of the jobs that asked for them;

@@ -60,10 +60,17 @@ void PackModels(protocol::Packer& pk, const Scheduler& scheduler) {
 }
 }  // namespace
 
+void Broker::Impl::Reply(const std::vector<zmq::message_t>& envelope, std::string_view command,
+                         zmq::message_t body) {
+  // The frontend never blocks (SNDTIMEO 0, ROUTER_MANDATORY): a producer that does not read its
+  // replies, or has gone, loses this one -- counted -- instead of growing the broker's memory.
+  if (!protocol::SendMessage(frontend, &envelope, command, std::move(body)).ok())
+    telemetry.OnReplyDropped();
+}
+
 void Broker::Impl::ReplyError(protocol::Message& m, int64_t rid, std::string_view code,
                               std::string_view message) {
-  protocol::SendMessage(frontend, &m.envelope, protocol::kError,
-                        protocol::EncodeError(rid, code, message));
+  Reply(m.envelope, protocol::kError, protocol::EncodeError(rid, code, message));
 }
 
 void Broker::Impl::HandleFrontend(protocol::Message& m) {
@@ -206,8 +213,7 @@ void Broker::Impl::CommitAndReply(bool quiet) {
   for (auto& reply : pending_replies) {
     telemetry.OnReply(reply.accepted, scheduler);
     if (!reply.ack && reply.accepted.rejected.empty()) continue;  // all accepted: nothing to say
-    protocol::SendMessage(frontend, &reply.envelope, protocol::kAccepted,
-                          protocol::EncodeAccepted(reply.accepted));
+    Reply(reply.envelope, protocol::kAccepted, protocol::EncodeAccepted(reply.accepted));
   }
   pending_replies.clear();
 }
@@ -250,8 +256,7 @@ void Broker::Impl::HandleCancel(protocol::Message& m, const msgpack::object& bod
   }
   for (const auto& [worker, list] : by_worker)
     protocol::SendTo(backend, worker, protocol::kCancel, protocol::EncodeIds(list));
-  protocol::SendMessage(frontend, &m.envelope, protocol::kCancelled,
-                        protocol::EncodeCancelled(reply));
+  Reply(m.envelope, protocol::kCancelled, protocol::EncodeCancelled(reply));
 }
 
 void Broker::Impl::HandleStats(protocol::Message& m, int64_t rid) {
@@ -316,8 +321,7 @@ void Broker::Impl::HandleStats(protocol::Message& m, int64_t rid) {
     protocol::PackString(pk, "rid");
     pk.pack_int64(rid);
   }
-  protocol::SendMessage(frontend, &m.envelope, protocol::kStats,
-                        protocol::ToMessage(std::move(buf)));
+  Reply(m.envelope, protocol::kStats, protocol::ToMessage(std::move(buf)));
 }
 
 void Broker::Impl::NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs,
@@ -347,9 +351,11 @@ void Broker::Impl::NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs,
     if (auto it = record_of.find(j->id); it != record_of.end())
       n.results.emplace_back(j->id, it->second);
   }
-  for (auto& [producer, n] : by_producer)
-    protocol::SendTo(frontend, producer, protocol::kFinished,
-                     protocol::EncodeFinished(n.ids, n.results));
+  std::vector<zmq::message_t> envelope(1);
+  for (auto& [producer, n] : by_producer) {
+    envelope[0] = zmq::message_t(producer.data(), producer.size());
+    Reply(envelope, protocol::kFinished, protocol::EncodeFinished(n.ids, n.results));
+  }
 }
 
 }  // namespace ferry::broker

@@ -7,9 +7,16 @@
 
 namespace ferry::protocol {
 
+namespace {
+constexpr size_t kCopyBelowBytes = 4096;
+}  // namespace
+
 zmq::message_t ToMessage(msgpack::sbuffer&& buffer) {
   size_t size = buffer.size();
   if (size == 0) return zmq::message_t();
+  // A small body is copied into a message of its exact size: handing over the buffer would keep
+  // its whole capacity (8 KiB at least) alive for as long as the message waits in a queue.
+  if (size <= kCopyBelowBytes) return zmq::message_t(buffer.data(), size);
   char* data = buffer.release();
   return zmq::message_t(
       data, size, [](void* d, void*) { std::free(d); }, nullptr);

@@ -35,7 +35,9 @@ struct BrokerOptions {
   int64_t max_attempts = 3;     // a job requeued this many times fails as "poisoned"
   int64_t default_result_ttl_s = 3600;
   int64_t max_job_bytes = 64 << 20;       // larger jobs are rejected with too_large
-  int64_t max_message_bytes = 256 << 20;  // larger messages drop the connection (ZeroMQ)
+  // Larger messages drop the connection (ZeroMQ): the largest job plus room for its envelope,
+  // so that nobody makes the broker allocate much more than one job's worth at once.
+  int64_t max_message_bytes = (64 << 20) + (1 << 20);
   int64_t max_queue = 10000;              // queued jobs per model before queue_full
   int64_t max_pending_bytes = 1ll << 30;  // input bytes of all pending jobs before queue_full
   int64_t aging_every = 8;                // every Nth chunk of a model is served oldest-first
