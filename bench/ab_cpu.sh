@@ -19,7 +19,9 @@
 # redis-server, environment and extra arguments (e.g. transparent huge pages:
 # REDIS_ENV_NEW="MALLOC_CONF=thp:always,metadata_thp:always" REDIS_ARGS_NEW="--disable-thp no").
 # BROKER_BASE / BROKER_NEW and BENCH_BASE / BENCH_NEW: extra ferry-broker and ferry-bench flags
-# for that side (e.g. BROKER_NEW=--no-journal, BENCH_NEW="--stored-input-bytes 0").
+# for that side (e.g. BROKER_NEW=--no-journal, BENCH_NEW="--stored-input-bytes 0"); WORKER_BASE /
+# WORKER_NEW the same for ferry-worker. MAX_BATCH (8): the worker's --max-batch.
+# CURVE on one side: see bench/curve_ab.sh.
 set -uo pipefail
 . "$(dirname "$0")/lib.sh"  # free_port, stop_pids_and_remove
 [ $# -ge 2 ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
@@ -32,14 +34,15 @@ trap 'stop_pids_and_remove "$WORK"' EXIT
 cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%.0f\n", s}'; }
 "$NEW/gpu-worker/ferry-make-models" "$WORK/models" >/dev/null || exit 1
 declare -A FRONT REDIS REDIS_PID BROKER_PID WORKER_PID BUILD
-start() {  # NAME BUILD ENV REDIS_ENV REDIS_ARGS BROKER_ARGS
-  local name=$1 build=$2 rport fport bport env=(env) redis_env=(env) redis_args broker_args
+start() {  # NAME BUILD ENV REDIS_ENV REDIS_ARGS BROKER_ARGS WORKER_ARGS
+  local name=$1 build=$2 rport fport bport env=(env) redis_env=(env) redis_args broker_args worker_args
   read -r -a extra <<<"${3:-}"
   env+=("${extra[@]}")
   read -r -a extra <<<"${4:-}"
   redis_env+=("${extra[@]}")
   read -r -a redis_args <<<"${5:-}"
   read -r -a broker_args <<<"${6:-}"
+  read -r -a worker_args <<<"${7:-}"
   rport=$(free_port); fport=$(free_port); bport=$(free_port)
   mkdir -p "$WORK/$name"
   "${redis_env[@]}" redis-server --port "$rport" --bind 127.0.0.1 --dir "$WORK/$name" --save '' \
@@ -52,15 +55,17 @@ start() {  # NAME BUILD ENV REDIS_ENV REDIS_ARGS BROKER_ARGS
     "${broker_args[@]}" >"$WORK/$name/broker.log" 2>&1 &
   BROKER_PID[$name]=$!; PIDS+=($!)
   "${env[@]}" "$build/gpu-worker/ferry-worker" --model "$MODEL=$WORK/models/$MODEL.pt" --device cpu \
-    --max-batch 8 --instances "${INSTANCES:-1}" --threads "${THREADS:-1}" \
+    --max-batch "${MAX_BATCH:-8}" --instances "${INSTANCES:-1}" --threads "${THREADS:-1}" \
     --broker "tcp://127.0.0.1:$bport" --redis "redis://127.0.0.1:$rport" --log-level warn \
-    >"$WORK/$name/worker.log" 2>&1 &
+    "${worker_args[@]}" >"$WORK/$name/worker.log" 2>&1 &
   WORKER_PID[$name]=$!; PIDS+=($!)  # env and the worker's re-exec keep the PID
   FRONT[$name]="tcp://127.0.0.1:$fport"; REDIS[$name]="redis://127.0.0.1:$rport"
   BUILD[$name]=$build
 }
-start base "$BASE" "${ENV_BASE:-}" "${REDIS_ENV_BASE:-}" "${REDIS_ARGS_BASE:-}" "${BROKER_BASE:-}"
-start new "$NEW" "${ENV_NEW:-}" "${REDIS_ENV_NEW:-}" "${REDIS_ARGS_NEW:-}" "${BROKER_NEW:-}"
+start base "$BASE" "${ENV_BASE:-}" "${REDIS_ENV_BASE:-}" "${REDIS_ARGS_BASE:-}" "${BROKER_BASE:-}" \
+  "${WORKER_BASE:-}"
+start new "$NEW" "${ENV_NEW:-}" "${REDIS_ENV_NEW:-}" "${REDIS_ARGS_NEW:-}" "${BROKER_NEW:-}" \
+  "${WORKER_NEW:-}"
 declare -A BENCH_EXTRA=([base]="${BENCH_BASE:-}" [new]="${BENCH_NEW:-}")
 sleep 3
 for name in base new; do

@@ -98,6 +98,11 @@ int main(int argc, char** argv) {
                "Redis URL of the result store, redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB]");
   ferry::protocol::RedisAccessFiles redis_files;
   ferry::runtime::AddRedisAccessFlags(&flags, &redis_files);
+  std::string curve_server_public, curve_secret;
+  flags.String("curve-server-public", &curve_server_public,
+               "CURVE: the broker's public certificate (its NAME.key)");
+  flags.String("curve-secret", &curve_secret,
+               "CURVE: this producer's secret certificate (NAME.key_secret)");
   flags.String("model", &load.model, "model name (fleet modes)");
   flags.String("shape", &shape_text, "one job's input shape without the batch dim (3,224,224)");
   flags.String("dtype", &dtype_text, "input dtype");
@@ -202,6 +207,8 @@ int main(int argc, char** argv) {
     options.redis_tls_ca = redis_files.tls_ca;
     options.redis_tls_cert = redis_files.tls_cert;
     options.redis_tls_key = redis_files.tls_key;
+    options.curve_server_public = curve_server_public;
+    options.curve_secret = curve_secret;
     options.push_results = !no_push;
     options.consume_results = consume;
     options.stored_input_bytes = stored_input_bytes;
