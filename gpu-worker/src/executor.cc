@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "ferry/protocol/util.h"
+#include "ferry/runtime/logging.h"
 #include "worker_metrics.h"
 
 namespace ferry::worker {
@@ -47,8 +48,10 @@ std::vector<JobResult> Executor::RunBatch(std::vector<Job> jobs) {
   Status s = registry_->Acquire(model_name, &lease, stream_.get());
   if (!s.ok()) {
     for (auto& job : jobs) results.push_back(FailedResult(std::move(job), s));
-    spdlog::warn("executor {}: model {}: {} job(s) failed: {}", options_.index, model_name,
-                 results.size(), s.ToString().substr(0, 300));
+    logging::LogFields fields({{"model", model_name}, {"job_id", results.front().job.entry.id}});
+    spdlog::warn("executor {}: model {}: {} job(s) failed (first: job {}): {}", options_.index,
+                 model_name, results.size(), results.front().job.entry.id,
+                 logging::Clip(s.ToString(), 4096));
     if (options_.metrics != nullptr)
       options_.metrics->OnBatch(options_.index, model_name, results.size(), -1,
                                 (protocol::MonotonicMicros() - acquire_start) / 1e6);
@@ -56,7 +59,10 @@ std::vector<JobResult> Executor::RunBatch(std::vector<Job> jobs) {
   }
   const int64_t start = protocol::MonotonicMicros();
   const size_t n = jobs.size();
-  results = batcher_.Run(lease.model(), std::move(jobs), lease.limit());
+  {
+    logging::LogFields fields({{"model", model_name}});  // on the batcher's log lines too
+    results = batcher_.Run(lease.model(), std::move(jobs), lease.limit());
+  }
   lease.Reset();
   const int64_t end = protocol::MonotonicMicros();
   if (options_.metrics != nullptr)
@@ -74,8 +80,10 @@ std::vector<JobResult> Executor::RunBatch(std::vector<Job> jobs) {
         break;
       }
     }
+    logging::LogFields fields({{"model", model_name}, {"job_id", bad->job.entry.id}});
     spdlog::warn("executor {}: model {} batch of {}: {} failed (first: job {}: {})", options_.index,
-                 model_name, n, failed, bad->job.entry.id, bad->status.ToString().substr(0, 300));
+                 model_name, n, failed, bad->job.entry.id,
+                 logging::Clip(bad->status.ToString(), 4096));
   } else {
     spdlog::debug("executor {}: batch {}.{} worker {} device {} model {} size {} in {} us",
                   options_.index, options_.index, batches_, options_.worker, options_.device,

@@ -48,6 +48,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   ferry::logging::Configure(options.log_level, options.log_json, "worker");  // level checked
+  ferry::logging::SetProcessField("worker", options.name);                   // on every JSON line
   std::string malloc_policy;
   ferry::runtime::KeepFreedMemory(&malloc_policy);  // big jobs and batches: fewer page faults
   spdlog::info("{}", malloc_policy);

@@ -93,8 +93,9 @@ Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help, s
   Status s = flags.Parse(argc, argv);
   *usage = flags.Usage();
   if (!s.ok()) return s;
-  if (flags.help_requested()) {
+  if (flags.help_requested() || flags.version_requested()) {  // main prints *usage, exits 0
     *help = true;
+    if (flags.version_requested()) *usage = flags.VersionLine() + "\n";
     return Status::Ok();
   }
   if (!flags.positional().empty())

@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "ferry/runtime/version.h"
+
 namespace ferry::runtime {
 
 void FlagSet::String(const std::string& name, std::string* target, const std::string& help) {
@@ -31,6 +33,10 @@ Status FlagSet::Parse(int argc, char** argv) {
     std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
       help_ = true;
+      return Status::Ok();
+    }
+    if (arg == "--version") {
+      version_ = true;
       return Status::Ok();
     }
     if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
@@ -96,7 +102,12 @@ std::string FlagSet::Usage() const {
     out += "\n";
   }
   out += "  --help                      print this help\n";
+  out += "  --version                   print the version and exit\n";
   return out;
+}
+
+std::string FlagSet::VersionLine() const {
+  return runtime::VersionLine(program_.substr(0, program_.find(' ')));
 }
 
 int HandleFlagResult(const FlagSet& flags, const Status& parsed) {
@@ -106,6 +117,10 @@ int HandleFlagResult(const FlagSet& flags, const Status& parsed) {
   }
   if (flags.help_requested()) {
     std::fputs(flags.Usage().c_str(), stdout);
+    return 0;
+  }
+  if (flags.version_requested()) {
+    std::printf("%s\n", flags.VersionLine().c_str());
     return 0;
   }
   return -1;

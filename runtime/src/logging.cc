@@ -6,7 +6,12 @@
 #include <cstdio>
 #include <ctime>
 
+#include <spdlog/pattern_formatter.h>
 #include <spdlog/spdlog.h>
+
+#include <mutex>
+#include <utility>
+#include <vector>
 
 namespace ferry::logging {
 namespace {
@@ -37,6 +42,46 @@ size_t Utf8Length(std::string_view s, size_t i) {
   if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
   return n;
 }
+
+// This thread's LogFields (innermost last), and the process's SetProcessField fields.
+thread_local std::vector<std::pair<std::string, std::string>> t_fields;
+std::mutex g_process_mu;
+std::vector<std::pair<std::string, std::string>> g_process_fields;
+
+void AppendField(const std::string& key, const std::string& value, std::string* line) {
+  *line += ",\"";
+  AppendJsonEscaped(key, line);
+  *line += "\":\"";
+  AppendJsonEscaped(value, line);
+  *line += '"';
+}
+
+// Text mode: spdlog's own pattern, with the message made one line -- CR, LF and other control
+// characters escaped (a model error's traceback becomes "...\n  File ..." on one line).
+class OneLineFormatter final : public spdlog::formatter {
+ public:
+  OneLineFormatter() : inner_(std::make_unique<spdlog::pattern_formatter>()) {}
+  void format(const spdlog::details::log_msg& msg, spdlog::memory_buf_t& dest) override {
+    const std::string_view payload(msg.payload.data(), msg.payload.size());
+    bool plain = true;
+    for (char c : payload) plain = plain && static_cast<unsigned char>(c) >= 0x20 && c != 0x7F;
+    if (plain) return inner_->format(msg, dest);
+    escaped_.clear();
+    AppendOneLine(payload, &escaped_);
+    spdlog::details::log_msg copy = msg;
+    copy.payload = spdlog::string_view_t(escaped_.data(), escaped_.size());
+    inner_->format(copy, dest);
+    msg.color_range_start = copy.color_range_start;  // mutable: the color sink reads them
+    msg.color_range_end = copy.color_range_end;
+  }
+  std::unique_ptr<spdlog::formatter> clone() const override {
+    return std::make_unique<OneLineFormatter>();
+  }
+
+ private:
+  std::unique_ptr<spdlog::formatter> inner_;
+  std::string escaped_;  // reused; format() runs under the sink's lock
+};
 
 class JsonFormatter final : public spdlog::formatter {
  public:
@@ -72,6 +117,12 @@ class JsonFormatter final : public spdlog::formatter {
     }
     line_ += ",\"pid\":" + std::to_string(pid_);
     line_ += ",\"tid\":" + std::to_string(msg.thread_id);
+    {
+      std::lock_guard<std::mutex> lock(g_process_mu);
+      for (const auto& [k, v] : g_process_fields) AppendField(k, v, &line_);
+    }
+    // The calling thread's fields: spdlog's default logger formats on the calling thread.
+    for (const auto& [k, v] : t_fields) AppendField(k, v, &line_);
     line_ += ",\"msg\":\"";
     AppendJsonEscaped(std::string_view(msg.payload.data(), msg.payload.size()), &line_);
     line_ += "\"}\n";
@@ -140,6 +191,58 @@ void AppendJsonEscaped(std::string_view s, std::string* out) {
   }
 }
 
+void AppendOneLine(std::string_view s, std::string* out) {
+  for (char c : s) {
+    const auto u = static_cast<unsigned char>(c);
+    if (c == '\n') {
+      *out += "\\n";
+    } else if (c == '\r') {
+      *out += "\\r";
+    } else if (c == '\t') {
+      *out += ' ';
+    } else if (u < 0x20 || u == 0x7F) {
+      static const char kHex[] = "0123456789abcdef";
+      *out += "\\x";
+      *out += kHex[u >> 4];
+      *out += kHex[u & 0xF];
+    } else {
+      *out += c;
+    }
+  }
+}
+
+std::string Clip(std::string_view s, size_t max_bytes) {
+  if (s.size() <= max_bytes) return std::string(s);
+  size_t cut = max_bytes;
+  // Back off to the start of a UTF-8 sequence: never half a character.
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;
+  return std::string(s.substr(0, cut)) + "... (" + std::to_string(s.size() - cut) + " more bytes)";
+}
+
+LogFields::LogFields(std::initializer_list<std::pair<std::string, std::string>> fields)
+    : n_(fields.size()) {
+  for (const auto& f : fields) t_fields.push_back(f);
+}
+
+LogFields::~LogFields() { t_fields.resize(t_fields.size() - n_); }
+
+void SetProcessField(const std::string& key, const std::string& value) {
+  std::lock_guard<std::mutex> lock(g_process_mu);
+  for (auto it = g_process_fields.begin(); it != g_process_fields.end(); ++it) {
+    if (it->first != key) continue;
+    if (value.empty())
+      g_process_fields.erase(it);
+    else
+      it->second = value;
+    return;
+  }
+  if (!value.empty()) g_process_fields.emplace_back(key, value);
+}
+
+std::unique_ptr<spdlog::formatter> MakeTextFormatter() {
+  return std::make_unique<OneLineFormatter>();
+}
+
 std::unique_ptr<spdlog::formatter> MakeJsonFormatter(const std::string& component) {
   return std::make_unique<JsonFormatter>(component);
 }
@@ -151,7 +254,7 @@ Status Configure(const std::string& level, bool json, const std::string& compone
   for (const char* l : kLevels) known = known || level == l;
   if (!known) return Status::InvalidArgument("unknown log level \"" + level + "\"");
   spdlog::set_level(spdlog::level::from_str(level));
-  if (json) spdlog::set_formatter(MakeJsonFormatter(component));
+  spdlog::set_formatter(json ? MakeJsonFormatter(component) : MakeTextFormatter());
   return Status::Ok();
 }
 

@@ -43,6 +43,7 @@
 #include <utility>
 #include <vector>
 
+#include "ferry/runtime/version.h"
 #include "whisper_model.h"
 
 namespace {
@@ -307,6 +308,10 @@ int main(int argc, char** argv) {
   const std::vector<std::string> args(argv + 1, argv + argc);
   if (args.size() == 1 && (args[0] == "--help" || args[0] == "-h")) {
     std::fputs(kUsage, stdout);
+    return 0;
+  }
+  if (args.size() == 1 && args[0] == "--version") {
+    std::printf("%s\n", ferry::runtime::VersionLine("ferry-make-models").c_str());
     return 0;
   }
   try {

@@ -1,5 +1,7 @@
 #include "ferry/runtime/flags.h"
 
+#include "ferry/runtime/version.h"
+
 #include <gtest/gtest.h>
 
 namespace ferry::runtime {
@@ -44,6 +46,23 @@ TEST(Flags, RejectsUnknownAndBadValues) {
   FlagSet h("prog", "test");
   h.Int("count", &n, "an int");
   EXPECT_FALSE(ParseArgs(h, {"--count"}).ok());
+}
+
+TEST(Flags, VersionStopsParsingAndNamesTheProgram) {
+  int64_t n = 0;
+  FlagSet f("ferry submit", "test");
+  f.Int("count", &n, "an int");
+  // --version wins over what follows, even a flag that would fail.
+  ASSERT_TRUE(ParseArgs(f, {"--version", "--nope"}).ok());
+  EXPECT_TRUE(f.version_requested());
+  EXPECT_FALSE(f.help_requested());
+  // "ferry submit" -> "ferry 0.1.0 (git ...)": the binary's name and CMake's project version.
+  const std::string line = f.VersionLine();
+  EXPECT_EQ(line.rfind(std::string("ferry ") + ProjectVersion(), 0), 0u) << line;
+  if (GitDescribe()[0] != '\0')
+    EXPECT_NE(line.find(std::string(" (git ") + GitDescribe() + ")"), std::string::npos) << line;
+  EXPECT_NE(f.Usage().find("--version"), std::string::npos);
+  EXPECT_EQ(HandleFlagResult(f, Status::Ok()), 0);
 }
 
 }  // namespace

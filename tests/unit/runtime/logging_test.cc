@@ -80,5 +80,75 @@ TEST(LogJson, ConfigureRejectsUnknownLevels) {
   EXPECT_TRUE(logging::Configure("info", false, "x").ok());
 }
 
+// The ids a person follows a job by: LogFields on this thread (nested scopes add up, and end
+// with their scope) and SetProcessField for every line.
+TEST(LogJson, CarriesJobModelAndWorkerFields) {
+  std::ostringstream out;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_st>(out);
+  spdlog::logger logger("test", sink);
+  logger.set_formatter(logging::MakeJsonFormatter("worker"));
+  logging::SetProcessField("worker", "host:7:cpu");
+  {
+    logging::LogFields model({{"model", "tiny"}});
+    {
+      logging::LogFields job({{"job_id", "j-\"1\""}});
+      logger.warn("job failed");
+    }
+    logger.warn("model only");
+  }
+  logger.warn("no scope");
+  logging::SetProcessField("worker", "");  // removed: the other tests' lines do not carry it
+  std::istringstream in(out.str());
+  std::string line;
+  std::vector<cli::JsonValue> v;
+  while (std::getline(in, line)) {
+    cli::JsonValue value;
+    ASSERT_TRUE(cli::ParseJson(line, &value).ok()) << line;
+    v.push_back(value);
+  }
+  ASSERT_EQ(v.size(), 3u);
+  EXPECT_EQ(v[0]["worker"].StringOr(""), "host:7:cpu");
+  EXPECT_EQ(v[0]["model"].StringOr(""), "tiny");
+  EXPECT_EQ(v[0]["job_id"].StringOr(""), "j-\"1\"");
+  EXPECT_EQ(v[1]["model"].StringOr(""), "tiny");
+  EXPECT_EQ(v[1]["job_id"].type, cli::JsonValue::Type::kNull);
+  EXPECT_EQ(v[2]["model"].type, cli::JsonValue::Type::kNull);
+  EXPECT_EQ(v[2]["worker"].StringOr(""), "host:7:cpu");
+}
+
+// Text mode: one line per event whatever the message holds (a model's traceback), spdlog's
+// pattern otherwise unchanged.
+TEST(LogText, OneLinePerEvent) {
+  std::ostringstream out;
+  auto sink = std::make_shared<spdlog::sinks::ostream_sink_st>(out);
+  spdlog::logger logger("test", sink);
+  logger.set_formatter(logging::MakeTextFormatter());
+  logger.warn(
+      "model tiny: job j1 failed: The following operation failed:\n  File \"x\", line "
+      "1\r\n\tRuntimeError: shapes\x01 differ");
+  logger.info("plain message");
+  const std::string text = out.str();
+  std::istringstream in(text);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 2u) << text;
+  EXPECT_NE(lines[0].find("[warning] model tiny: job j1 failed: The following operation "
+                          "failed:\\n  File \"x\", line 1\\r\\n RuntimeError: shapes\\x01 "
+                          "differ"),
+            std::string::npos)
+      << lines[0];
+  EXPECT_NE(lines[1].find("[info] plain message"), std::string::npos) << lines[1];
+}
+
+TEST(LogText, ClipCutsOnACharacterAndSaysHowMuch) {
+  EXPECT_EQ(logging::Clip("short", 10), "short");
+  EXPECT_EQ(logging::Clip("0123456789abc", 10), "0123456789... (3 more bytes)");
+  // "é" is two bytes: a cut inside it backs off to before it.
+  EXPECT_EQ(logging::Clip("abcd\xc3\xa9"
+                          "fg",
+                          5),
+            "abcd... (4 more bytes)");
+}
+
 }  // namespace
 }  // namespace ferry
