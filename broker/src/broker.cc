@@ -228,6 +228,7 @@ Broker::Broker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Broker::~Broker() = default;
 
 Status Broker::Create(const BrokerOptions& options, std::unique_ptr<Broker>* out) {
+  FERRY_RETURN_IF_ERROR(ValidateBrokerOptions(options));
   auto impl = std::make_unique<Impl>(options);
   FERRY_RETURN_IF_ERROR(impl->Init());
   out->reset(new Broker(std::move(impl)));
@@ -289,6 +290,7 @@ Status Broker::Run() {
       d.HandleFrontend(m);
     }
     d.ExpireJobs();
+    d.FailOrphans();
     // Dispatch before the journal round trip: the worker starts on this turn's jobs while the
     // broker waits for Redis. ACCEPTED still waits for the journal, and a DONE cannot overtake
     // it (it is read on a later turn, after CommitAndReply).

@@ -11,6 +11,7 @@
 #include "broker_metrics.h"
 #include "ferry/broker/broker.h"
 #include "ferry/metrics/metrics_server.h"
+#include "ferry/metrics/redis_probe.h"
 #include "ferry/metrics/registry.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
@@ -19,6 +20,7 @@
 #include "final_results.h"
 #include "journal.h"
 #include "log_limiter.h"
+#include "orphan_watch.h"
 #include "scheduler.h"
 #include "zap_handler.h"
 
@@ -38,6 +40,9 @@ struct Broker::Impl {
   Scheduler scheduler;
   Journal journal;
   FinalResults final_results;
+  // Models without workers (orphan_watch.h); after `options`, which it is built from.
+  OrphanWatch orphans{options.orphan_timeout_s, protocol::NowMicros(), options.heartbeat_ms,
+                      options.liveness};
   int64_t next_heartbeat_us = 0;
 
   // ACCEPTED replies held until this turn's journal commit.
@@ -55,6 +60,9 @@ struct Broker::Impl {
   // Metrics (broker_metrics.h): kept by hooks in the handlers, served by metrics_server.
   metrics::Registry metrics_registry;
   BrokerMetrics telemetry{&metrics_registry};
+  // With metrics: ferry_redis_up and /readyz. Declared before the server, which calls it, so
+  // that it is destroyed after the server.
+  std::unique_ptr<metrics::RedisProbe> redis_probe;
   std::unique_ptr<metrics::MetricsServer> metrics_server;
 
   Status Init();
@@ -107,6 +115,8 @@ struct Broker::Impl {
   // broker.cc
   void Dispatch();
   void ExpireJobs();
+  // Fails the queued jobs of models without a worker for --orphan-timeout-s (orphan_watch.cc).
+  void FailOrphans();
   void FlushFinalResults();
   void Heartbeat(int64_t now_mono);
 };

@@ -5,6 +5,7 @@
 #include "broker_impl.h"
 #include "ferry/metrics/metrics_server.h"
 #include "ferry/metrics/names.h"
+#include "ferry/metrics/redis_probe.h"
 #include "ferry/protocol/util.h"
 #include "ferry/status.h"
 
@@ -57,6 +58,7 @@ BrokerMetrics::ModelSeries* BrokerMetrics::Model(const std::string& name) {
                                        names::LatencyBuckets(), model);
   m->depth = registry_->Gauge(names::kQueueDepth, names::kQueueDepthHelp, model);
   m->oldest_age = registry_->Gauge(names::kQueueOldestAge, names::kQueueOldestAgeHelp, model);
+  m->workers = registry_->Gauge(names::kModelWorkers, names::kModelWorkersHelp, model);
   return models_.emplace(name, std::move(m)).first->second.get();
 }
 
@@ -136,7 +138,12 @@ void BrokerMetrics::Refresh(const Scheduler& scheduler, int64_t now_mono_us, boo
   next_refresh_us_ = now_mono_us + kRefreshEveryUs;
   const int64_t now_us = protocol::NowMicros();
   for (const auto& name : scheduler.known_models()) Model(name);  // known models show 0
+  std::unordered_map<std::string, int> serving;
+  for (const auto& [routing_id, w] : scheduler.workers())
+    for (const auto& mi : w.hello.models) ++serving[mi.name];
   for (auto& [name, m] : models_) {
+    auto n = serving.find(name);
+    m->workers->Set(n == serving.end() ? 0.0 : static_cast<double>(n->second));
     m->depth->Set(static_cast<double>(scheduler.QueueDepth(name)));
     const int64_t oldest = scheduler.OldestQueuedSubmittedUs(name);
     m->oldest_age->Set(oldest == 0 ? 0.0 : Seconds(now_us - oldest));
@@ -187,6 +194,18 @@ Status Broker::Impl::StartMetricsServer() {
   mo.bind_address = options.metrics_addr;
   BrokerMetrics* t = &telemetry;
   mo.health = [t](std::string* why) { return t->Healthy(why); };
+  // /healthz and /readyz: Redis answers (a probe thread with its own connection, which also
+  // reads INFO memory for ferry_redis_used_memory_bytes); the sockets are bound by now.
+  metrics::RedisProbe::Options po;
+  FERRY_RETURN_IF_ERROR(
+      protocol::ResolveRedisEndpoint(options.redis, options.redis_files, &po.endpoint));
+  po.timeout_ms = static_cast<int>(options.redis_timeout_ms);
+  po.memory = true;
+  redis_probe = std::make_unique<metrics::RedisProbe>(&metrics_registry, std::move(po));
+  metrics::RedisProbe* probe = redis_probe.get();
+  mo.depends = [probe](std::string* why) { return probe->Up(why); };
+  metrics::Registry* registry = &metrics_registry;
+  mo.before_scrape = [registry] { names::SampleProcessMetrics(registry); };
   Status s = metrics::MetricsServer::Start(&metrics_registry, mo, &metrics_server);
   if (!s.ok())
     return Status(s.code(), "--metrics-addr " + options.metrics_addr + " --metrics-port " +

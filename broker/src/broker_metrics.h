@@ -67,6 +67,7 @@ class BrokerMetrics {
     metrics::Histogram* queue_time;
     metrics::Gauge* depth;
     metrics::Gauge* oldest_age;
+    metrics::Gauge* workers;  // ferry_model_workers
   };
   ModelSeries* Model(const std::string& name);
   metrics::Counter* Rejected(std::string_view code);

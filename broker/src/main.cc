@@ -71,13 +71,22 @@ int main(int argc, char** argv) {
             "largest result_ttl_s a SUBMIT may ask for (larger: invalid_argument)");
   flags.Int("max-jobs-per-message", &o.max_jobs_per_message,
             "most jobs in one SUBMIT and ids in one CANCEL (more: the message fails too_large)");
+  flags.Int("orphan-timeout-s", &o.orphan_timeout_s,
+            "queued jobs of a model that no connected worker serves fail `unavailable` after "
+            "this long without one (0: they wait forever)");
   bool log_json = false;
   flags.Bool("log-json", &log_json, "log one JSON object per line");
   flags.String("log-level", &log_level, "trace, debug, info, warn, error");
   int rc = ferry::runtime::HandleFlagResult(flags, flags.Parse(argc, argv));
   if (rc >= 0) return rc;
+  if (!flags.positional().empty()) {
+    std::fprintf(stderr, "ferry-broker: unexpected argument \"%s\"\n",
+                 flags.positional()[0].c_str());
+    return 2;
+  }
   if (metrics_port < 0 || metrics_port > 65535) {
-    std::fprintf(stderr, "ferry-broker: --metrics-port must be 0..65535\n");
+    std::fprintf(stderr, "ferry-broker: --metrics-port must be 0..65535, got %lld\n",
+                 static_cast<long long>(metrics_port));
     return 2;
   }
   ferry::Status ls = ferry::logging::Configure(log_level, log_json, "broker");
@@ -87,9 +96,8 @@ int main(int argc, char** argv) {
   }
   o.metrics_port = static_cast<int>(metrics_port);
   o.journal = !no_journal;
-  if (o.max_result_ttl_s < 1 || o.max_jobs_per_message < 1) {
-    std::fprintf(stderr,
-                 "ferry-broker: --max-result-ttl-s and --max-jobs-per-message must be >= 1\n");
+  if (ferry::Status v = ferry::broker::ValidateBrokerOptions(o); !v.ok()) {
+    std::fprintf(stderr, "ferry-broker: %s\n", v.message().c_str());
     return 2;
   }
 

@@ -12,6 +12,8 @@
 #include "broker_link.h"
 #include "executor.h"
 #include "ferry/metrics/metrics_server.h"
+#include "ferry/metrics/names.h"
+#include "ferry/metrics/redis_probe.h"
 #include "ferry/metrics/registry.h"
 #include "ferry/protocol/redis.h"
 #include "ferry/protocol/util.h"
@@ -44,6 +46,8 @@ class Worker::Impl {
   std::unique_ptr<ModelRegistry> registry_;
   std::unique_ptr<metrics::Registry> metrics_registry_;
   std::unique_ptr<WorkerMetrics> metrics_;
+  // With metrics: ferry_redis_up and /readyz; before the server, which calls it.
+  std::unique_ptr<metrics::RedisProbe> redis_probe_;
   std::unique_ptr<metrics::MetricsServer> metrics_server_;  // started by Run with a port
   JobQueue queue_;
   Outbox outbox_;  // the result writer and AnnounceResidency -> the I/O thread
@@ -156,7 +160,30 @@ Status Worker::Impl::Run() {
         options_.metrics_port < 0 ? metrics::kAnyPort : static_cast<int>(options_.metrics_port);
     mo.bind_address = options_.metrics_addr;
     WorkerMetrics* m = metrics_.get();
-    mo.before_scrape = [m] { m->Sample(); };  // thread-safe reads: registry and allocator
+    metrics::Registry* reg = metrics_registry_.get();
+    mo.before_scrape = [m, reg] {  // thread-safe reads: registry, allocator, /proc/self
+      m->Sample();
+      metrics::names::SampleProcessMetrics(reg);
+    };
+    // /healthz: Redis answers. /readyz: also the broker was heard from within heartbeat_ms *
+    // liveness (the models were loaded by Create).
+    metrics::RedisProbe::Options po;
+    po.endpoint = redis;
+    redis_probe_ = std::make_unique<metrics::RedisProbe>(reg, std::move(po));
+    metrics::RedisProbe* probe = redis_probe_.get();
+    mo.depends = [probe](std::string* why) { return probe->Up(why); };
+    mo.ready = [this](std::string* why) {
+      std::lock_guard<std::mutex> lock(mu_);
+      const int64_t last = link_ ? link_->last_broker_message_us() : 0;
+      const int64_t silent_us = protocol::NowMicros() - last;
+      if (last == 0 || silent_us > options_.heartbeat_ms * options_.liveness * 1000) {
+        *why = "broker " + options_.broker +
+               (last == 0 ? " not heard from yet"
+                          : " silent for " + std::to_string(silent_us / 1000) + " ms");
+        return false;
+      }
+      return true;
+    };
     Status s = metrics::MetricsServer::Start(metrics_registry_.get(), mo, &metrics_server_);
     if (!s.ok())
       return Status(s.code(), "--metrics-addr " + options_.metrics_addr + " --metrics-port " +

@@ -1,5 +1,7 @@
 #include <httplib.h>
 
+#include <algorithm>
+
 #include "ferry/metrics/metrics_server.h"
 
 namespace ferry::metrics {
@@ -34,8 +36,12 @@ Status HttpGet(const std::string& url, int timeout_ms, std::string* body) {
   client.set_write_timeout(sec, usec);
   httplib::Result res = client.Get(path.c_str());
   if (!res) return Status::Unavailable("GET " + url + ": " + httplib::to_string(res.error()));
-  if (res->status != 200)
-    return Status::Unavailable("GET " + url + ": HTTP " + std::to_string(res->status));
+  if (res->status != 200) {
+    // The body's first line says why (a 503 from /healthz: "redis ... unreachable: ...").
+    std::string why = res->body.substr(0, std::min<size_t>(res->body.find('\n'), 300));
+    return Status::Unavailable("GET " + url + ": HTTP " + std::to_string(res->status) +
+                               (why.empty() ? "" : ": " + why));
+  }
   *body = res->body;
   return Status::Ok();
 }

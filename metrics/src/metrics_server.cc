@@ -46,16 +46,25 @@ Status MetricsServer::Start(const Registry* registry, const MetricsServerOptions
     if (before) before();
     res.set_content(registry->Expose(), "text/plain; version=0.0.4; charset=utf-8");
   });
-  auto health = options.health;
-  server.Get("/healthz", [health](const httplib::Request&, httplib::Response& res) {
+  enum Level { kLive, kHealthy, kReady };
+  auto check = [health = options.health, depends = options.depends, ready = options.ready](
+                   Level level, httplib::Response& res) {
     std::string why;
-    if (health && !health(&why)) {
+    const bool ok = (!health || health(&why)) && (level < kHealthy || !depends || depends(&why)) &&
+                    (level < kReady || !ready || ready(&why));
+    if (!ok) {
       res.status = 503;
       res.set_content(why.empty() ? "unhealthy\n" : why + "\n", "text/plain");
       return;
     }
     res.set_content("ok\n", "text/plain");
-  });
+  };
+  server.Get("/livez",
+             [check](const httplib::Request&, httplib::Response& res) { check(kLive, res); });
+  server.Get("/healthz",
+             [check](const httplib::Request&, httplib::Response& res) { check(kHealthy, res); });
+  server.Get("/readyz",
+             [check](const httplib::Request&, httplib::Response& res) { check(kReady, res); });
 
   int port = options.port;
   if (port == kAnyPort) {

@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <string>
@@ -9,7 +10,9 @@
 
 #include "ferry/client.h"
 #include "ferry/protocol/curve.h"
+#include "ferry/protocol/types.h"
 #include "ferry/runtime/flags.h"
+#include "ferry/runtime/version.h"
 #include "npy.h"
 #include "ops_commands.h"
 #include "result_printer.h"
@@ -43,6 +46,7 @@ constexpr const char* kTopUsage =
     "  models                 models, their input specs and the workers serving them\n"
     "  up --model NAME=PATH   a local fleet: redis-server, broker, one worker per GPU\n"
     "  keygen DIR NAME        a CURVE key pair: DIR/NAME.key and DIR/NAME.key_secret\n"
+    "  --version              print the version\n"
     "\n"
     "global flags (every command): --frontend, --redis, --redis-prefix, --request-timeout-ms,\n"
     "  --curve-server-public, --curve-secret, --redis-password-file, --redis-tls-ca,\n"
@@ -66,7 +70,12 @@ int ParseFlags(FlagSet* flags, std::vector<char*>& args) {
 // Prints a final result (and writes its outputs as .npy under out_dir); exit code by state.
 int PrintResult(const Result& r, const std::string& out_dir) {
   std::fputs(FormatResult(r).c_str(), stdout);
-  if (!out_dir.empty()) {
+  if (!out_dir.empty() && !r.outputs.empty()) {
+    std::error_code ec;
+    std::filesystem::create_directories(out_dir, ec);  // with its parents; fine if it exists
+    if (ec)
+      return Fail(
+          Status::InvalidArgument("--out-npy " + out_dir + ": cannot create: " + ec.message()));
     for (size_t i = 0; i < r.outputs.size(); ++i) {
       std::string npy, path = out_dir + "/" + r.id + "." + std::to_string(i) + ".npy";
       Status s = EncodeNpy(r.outputs[i], &npy);
@@ -118,7 +127,10 @@ int RunSubmit(std::vector<char*>& args) {
   flags.Int("result-ttl-s", &result_ttl_s, "keep the result this long (0 = broker default)");
   flags.Bool("wait", &wait, "wait for the result and print it");
   flags.Int("wait-timeout-ms", &wait_timeout_ms, "with --wait: give up after this long");
-  flags.String("out-npy", &out_dir, "with --wait: write outputs as DIR/<id>.<i>.npy");
+  flags.String("out-npy", &out_dir,
+               "with --wait: write outputs as DIR/<id>.<i>.npy (DIR is created)");
+  flags.Bool("consume", &global.consume_results,
+             "with --wait: delete the result from Redis once read (GETDEL)");
   global.Register(&flags);
   if (int rc = ParseFlags(&flags, args); rc >= 0) return rc;
   if (model.empty() || inputs.empty() || !flags.positional().empty()) {
@@ -165,11 +177,20 @@ int RunGetOrWait(std::vector<char*>& args, bool wait) {
   GlobalFlags global;
   std::string out_dir;
   int64_t timeout_ms = 30000;
+  bool consume = false;
   FlagSet flags(wait ? "ferry wait ID" : "ferry get ID",
-                wait ? "Waits for a job's result and prints it."
-                     : "Prints a job's result, or 'pending' when there is none yet.");
-  if (wait) flags.Int("timeout-ms", &timeout_ms, "give up after this long (-1 = never)");
-  flags.String("out-npy", &out_dir, "also write the outputs as DIR/<id>.<i>.npy");
+                wait ? "Waits for a job's result and prints it. Redis cannot tell a pending job "
+                       "from an unknown id (mistyped, another --redis or --redis-prefix) or a "
+                       "result that expired or was consumed: all of them wait until "
+                       "--timeout-ms (exit 3)."
+                     : "Prints a job's result, or 'pending' when there is none yet (also for an "
+                       "id Redis has no result for: unknown, expired or consumed).");
+  if (wait) {
+    flags.Int("timeout-ms", &timeout_ms, "give up after this long (-1 = never)");
+    flags.Bool("consume", &consume,
+               "delete the result from Redis once read (GETDEL): a later get/wait finds none");
+  }
+  flags.String("out-npy", &out_dir, "also write the outputs as DIR/<id>.<i>.npy (DIR is created)");
   global.Register(&flags);
   if (int rc = ParseFlags(&flags, args); rc >= 0) return rc;
   if (flags.positional().size() != 1) {
@@ -178,10 +199,30 @@ int RunGetOrWait(std::vector<char*>& args, bool wait) {
     return kExitUsage;
   }
   const std::string& id = flags.positional()[0];
+  if (!protocol::IsValidJobId(id)) {
+    std::fprintf(stderr,
+                 "ferry: \"%s\" is not a job id: ids are 1-128 characters of A-Z a-z 0-9 . _ : "
+                 "-\n",
+                 id.c_str());
+    return kExitUsage;
+  }
+  if (timeout_ms < -1 || timeout_ms > INT32_MAX) {
+    std::fprintf(stderr, "ferry wait: --timeout-ms must be -1..%d\n", INT32_MAX);
+    return kExitUsage;
+  }
+  global.consume_results = consume;
   std::unique_ptr<client::Client> c;
   if (Status s = global.MakeClient(&c); !s.ok()) return Fail(s);
   Result r;
   Status s = wait ? c->Wait(id, static_cast<int>(timeout_ms), &r) : c->Poll(id, &r);
+  if (s.code() == codes::kTimeout) {
+    std::fprintf(stderr,
+                 "ferry: no result for %s within %lld ms: the job is still pending, or this "
+                 "fleet does not know the id (mistyped; another --redis or --redis-prefix), or "
+                 "its result expired or was consumed\n",
+                 id.c_str(), static_cast<long long>(timeout_ms));
+    return kExitUnavailable;
+  }
   if (!s.ok()) return Fail(s);
   return PrintResult(r, out_dir);
 }
@@ -255,8 +296,8 @@ int FindCommand(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a.rfind("--", 0) != 0 && a != "-h") return i;
-    bool takes_value =
-        a.find('=') == std::string::npos && a != "--wait" && a != "--help" && a != "-h";
+    bool takes_value = a.find('=') == std::string::npos && a != "--wait" && a != "--help" &&
+                       a != "-h" && a != "--version" && a != "--consume";
     if (takes_value) ++i;
   }
   return -1;
@@ -268,8 +309,13 @@ int RunCli(int argc, char** argv) {
   int at = FindCommand(argc, argv);
   if (at < 0) {
     bool help = false;
-    for (int i = 1; i < argc; ++i)
+    for (int i = 1; i < argc; ++i) {
+      if (std::string(argv[i]) == "--version") {
+        std::printf("%s\n", runtime::VersionLine("ferry").c_str());
+        return kExitOk;
+      }
       help |= std::string(argv[i]) == "--help" || std::string(argv[i]) == "-h";
+    }
     std::fputs(kTopUsage, help ? stdout : stderr);
     return help ? kExitOk : kExitUsage;
   }

@@ -30,6 +30,7 @@ struct BrokerFlags {
   std::string curve_server_public;         // CURVE: the broker's .key
   std::string curve_secret;                // CURVE: this client's .key_secret
   protocol::RedisAccessFiles redis_files;  // --redis-password-file, --redis-tls-*
+  bool consume_results = false;            // ClientOptions::consume_results (wait --consume)
 
   void Register(runtime::FlagSet* f);
   Status MakeClient(std::unique_ptr<client::Client>* out) const;

@@ -6,6 +6,7 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 
 #include "commands.h"
 #include "ferry/metrics/metrics_server.h"
@@ -86,30 +87,58 @@ Status Sample(client::Client* c, FleetStats* out) {
 }  // namespace
 
 void BrokerFlags::Register(FlagSet* f) {
-  f->String("frontend", &frontend, "the broker's frontend endpoint");
+  // Defaults from the environment (FERRY_FRONTEND, ...: ClientOptions::FromEnvironment); a flag
+  // given on the command line wins. Only the producer-side commands register these: `ferry up`
+  // has flags of its own and never takes a fleet's variables as its defaults.
+  const client::ClientOptions env = client::ClientOptions::FromEnvironment();
+  frontend = env.frontend;
+  redis = env.redis;
+  redis_prefix = env.redis_prefix;
+  curve_server_public = env.curve_server_public;
+  curve_secret = env.curve_secret;
+  f->String("frontend", &frontend, "the broker's frontend endpoint ($FERRY_FRONTEND)");
   f->String("redis", &redis,
-            "Redis holding the results, redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB]");
+            "Redis holding the results, redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB] "
+            "($FERRY_REDIS)");
   runtime::AddRedisAccessFlags(f, &redis_files);
-  f->String("redis-prefix", &redis_prefix, "prefix of Ferry's Redis keys");
+  f->String("redis-prefix", &redis_prefix, "prefix of Ferry's Redis keys ($FERRY_REDIS_PREFIX)");
   f->Int("request-timeout-ms", &request_timeout_ms, "how long to wait for the broker's answer");
   f->String("curve-server-public", &curve_server_public,
-            "CURVE: the broker's public certificate (its NAME.key)");
+            "CURVE: the broker's public certificate (its NAME.key; $FERRY_CURVE_SERVER_PUBLIC)");
   f->String("curve-secret", &curve_secret,
-            "CURVE: this client's secret certificate (NAME.key_secret, listed by the broker)");
+            "CURVE: this client's secret certificate (NAME.key_secret, listed by the broker; "
+            "$FERRY_CURVE_SECRET)");
 }
+
+namespace {
+// A Redis access file flag left empty takes $name -- where it applies to the final --redis URL,
+// as ClientOptions::FromEnvironment and the Python client do: the TLS files to rediss://, the
+// password file to a URL without a password.
+std::string EnvFile(const std::string& flag_value, const char* name, bool applies) {
+  if (!flag_value.empty() || !applies) return flag_value;
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
+}  // namespace
 
 Status BrokerFlags::MakeClient(std::unique_ptr<client::Client>* out) const {
   client::ClientOptions o;
   o.frontend = frontend;
   o.redis = redis;
-  o.redis_password_file = redis_files.password_file;
-  o.redis_tls_ca = redis_files.tls_ca;
-  o.redis_tls_cert = redis_files.tls_cert;
-  o.redis_tls_key = redis_files.tls_key;
+  const bool tls = redis.rfind("rediss://", 0) == 0;
+  const size_t scheme_end = redis.find("://"), at = redis.find('@');
+  const bool has_password = scheme_end != std::string::npos && at != std::string::npos &&
+                            redis.find(':', scheme_end + 3) < at;
+  o.redis_password_file =
+      EnvFile(redis_files.password_file, "FERRY_REDIS_PASSWORD_FILE", !has_password);
+  o.redis_tls_ca = EnvFile(redis_files.tls_ca, "FERRY_REDIS_TLS_CA", tls);
+  o.redis_tls_cert = EnvFile(redis_files.tls_cert, "FERRY_REDIS_TLS_CERT", tls);
+  o.redis_tls_key = EnvFile(redis_files.tls_key, "FERRY_REDIS_TLS_KEY", tls);
   o.redis_prefix = redis_prefix;
   o.request_timeout_ms = static_cast<int>(request_timeout_ms);
   o.curve_server_public = curve_server_public;
   o.curve_secret = curve_secret;
+  o.consume_results = consume_results;
   return client::Client::Create(o, out);
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -104,9 +105,13 @@ class Client::Impl {
         redis_(std::move(redis)),
         keys_(options.redis_prefix),
         store_(redis_, options.redis_prefix, options.request_timeout_ms),
-        tracker_([this](const std::string& id, Result* out) {
-          return store_.Read(id, out, options_.consume_results);
-        }) {}
+        tracker_([this](const std::string& id,
+                        Result* out) { return store_.Read(id, out, options_.consume_results); },
+                 // consume_results: a result that came inline (in a notice) is still in Redis;
+                 // delete it too. Best effort: if Redis cannot be reached it expires with its TTL.
+                 [this](const std::string& id) {
+                   if (options_.consume_results) (void)store_.DeleteResult(id);
+                 }) {}
 
   Status Start() {
     IoThread::Options o;
@@ -451,6 +456,39 @@ Status Guarded(const char* what, Fn&& fn) {
   }
 }
 }  // namespace
+
+namespace {
+// $name when set and not empty.
+bool FromEnv(const char* name, std::string* out) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return false;
+  *out = v;
+  return true;
+}
+}  // namespace
+
+ClientOptions ClientOptions::FromEnvironment() {
+  ClientOptions o;
+  FromEnv("FERRY_FRONTEND", &o.frontend);
+  FromEnv("FERRY_REDIS", &o.redis);
+  FromEnv("FERRY_REDIS_PREFIX", &o.redis_prefix);
+  FromEnv("FERRY_CURVE_SERVER_PUBLIC", &o.curve_server_public);
+  FromEnv("FERRY_CURVE_SECRET", &o.curve_secret);
+  // As the Python client: the Redis files only where they apply to this URL, so that a plain
+  // redis:// URL still works in a shell that sourced a TLS fleet's env file.
+  const bool tls = o.redis.rfind("rediss://", 0) == 0;
+  const size_t scheme_end = o.redis.find("://");
+  const size_t at = o.redis.find('@');
+  const bool has_password = scheme_end != std::string::npos && at != std::string::npos &&
+                            o.redis.find(':', scheme_end + 3) < at;
+  if (!has_password) FromEnv("FERRY_REDIS_PASSWORD_FILE", &o.redis_password_file);
+  if (tls) {
+    FromEnv("FERRY_REDIS_TLS_CA", &o.redis_tls_ca);
+    FromEnv("FERRY_REDIS_TLS_CERT", &o.redis_tls_cert);
+    FromEnv("FERRY_REDIS_TLS_KEY", &o.redis_tls_key);
+  }
+  return o;
+}
 
 Client::Client(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Client::~Client() = default;

@@ -46,6 +46,15 @@ Status RedisStore::Read(const std::string& id, Result* out, bool consume) {
   return Status::Ok();
 }
 
+Status RedisStore::DeleteResult(const std::string& id) {
+  std::unique_ptr<protocol::RedisClient> conn;
+  FERRY_RETURN_IF_ERROR(Acquire(&conn));
+  std::vector<std::optional<std::string>> values;
+  Status s = conn->GetMany({keys_.Result(id)}, &values, /*consume=*/true);
+  Release(std::move(conn));
+  return s;
+}
+
 Status RedisStore::PutInputs(const std::vector<std::string>& keys,
                              const std::vector<std::string_view>& values, int64_t ttl_s) {
   if (keys.empty()) return Status::Ok();

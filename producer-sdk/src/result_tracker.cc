@@ -197,6 +197,7 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out,
       lock.unlock();
       Result r;
       const Status d = protocol::DecodeResult(record.data(), record.size(), &r);
+      if (d.ok() && inline_taken_) inline_taken_(id);  // no lock held (see header)
       lock.lock();
       if (d.ok()) {
         e->delivered = true;

@@ -56,7 +56,12 @@ class ResultTracker {
   // Reads one id's result from Redis (RedisStore::Read): ok with state kPending when there is
   // none yet.
   using ReadFn = std::function<Status(const std::string& id, Result* out)>;
-  explicit ResultTracker(ReadFn read) : read_(std::move(read)) {}
+  // Called on the waiting thread, with no lock held, for each id whose Wait returned a record
+  // that came inline (in a notice, not read from Redis): Client uses it to delete that result
+  // from Redis too under consume_results. May be empty.
+  using InlineTakenFn = std::function<void(const std::string& id)>;
+  explicit ResultTracker(ReadFn read, InlineTakenFn inline_taken = nullptr)
+      : read_(std::move(read)), inline_taken_(std::move(inline_taken)) {}
 
   // Marks ids as submitted by this client (call before sending them).
   void Track(const std::vector<std::string>& ids);
@@ -122,6 +127,7 @@ class ResultTracker {
   void MaybeSweep(Clock::time_point now);
 
   const ReadFn read_;
+  const InlineTakenFn inline_taken_;
   mutable std::mutex mu_;
   EntryMap entries_;                // guarded by mu_
   size_t held_bytes_ = 0;           // guarded by mu_: inline records kept

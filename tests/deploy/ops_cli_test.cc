@@ -12,6 +12,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
+#include <regex>
 #include <sstream>
 
 #include "ferry/client.h"
@@ -440,6 +442,229 @@ TEST(FerryUp, UsageErrors) {
                    &out),
             2)
       << out;
+}
+
+// ---- issue 28: --version, broker flag ranges, bind errors, ids, environment, --out-npy ----------
+
+// Runs `argv` to completion; returns its exit code and output.
+int RunBin(const TempDir& dir, const std::vector<std::string>& argv, std::string* output) {
+  static int n = 0;
+  Process p(argv, dir.path() + "/bin" + std::to_string(n++) + ".log");
+  int rc = p.Wait(seconds(60));
+  *output = p.Log();
+  return rc;
+}
+
+// Sets environment variables for a test's children; restores them when it goes.
+class ScopedEnv {
+ public:
+  explicit ScopedEnv(std::map<std::string, std::string> vars) {
+    for (const auto& [k, v] : vars) {
+      const char* old = std::getenv(k.c_str());
+      saved_.emplace_back(k, old ? std::optional<std::string>(old) : std::nullopt);
+      setenv(k.c_str(), v.c_str(), 1);
+    }
+  }
+  ~ScopedEnv() {
+    for (const auto& [k, v] : saved_) {
+      if (v)
+        setenv(k.c_str(), v->c_str(), 1);
+      else
+        unsetenv(k.c_str());
+    }
+  }
+
+ private:
+  std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
+};
+
+TEST(Version, EveryBinaryAnswersIt) {
+  TempDir dir;
+  std::vector<std::pair<std::string, std::string>> bins = {{"ferry-broker", BrokerBin()},
+                                                           {"ferry", CliBin()},
+                                                           {"ferry-bench", FERRY_BENCH_BIN},
+                                                           {"ferry-floor", FERRY_FLOOR_BIN}};
+  if (!WorkerBin().empty()) bins.push_back({"ferry-worker", WorkerBin()});
+#ifdef FERRY_MAKE_MODELS_BIN
+  bins.push_back({"ferry-make-models", FERRY_MAKE_MODELS_BIN});
+#endif
+  const std::regex line(R"(^(\S+) \d+\.\d+\.\d+( \(git [^)]+\))?\n$)");
+  for (const auto& [name, path] : bins) {
+    std::string out;
+    EXPECT_EQ(RunBin(dir, {path, "--version"}, &out), 0) << name << ": " << out;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_match(out, m, line)) << name << ": \"" << out << "\"";
+    EXPECT_EQ(m[1], name) << out;
+  }
+  // A subcommand answers it too, with the binary's name.
+  std::string out;
+  EXPECT_EQ(RunBin(dir, {CliBin(), "submit", "--version"}, &out), 0) << out;
+  EXPECT_EQ(out.rfind("ferry ", 0), 0u) << out;
+}
+
+// Every flag out of its range: exit 2 and a message naming the flag and the allowed range, before
+// anything is bound or connected (no Redis here).
+TEST(BrokerFlags, OutOfRangeValuesExitTwoNamingTheFlag) {
+  TempDir dir;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--heartbeat-ms", "0"}, "--heartbeat-ms must be 10..600000, got 0"},
+      {{"--heartbeat-ms", "-5"}, "--heartbeat-ms must be 10..600000, got -5"},
+      {{"--liveness", "0"}, "--liveness must be 1..1000, got 0"},
+      {{"--result-ttl-s", "-1"}, "--result-ttl-s (at most --max-result-ttl-s) must be 1..604800"},
+      {{"--result-ttl-s", "100", "--max-result-ttl-s", "10"}, "must be 1..10, got 100"},
+      {{"--max-queue", "0"}, "--max-queue must be 1..1000000000, got 0"},
+      {{"--max-attempts", "0"}, "--max-attempts must be 1..1000"},
+      {{"--max-job-bytes", "0"}, "--max-job-bytes must be 1.."},
+      {{"--max-message-bytes", "10"}, "--max-message-bytes must be 1024.."},
+      {{"--max-pending-bytes", "-1"}, "--max-pending-bytes must be 1.."},
+      {{"--aging-every", "-1"}, "--aging-every must be 0..1000000"},
+      {{"--redis-timeout-ms", "0"}, "--redis-timeout-ms must be 1..600000"},
+      {{"--max-jobs-per-message", "0"}, "--max-jobs-per-message must be 1..1000000"},
+      {{"--orphan-timeout-s", "-1"}, "--orphan-timeout-s must be 0.."},
+      {{"--metrics-port", "70000"}, "--metrics-port must be 0..65535"},
+      {{"--frontend", "tcp://127.0.0.1:7001", "--backend", "tcp://127.0.0.1:7001"},
+       "--frontend and --backend must differ"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::vector<std::string> argv = {BrokerBin(), "--redis", "redis://127.0.0.1:1"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::string out;
+    EXPECT_EQ(RunBin(dir, argv, &out), 2) << args[0] << ": " << out;
+    EXPECT_NE(out.find(message), std::string::npos) << args[0] << ": " << out;
+  }
+}
+
+// A bind that fails names the flag and the address: the broker's frontend, backend and
+// metrics port, and the worker's metrics port.
+TEST_F(LiveBroker, BindErrorsNameTheFlagAndTheAddress) {
+  std::string out;
+  const std::string free = "tcp://127.0.0.1:" + std::to_string(FreePort());
+  EXPECT_EQ(RunBin(dir_,
+                   {BrokerBin(), "--frontend", frontend_, "--backend", free, "--redis",
+                    redis_.url(), "--no-journal"},
+                   &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("--frontend " + frontend_ + ": bind: Address already in use"),
+            std::string::npos)
+      << out;
+  EXPECT_EQ(RunBin(dir_,
+                   {BrokerBin(), "--frontend", free, "--backend", "tcp://192.0.2.1:5", "--insecure",
+                    "--redis", redis_.url(), "--no-journal"},
+                   &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("--backend tcp://192.0.2.1:5: bind:"), std::string::npos) << out;
+
+  // A port some process already listens on, for both metrics servers.
+  const int taken = FreePort();
+  Process holder({BrokerBin(), "--frontend", free, "--backend",
+                  "tcp://127.0.0.1:" + std::to_string(FreePort()), "--redis", redis_.url(),
+                  "--no-journal", "--metrics-port", std::to_string(taken)},
+                 dir_.path() + "/holder.log");
+  std::string body;
+  ASSERT_TRUE(WaitFor([&] {
+    return metrics::HttpGet("http://127.0.0.1:" + std::to_string(taken) + "/livez", 1000, &body)
+        .ok();
+  })) << holder.Log();
+  EXPECT_EQ(RunBin(dir_,
+                   {BrokerBin(), "--frontend", "tcp://127.0.0.1:" + std::to_string(FreePort()),
+                    "--backend", "tcp://127.0.0.1:" + std::to_string(FreePort()), "--redis",
+                    redis_.url(), "--no-journal", "--metrics-port", std::to_string(taken)},
+                   &out),
+            1)
+      << out;
+  EXPECT_NE(out.find("--metrics-addr 127.0.0.1 --metrics-port " + std::to_string(taken)),
+            std::string::npos)
+      << out;
+  if (!WorkerBin().empty()) {
+    EXPECT_EQ(
+        RunBin(dir_,
+               {WorkerBin(), "--broker", "tcp://127.0.0.1:1", "--redis", redis_.url(), "--model",
+                "tiny=" + ModelPath("tiny"), "--metrics-port", std::to_string(taken)},
+               &out),
+        1)
+        << out;
+    EXPECT_NE(out.find("--metrics-addr 127.0.0.1 --metrics-port " + std::to_string(taken)),
+              std::string::npos)
+        << out;
+  }
+}
+
+TEST(GetAndWait, InvalidIdsExitTwoWithAMessage) {
+  TempDir dir;
+  std::string out;
+  for (const std::string& id : {std::string("a/b"), std::string("has space"), std::string(129, 'x'),
+                                std::string("caf\xc3\xa9")}) {
+    for (const char* cmd : {"get", "wait"}) {
+      EXPECT_EQ(RunCli(dir, {cmd, id, "--frontend", "tcp://127.0.0.1:1"}, &out), 2)
+          << cmd << " " << id << ": " << out;
+      EXPECT_NE(out.find("is not a job id: ids are 1-128 characters"), std::string::npos) << out;
+    }
+  }
+}
+
+// FERRY_FRONTEND / FERRY_REDIS (what `ferry up --env-file` writes) are the producer commands'
+// defaults; a flag wins over them.
+TEST_F(LiveBroker, EnvironmentGivesTheDefaultsAndFlagsWin) {
+  std::string out;
+  {
+    ScopedEnv env({{"FERRY_FRONTEND", frontend_}, {"FERRY_REDIS", redis_.url()}});
+    ASSERT_EQ(RunCli(dir_, {"status"}, &out), 0) << out;
+    EXPECT_NE(out.find("0 worker(s)"), std::string::npos) << out;
+    ASSERT_EQ(RunCli(dir_, {"stats"}, &out), 0) << out;
+    // The flag wins: nobody listens there.
+    EXPECT_EQ(RunCli(dir_,
+                     {"stats", "--frontend", "tcp://127.0.0.1:" + std::to_string(FreePort()),
+                      "--request-timeout-ms", "300"},
+                     &out),
+              3)
+        << out;
+    // `get` reads Redis from FERRY_REDIS: an id with no result is pending (exit 4), not a
+    // connection error.
+    EXPECT_EQ(RunCli(dir_, {"get", "no-such-job"}, &out), 4) << out;
+  }
+  // A FERRY_REDIS that points nowhere: `get` fails unavailable (exit 3).
+  ScopedEnv env(std::map<std::string, std::string>{{"FERRY_REDIS", "redis://127.0.0.1:1"}});
+  EXPECT_EQ(RunCli(dir_, {"get", "no-such-job", "--request-timeout-ms", "300"}, &out), 3) << out;
+  EXPECT_EQ(RunCli(dir_, {"get", "no-such-job", "--redis", redis_.url()}, &out), 4) << out;
+}
+
+// `ferry wait --out-npy DIR` creates DIR with its parents; `--consume` deletes the result as it
+// is read; a wait on an id this fleet does not know says what that may mean.
+TEST(GetAndWait, OutNpyCreatesItsDirectoryAndConsumeDeletes) {
+  if (WorkerBin().empty()) GTEST_SKIP() << "built without ferry-worker (no libtorch)";
+  FleetOptions o;
+  o.workers = 1;
+  Fleet fleet(o);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  TempDir dir;
+  std::ofstream(dir.path() + "/x.f32", std::ios::binary)
+      .write(std::string(8 * sizeof(float), '\0').data(), 8 * sizeof(float));
+  std::string out;
+  const std::vector<std::string> where = {"--frontend", fleet.frontend(), "--redis",
+                                          fleet.redis().url()};
+  std::vector<std::string> args = {"submit",  "--model", "tiny", "--input", dir.path() + "/x.f32",
+                                   "--shape", "8"};
+  args.insert(args.end(), where.begin(), where.end());
+  ASSERT_EQ(RunCli(dir, args, &out), 0) << out;
+  const std::string id = out.substr(0, out.find('\n'));
+  const std::string npy_dir = dir.path() + "/out/a/b";
+  args = {"wait", id, "--out-npy", npy_dir, "--consume"};
+  args.insert(args.end(), where.begin(), where.end());
+  ASSERT_EQ(RunCli(dir, args, &out), 0) << out;
+  struct stat st {};
+  EXPECT_EQ(stat((npy_dir + "/" + id + ".0.npy").c_str(), &st), 0) << out;
+  // Consumed: Redis has no result any more.
+  args = {"get", id};
+  args.insert(args.end(), where.begin(), where.end());
+  EXPECT_EQ(RunCli(dir, args, &out), 4) << out;
+  EXPECT_NE(out.find("pending"), std::string::npos) << out;
+
+  args = {"wait", "never-submitted", "--timeout-ms", "300"};
+  args.insert(args.end(), where.begin(), where.end());
+  EXPECT_EQ(RunCli(dir, args, &out), 3) << out;
+  EXPECT_NE(out.find("this fleet does not know the id"), std::string::npos) << out;
 }
 
 // `ferry models`: each model with the input spec its worker declared (or none) and the worker.

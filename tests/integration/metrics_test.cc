@@ -1,8 +1,11 @@
 // The broker's and the worker's /metrics on a real fleet: redis-server, ferry-broker and
 // ferry-worker processes with --metrics-port on free ports, jobs through the SDK, then both
-// endpoints scraped and their counters checked against what was sent. Also --log-json lines.
+// endpoints scraped and their counters checked against what was sent. Also --log-json lines
+// and their job_id/model/worker fields, text-mode lines, /healthz with Redis down, the process_*
+// and Redis metrics, and jobs of a model whose workers left (--orphan-timeout-s).
 #include <gtest/gtest.h>
 
+#include <csignal>
 #include <sstream>
 
 #include "ferry/client.h"
@@ -91,10 +94,16 @@ TEST(Metrics, CountersMatchTheJobsSentOnBothEndpoints) {
   Scraper worker{Url(worker_port, "/metrics")};
 
   std::string health;
-  ASSERT_TRUE(metrics::HttpGet(Url(broker_port, "/healthz"), 2000, &health).ok());
-  EXPECT_EQ(health, "ok\n");
-  ASSERT_TRUE(metrics::HttpGet(Url(worker_port, "/healthz"), 2000, &health).ok());
-  EXPECT_EQ(health, "ok\n");
+  // Each process probes Redis on a thread of its own: ready once the first probe answered.
+  for (int port : {broker_port, worker_port}) {
+    for (const char* path : {"/livez", "/healthz", "/readyz"}) {
+      ASSERT_TRUE(testutil::WaitFor([&] {
+        return metrics::HttpGet(Url(port, path), 2000, &health).ok();
+      })) << path
+          << fleet.Logs();
+      EXPECT_EQ(health, "ok\n");
+    }
+  }
   ASSERT_TRUE(broker.WaitFor(names::kWorkersConnected, {}, 1)) << fleet.Logs();
   EXPECT_GT(broker.Sum(names::kWorkerCredit, {{"worker", "metrics-worker"}}), 0);
 
@@ -183,6 +192,17 @@ TEST(Metrics, CountersMatchTheJobsSentOnBothEndpoints) {
   std::vector<std::string> broker_msgs, worker_msgs;
   ExpectJsonLines(fleet.broker().Log(), "broker", &broker_msgs);
   ExpectJsonLines(fleet.worker(0).Log(), "worker", &worker_msgs);
+  // The failed job's line carries the ids to follow it by.
+  bool fields = false;
+  std::istringstream worker_log(fleet.worker(0).Log());
+  for (std::string line; std::getline(worker_log, line);) {
+    cli::JsonValue v;
+    if (!cli::ParseJson(line, &v).ok() || v["job_id"].StringOr("") != bad_id) continue;
+    EXPECT_EQ(v["model"].StringOr(""), "tiny") << line;
+    EXPECT_EQ(v["worker"].StringOr(""), "metrics-worker") << line;
+    fields = true;
+  }
+  EXPECT_TRUE(fields) << "no line with job_id " << bad_id << ": " << fleet.worker(0).Log();
   bool batch_line = false;
   for (const auto& m : worker_msgs)
     batch_line = batch_line ||
@@ -199,6 +219,172 @@ TEST(Metrics, CountersMatchTheJobsSentOnBothEndpoints) {
        "--no-journal", "--metrics-port", std::to_string(broker_port)},
       dir.path() + "/second.log");
   EXPECT_EQ(second.Wait(), 1) << second.Log();
+  EXPECT_NE(second.Log().find("--metrics-port " + std::to_string(broker_port)), std::string::npos)
+      << second.Log();
+}
+
+// Redis stopped: /healthz and /readyz of both processes answer 503 with the reason, /livez
+// still 200, ferry_redis_up 0; back to 200 and 1 when Redis is. The process_* metrics, the
+// Redis memory gauges (broker) and /readyz of a worker that waits for its broker.
+TEST(Metrics, HealthFollowsRedisAndProcessMetricsAreThere) {
+  const int broker_port = testutil::FreePort();
+  const int worker_port = testutil::FreePort();
+  FleetOptions o;
+  o.workers = 1;
+  o.broker_args = {"--metrics-port", std::to_string(broker_port)};
+  o.worker_args = {"--metrics-port", std::to_string(worker_port)};
+  Fleet fleet(o);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  Scraper broker{Url(broker_port, "/metrics")};
+  Scraper worker{Url(worker_port, "/metrics")};
+  ASSERT_TRUE(broker.WaitFor(names::kRedisUp, {}, 1)) << fleet.Logs();
+  ASSERT_TRUE(worker.WaitFor(names::kRedisUp, {}, 1)) << fleet.Logs();
+  ASSERT_TRUE(testutil::WaitFor(
+      [&] { return broker.Scrape() && broker.Sum(names::kRedisUsedMemory) > 0; }));
+  EXPECT_EQ(broker.last.types[names::kProcessCpu], "counter");
+  for (Scraper* s : {&broker, &worker}) {
+    ASSERT_TRUE(s->Scrape());
+    EXPECT_GT(s->Sum(names::kProcessRss), 0) << s->url;
+    EXPECT_GT(s->Sum(names::kProcessOpenFds), 0) << s->url;
+    EXPECT_GT(s->Sum(names::kProcessMaxFds), 0) << s->url;
+    EXPECT_GT(s->Sum(names::kProcessCpu), 0) << s->url;
+    EXPECT_GT(s->Sum(names::kProcessStartTime), 0) << s->url;
+  }
+  EXPECT_TRUE(broker.WaitFor(names::kModelWorkers, {{"model", "tiny"}}, 1));
+
+  fleet.redis().Stop();
+  std::string body;
+  for (int port : {broker_port, worker_port}) {
+    for (const char* path : {"/healthz", "/readyz"}) {
+      Status s;
+      ASSERT_TRUE(testutil::WaitFor([&] {
+        s = metrics::HttpGet(Url(port, path), 2000, &body);
+        return !s.ok();
+      })) << path;
+      EXPECT_NE(s.message().find("HTTP 503"), std::string::npos) << s.ToString();
+      EXPECT_NE(s.message().find("redis://127.0.0.1:" + std::to_string(fleet.redis().port()) +
+                                 " unreachable"),
+                std::string::npos)
+          << s.ToString();
+    }
+    EXPECT_TRUE(metrics::HttpGet(Url(port, "/livez"), 2000, &body).ok()) << port;
+  }
+  ASSERT_TRUE(broker.WaitFor(names::kRedisUp, {}, 0));
+  ASSERT_TRUE(worker.WaitFor(names::kRedisUp, {}, 0));
+
+  fleet.redis().Restart();
+  for (int port : {broker_port, worker_port})
+    EXPECT_TRUE(testutil::WaitFor([&] {
+      return metrics::HttpGet(Url(port, "/healthz"), 2000, &body).ok();
+    })) << port
+        << fleet.Logs();
+  EXPECT_TRUE(broker.WaitFor(names::kRedisUp, {}, 1));
+}
+
+// A model whose only worker left: SUBMIT is still accepted (a worker may come back), the broker
+// logs it and ferry_model_workers says 0, and after --orphan-timeout-s its queued jobs fail
+// `unavailable`, saying why. A worker that comes back serves new jobs again.
+TEST(Metrics, JobsOfAModelWithoutWorkersFailAfterTheOrphanTimeout) {
+  const int broker_port = testutil::FreePort();
+  FleetOptions o;
+  o.workers = 1;
+  o.broker_args = {"--metrics-port", std::to_string(broker_port), "--orphan-timeout-s", "1"};
+  Fleet fleet(o);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  Scraper broker{Url(broker_port, "/metrics")};
+  ASSERT_TRUE(broker.WaitFor(names::kModelWorkers, {{"model", "tiny"}}, 1)) << fleet.Logs();
+
+  fleet.worker(0).Signal(SIGTERM);  // drains and says BYE
+  ASSERT_EQ(fleet.worker(0).Wait(), 0) << fleet.Logs();
+  ASSERT_TRUE(fleet.WaitForWorkers(0)) << fleet.Logs();
+  ASSERT_TRUE(broker.WaitFor(names::kModelWorkers, {{"model", "tiny"}}, 0)) << fleet.Logs();
+
+  ClientOptions co;
+  co.frontend = fleet.frontend();
+  co.redis = fleet.redis().url();
+  std::unique_ptr<Client> c;
+  ASSERT_TRUE(Client::Create(co, &c).ok());
+  std::string id;
+  ASSERT_TRUE(c->Submit(TinyJob(3), &id).ok()) << "accepted: a worker may come back";
+  Result r;
+  ASSERT_TRUE(c->Wait(id, 60000, &r).ok()) << fleet.Logs();
+  EXPECT_EQ(r.state, JobState::kFailed);
+  EXPECT_EQ(r.error.code(), codes::kUnavailable) << r.error.ToString();
+  EXPECT_NE(r.error.message().find("no worker for model tiny since "), std::string::npos)
+      << r.error.ToString();
+  const std::string log = fleet.broker().Log();
+  EXPECT_NE(log.find("model tiny has no worker"), std::string::npos) << log;
+  EXPECT_NE(log.find("queued job(s) of model tiny failed unavailable"), std::string::npos) << log;
+
+  fleet.StartWorker(0);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  ASSERT_TRUE(c->Submit(TinyJob(4), &id).ok());
+  ASSERT_TRUE(c->Wait(id, 60000, &r).ok()) << fleet.Logs();
+  EXPECT_EQ(r.state, JobState::kDone) << r.error.ToString();
+  EXPECT_TRUE(testutil::WaitFor([&] {
+    return fleet.broker().Log().find("model tiny has a worker again") != std::string::npos;
+  })) << fleet.broker().Log();
+}
+
+// Every non-empty line of a text-mode log is an event of its own: it starts with spdlog's
+// timestamp, and `forged` (a text that looks like a log line) never starts one.
+void ExpectOneLinePerEvent(const std::string& log, const std::string& forged) {
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    if (line.empty()) continue;
+    EXPECT_EQ(line.rfind("[20", 0), 0u) << "not a log line of its own: " << line;
+    EXPECT_NE(line.rfind(forged, 0), 0u) << line;
+  }
+}
+
+// Text-mode logs: one line per event, whatever the texts in it hold -- a worker name with a
+// newline and a forged log line in it, which must not start a line of its own -- and the model
+// error of a failed job on the one line that names the job.
+TEST(Metrics, TextLogsAreOneLinePerEvent) {
+  const std::string forged = "[2026-01-01 00:00:00.000] [info] forged";
+  FleetOptions o;
+  o.workers = 1;
+  Fleet fleet(o);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  ClientOptions co;
+  co.frontend = fleet.frontend();
+  co.redis = fleet.redis().url();
+  std::unique_ptr<Client> c;
+  ASSERT_TRUE(Client::Create(co, &c).ok());
+  std::string id;
+  ASSERT_TRUE(c->Submit(TinyJob(7, {3}), &id).ok());  // wrong width: the model raises
+  Result r;
+  ASSERT_TRUE(c->Wait(id, 60000, &r).ok()) << fleet.Logs();
+  ASSERT_EQ(r.state, JobState::kFailed);
+  std::string log;
+  ASSERT_TRUE(testutil::WaitFor([&] {
+    log = fleet.worker(0).Log();
+    return log.find("failed (first: job " + id) != std::string::npos;
+  })) << log;
+  ExpectOneLinePerEvent(log, forged);
+  int failed_lines = 0;
+  std::istringstream in(log);
+  for (std::string line; std::getline(in, line);) {
+    if (line.find("failed (first: job " + id) == std::string::npos) continue;
+    ++failed_lines;
+    EXPECT_NE(line.find("mat1 and mat2 shapes cannot be multiplied"), std::string::npos) << line;
+  }
+  EXPECT_EQ(failed_lines, 1) << log;
+
+  // A second worker whose name holds a newline (the broker refuses such a name; the worker
+  // logs it in its own lines meanwhile): escaped, on the line of its event.
+  testutil::TempDir dir;
+  testutil::Process odd(
+      {testutil::WorkerBin(), "--broker", fleet.backend(), "--redis", fleet.redis().url(),
+       "--model", "tiny=" + testutil::ModelPath("tiny"), "--name", "w1\n" + forged},
+      dir.path() + "/odd.log");
+  ASSERT_TRUE(testutil::WaitFor([&] {
+    return odd.Log().find("running on cpu") != std::string::npos;
+  })) << odd.Log();
+  odd.Signal(SIGTERM);
+  odd.Wait();
+  ExpectOneLinePerEvent(odd.Log(), forged);
+  EXPECT_NE(odd.Log().find("worker w1\\n" + forged), std::string::npos) << odd.Log();
 }
 
 }  // namespace

@@ -56,6 +56,18 @@
 namespace ferry::client {
 
 struct ClientOptions {
+  // The defaults below, each replaced by its environment variable where that is set and not
+  // empty -- the names `ferry up --env-file` writes and the Python client reads:
+  //   FERRY_FRONTEND -> frontend              FERRY_REDIS -> redis
+  //   FERRY_REDIS_PREFIX -> redis_prefix      FERRY_REDIS_PASSWORD_FILE -> redis_password_file
+  //   FERRY_CURVE_SERVER_PUBLIC -> curve_server_public   FERRY_CURVE_SECRET -> curve_secret
+  //   FERRY_REDIS_TLS_CA / _CERT / _KEY -> redis_tls_ca / _cert / _key
+  // The Redis files apply only where they can: the TLS ones to a rediss:// `redis`, the password
+  // file to a `redis` without a password (as in the Python client). Set fields after this call
+  // to override. Create itself never reads the environment: a ClientOptions{} is the plain
+  // defaults. docs/operations.md ("Environment variables") lists every variable.
+  static ClientOptions FromEnvironment();
+
   // The broker's frontend (ZeroMQ endpoint).
   std::string frontend = "tcp://127.0.0.1:5555";
   // CurveZMQ (docs/security.md), for a broker started with --curve-secret: the broker's public
@@ -105,8 +117,10 @@ struct ClientOptions {
   // or later), so Redis does not keep them until their result_ttl_s: for a producer that reads
   // each result once, and for big results (Redis then reuses their memory instead of growing;
   // 1 MB results came back 1.5x as fast in audio_out). A later Poll or Wait of the id finds no
-  // result (kPending). Small results that arrive inside notices are not read from Redis and stay
-  // until they expire. Poll never deletes.
+  // result (kPending). Small results that arrive inside notices (no Redis read needed) are
+  // deleted too, with one GETDEL on the waiting thread after the result is decoded (best effort:
+  // with Redis unreachable they expire with their result_ttl_s). Poll never deletes. Covers Wait
+  // and Run; docs/operations.md ("Result retention and Redis sizing") says when to use it.
   bool consume_results = false;
 };
 
@@ -118,7 +132,7 @@ struct Job {
   std::vector<Tensor> inputs;
   int64_t priority = 0;      // higher runs first
   int64_t timeout_ms = 0;    // 0: none; else the job expires if not started in time
-  int64_t result_ttl_s = 0;  // 0: the broker's default (3600 s)
+  int64_t result_ttl_s = 0;  // 0: the broker's default (--result-ttl-s, 600 s)
 };
 
 // The fate of one job of a SubmitMany call.

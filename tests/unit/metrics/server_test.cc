@@ -1,5 +1,6 @@
 // MetricsServer scraped over a real TCP socket (plain POSIX, not the library's own client), plus
-// HttpGet, /healthz, errors and clean start/stop.
+// HttpGet, /livez, /healthz, /readyz, errors and clean start/stop; the process_* metrics and
+// the Redis probe (against a real redis-server).
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -7,13 +8,17 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "ferry/metrics/metrics_server.h"
+#include "ferry/metrics/names.h"
+#include "ferry/metrics/redis_probe.h"
 #include "ferry/metrics/registry.h"
 #include "ferry/metrics/text_format.h"
+#include "process.h"
 
 namespace ferry::metrics {
 namespace {
@@ -104,6 +109,94 @@ TEST(MetricsServer, HealthzAndBeforeScrapeHooks) {
   EXPECT_NE(Body(RawRequest(server->port(), "GET /metrics HTTP/1.0\r\n\r\n"))
                 .find("ferry_device_memory_used_bytes 1234"),
             std::string::npos);
+}
+
+// /livez asks only `health`; /healthz also `depends` (Redis); /readyz also `ready`. Each 503
+// carries the reason of the check that failed.
+TEST(MetricsServer, LivezHealthzReadyzLayers) {
+  Registry r;
+  std::atomic<bool> live{true}, deps{true}, ready{true};
+  MetricsServerOptions o;
+  o.health = [&](std::string* why) {
+    if (!live) *why = "event loop stalled";
+    return live.load();
+  };
+  o.depends = [&](std::string* why) {
+    if (!deps) *why = "redis 127.0.0.1:1 unreachable";
+    return deps.load();
+  };
+  o.ready = [&](std::string* why) {
+    if (!ready) *why = "broker not heard from yet";
+    return ready.load();
+  };
+  auto server = StartOrDie(&r, o);
+  auto get = [&](const char* path) {
+    return RawRequest(server->port(), std::string("GET ") + path + " HTTP/1.0\r\n\r\n");
+  };
+  for (const char* path : {"/livez", "/healthz", "/readyz"}) {
+    EXPECT_EQ(get(path).rfind("HTTP/1.1 200", 0), 0u) << path;
+  }
+  ready = false;
+  EXPECT_EQ(get("/livez").rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_EQ(get("/healthz").rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_EQ(get("/readyz").rfind("HTTP/1.1 503", 0), 0u);
+  EXPECT_EQ(Body(get("/readyz")), "broker not heard from yet\n");
+  deps = false;
+  EXPECT_EQ(get("/livez").rfind("HTTP/1.1 200", 0), 0u);
+  EXPECT_EQ(get("/healthz").rfind("HTTP/1.1 503", 0), 0u);
+  EXPECT_EQ(Body(get("/healthz")), "redis 127.0.0.1:1 unreachable\n");
+  EXPECT_EQ(Body(get("/readyz")), "redis 127.0.0.1:1 unreachable\n");
+  live = false;
+  EXPECT_EQ(get("/livez").rfind("HTTP/1.1 503", 0), 0u);
+  EXPECT_EQ(Body(get("/livez")), "event loop stalled\n");
+}
+
+// The process_* series of every Prometheus client library, read from /proc/self.
+TEST(ProcessMetrics, SampledFromProc) {
+  Registry r;
+  names::SampleProcessMetrics(&r);
+  volatile double x = 0;  // burn a little CPU: the counter must not go down, and may go up
+  for (int i = 0; i < 20000000; ++i) x = x + 1.0;
+  names::SampleProcessMetrics(&r);
+  ParsedText parsed;
+  ASSERT_TRUE(ParseText(r.Expose(), &parsed).ok());
+  EXPECT_GT(SumSamples(parsed, names::kProcessRss), 1e6);    // a test binary: megabytes
+  EXPECT_GE(SumSamples(parsed, names::kProcessOpenFds), 3);  // stdin, stdout, stderr
+  EXPECT_GE(SumSamples(parsed, names::kProcessMaxFds), SumSamples(parsed, names::kProcessOpenFds));
+  EXPECT_GT(SumSamples(parsed, names::kProcessCpu), 0);
+  EXPECT_NE(r.Expose().find("# TYPE process_cpu_seconds_total counter"), std::string::npos);
+}
+
+// ferry_redis_up and the memory gauges against a real redis-server, then with it stopped.
+TEST(RedisProbe, UpMemoryThenDownWithTheReason) {
+  testutil::RedisServer redis;
+  Registry r;
+  RedisProbe::Options o;
+  o.endpoint = redis.endpoint();
+  o.interval_ms = 50;
+  o.timeout_ms = 500;
+  o.memory = true;
+  RedisProbe probe(&r, o);
+  std::string why;
+  ASSERT_TRUE(testutil::WaitFor([&] { return probe.Up(&why); })) << why;
+  ParsedText parsed;
+  ASSERT_TRUE(testutil::WaitFor([&] {
+    parsed = ParsedText();
+    return ParseText(r.Expose(), &parsed).ok() && SumSamples(parsed, names::kRedisUsedMemory) > 0;
+  }));
+  EXPECT_EQ(SumSamples(parsed, names::kRedisUp), 1);
+  EXPECT_GE(SumSamples(parsed, names::kRedisMaxMemory), 0);
+
+  redis.Stop();
+  ASSERT_TRUE(testutil::WaitFor([&] { return !probe.Up(&why); }));
+  EXPECT_NE(why.find("unreachable"), std::string::npos) << why;
+  EXPECT_NE(why.find(std::to_string(redis.port())), std::string::npos) << why;
+  parsed = ParsedText();
+  ASSERT_TRUE(ParseText(r.Expose(), &parsed).ok());
+  EXPECT_EQ(SumSamples(parsed, names::kRedisUp), 0);
+
+  redis.Restart();
+  EXPECT_TRUE(testutil::WaitFor([&] { return probe.Up(&why); })) << why;
 }
 
 TEST(MetricsServer, PortZeroIsDisabledAndBusyPortFails) {

@@ -33,7 +33,10 @@ struct BrokerOptions {
   int64_t heartbeat_ms = 1000;  // interval of HEARTBEATs to workers
   int64_t liveness = 3;         // a worker silent for heartbeat_ms * liveness is dropped
   int64_t max_attempts = 3;     // a job requeued this many times fails as "poisoned"
-  int64_t default_result_ttl_s = 3600;
+  // --result-ttl-s: expiry of results whose job sets none. 10 minutes, which a busy fleet's Redis
+  // survives (36k jobs/s x ~490 B x 600 s = ~10.6 GB; docs/operations.md, "Result retention and
+  // Redis sizing"); jobs that must be read later ask for more with result_ttl_s.
+  int64_t default_result_ttl_s = 600;
   int64_t max_job_bytes = 64 << 20;       // larger jobs are rejected with too_large
   // Larger messages drop the connection (ZeroMQ): the largest job plus room for its envelope,
   // so that nobody makes the broker allocate much more than one job's worth at once.
@@ -60,7 +63,16 @@ struct BrokerOptions {
   // Bounds on what one message may ask for (a member can misbehave too).
   int64_t max_result_ttl_s = 7 * 24 * 3600;  // SUBMIT result_ttl_s above it: invalid_argument
   int64_t max_jobs_per_message = 10000;      // jobs per SUBMIT, ids per CANCEL
+
+  // Queued jobs of a model that no connected worker serves fail `unavailable` once the model
+  // has had no worker for this long (SUBMITs for it are still accepted: a worker may come
+  // back). 0: never (jobs wait for a worker without limit). See docs/operations.md.
+  int64_t orphan_timeout_s = 300;
 };
+
+// Checks that every option is in its range; invalid_argument naming the flag that sets it
+// (e.g. "--heartbeat-ms must be 10..600000, got 0"). Create calls it.
+Status ValidateBrokerOptions(const BrokerOptions& options);
 
 class Broker {
  public:

@@ -1,7 +1,12 @@
 #pragma once
 // MetricsServer: serves a Registry over HTTP on its own thread (cpp-httplib):
 //   GET /metrics  -> 200, Registry::Expose(), Content-Type text/plain; version=0.0.4
-//   GET /healthz  -> 200 "ok" (or 503 and the reason when options.health says so)
+//   GET /livez    -> 200 "ok", or 503 and the reason when options.health says the process is
+//                    stuck (a liveness probe: restart it)
+//   GET /healthz  -> also 503 and the reason when options.depends says what the process needs
+//                    is unreachable (Redis)
+//   GET /readyz   -> also 503 and the reason when options.ready says it cannot serve yet (a
+//                    worker not connected to a broker): a readiness probe
 // Anything else gets 404. The server only reads the registry; the process updates metrics from
 // its own threads as usual.
 //
@@ -29,8 +34,13 @@ struct MetricsServerOptions {
   // TCP port. 0 = disabled (Start succeeds, serves nothing). kAnyPort = pick a free one (tests).
   int port = 0;
   std::string bind_address = "0.0.0.0";
-  // Optional: called on a server thread for /healthz; return false and set *why for a 503.
+  // Optional, each called on a server thread; return false and set *why for a 503.
+  // health: /livez, /healthz and /readyz -- the process is stuck.
   std::function<bool(std::string* why)> health;
+  // depends: /healthz and /readyz -- what the process needs is unreachable (Redis).
+  std::function<bool(std::string* why)> depends;
+  // ready: /readyz only -- the process cannot serve yet (a worker without a broker).
+  std::function<bool(std::string* why)> ready;
   // Optional: called on a server thread before each /metrics render, e.g. to sample device
   // memory. Must not touch state owned by another thread without synchronisation.
   std::function<void()> before_scrape;

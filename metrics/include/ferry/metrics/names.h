@@ -87,6 +87,10 @@ inline constexpr const char* kBatchSizeHelp = "Jobs per model forward call.";
 // ---- broker: workers -------------------------------------------------------------------------
 inline constexpr const char* kWorkersConnected = "ferry_workers_connected";
 inline constexpr const char* kWorkersConnectedHelp = "Workers registered with the broker.";
+// gauge {model}: connected workers that serve the model (0: its jobs wait, and fail after
+// --orphan-timeout-s).
+inline constexpr const char* kModelWorkers = "ferry_model_workers";
+inline constexpr const char* kModelWorkersHelp = "Connected workers serving the model.";
 // gauges {worker}: free credit (jobs the worker will still take) and jobs in flight.
 inline constexpr const char* kWorkerCredit = "ferry_worker_credit";
 inline constexpr const char* kWorkerCreditHelp = "Jobs the worker can still take.";
@@ -130,6 +134,25 @@ inline constexpr const char* kBuildInfoHelp = "Always 1; labels give the compone
 inline constexpr const char* kProcessStartTime = "process_start_time_seconds";
 inline constexpr const char* kProcessStartTimeHelp = "Start time of the process, unix seconds.";
 
+// gauge: 1 when Redis answered the last probe (every 2 s, metrics/redis_probe.h), else 0.
+inline constexpr const char* kRedisUp = "ferry_redis_up";
+inline constexpr const char* kRedisUpHelp = "1 when Redis answered the last probe, else 0.";
+// gauges (broker): Redis's INFO memory used_memory and maxmemory (0: no limit).
+inline constexpr const char* kRedisUsedMemory = "ferry_redis_used_memory_bytes";
+inline constexpr const char* kRedisUsedMemoryHelp = "Redis used_memory (INFO memory), bytes.";
+inline constexpr const char* kRedisMaxMemory = "ferry_redis_maxmemory_bytes";
+inline constexpr const char* kRedisMaxMemoryHelp = "Redis maxmemory (0: no limit), bytes.";
+// The standard process metrics of Prometheus client libraries, read from /proc/self at each
+// scrape (SampleProcessMetrics, from the MetricsServer before_scrape hooks).
+inline constexpr const char* kProcessCpu = "process_cpu_seconds_total";
+inline constexpr const char* kProcessCpuHelp = "User and system CPU time spent, seconds.";
+inline constexpr const char* kProcessRss = "process_resident_memory_bytes";
+inline constexpr const char* kProcessRssHelp = "Resident memory size, bytes.";
+inline constexpr const char* kProcessOpenFds = "process_open_fds";
+inline constexpr const char* kProcessOpenFdsHelp = "Open file descriptors.";
+inline constexpr const char* kProcessMaxFds = "process_max_fds";
+inline constexpr const char* kProcessMaxFdsHelp = "Limit of open file descriptors.";
+
 // Bucket bounds. Latency: 0.5 ms .. 60 s. Batch size: powers of two 1 .. 1024.
 const std::vector<double>& LatencyBuckets();
 const std::vector<double>& BatchSizeBuckets();
@@ -137,6 +160,11 @@ const std::vector<double>& BatchSizeBuckets();
 // Registers ferry_build_info{component, version} = 1 and process_start_time_seconds (now).
 void RegisterProcessInfo(Registry* registry, const std::string& component,
                          const std::string& version);
+
+// Sets process_cpu_seconds_total, process_resident_memory_bytes, process_open_fds and
+// process_max_fds from /proc/self (Linux). The broker and the worker call it before each
+// /metrics render (MetricsServerOptions::before_scrape). Thread-safe.
+void SampleProcessMetrics(Registry* registry);
 
 // Suggested --metrics-port values (the flag's default is 0 = disabled), used by the deploy/
 // files: the broker on 9450; the worker on GPU i on kWorkerMetricsPortBase + i (9460, 9461, ...;
