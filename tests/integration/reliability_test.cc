@@ -1,7 +1,8 @@
 // Reliability on real processes (docs/reliability.md): whichever single process dies -- a worker,
 // the broker, Redis with AOF -- every job the broker accepted ends with exactly one final result
 // in Redis; poison jobs fail instead of killing the fleet; workers drain; queues are bounded;
-// deadlines, cancellation and priorities hold.
+// deadlines, cancellation and priorities hold. ctest runs them twice: as they are, and as
+// curve.* with FERRY_TEST_CURVE=1 (CurveZMQ on both broker sockets; Fleet makes the keys).
 //
 // The `tiny` model's weights are fixed (ferry-make-models), so its expected outputs are computed
 // here by hand: y[j] = sum_i x[i] * W[i][j] + b[j], W[i][j] = 0.01*(i*8+j) - 0.3, b[j] = 0.1*j.
@@ -84,6 +85,8 @@ std::unique_ptr<Client> MakeClient(Fleet& fleet, int request_timeout_ms = 5000) 
   o.frontend = fleet.frontend();
   o.redis = fleet.redis().url();
   o.request_timeout_ms = request_timeout_ms;
+  o.curve_server_public = fleet.curve_server_public();  // "" unless FERRY_TEST_CURVE=1
+  o.curve_secret = fleet.curve_secret();
   std::unique_ptr<Client> c;
   EXPECT_TRUE(Client::Create(o, &c).ok());
   return c;
@@ -606,8 +609,8 @@ TEST(Reliability, CancelQueuedAndDispatchedJobs) {
   // The CLI says the same.
   testutil::TempDir dir;
   const std::string cmd = testutil::CliBin() + " cancel --frontend " + fleet.frontend() +
-                          " --redis " + fleet.redis().url() + " running > " + dir.path() +
-                          "/out.txt 2>&1";
+                          fleet.CurveCliFlags() + " --redis " + fleet.redis().url() +
+                          " running > " + dir.path() + "/out.txt 2>&1";
   EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 1);
   std::ifstream out(dir.path() + "/out.txt");
   std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());

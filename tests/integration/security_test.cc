@@ -199,6 +199,7 @@ class Curve : public ::testing::Test {
     raw_worker_keys_[1] = keys_.Make("raw1", "workers");
     FleetOptions o;
     o.workers = 1;
+    o.curve = false;  // the keys are this test's own
     o.broker_args = keys_.BrokerArgs();
     o.broker_args.push_back("--metrics-port");
     o.broker_args.push_back(std::to_string(metrics_port_));

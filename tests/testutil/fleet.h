@@ -24,6 +24,11 @@ struct FleetOptions {
   std::vector<std::string> broker_args;
   std::vector<std::string> worker_args;
   bool redis_append_only = false;
+  // CurveZMQ on both broker sockets, with keys made for the fleet (a broker, a worker and a
+  // producer key; the worker and producer listed). Defaults to $FERRY_TEST_CURVE=1, so that a
+  // whole suite can run again with CURVE on (tests/integration/CMakeLists.txt does).
+  bool curve = CurveFromEnvironment();
+  static bool CurveFromEnvironment();
 };
 
 class Fleet {
@@ -45,6 +50,12 @@ class Fleet {
   bool WaitForWorkers(size_t n, std::chrono::milliseconds timeout = std::chrono::seconds(60));
   // All logs, for failure messages.
   std::string Logs() const;
+  // With options.curve: the files a producer names (ClientOptions::curve_server_public and
+  // curve_secret, or the CLI's --curve-server-public/--curve-secret); "" without CURVE.
+  std::string curve_server_public() const;
+  std::string curve_secret() const;
+  // The CLI flags for them (empty without CURVE), e.g. for `ferry cancel`.
+  std::string CurveCliFlags() const;
 
  private:
   FleetOptions options_;
@@ -56,7 +67,9 @@ class Fleet {
   std::vector<std::unique_ptr<Process>> workers_;
 };
 
-// Sends STATS over a fresh DEALER socket; returns the number of workers listed, -1 on error.
-int CountWorkers(const std::string& frontend);
+// Sends STATS over a fresh DEALER socket (with CURVE when the key files are given); returns the
+// number of workers listed, -1 on error.
+int CountWorkers(const std::string& frontend, const std::string& curve_server_public = "",
+                 const std::string& curve_secret = "");
 
 }  // namespace ferry::testutil
