@@ -16,6 +16,7 @@
 #include "ferry/protocol/wire.h"
 #include "io_thread.h"
 #include "redis_store.h"
+#include "result_deleter.h"
 #include "result_tracker.h"
 
 namespace ferry::client {
@@ -108,9 +109,9 @@ class Client::Impl {
         tracker_([this](const std::string& id,
                         Result* out) { return store_.Read(id, out, options_.consume_results); },
                  // consume_results: a result that came inline (in a notice) is still in Redis;
-                 // delete it too. Best effort: if Redis cannot be reached it expires with its TTL.
+                 // delete it too, in the background (result_deleter.h).
                  [this](const std::string& id) {
-                   if (options_.consume_results) (void)store_.DeleteResult(id);
+                   if (options_.consume_results) deleter_.Add(id);
                  }) {}
 
   Status Start() {
@@ -176,6 +177,8 @@ class Client::Impl {
   const protocol::RedisEndpoint redis_;
   const protocol::Keys keys_;
   RedisStore store_;
+  // After store_, which it uses; before tracker_, which calls it.
+  ResultDeleter deleter_{&store_};
   // Before io_: the I/O thread calls into it until io_'s destructor has joined the thread.
   ResultTracker tracker_;
   std::unique_ptr<IoThread> io_;

@@ -46,11 +46,15 @@ Status RedisStore::Read(const std::string& id, Result* out, bool consume) {
   return Status::Ok();
 }
 
-Status RedisStore::DeleteResult(const std::string& id) {
+Status RedisStore::DeleteResults(const std::vector<std::string>& ids) {
   std::unique_ptr<protocol::RedisClient> conn;
   FERRY_RETURN_IF_ERROR(Acquire(&conn));
+  std::vector<std::string> keys;
+  keys.reserve(ids.size());
+  for (const auto& id : ids) keys.push_back(keys_.Result(id));
+  std::vector<std::string_view> views(keys.begin(), keys.end());
   std::vector<std::optional<std::string>> values;
-  Status s = conn->GetMany({keys_.Result(id)}, &values, /*consume=*/true);
+  Status s = conn->GetMany(views, &values, /*consume=*/true);
   Release(std::move(conn));
   return s;
 }

@@ -38,9 +38,10 @@ class RedisStore {
   // unavailable when Redis cannot be reached; internal when it refuses a write.
   Status PutInputs(const std::vector<std::string>& keys,
                    const std::vector<std::string_view>& values, int64_t ttl_s);
-  // Deletes the result of `id` (GETDEL, which the producer's ACL user may run; the value is
-  // dropped): for a result the client got inline under consume_results.
-  Status DeleteResult(const std::string& id);
+  // Deletes the results of `ids` in one pipelined round trip (GETDEL, which the producer's ACL
+  // user may run; the values are dropped): results the client got inline under
+  // consume_results (result_deleter.h).
+  Status DeleteResults(const std::vector<std::string>& ids);
   // Deletes `keys` (one round trip).
   Status Delete(const std::vector<std::string>& keys);
 

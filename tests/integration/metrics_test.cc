@@ -326,6 +326,45 @@ TEST(Metrics, JobsOfAModelWithoutWorkersFailAfterTheOrphanTimeout) {
   })) << fleet.broker().Log();
 }
 
+// consume_results: every result a Wait or Run returned is gone from Redis once the client is
+// done -- small ones too, which arrive inline in notices and are never read from Redis (a
+// background thread deletes them in batches). Without it they stay until their TTL.
+TEST(Metrics, ConsumeDeletesResultsThatCameInlineToo) {
+  FleetOptions o;
+  o.workers = 1;
+  Fleet fleet(o);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto results_in_redis = [&] {
+    protocol::RedisReply keys;
+    EXPECT_TRUE(fleet.redis().Connect()->Command({"KEYS", "ferry:result:*"}, &keys).ok());
+    return keys.elements.size();
+  };
+  for (bool consume : {false, true}) {
+    ClientOptions co;
+    co.frontend = fleet.frontend();
+    co.redis = fleet.redis().url();
+    co.consume_results = consume;
+    std::unique_ptr<Client> c;
+    ASSERT_TRUE(Client::Create(co, &c).ok());
+    std::vector<Job> jobs;
+    for (uint32_t i = 0; i < 50; ++i) jobs.push_back(TinyJob(i));
+    std::vector<SubmitOutcome> outcomes;
+    ASSERT_TRUE(c->SubmitMany(jobs, &outcomes).ok());
+    for (const auto& out : outcomes) {
+      Result r;
+      ASSERT_TRUE(c->Wait(out.id, 60000, &r).ok()) << fleet.Logs();
+      ASSERT_EQ(r.state, JobState::kDone);
+    }
+    Result r;
+    ASSERT_TRUE(c->Run(TinyJob(99), 60000, &r).ok()) << fleet.Logs();
+    ASSERT_EQ(r.state, JobState::kDone);
+    c.reset();  // the deleter's last round trip
+    EXPECT_EQ(results_in_redis(), consume ? 0u : 51u) << "consume_results=" << consume;
+    protocol::RedisReply ignored;  // the next round starts empty
+    ASSERT_TRUE(fleet.redis().Connect()->Command({"FLUSHDB"}, &ignored).ok());
+  }
+}
+
 // Every non-empty line of a text-mode log is an event of its own: it starts with spdlog's
 // timestamp, and `forged` (a text that looks like a log line) never starts one.
 void ExpectOneLinePerEvent(const std::string& log, const std::string& forged) {

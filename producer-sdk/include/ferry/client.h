@@ -118,9 +118,10 @@ struct ClientOptions {
   // each result once, and for big results (Redis then reuses their memory instead of growing;
   // 1 MB results came back 1.5x as fast in audio_out). A later Poll or Wait of the id finds no
   // result (kPending). Small results that arrive inside notices (no Redis read needed) are
-  // deleted too, with one GETDEL on the waiting thread after the result is decoded (best effort:
-  // with Redis unreachable they expire with their result_ttl_s). Poll never deletes. Covers Wait
-  // and Run; docs/operations.md ("Result retention and Redis sizing") says when to use it.
+  // deleted too, by a background thread that batches them (one pipelined round trip for all
+  // those returned since its last one; best effort: ones it cannot delete -- Redis unreachable,
+  // over 100,000 queued -- expire with their result_ttl_s). Poll never deletes. Covers Wait and
+  // Run; docs/operations.md ("Result retention and Redis sizing") says when to use it.
   bool consume_results = false;
 };
 
