@@ -141,6 +141,7 @@ class RedisSecurity : public ::testing::Test {
     ASSERT_NE(admin, nullptr);
     protocol::RedisReply r;
     ASSERT_TRUE(admin->Command({"FLUSHALL"}, &r).ok());
+    ASSERT_TRUE(admin->Command({"ACL", "LOG", "RESET"}, &r).ok());
   }
 
   static std::string Url(const std::string& user) {
@@ -163,11 +164,16 @@ class RedisSecurity : public ::testing::Test {
             "--redis-tls-key",
             certs_->client_key};
   }
+  // Broker and worker serve /metrics, so that their Redis probes (PING, INFO memory) run too.
   std::unique_ptr<Process> StartBroker(const std::string& pw_file, int frontend, int backend,
                                        const std::string& log, const std::string& ca = "") {
-    std::vector<std::string> argv = {testutil::BrokerBin(), "--frontend",
-                                     "tcp://127.0.0.1:" + std::to_string(frontend), "--backend",
-                                     "tcp://127.0.0.1:" + std::to_string(backend)};
+    std::vector<std::string> argv = {testutil::BrokerBin(),
+                                     "--frontend",
+                                     "tcp://127.0.0.1:" + std::to_string(frontend),
+                                     "--backend",
+                                     "tcp://127.0.0.1:" + std::to_string(backend),
+                                     "--metrics-port",
+                                     std::to_string(testutil::FreePort())};
     for (auto& a : RedisArgs("ferry-broker", pw_file, ca)) argv.push_back(a);
     return std::make_unique<Process>(argv, dir_->path() + "/" + log);
   }
@@ -181,7 +187,9 @@ class RedisSecurity : public ::testing::Test {
                                      "--instances",
                                      "1",
                                      "--threads",
-                                     "1"};
+                                     "1",
+                                     "--metrics-port",
+                                     std::to_string(testutil::FreePort())};
     for (const char* m : {"tiny", "head", "expand", "slow"})
       argv.push_back("--model"), argv.push_back(std::string(m) + "=" + testutil::ModelPath(m));
     for (auto& a : RedisArgs("ferry-worker", pw_file)) argv.push_back(a);
@@ -369,9 +377,23 @@ TEST_F(RedisSecurity, TheWholeJobPathRunsAsLeastPrivilegeUsersOverTls) {
       << logs();
   EXPECT_TRUE(WaitFor([&] { return JournalLength() == 0; })) << "journal not emptied\n" << logs();
 
-  // No Redis refusal anywhere in the logs: every command the fleet sent was allowed.
+  // No Redis refusal anywhere: every command the fleet sent was allowed. Redis's ACL log holds
+  // each command, key or channel it denied (and each failed AUTH), whoever sent it.
   const std::string all = logs() + ReadFile(dir_->path() + "/broker.log");
   EXPECT_FALSE(Contains(all, "NOPERM")) << all;
+  {
+    auto admin = redis_->Connect();
+    ASSERT_NE(admin, nullptr);
+    protocol::RedisReply log;
+    ASSERT_TRUE(admin->Command({"ACL", "LOG"}, &log).ok());
+    std::string denied;
+    for (const auto& entry : log.elements)  // [key, value, key, value, ...]
+      for (size_t i = 0; i + 1 < entry.elements.size(); i += 2)
+        if (entry.elements[i].str == "reason" || entry.elements[i].str == "object" ||
+            entry.elements[i].str == "username")
+          denied += entry.elements[i].str + "=" + entry.elements[i + 1].str + " ";
+    EXPECT_TRUE(log.elements.empty()) << "Redis denied: " << denied;
+  }
   for (const char* pw : {kBrokerPassword, kWorkerPassword, kProducerPassword})
     EXPECT_FALSE(Contains(all, pw)) << "a password in a log";
   broker->Signal(SIGTERM);
@@ -445,6 +467,9 @@ TEST_F(RedisSecurity, EachUserIsHeldToItsOwnCommandsAndKeys) {
   EXPECT_TRUE(refused(broker.get(), {"FLUSHALL"}));
   EXPECT_TRUE(refused(broker.get(), {"PUBLISH", "ferry:notify:someone", "forged"}));
   EXPECT_TRUE(allowed(broker.get(), {"HSCAN", "ferry:journal", "0"}));
+  EXPECT_TRUE(allowed(broker.get(), {"INFO", "memory"}));  // the /metrics memory gauges
+  EXPECT_TRUE(refused(worker.get(), {"INFO", "memory"}));
+  EXPECT_TRUE(refused(producer.get(), {"PING"}));
 
   // The default user is off: no password, no entry.
   protocol::RedisEndpoint anonymous = redis_->endpoint();
