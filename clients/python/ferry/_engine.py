@@ -102,6 +102,8 @@ class Engine:
         self.redis = _resp.Commands(self.endpoint, loop, self.timeout)
         self.entries = {}
         self.held_bytes = 0
+        self._to_consume = []    # result keys to GETDEL: consumed results that came inline
+        self._consumer = None    # the task that deletes them
         self.closed = False
         self._rids = itertools.count(1)
         self._runs = []          # RunJob, queued for the next ack:false SUBMIT
@@ -449,6 +451,21 @@ class Engine:
             return None
         return _protocol.decode_result(raw, id)
 
+    def _consume_later(self, id):
+        """Deletes id's result in the background, batched with the others of this loop turn
+        (pipelined GETDELs: the producer ACL user may GETDEL results but not DEL them)."""
+        self._to_consume.append(self.prefix + "result:" + id)
+        if self._consumer is None or self._consumer.done():
+            self._consumer = self.loop.create_task(self._consume_pending())
+
+    async def _consume_pending(self):
+        while self._to_consume and not self.closed:
+            keys, self._to_consume = self._to_consume[:1024], self._to_consume[1024:]
+            try:
+                await self.redis.execute_many([("GETDEL", k) for k in keys])
+            except Exception:  # best effort: they expire with their result_ttl_s
+                pass
+
     async def wait(self, id, timeout, consume, run=None, resubmit=None):
         """Waits for id's result (client.h's Wait contract, timeout in seconds, None = none).
         With `run`, also returns run's rejection, and calls resubmit() after a silence."""
@@ -477,6 +494,8 @@ class Engine:
                         self.held_bytes -= len(rec)
                     r = _protocol.decode_result(rec, id)
                     e.delivered = True
+                    if consume:  # it came inline, so Redis still holds it: delete it too
+                        self._consume_later(id)
                     return r
                 if run is not None and run.error is not None:
                     raise run.error

@@ -2,6 +2,7 @@
 
 import asyncio
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -95,6 +96,17 @@ def test_poll_wait_timeout_and_consume(fleet, client):
         assert_tiny(consumer.wait(i, timeout=30), x)
         assert consumer.poll(i) is None
     assert fleet.redis().exists("ferry:result:" + i) == 0
+    # Results that come inline (notices, FINISHED) are deleted too, in the background.
+    with ferry.Client(fleet.frontend, fleet.redis_url, consume_results=True) as consumer:
+        ids = [consumer.run("tiny", x, timeout=30).id for _ in range(20)]
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and any(
+                fleet.redis().exists("ferry:result:" + j) for j in ids):
+            time.sleep(0.05)
+        assert [j for j in ids if fleet.redis().exists("ferry:result:" + j)] == []
+    with ferry.Client(fleet.frontend, fleet.redis_url) as keeper:
+        kept = keeper.run("tiny", x, timeout=30).id
+    assert fleet.redis().exists("ferry:result:" + kept) == 1
 
 
 def test_stats(client):
