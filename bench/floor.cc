@@ -53,7 +53,14 @@ void SetHwm(void* s) {
 
 // Two distinct free TCP endpoints on 127.0.0.1: both ports bound (port 0) at once with plain
 // sockets, read back and closed -- synchronously, unlike zmq_close.
-std::pair<std::string, std::string> FreeEndpoints() {
+// With `ipc`: two fresh Unix-domain socket paths under /tmp instead.
+std::pair<std::string, std::string> FreeEndpoints(bool ipc) {
+  if (ipc) {
+    static int n = 0;
+    const std::string base = "ipc:///tmp/ferry-floor-" + std::to_string(getpid()) + "-";
+    n += 2;
+    return {base + std::to_string(n - 1) + ".sock", base + std::to_string(n) + ".sock"};
+  }
   int fds[2];
   std::string endpoints[2];
   for (int i = 0; i < 2; ++i) {
@@ -123,9 +130,9 @@ double Receive(void* pull, size_t bytes, int messages, int* got) {
 }
 
 // Producer (and relay) in child processes, the consumer here.
-double ZmqFloor(bool two_hops, size_t bytes, int messages, int* got) {
+double ZmqFloor(bool two_hops, bool ipc, size_t bytes, int messages, int* got) {
   void* ctx = zmq_ctx_new();
-  const auto [consumer, spare] = FreeEndpoints();
+  const auto [consumer, spare] = FreeEndpoints(ipc);
   const std::string relay_in = two_hops ? spare : consumer;
   void* pull = zmq_socket(ctx, ZMQ_PULL);
   SetHwm(pull);
@@ -147,6 +154,8 @@ double ZmqFloor(bool two_hops, size_t bytes, int messages, int* got) {
     waitpid(relay, nullptr, 0);
   }
   zmq_ctx_term(ctx);
+  if (ipc)
+    for (const std::string& e : {consumer, spare}) unlink(e.substr(6).c_str());  // "ipc://"
   return mbps;
 }
 
@@ -234,7 +243,7 @@ RedisRates RedisFloor(const ferry::protocol::RedisEndpoint& ep, size_t bytes, in
 
 int main(int argc, char** argv) {
   int64_t bytes = 960000, messages = 2000, clients = 1;
-  std::string redis, json;
+  std::string redis, json, transport = "tcp";
   ferry::runtime::FlagSet flags(
       "ferry-floor", "Bare libzmq and Redis throughput for big messages (no Ferry code).");
   flags.Int("bytes", &bytes, "message / value size in bytes");
@@ -246,19 +255,26 @@ int main(int argc, char** argv) {
   ferry::runtime::AddRedisAccessFlags(&flags, &redis_files);
   flags.Int("clients", &clients, "Redis connections (threads) for SET and GET");
   flags.String("json", &json, "also write the figures to this JSON file");
+  flags.String("transport", &transport,
+               "tcp (127.0.0.1) or ipc (Unix-domain sockets under /tmp) for the zmq hops");
   if (int rc = ferry::runtime::HandleFlagResult(flags, flags.Parse(argc, argv)); rc >= 0) return rc;
-  if (bytes <= 0 || messages < 2 || clients < 1) {
-    std::fprintf(stderr, "ferry-floor: --bytes > 0, --messages >= 2, --clients >= 1\n");
+  if (bytes <= 0 || messages < 2 || clients < 1 || (transport != "tcp" && transport != "ipc")) {
+    std::fprintf(
+        stderr, "ferry-floor: --bytes > 0, --messages >= 2, --clients >= 1, --transport tcp|ipc\n");
     return 2;
   }
+  const bool ipc = transport == "ipc";
   // As Ferry's servers do (runtime/malloc_policy.h): big buffers are not page-faulted in afresh.
   std::string malloc_what;
   ferry::runtime::KeepFreedMemory(&malloc_what);
   int got = 0;
-  const double two = ZmqFloor(true, static_cast<size_t>(bytes), static_cast<int>(messages), &got);
-  std::printf("zmq two hops   %9.1f MB/s  %9.1f msg/s  (%d messages of %lld bytes)\n", two,
-              two * 1e6 / static_cast<double>(bytes), got, static_cast<long long>(bytes));
-  const double one = ZmqFloor(false, static_cast<size_t>(bytes), static_cast<int>(messages), &got);
+  const double two =
+      ZmqFloor(true, ipc, static_cast<size_t>(bytes), static_cast<int>(messages), &got);
+  std::printf("zmq two hops   %9.1f MB/s  %9.1f msg/s  (%d messages of %lld bytes, %s)\n", two,
+              two * 1e6 / static_cast<double>(bytes), got, static_cast<long long>(bytes),
+              transport.c_str());
+  const double one =
+      ZmqFloor(false, ipc, static_cast<size_t>(bytes), static_cast<int>(messages), &got);
   std::printf("zmq one hop    %9.1f MB/s  %9.1f msg/s\n", one,
               one * 1e6 / static_cast<double>(bytes));
   RedisRates r;
@@ -287,9 +303,9 @@ int main(int argc, char** argv) {
     if (f == nullptr) return 1;
     std::fprintf(f,
                  "{\"mode\": \"floor\", \"bytes\": %lld, \"messages\": %lld, \"clients\": %lld, "
-                 "\"zmq_two_hops_mbps\": %.1f, \"zmq_one_hop_mbps\": %.1f",
+                 "\"transport\": \"%s\", \"zmq_two_hops_mbps\": %.1f, \"zmq_one_hop_mbps\": %.1f",
                  static_cast<long long>(bytes), static_cast<long long>(messages),
-                 static_cast<long long>(clients), two, one);
+                 static_cast<long long>(clients), transport.c_str(), two, one);
     if (r.ok)
       std::fprintf(f, ", \"redis_set_mbps\": %.1f, \"redis_get_mbps\": %.1f", r.set_mbps,
                    r.get_mbps);
