@@ -37,7 +37,7 @@ struct BrokerOptions {
   // survives (36k jobs/s x ~490 B x 600 s = ~10.6 GB; docs/operations.md, "Result retention and
   // Redis sizing"); jobs that must be read later ask for more with result_ttl_s.
   int64_t default_result_ttl_s = 600;
-  int64_t max_job_bytes = 64 << 20;       // larger jobs are rejected with too_large
+  int64_t max_job_bytes = 64 << 20;  // larger jobs are rejected with too_large
   // Larger messages drop the connection (ZeroMQ): the largest job plus room for its envelope,
   // so that nobody makes the broker allocate much more than one job's worth at once.
   int64_t max_message_bytes = (64 << 20) + (1 << 20);
