@@ -27,6 +27,7 @@
 #include "ferry/protocol/redis.h"
 #include "fleet.h"
 #include "process.h"
+#include "tiny_reference.h"
 #include "tls_certs.h"
 
 namespace ferry {
@@ -66,23 +67,8 @@ std::string CommandLine(pid_t pid) {
   return text;
 }
 
-std::vector<float> TinyInput(uint32_t seed) {
-  std::vector<float> x(8);
-  for (int i = 0; i < 8; ++i) x[i] = static_cast<float>((seed * 31 + i * 7) % 97) / 50.0f - 1.0f;
-  return x;
-}
-
-// tiny.pt (ferry-make-models): y[j] = sum_i x[i] * W[i][j] + b[j], W[i][j] = 0.01*(i*8+j) - 0.3,
-// b[j] = 0.1*j.
-std::vector<float> TinyExpected(const std::vector<float>& x) {
-  std::vector<float> y(8);
-  for (int j = 0; j < 8; ++j) {
-    double acc = 0.1 * j;
-    for (int i = 0; i < 8; ++i) acc += x[i] * (0.01 * (i * 8 + j) - 0.3);
-    y[j] = static_cast<float>(acc);
-  }
-  return y;
-}
+using testutil::TinyExpected;
+using testutil::TinyInput;
 
 Job TinyJob(uint32_t seed) {
   Job j;

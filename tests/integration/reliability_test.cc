@@ -35,6 +35,7 @@
 #include "ferry/protocol/redis.h"
 #include "fleet.h"
 #include "process.h"
+#include "tiny_reference.h"
 
 namespace ferry {
 namespace {
@@ -47,21 +48,8 @@ using testutil::Fleet;
 using testutil::FleetOptions;
 using testutil::WaitFor;
 
-std::vector<float> TinyInput(uint32_t seed) {
-  std::vector<float> x(8);
-  for (int i = 0; i < 8; ++i) x[i] = static_cast<float>((seed * 31 + i * 7) % 97) / 50.0f - 1.0f;
-  return x;
-}
-
-std::vector<float> TinyExpected(const std::vector<float>& x) {
-  std::vector<float> y(8);
-  for (int j = 0; j < 8; ++j) {
-    double acc = 0.1 * j;
-    for (int i = 0; i < 8; ++i) acc += x[i] * (0.01 * (i * 8 + j) - 0.3);
-    y[j] = static_cast<float>(acc);
-  }
-  return y;
-}
+using testutil::TinyExpected;
+using testutil::TinyInput;
 
 Job TinyJob(const std::string& id, uint32_t seed) {
   Job j;
