@@ -106,6 +106,8 @@ void Broker::Impl::HandleBackend(protocol::Message& m) {
   const std::string worker(m.envelope[0].to_string_view());
   msgpack::object_handle oh;
   Status s = protocol::UnpackMap(m.body.data(), m.body.size(), &oh);
+  if (s.ok() && !m.frames.empty())
+    s = Status(codes::kMalformed, "a worker message carries no data frames");
   if (!s.ok()) {
     telemetry.OnRefusedMessage();
     LimitedWarn(bad_worker_message_log, "worker message " + m.command +

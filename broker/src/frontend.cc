@@ -86,6 +86,10 @@ void Broker::Impl::HandleFrontend(protocol::Message& m) {
     if (!m.envelope.empty()) ReplyError(m, rid, codes::kMalformed, s.message());
     return;
   }
+  if (!m.frames.empty() && m.command != protocol::kSubmit) {
+    ReplyError(m, rid, codes::kMalformed, "only SUBMIT carries data frames after the body");
+    return;
+  }
   if (m.command == protocol::kSubmit) {
     HandleSubmit(m, oh.get(), rid);
   } else if (m.command == protocol::kCancel) {
@@ -96,6 +100,7 @@ void Broker::Impl::HandleFrontend(protocol::Message& m) {
     ReplyError(m, rid, "unknown_command", "unknown command \"" + m.command + "\"");
   }
 }
+
 
 void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& body, int64_t rid) {
   const msgpack::object* jobs = protocol::Find(body, "jobs");
@@ -134,14 +139,35 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
     }
     ack = a->via.boolean;
   }
+  // Attached inputs: the data frames after the body, one per "attached" tensor, in order.
+  if (const size_t want = protocol::AttachedCount(*jobs); want != m.frames.size()) {
+    ReplyError(m, rid, codes::kMalformed,
+               "SUBMIT has " + std::to_string(want) + " attached input(s) and " +
+                   std::to_string(m.frames.size()) + " data frame(s)");
+    return;
+  }
+  size_t message_bytes = m.body.size();
+  for (const auto& f : m.frames) message_bytes += f.size();
+  if (static_cast<int64_t>(message_bytes) > options.max_message_bytes) {
+    ReplyError(m, rid, codes::kTooLarge,
+               "SUBMIT of " + std::to_string(message_bytes) + " bytes with its data frames; at most " +
+                   std::to_string(options.max_message_bytes) + " (--max-message-bytes)");
+    return;
+  }
   PendingReply reply;
   reply.accepted.rid = rid;
   reply.ack = ack;
   const std::string producer = m.envelope.empty() ? "" : Str(m.envelope[0]);
   const int64_t now = protocol::NowMicros();
   protocol::SubmitJob in;
+  size_t next_frame = 0;
   for (uint32_t i = 0; i < jobs->via.array.size; ++i) {
+    // This job's frames: as many as its tensors marked attached, valid or not.
+    const size_t first_frame = next_frame;
+    next_frame += protocol::AttachedInJob(jobs->via.array.ptr[i]);
     Status s = protocol::DecodeSubmitJob(jobs->via.array.ptr[i], &in);
+    if (s.ok())
+      s = protocol::MatchFrames(&in.inputs, m.frames.data() + first_frame, next_frame - first_frame);
     if (s.ok()) s = Admit(in, scheduler, options);
     if (!s.ok()) {
       reply.accepted.rejected.push_back({in.id, s.code(), s.message()});
@@ -165,9 +191,11 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
     job->notify = notify;
     size_t hint = 16;  // the msgpack framing is a few dozen bytes per tensor
     for (const auto& t : in.inputs) {
-      hint += (t.stored ? 0 : t.size) + 64;
+      hint += (t.stored || t.attached ? 0 : t.size) + 64;
       if (t.stored) job->stored_bytes += static_cast<int64_t>(t.size);
+      if (t.attached) job->attached_bytes += static_cast<int64_t>(t.size);
     }
+    for (size_t f = first_frame; f < next_frame; ++f) job->frames.push_back(std::move(m.frames[f]));
     job->stored_inputs = protocol::StoredInputs(in.inputs);
     protocol::PackObjectInto(*in.inputs_obj, hint, &job->inputs_raw);  // one copy
     scheduler.Add(std::move(job));

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <string>
 #include <vector>
+#include <zmq.hpp>
 
 namespace ferry::broker {
 
@@ -24,6 +25,11 @@ struct Job {
   // broker never touches those bytes; whoever writes the final result deletes them.
   std::vector<int32_t> stored_inputs;
   int64_t stored_bytes = 0;
+  // Attached inputs (docs/protocol.md "Attached inputs"): the data frames the SUBMIT carried,
+  // in input order, held as received and handed to every CHUNK of the job by reference
+  // (ZeroMQ shares a frame's buffer between copies): the broker never copies those bytes.
+  std::vector<zmq::message_t> frames;
+  int64_t attached_bytes = 0;
   std::string producer;  // routing id of the producer connection (for FINISHED notices)
   std::string owner;     // with CURVE: the submitting connection's public key (who may CANCEL it)
   bool inline_result = false;  // the producer asked for small results inside FINISHED

@@ -9,6 +9,25 @@ namespace ferry::broker {
 namespace {
 constexpr int64_t kModelsTtlS = 7 * 24 * 3600;
 constexpr size_t kScanBatch = 1000;
+
+// Packs `job`'s inputs array with each attached input's frame as its "data".
+void PackInputsWithData(protocol::Packer& pk, const Job& job) {
+  msgpack::object_handle oh = msgpack::unpack(job.inputs_raw.data(), job.inputs_raw.size());
+  const msgpack::object& inputs = oh.get();
+  pk.pack_array(inputs.via.array.size);
+  size_t frame = 0;
+  for (uint32_t i = 0; i < inputs.via.array.size; ++i) {
+    const msgpack::object& t = inputs.via.array.ptr[i];
+    protocol::TensorRef ref;
+    if (frame < job.frames.size() && protocol::IsAttached(t) &&
+        protocol::DecodeTensor(t, &ref, /*allow_stored=*/true).ok()) {
+      const zmq::message_t& f = job.frames[frame++];
+      protocol::PackTensor(pk, ref.dtype, ref.shape, f.data(), f.size());
+    } else {
+      pk.pack(t);
+    }
+  }
+}
 }  // namespace
 
 std::string Journal::Encode(const Job& job) {
@@ -38,6 +57,11 @@ std::string Journal::Encode(const Job& job) {
   protocol::PackString(pk, "attempt");
   pk.pack_int64(job.attempt);
   protocol::PackString(pk, "inputs");
+  if (!job.frames.empty()) {
+    // Attached inputs are journaled with their bytes ("data"), so that a record stands alone.
+    PackInputsWithData(pk, job);
+    return std::string(buf.data(), buf.size());
+  }
   // The inputs are msgpack already: one copy of their bytes, after the small head.
   std::string record;
   record.reserve(buf.size() + job.inputs_raw.size());

@@ -9,7 +9,8 @@ Status Scheduler::Add(std::unique_ptr<Job> job) {
   job->seq = next_seq_++;
   job->phase = JobPhase::kQueued;
   Job* raw = job.get();
-  pending_bytes_ += static_cast<int64_t>(raw->inputs_raw.size()) + raw->stored_bytes;
+  pending_bytes_ +=
+      static_cast<int64_t>(raw->inputs_raw.size()) + raw->stored_bytes + raw->attached_bytes;
   jobs_.emplace(job->id, std::move(job));
   Enqueue(raw, /*front=*/false);
   ++counters_.accepted;
@@ -160,7 +161,8 @@ std::unique_ptr<Job> Scheduler::Take(const std::string& id) {
   if (it == jobs_.end()) return nullptr;
   std::unique_ptr<Job> job = std::move(it->second);
   jobs_.erase(it);
-  pending_bytes_ -= static_cast<int64_t>(job->inputs_raw.size()) + job->stored_bytes;
+  pending_bytes_ -=
+      static_cast<int64_t>(job->inputs_raw.size()) + job->stored_bytes + job->attached_bytes;
   if (job->phase == JobPhase::kQueued) {
     Unqueue(job.get());
   } else if (auto w = workers_.find(job->worker); w != workers_.end()) {

@@ -14,10 +14,12 @@
 namespace ferry::worker {
 namespace {
 
-// A received CHUNK: the message and the msgpack tree that points into it. Jobs share it.
+// A received CHUNK: the message, the msgpack tree that points into it and its data frames (the
+// attached inputs' bytes, which the jobs' tensors point into). Jobs share it.
 struct ChunkHolder {
   zmq::message_t message;
   msgpack::object_handle handle;
+  std::vector<zmq::message_t> frames;
 };
 
 // Microseconds until a moment, as poll's whole milliseconds: rounded up, never negative.
@@ -224,7 +226,7 @@ void BrokerLink::Loop() {
 
 void BrokerLink::HandleBroker(protocol::Message* m) {
   if (m->command == protocol::kChunk) {
-    HandleChunk(std::move(m->body));
+    HandleChunk(std::move(m->body), std::move(m->frames));
   } else if (m->command == protocol::kReannounce) {
     if (draining_) return;  // leaving: take no new credit
     spdlog::info("broker asked worker {} to re-announce; sending READY", options_.hello.worker);
@@ -238,23 +240,40 @@ void BrokerLink::HandleBroker(protocol::Message* m) {
   }
 }
 
-void BrokerLink::HandleChunk(zmq::message_t body) {
+void BrokerLink::HandleChunk(zmq::message_t body, std::vector<zmq::message_t> frames) {
   const int64_t received = protocol::NowMicros();
   auto holder = std::make_shared<ChunkHolder>();
   holder->message = std::move(body);
+  holder->frames = std::move(frames);
   Status s = protocol::UnpackMap(holder->message.data(), holder->message.size(), &holder->handle);
   const msgpack::object* entries = s.ok() ? protocol::Find(holder->handle.get(), "jobs") : nullptr;
   if (!entries || entries->type != msgpack::type::ARRAY) {
     spdlog::error("CHUNK without a \"jobs\" array ignored ({})", s.ok() ? "no jobs" : s.message());
     return;
   }
+  // Attached inputs take the data frames in order; when the counts differ, no job can trust
+  // its frames, and each fails (the broker sent a broken CHUNK).
+  const size_t attached = protocol::AttachedCount(*entries);
+  const bool frames_match = attached == holder->frames.size();
   std::vector<Job> jobs;
   std::vector<JobResult> rejected;
   jobs.reserve(entries->via.array.size);
+  size_t next_frame = 0;
   for (uint32_t i = 0; i < entries->via.array.size; ++i) {
     Job job;
     job.received_us = received;
+    const size_t first_frame = next_frame;
+    next_frame += protocol::AttachedInJob(entries->via.array.ptr[i]);
     Status d = protocol::DecodeChunkEntry(entries->via.array.ptr[i], &job.entry);
+    if (d.ok() && !frames_match) {
+      d = Status::InvalidArgument("the CHUNK has " + std::to_string(attached) +
+                                  " attached input(s) and " +
+                                  std::to_string(holder->frames.size()) + " data frame(s)");
+    }
+    if (d.ok()) {
+      d = protocol::MatchFrames(&job.entry.inputs, holder->frames.data() + first_frame,
+                                next_frame - first_frame);
+    }
     if (d.ok()) {
       job.chunk = holder;
       jobs.push_back(std::move(job));

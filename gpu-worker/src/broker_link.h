@@ -101,7 +101,7 @@ class BrokerLink {
  private:
   void Loop();
   void HandleBroker(protocol::Message* m);
-  void HandleChunk(zmq::message_t body);
+  void HandleChunk(zmq::message_t body, std::vector<zmq::message_t> frames);
   void HandleCancel(const zmq::message_t& body);
   // The Outbox's reports and READY request.
   void TakeOutbox();

@@ -151,8 +151,11 @@ class Client::Impl {
   // The SUBMIT body for jobs[i], i in `part`, with ids from *outcomes; `ack` false asks the
   // broker to answer only rejections. Tracks the ids first (a result may come before any
   // reply).
+  // Inputs that are neither stored nor small are attached: their bytes are copied once, into
+  // *frames (one data frame each, in order), and the body names them.
   zmq::message_t EncodeSubmit(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
-                              const std::vector<SubmitOutcome>& outcomes, int64_t rid, bool ack);
+                              const std::vector<SubmitOutcome>& outcomes, int64_t rid, bool ack,
+                              std::vector<zmq::message_t>* frames);
   // The channel the next SUBMIT names ("" = none); `tracked` is how many of this client's jobs
   // the tracker held before the SUBMIT's own. Only at light load; the first such SUBMIT (and the
   // first after the subscription failed and its back-off passed) has the I/O thread subscribe
@@ -163,6 +166,11 @@ class Client::Impl {
   bool Stored(const Tensor& t) const {
     return options_.stored_input_bytes > 0 &&
            t.data.size() >= static_cast<size_t>(options_.stored_input_bytes);
+  }
+  // Whether input `t` travels in a data frame of its own (ClientOptions::attached_input_bytes).
+  bool Attached(const Tensor& t) const {
+    return !Stored(t) && options_.attached_input_bytes > 0 &&
+           t.data.size() >= static_cast<size_t>(options_.attached_input_bytes);
   }
   // The Redis keys of `job`'s stored inputs, appended to *keys.
   void AppendInputKeys(const Job& job, const std::string& id, std::vector<std::string>* keys) const;
@@ -233,7 +241,7 @@ std::string Client::Impl::NotifyChannel(size_t tracked) {
 zmq::message_t Client::Impl::EncodeSubmit(const std::vector<const Job*>& jobs,
                                           const std::vector<size_t>& part,
                                           const std::vector<SubmitOutcome>& outcomes, int64_t rid,
-                                          bool ack) {
+                                          bool ack, std::vector<zmq::message_t>* frames) {
   // Track before sending: the FINISHED notice may come before this thread sees ACCEPTED. And
   // before the notify channel is read: should the I/O thread see the subscription fail in
   // between, its recheck then covers these ids too.
@@ -262,10 +270,14 @@ zmq::message_t Client::Impl::EncodeSubmit(const std::vector<const Job*>& jobs,
   pk.pack_array(static_cast<uint32_t>(part.size()));
   for (size_t i : part) {
     const Job& j = *jobs[i];
-    std::vector<bool> stored(j.inputs.size());
-    for (size_t k = 0; k < j.inputs.size(); ++k) stored[k] = Stored(j.inputs[k]);
+    std::vector<bool> stored(j.inputs.size()), attached(j.inputs.size());
+    for (size_t k = 0; k < j.inputs.size(); ++k) {
+      stored[k] = Stored(j.inputs[k]);
+      attached[k] = Attached(j.inputs[k]);
+      if (attached[k]) frames->emplace_back(j.inputs[k].data.data(), j.inputs[k].data.size());
+    }
     protocol::PackSubmitJob(pk, outcomes[i].id, j.model, j.inputs, j.priority, j.timeout_ms,
-                            j.result_ttl_s, stored);
+                            j.result_ttl_s, stored, attached);
   }
   protocol::PackString(pk, "rid");
   pk.pack_int64(rid);
@@ -284,13 +296,15 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs, const std::v
   std::vector<std::string> ids;
   ids.reserve(part.size());
   for (size_t i : part) ids.push_back((*outcomes)[i].id);
-  zmq::message_t message = EncodeSubmit(jobs, part, *outcomes, rid, /*ack=*/true);
+  std::vector<zmq::message_t> frames;
+  zmq::message_t message = EncodeSubmit(jobs, part, *outcomes, rid, /*ack=*/true, &frames);
 
   IoThread::Reply reply;
   msgpack::object_handle body;
   protocol::Accepted accepted;
   Status s =
-      io_->Call(rid, protocol::kSubmit, std::move(message), options_.request_timeout_ms, &reply);
+      io_->Call(rid, protocol::kSubmit, std::move(message), options_.request_timeout_ms, &reply,
+                std::move(frames));
   if (s.ok()) s = CheckReply(reply, protocol::kAccepted, &body);
   if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
   if (!s.ok()) {
@@ -358,7 +372,8 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
 
   FERRY_RETURN_IF_ERROR(StoreInputs({&job}, {0}, outcome));
   const int64_t rid = io_->NextRid();
-  zmq::message_t message = EncodeSubmit({&job}, {0}, outcome, rid, /*ack=*/false);
+  std::vector<zmq::message_t> frames;
+  zmq::message_t message = EncodeSubmit({&job}, {0}, outcome, rid, /*ack=*/false, &frames);
   // A reply comes only when the job was not accepted (or the SUBMIT was refused as a whole): it
   // is this call's verdict, not the id's (another submission of the id may be accepted). The
   // handler runs on the I/O thread, possibly after this call returned: hence the shared verdict.
@@ -373,7 +388,8 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
         }  // leave this Run waiting until its timeout
         // A duplicate is pending already: its result is this job's result.
         if (!s.ok() && s.code() != codes::kDuplicate) tracker_.Reject(id, verdict.get(), s);
-      });
+      },
+      std::move(frames));
   Status s;
   try {
     s = tracker_.Wait(id, timeout_ms, out, verdict.get());
@@ -508,6 +524,8 @@ Status Client::Create(const ClientOptions& options, std::unique_ptr<Client>* out
       return Status::InvalidArgument("request_timeout_ms must be > 0");
     if (options.stored_input_bytes < 0)
       return Status::InvalidArgument("stored_input_bytes must be >= 0 (0: none)");
+    if (options.attached_input_bytes < 0)
+      return Status::InvalidArgument("attached_input_bytes must be >= 0 (0: none)");
     if (options.input_ttl_s <= 0 || options.input_ttl_s > 30 * 24 * 3600)
       return Status::InvalidArgument("input_ttl_s must be 1 s to 30 days");
     auto impl = std::make_unique<Impl>(options, std::move(redis));

@@ -39,7 +39,8 @@ class IoThread::Request {
   enum Phase { kQueued, kSent, kForgotten };
   int64_t rid = 0;
   std::string command;
-  zmq::message_t body;  // moved out when sent
+  zmq::message_t body;                 // moved out when sent
+  std::vector<zmq::message_t> frames;  // attached inputs' data frames; moved out when sent
   ReplyFn on_reply;
   // kQueued -> kSent (the I/O thread, as it sends) or kQueued -> kForgotten (the caller, before
   // that): whoever moves it first decides whether the request ever goes out.
@@ -100,11 +101,13 @@ IoThread::~IoThread() {
 // ---- what callers call -----------------------------------------------------------------------
 
 std::shared_ptr<IoThread::Request> IoThread::Post(int64_t rid, std::string_view command,
-                                                  zmq::message_t body, ReplyFn on_reply) {
+                                                  zmq::message_t body, ReplyFn on_reply,
+                                                  std::vector<zmq::message_t> frames) {
   auto request = std::make_shared<Request>();
   request->rid = rid;
   request->command = std::string(command);
   request->body = std::move(body);
+  request->frames = std::move(frames);
   request->on_reply = std::move(on_reply);
   bool wake = false;
   {
@@ -156,10 +159,11 @@ struct Completion {
 }  // namespace
 
 Status IoThread::Call(int64_t rid, std::string_view command, zmq::message_t body, int timeout_ms,
-                      Reply* reply) {
+                      Reply* reply, std::vector<zmq::message_t> frames) {
   auto completion = std::make_shared<Completion>();
   const Clock::time_point deadline = Clock::now() + milliseconds(std::max(timeout_ms, 0));
-  auto request = Post(rid, command, std::move(body), completion->Setter(completion));
+  auto request =
+      Post(rid, command, std::move(body), completion->Setter(completion), std::move(frames));
   if (!completion->WaitUntil(deadline)) {
     Forget(request);
     const std::string why = handshake_error();
@@ -298,7 +302,7 @@ void IoThread::SendQueued() {
     int queued = Request::kQueued;
     if (r.phase.compare_exchange_strong(queued, Request::kSent)) {
       // A failed send leaves the caller to time out: the broker is unreachable either way.
-      (void)protocol::SendMessage(socket_, nullptr, r.command, std::move(r.body));
+      (void)protocol::SendMessage(socket_, nullptr, r.command, std::move(r.body), &r.frames);
     }
     unsent_.pop_front();
   }

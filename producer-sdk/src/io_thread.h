@@ -93,10 +93,11 @@ class IoThread {
   // A fresh request id (never 0) to put into the body as "rid".
   int64_t NextRid() { return next_rid_.fetch_add(1) + 1; }
 
-  // Hands [FERRY1, command, body] to the thread to send. If a reply whose "rid" equals `rid`
-  // comes, `on_reply` gets it on the I/O thread (once), unless Forget came first.
+  // Hands [FERRY1, command, body, frames...] to the thread to send (`frames`: the data frames
+  // of attached inputs). If a reply whose "rid" equals `rid` comes, `on_reply` gets it on the
+  // I/O thread (once), unless Forget came first.
   std::shared_ptr<Request> Post(int64_t rid, std::string_view command, zmq::message_t body,
-                                ReplyFn on_reply);
+                                ReplyFn on_reply, std::vector<zmq::message_t> frames = {});
   // The caller no longer wants the reply. Returns true when the request had not been sent (no
   // broker connected): it is dropped and never will be.
   bool Forget(const std::shared_ptr<Request>& request);
@@ -104,7 +105,7 @@ class IoThread {
   // Post, then wait up to timeout_ms for the reply. unavailable when none came in time (the
   // broker is down, unreachable or overloaded; the request may or may not have been handled).
   Status Call(int64_t rid, std::string_view command, zmq::message_t body, int timeout_ms,
-              Reply* reply);
+              Reply* reply, std::vector<zmq::message_t> frames = {});
 
   // The current notify channel; empty while there is no working subscription.
   std::string push_channel() const;

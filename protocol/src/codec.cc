@@ -120,7 +120,19 @@ Status DecodeTensor(const msgpack::object& o, TensorRef* out, bool allow_stored)
   uint64_t want = static_cast<uint64_t>(numel) * ItemSize(out->dtype);
   const msgpack::object* data = Find(o, "data");
   const msgpack::object* stored = Find(o, "stored");
+  const msgpack::object* attached = Find(o, "attached");
   out->stored = false;
+  out->attached = false;
+  if (allow_stored && attached != nullptr) {
+    if (attached->type != msgpack::type::BOOLEAN || !attached->via.boolean)
+      return Status::InvalidArgument("tensor \"attached\" must be true (or left out)");
+    if (data != nullptr || stored != nullptr)
+      return Status::InvalidArgument("an attached tensor has no \"data\" and no \"stored\"");
+    out->attached = true;
+    out->data = nullptr;
+    out->size = want;
+    return Status::Ok();
+  }
   if (allow_stored && stored != nullptr && data == nullptr) {
     if (stored->type != msgpack::type::BOOLEAN || !stored->via.boolean)
       return Status::InvalidArgument("tensor \"stored\" must be true (or left out)");
@@ -187,6 +199,39 @@ void PackStoredTensor(Packer& pk, DType dtype, const std::vector<int64_t>& shape
   for (int64_t d : shape) pk.pack_int64(d);
   PackString(pk, "stored");
   pk.pack_true();
+}
+
+void PackAttachedTensor(Packer& pk, DType dtype, const std::vector<int64_t>& shape) {
+  pk.pack_map(3);
+  PackString(pk, "dtype");
+  PackString(pk, DTypeName(dtype));
+  PackString(pk, "shape");
+  pk.pack_array(static_cast<uint32_t>(shape.size()));
+  for (int64_t d : shape) pk.pack_int64(d);
+  PackString(pk, "attached");
+  pk.pack_true();
+}
+
+bool IsAttached(const msgpack::object& o) {
+  if (o.type != msgpack::type::MAP) return false;
+  const msgpack::object* a = Find(o, "attached");
+  return a != nullptr && a->type == msgpack::type::BOOLEAN && a->via.boolean;
+}
+
+size_t AttachedInJob(const msgpack::object& job) {
+  if (job.type != msgpack::type::MAP) return 0;
+  const msgpack::object* inputs = Find(job, "inputs");
+  if (!inputs || inputs->type != msgpack::type::ARRAY) return 0;
+  size_t n = 0;
+  for (uint32_t k = 0; k < inputs->via.array.size; ++k) n += IsAttached(inputs->via.array.ptr[k]);
+  return n;
+}
+
+size_t AttachedCount(const msgpack::object& jobs) {
+  if (jobs.type != msgpack::type::ARRAY) return 0;
+  size_t n = 0;
+  for (uint32_t i = 0; i < jobs.via.array.size; ++i) n += AttachedInJob(jobs.via.array.ptr[i]);
+  return n;
 }
 
 Tensor ToTensor(const TensorRef& ref) {

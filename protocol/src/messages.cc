@@ -64,7 +64,8 @@ std::vector<int32_t> StoredInputs(const std::vector<TensorRef>& inputs) {
 
 void PackSubmitJob(Packer& pk, std::string_view id, std::string_view model,
                    const std::vector<Tensor>& inputs, int64_t priority, int64_t timeout_ms,
-                   int64_t result_ttl_s, const std::vector<bool>& stored) {
+                   int64_t result_ttl_s, const std::vector<bool>& stored,
+                   const std::vector<bool>& attached) {
   uint32_t n = 3 + (priority != 0) + (timeout_ms != 0) + (result_ttl_s != 0);
   pk.pack_map(n);
   PackKey(pk, "id");
@@ -76,6 +77,8 @@ void PackSubmitJob(Packer& pk, std::string_view id, std::string_view model,
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (i < stored.size() && stored[i])
       PackStoredTensor(pk, inputs[i].dtype, inputs[i].shape);
+    else if (i < attached.size() && attached[i])
+      PackAttachedTensor(pk, inputs[i].dtype, inputs[i].shape);
     else
       PackTensor(pk, inputs[i]);
   }

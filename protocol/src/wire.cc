@@ -22,6 +22,23 @@ zmq::message_t ToMessage(msgpack::sbuffer&& buffer) {
       data, size, [](void* d, void*) { std::free(d); }, nullptr);
 }
 
+Status MatchFrames(std::vector<TensorRef>* inputs, const zmq::message_t* frames, size_t n) {
+  size_t next = 0;
+  for (size_t k = 0; k < inputs->size(); ++k) {
+    TensorRef& t = (*inputs)[k];
+    if (!t.attached) continue;
+    if (next >= n) return Status::InvalidArgument("tensor " + std::to_string(k) + ": no data frame");
+    const zmq::message_t& f = frames[next++];
+    if (f.size() != t.size) {
+      return Status::InvalidArgument("tensor " + std::to_string(k) + ": its data frame has " +
+                                     std::to_string(f.size()) + " bytes; dtype and shape need " +
+                                     std::to_string(t.size));
+    }
+    t.data = static_cast<const char*>(f.data());
+  }
+  return Status::Ok();
+}
+
 int PollSockets(zmq_pollitem_t* items, int n, long timeout_ms) {
   constexpr int kMaxItems = 8;
   if (n < 0 || n > kMaxItems) {
@@ -81,6 +98,7 @@ Status RecvMessage(zmq::socket_t& socket, bool router, Message* out, bool dont_w
   out->command.clear();
   out->body.rebuild();
   out->user_id.clear();
+  out->frames.clear();
   std::vector<zmq::message_t> parts;
   parts.reserve(4);  // [identity,] FERRY1, COMMAND, BODY: one allocation, not three
   try {
@@ -111,10 +129,11 @@ Status RecvMessage(zmq::socket_t& socket, bool router, Message* out, bool dont_w
   // routing-id frame.
   if (const char* user = zmq_msg_gets(parts[tag].handle(), "User-Id")) out->user_id = user;
   for (size_t i = 0; i < tag; ++i) out->envelope.push_back(std::move(parts[i]));
-  if (parts.size() - tag < 2 || parts.size() - tag > 3)
+  if (parts.size() - tag < 2)
     return Status(codes::kMalformed, "expected FERRY1, COMMAND and BODY frames");
   out->command = std::string(parts[tag + 1].to_string_view());
-  if (parts.size() - tag == 3) out->body = std::move(parts[tag + 2]);
+  if (parts.size() - tag >= 3) out->body = std::move(parts[tag + 2]);
+  for (size_t i = tag + 3; i < parts.size(); ++i) out->frames.push_back(std::move(parts[i]));
   if (out->command.empty() || out->command.size() > 32)
     return Status(codes::kMalformed, "bad command frame");
   for (char c : out->command) {
@@ -124,7 +143,8 @@ Status RecvMessage(zmq::socket_t& socket, bool router, Message* out, bool dont_w
 }
 
 Status SendMessage(zmq::socket_t& socket, const std::vector<zmq::message_t>* envelope,
-                   std::string_view command, zmq::message_t body) {
+                   std::string_view command, zmq::message_t body,
+                   std::vector<zmq::message_t>* frames) {
   try {
     if (envelope) {
       for (const auto& frame : *envelope) {
@@ -133,11 +153,18 @@ Status SendMessage(zmq::socket_t& socket, const std::vector<zmq::message_t>* env
           return Status::Unavailable("send would block");
       }
     }
+    const bool more = frames != nullptr && !frames->empty();
     // cppzmq returns an empty optional when the send would block (SNDTIMEO/HWM): report it.
     if (!socket.send(zmq::buffer(kTag), zmq::send_flags::sndmore) ||
         !socket.send(zmq::buffer(command), zmq::send_flags::sndmore) ||
-        !socket.send(body, zmq::send_flags::none))
+        !socket.send(body, more ? zmq::send_flags::sndmore : zmq::send_flags::none))
       return Status::Unavailable("send would block");
+    // The later parts of a message ZeroMQ accepted the first part of are never refused.
+    for (size_t i = 0; more && i < frames->size(); ++i) {
+      if (!socket.send((*frames)[i], i + 1 < frames->size() ? zmq::send_flags::sndmore
+                                                             : zmq::send_flags::none))
+        return Status::Unavailable("send would block");
+    }
   } catch (const zmq::error_t& e) {
     return Status::Unavailable(std::string("send: ") + e.what());
   }
@@ -145,14 +172,14 @@ Status SendMessage(zmq::socket_t& socket, const std::vector<zmq::message_t>* env
 }
 
 Status SendTo(zmq::socket_t& socket, std::string_view routing_id, std::string_view command,
-              zmq::message_t body) {
+              zmq::message_t body, std::vector<zmq::message_t>* frames) {
   try {
     if (!socket.send(zmq::buffer(routing_id), zmq::send_flags::sndmore))
       return Status::Unavailable("send would block");
   } catch (const zmq::error_t& e) {
     return Status::Unavailable(std::string("send: ") + e.what());
   }
-  return SendMessage(socket, nullptr, command, std::move(body));
+  return SendMessage(socket, nullptr, command, std::move(body), frames);
 }
 
 }  // namespace ferry::protocol

@@ -303,6 +303,43 @@ TEST_F(EndToEnd, BigInputsGoThroughRedisAndLeaveNoKeyBehind) {
   EXPECT_TRUE(r.outputs.at(0).data == jobs[1].inputs[0].data);
 }
 
+// The client's three forms of an input in one SubmitMany: in the body (< 16 KiB), attached in
+// a data frame of its own (16 KiB to 64 KiB, through the broker uncopied) and stored in Redis
+// (>= 64 KiB). Every output is its job's own input (null model); no input key is left.
+TEST_F(EndToEnd, BodyAttachedAndStoredInputsInOneSubmit) {
+  FleetOptions o;
+  o.workers = 1;
+  o.models = {"null"};
+  o.max_batch = 4;
+  StartFleet(o);
+  std::vector<Job> jobs;
+  for (uint32_t i = 0; i < 9; ++i) {
+    const int64_t n = i % 3 == 0 ? 250 : i % 3 == 1 ? 10000 : 30000;  // 1 KB, 40 KB, 120 KB
+    Job j;
+    j.model = "null";
+    j.inputs = {testutil::RandomFloats({n}, 900 + i)};
+    jobs.push_back(std::move(j));
+  }
+  const std::vector<Result> results = RunAll(*client_, jobs, *fleet_);
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ASSERT_EQ(results[i].state, JobState::kDone) << i << " " << results[i].error.ToString();
+    EXPECT_TRUE(results[i].outputs.at(0).data == jobs[i].inputs[0].data) << i;
+  }
+  EXPECT_TRUE(KeysMatching(*fleet_, "ferry:input:*").empty()) << "input keys left in Redis";
+  // attached_input_bytes 0: the 40 KB inputs go in the body again, with the same results.
+  ClientOptions in_body;
+  in_body.frontend = fleet_->frontend();
+  in_body.redis = fleet_->redis().url();
+  in_body.attached_input_bytes = 0;
+  std::unique_ptr<Client> c;
+  ASSERT_TRUE(Client::Create(in_body, &c).ok());
+  Result r;
+  ASSERT_TRUE(c->Run(jobs[1], 60000, &r).ok());
+  EXPECT_TRUE(r.outputs.at(0).data == jobs[1].inputs[0].data);
+  in_body.attached_input_bytes = -1;
+  EXPECT_EQ(Client::Create(in_body, &c).code(), codes::kInvalidArgument);
+}
+
 TEST_F(EndToEnd, UnknownModelAndInvalidJobsAreRejectedOthersAccepted) {
   StartFleet(FleetOptions{1});
   // Broker notices only: with a worker's notice, Wait may return up to ~2 ms before the broker

@@ -68,11 +68,13 @@ Job SlowJob(const std::string& id, float spins, int64_t priority = 0) {
   return j;
 }
 
-std::unique_ptr<Client> MakeClient(Fleet& fleet, int request_timeout_ms = 5000) {
+std::unique_ptr<Client> MakeClient(Fleet& fleet, int request_timeout_ms = 5000,
+                                   int64_t stored_input_bytes = 64 * 1024) {
   ClientOptions o;
   o.frontend = fleet.frontend();
   o.redis = fleet.redis().url();
   o.request_timeout_ms = request_timeout_ms;
+  o.stored_input_bytes = stored_input_bytes;
   o.curve_server_public = fleet.curve_server_public();  // "" unless FERRY_TEST_CURVE=1
   o.curve_secret = fleet.curve_secret();
   std::unique_ptr<Client> c;
@@ -654,6 +656,51 @@ TEST(Reliability, StoredInputsSurviveABrokerKillAndGoWithTheirJobs) {
   protocol::RedisReply keys;
   ASSERT_TRUE(redis->Command({"KEYS", "ferry:input:*"}, &keys).ok());
   EXPECT_TRUE(keys.elements.empty()) << keys.elements.size() << " input key(s) left";
+}
+
+// Big inputs sent through the broker in data frames of their own (attached: the client stores
+// nothing in Redis): the broker journals them with their bytes, so one killed while they wait
+// in its queue is replaced, the new one restores them from the journal and sends them to the
+// worker in the ordinary form -- every output is the job's own input (null model).
+TEST(Reliability, AttachedInputsSurviveABrokerKill) {
+  FleetOptions fo = OneSlowLane();
+  fo.models = {"slow", "null"};
+  fo.broker_args = kFastHeartbeats;
+  fo.worker_args = Concat(kFastHeartbeats, {"--instances", "1"});
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet, 1000, /*stored_input_bytes=*/0);
+  std::vector<Job> jobs = {SlowJob("att-kill-blocker", 2000)};
+  for (int i = 0; i < 5; ++i) {
+    Job j;
+    j.id = "att-kill-" + std::to_string(i);
+    j.model = "null";
+    j.inputs = {Tensor::From<float>(std::vector<float>(50000, 2.0f + i), {50000},
+                                    DType::kFloat32)};  // 200 KB: attached
+    jobs.push_back(std::move(j));
+  }
+  SubmitUntilAccepted(*c, jobs);
+  {
+    auto redis = fleet.redis().Connect();
+    ASSERT_NE(redis, nullptr);
+    protocol::RedisReply keys;
+    ASSERT_TRUE(redis->Command({"KEYS", "ferry:input:*"}, &keys).ok());
+    EXPECT_TRUE(keys.elements.empty()) << "attached inputs were stored in Redis";
+    protocol::RedisReply entry;
+    ASSERT_TRUE(redis->Command({"HSTRLEN", "ferry:journal", "att-kill-4"}, &entry).ok());
+    EXPECT_GT(entry.integer, 200000) << "the journal entry lacks the input's bytes";
+  }
+  fleet.broker().Signal(SIGKILL);
+  fleet.broker().Wait();
+  fleet.StartBroker();
+  std::vector<std::string> ids;
+  for (const auto& j : jobs) ids.push_back(j.id);
+  const auto results = WaitAll(*c, ids, 60000);
+  for (size_t i = 1; i < jobs.size(); ++i) {
+    const Result& r = results.at(jobs[i].id);
+    ASSERT_EQ(r.state, JobState::kDone) << jobs[i].id << " " << r.error.ToString() << fleet.Logs();
+    EXPECT_TRUE(r.outputs.at(0).data == jobs[i].inputs[0].data) << jobs[i].id;
+  }
 }
 
 TEST(Reliability, HigherPriorityRunsFirstFifoWithin) {

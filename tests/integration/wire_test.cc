@@ -17,6 +17,7 @@
 #include "fleet.h"
 #include "process.h"
 #include "reference.h"
+#include "tiny_reference.h"
 
 namespace ferry {
 namespace {
@@ -57,12 +58,14 @@ void RawSend(zmq::socket_t& s, const std::vector<std::string>& frames) {
 }
 
 // Sends raw frames over a DEALER and returns the reply's command ("" when none within its
-// receive timeout).
+// receive timeout), skipping FINISHED notices as a client does.
 std::string RawExchange(zmq::socket_t& s, const std::vector<std::string>& frames,
                         std::string* code = nullptr) {
   RawSend(s, frames);
   protocol::Message m;
-  if (!protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) return "";
+  do {
+    if (!protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) return "";
+  } while (m.command == protocol::kFinished);
   if (code) {
     msgpack::object_handle oh;
     if (protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok())
@@ -146,6 +149,66 @@ TEST_F(Wire, GarbageFramesDoNotCrashTheBroker) {
   ASSERT_TRUE(client_->Wait(id, 60000, &r).ok()) << fleet_->Logs();
   EXPECT_EQ(r.state, JobState::kDone);
   EXPECT_TRUE(fleet_->broker().Running());
+}
+
+// Attached inputs (docs/protocol.md): tensors marked "attached" take the data frames after the
+// body in order -- also one in a job rejected for another reason -- and the broker hands them
+// to the worker. A job whose frame has the wrong size is rejected alone; a message whose frames
+// and attached tensors differ in number, or a STATS with a data frame, is malformed as a whole.
+TEST_F(Wire, AttachedInputsTakeTheDataFramesInOrder) {
+  zmq::context_t ctx(1);
+  zmq::socket_t s = RawDealer(ctx, fleet_->frontend(), 20000);
+  const std::vector<float> x = testutil::TinyInput(3);
+  const Tensor t = Tensor::From<float>(x, {8}, DType::kFloat32);
+  auto body = [&](const std::vector<std::string>& ids) {
+    msgpack::sbuffer buf;
+    protocol::Packer pk(buf);
+    pk.pack_map(1);
+    protocol::PackString(pk, "jobs");
+    pk.pack_array(static_cast<uint32_t>(ids.size()));
+    for (const auto& id : ids) protocol::PackSubmitJob(pk, id, "tiny", {t}, 0, 0, 0, {}, {true});
+    return std::string(buf.data(), buf.size());
+  };
+  // Frames: the bad id's (zeros: were it skipped, "att-good" would compute on them), the
+  // good job's bytes, and 4 bytes for an [8] float32.
+  RawSend(s, {"FERRY1", "SUBMIT", body({"bad id", "att-good", "att-short"}), std::string(32, '\0'),
+              t.data, "abcd"});
+  protocol::Message m;
+  ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok());
+  ASSERT_EQ(m.command, "ACCEPTED");
+  msgpack::object_handle oh;
+  ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+  protocol::Accepted accepted;
+  ASSERT_TRUE(protocol::DecodeAccepted(oh.get(), &accepted).ok());
+  EXPECT_EQ(accepted.ids, std::vector<std::string>{"att-good"});
+  ASSERT_EQ(accepted.rejected.size(), 2u);
+  EXPECT_EQ(accepted.rejected[0].code, codes::kInvalidArgument);
+  EXPECT_EQ(accepted.rejected[1].id, "att-short");
+  EXPECT_EQ(accepted.rejected[1].code, codes::kInvalidArgument);
+  EXPECT_NE(accepted.rejected[1].message.find("data frame has 4 bytes"), std::string::npos)
+      << accepted.rejected[1].message;
+  Result r;
+  ASSERT_TRUE(client_->Wait("att-good", 60000, &r).ok()) << fleet_->Logs();
+  ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
+  const std::vector<float> y = r.outputs.at(0).As<float>();
+  const std::vector<float> want = testutil::TinyExpected(x);
+  ASSERT_EQ(y.size(), want.size());
+  for (size_t j = 0; j < y.size(); ++j) EXPECT_NEAR(y[j], want[j], 1e-5) << j;
+
+  // One attached tensor and no frame, or a frame too many: nothing of the message is taken.
+  std::string code;
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", body({"att-lost"})}, &code), "ERROR");
+  EXPECT_EQ(code, codes::kMalformed);
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", body({"att-lost"}), t.data, t.data}, &code),
+            "ERROR");
+  EXPECT_EQ(code, codes::kMalformed);
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "STATS", "", t.data}, &code), "ERROR");
+  EXPECT_EQ(code, codes::kMalformed);
+  // The id was not taken by either: now it is accepted (not a duplicate) and runs.
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", body({"att-lost"}), t.data}), "ACCEPTED");
+  ASSERT_TRUE(client_->Wait("att-lost", 60000, &r).ok()) << fleet_->Logs();
+  EXPECT_EQ(r.state, JobState::kDone);
+  EXPECT_EQ(r.outputs.at(0).As<float>(), y);
 }
 
 // The same on the wire, as a client in another language does it: SUBSCRIBE, then SUBMIT with

@@ -111,6 +111,12 @@ struct ClientOptions {
   // job's result; the client deletes the inputs of jobs the broker rejects. So the broker never
   // touches those bytes, and its journal stays small. 0: every input travels in the SUBMIT.
   int64_t stored_input_bytes = 64 * 1024;
+  // Inputs that are not stored but have at least this many bytes travel through the broker in
+  // ZeroMQ frames of their own after the SUBMIT's body (docs/protocol.md, "Attached inputs"):
+  // the client copies each once, into its frame; the broker holds and forwards the frames to
+  // the worker without copying or parsing them, and the worker computes from them in place.
+  // Smaller ones travel inside the body. 0: every input that is not stored goes in the body.
+  int64_t attached_input_bytes = 16 * 1024;
   // Expiry of stored inputs: a job that has not run within it fails (not_found) when it does.
   int64_t input_ttl_s = 3600;
   // Results that Wait and Run read from Redis are deleted as they are read (GETDEL, Redis 6.2

@@ -6,6 +6,7 @@
 #include "ferry/protocol/codec.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
+#include "ferry/protocol/wire.h"
 #include "ferry/protocol/util.h"
 
 namespace ferry::protocol {
@@ -240,6 +241,80 @@ TEST(Submit, StoredInputsTravelWithoutTheirBytes) {
   TensorRef t;
   EXPECT_EQ(DecodeTensor(boh.get(), &t, /*allow_stored=*/true).code(), codes::kInvalidArgument);
   EXPECT_EQ(Keys("ferry:").Input("j-s", 1), "ferry:input:j-s:1");
+}
+
+// Attached inputs: the body names dtype and shape, the bytes come as data frames; every tensor
+// map marked "attached": true takes a frame, valid or not, and MatchFrames checks the sizes.
+TEST(Submit, AttachedInputsAreCountedInOrderAndMatchedToTheirFrames) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_map(1);
+  PackString(pk, "jobs");
+  pk.pack_array(3);
+  Tensor small = Tensor::From<float>({1, 2}, {2}, DType::kFloat32);
+  Tensor big = Tensor::From<int16_t>(std::vector<int16_t>(1000, 7), {10, 100}, DType::kInt16);
+  PackSubmitJob(pk, "j-a", "audio", {small, big, big}, 0, 0, 0, {false, false, true},
+                {false, true, false});
+  PackSubmitJob(pk, "bad id", "audio", {big}, 0, 0, 0, {}, {true});  // invalid, still counted
+  pk.pack_int(7);                                                    // not a job: no frames
+  EXPECT_LT(buf.size(), 300u) << "the attached input's 2,000 bytes travelled in the body";
+  auto oh = Unpacked(buf);
+  ASSERT_NE(Find(oh.get(), "jobs"), nullptr);
+  const msgpack::object& jobs = *Find(oh.get(), "jobs");
+  EXPECT_EQ(AttachedInJob(jobs.via.array.ptr[0]), 1u);
+  EXPECT_EQ(AttachedInJob(jobs.via.array.ptr[1]), 1u);
+  EXPECT_EQ(AttachedInJob(jobs.via.array.ptr[2]), 0u);
+  EXPECT_EQ(AttachedCount(jobs), 2u);
+  SubmitJob j;
+  ASSERT_TRUE(DecodeSubmitJob(jobs.via.array.ptr[0], &j).ok());
+  ASSERT_EQ(j.inputs.size(), 3u);
+  EXPECT_FALSE(j.inputs[0].attached);
+  EXPECT_TRUE(j.inputs[1].attached);
+  EXPECT_FALSE(j.inputs[1].stored);
+  EXPECT_EQ(j.inputs[1].data, nullptr);
+  EXPECT_EQ(j.inputs[1].size, 2000u);
+  EXPECT_TRUE(j.inputs[2].stored);
+  EXPECT_FALSE(j.inputs[2].attached);
+  // The frame's bytes become the tensor's; a frame of another size rejects the job.
+  zmq::message_t frame(big.data.data(), big.data.size());
+  ASSERT_TRUE(MatchFrames(&j.inputs, &frame, 1).ok());
+  EXPECT_EQ(ToTensor(j.inputs[1]).data, big.data);
+  zmq::message_t short_frame(big.data.data(), 1999);
+  Status s = MatchFrames(&j.inputs, &short_frame, 1);
+  EXPECT_EQ(s.code(), codes::kInvalidArgument);
+  EXPECT_NE(s.message().find("1999 bytes"), std::string::npos) << s.message();
+  EXPECT_EQ(MatchFrames(&j.inputs, nullptr, 0).code(), codes::kInvalidArgument);
+  // Not in a result's outputs; and "attached" is true, and alone: no "data", no "stored".
+  std::vector<TensorRef> refs;
+  EXPECT_FALSE(DecodeTensorList(*j.inputs_obj, &refs).ok());
+  for (const char* extra : {"false", "data", "stored"}) {
+    msgpack::sbuffer bad;
+    Packer bp(bad);
+    bp.pack_map(std::string(extra) == "false" ? 3 : 4);
+    PackString(bp, "dtype");
+    PackString(bp, "uint8");
+    PackString(bp, "shape");
+    bp.pack_array(1);
+    bp.pack_int64(2);
+    PackString(bp, "attached");
+    if (std::string(extra) == "false") {
+      bp.pack_false();
+    } else {
+      bp.pack_true();
+      PackString(bp, extra);
+      if (std::string(extra) == "data") {
+        bp.pack_bin(2);
+        bp.pack_bin_body("ab", 2);
+      } else {
+        bp.pack_true();
+      }
+    }
+    msgpack::object_handle boh;
+    ASSERT_TRUE(UnpackMap(bad.data(), bad.size(), &boh).ok());
+    TensorRef t;
+    EXPECT_EQ(DecodeTensor(boh.get(), &t, /*allow_stored=*/true).code(), codes::kInvalidArgument)
+        << extra;
+  }
 }
 
 // READY's optional "inputs" per model: a round trip, and what the decoder refuses.

@@ -34,12 +34,23 @@ Status GetStringArray(const msgpack::object& map, std::string_view key,
 
 // Tensors: decoding validates dtype, shape and that data is exactly numel * itemsize bytes.
 // With `allow_stored` (job inputs), {"dtype", "shape", "stored": true} is a stored input: no
-// data here, the bytes are in Redis (see TensorRef).
+// data here, the bytes are in Redis, and {"dtype", "shape", "attached": true} an attached one:
+// its bytes are a frame of the message (see TensorRef).
 Status DecodeTensor(const msgpack::object& o, TensorRef* out, bool allow_stored = false);
 Status DecodeTensorList(const msgpack::object& o, std::vector<TensorRef>* out,
                         bool allow_stored = false);
 // {"dtype", "shape", "stored": true}: a job input whose bytes the producer put in Redis.
 void PackStoredTensor(Packer& pk, DType dtype, const std::vector<int64_t>& shape);
+// {"dtype", "shape", "attached": true}: a job input whose bytes travel in a frame of their own.
+void PackAttachedTensor(Packer& pk, DType dtype, const std::vector<int64_t>& shape);
+// True when `o` is a tensor map marked "attached": true -- the test that matches a message's
+// data frames to its tensors, applied whether or not the rest of the tensor is valid.
+bool IsAttached(const msgpack::object& o);
+// How many tensors of one job map (SUBMIT job or CHUNK entry) are marked attached, valid or
+// not, when its "inputs" is an array: the job's share of the message's data frames, in order.
+size_t AttachedInJob(const msgpack::object& job);
+// The sum of AttachedInJob over a "jobs" array: the number of data frames the message carries.
+size_t AttachedCount(const msgpack::object& jobs);
 void PackTensor(Packer& pk, DType dtype, const std::vector<int64_t>& shape, const void* data,
                 size_t size);
 inline void PackTensor(Packer& pk, const Tensor& t) {

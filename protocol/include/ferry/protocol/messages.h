@@ -29,10 +29,12 @@ struct SubmitJob {
 // when it could be read.
 Status DecodeSubmitJob(const msgpack::object& o, SubmitJob* out);
 // `stored[i]` (when given): input i's bytes are in Redis (Keys::Input(id, i)); only its dtype
-// and shape are packed.
+// and shape are packed. `attached[i]` (when given, and not stored): input i's bytes are sent
+// as a data frame of the message, by the caller, in the order of the attached inputs.
 void PackSubmitJob(Packer& pk, std::string_view id, std::string_view model,
                    const std::vector<Tensor>& inputs, int64_t priority, int64_t timeout_ms,
-                   int64_t result_ttl_s, const std::vector<bool>& stored = {});
+                   int64_t result_ttl_s, const std::vector<bool>& stored = {},
+                   const std::vector<bool>& attached = {});
 // The indexes of the stored inputs among `inputs`.
 std::vector<int32_t> StoredInputs(const std::vector<TensorRef>& inputs);
 

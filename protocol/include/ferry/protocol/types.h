@@ -26,13 +26,17 @@ bool IsValidJobId(std::string_view id);
 
 // A tensor whose bytes live in a received buffer (not owned). A stored input (`stored`: the
 // producer put its bytes in Redis under Keys::Input, the message carries only dtype and shape)
-// has `size` from its dtype and shape and `data` null until a worker has fetched the bytes.
+// has `size` from its dtype and shape and `data` null until a worker has fetched the bytes. An
+// attached input (`attached`: its bytes are a ZeroMQ frame of their own after the body) has
+// `size` from its dtype and shape and `data` null until the frame is matched to it
+// (AttachedCount, docs/protocol.md "Attached inputs").
 struct TensorRef {
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
   const char* data = nullptr;
   size_t size = 0;
   bool stored = false;
+  bool attached = false;
 };
 
 // ---- ACCEPTED {"ids": [...], "rejected": [{"id","code","message"}], "rid"?} ------------------

@@ -11,6 +11,7 @@
 #include <vector>
 #include <zmq.hpp>
 
+#include "ferry/protocol/types.h"
 #include "ferry/status.h"
 
 namespace ferry::protocol {
@@ -39,6 +40,9 @@ struct Message {
   std::vector<zmq::message_t> envelope;  // frames before the tag (ROUTER side only)
   std::string command;
   zmq::message_t body;  // msgpack bytes; may be empty (treated as an empty map)
+  // The data frames after the body (attached tensor bytes, docs/protocol.md "Attached inputs");
+  // empty for most messages. Received as ZeroMQ delivered them: no copy.
+  std::vector<zmq::message_t> frames;
   // The peer's ZAP User-Id: with CURVE, the Z85 public key the broker's ZAP handler admitted
   // (see broker/src/zap_handler.h); empty without CURVE.
   std::string user_id;
@@ -62,14 +66,21 @@ Status RecvMessage(zmq::socket_t& socket, bool router, Message* out, bool dont_w
 // At most 8 items.
 int PollSockets(zmq_pollitem_t* items, int n, long timeout_ms);
 
+// Attached inputs: points each attached tensor of one job at its data frame (`frames`: the
+// job's `n` frames, in input order; see AttachedInJob) after checking the frame's size against
+// the tensor's dtype and shape. invalid_argument naming the tensor when one does not fit.
+Status MatchFrames(std::vector<TensorRef>* inputs, const zmq::message_t* frames, size_t n);
+
 // Moves an sbuffer's bytes into a ZeroMQ message without copying.
 zmq::message_t ToMessage(msgpack::sbuffer&& buffer);
 
-// Sends [envelope...] FERRY1 command body. `body` is moved into the last frame (no copy).
+// Sends [envelope...] FERRY1 command body [frames...]. `body` and the `frames` (when given)
+// are handed to ZeroMQ without copying; the frames are left empty.
 Status SendMessage(zmq::socket_t& socket, const std::vector<zmq::message_t>* envelope,
-                   std::string_view command, zmq::message_t body);
+                   std::string_view command, zmq::message_t body,
+                   std::vector<zmq::message_t>* frames = nullptr);
 // Sends with a single routing-id frame (ROUTER side).
 Status SendTo(zmq::socket_t& socket, std::string_view routing_id, std::string_view command,
-              zmq::message_t body);
+              zmq::message_t body, std::vector<zmq::message_t>* frames = nullptr);
 
 }  // namespace ferry::protocol
