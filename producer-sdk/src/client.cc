@@ -14,6 +14,7 @@
 #include "ferry/protocol/redis.h"
 #include "ferry/protocol/util.h"
 #include "ferry/protocol/wire.h"
+#include "frame_pool.h"
 #include "io_thread.h"
 #include "redis_store.h"
 #include "result_deleter.h"
@@ -185,6 +186,7 @@ class Client::Impl {
   const protocol::RedisEndpoint redis_;
   const protocol::Keys keys_;
   RedisStore store_;
+  FramePool frames_;  // buffers of attached inputs' frames
   // After store_, which it uses; before tracker_, which calls it.
   ResultDeleter deleter_{&store_};
   // Before io_: the I/O thread calls into it until io_'s destructor has joined the thread.
@@ -274,7 +276,7 @@ zmq::message_t Client::Impl::EncodeSubmit(const std::vector<const Job*>& jobs,
     for (size_t k = 0; k < j.inputs.size(); ++k) {
       stored[k] = Stored(j.inputs[k]);
       attached[k] = Attached(j.inputs[k]);
-      if (attached[k]) frames->emplace_back(j.inputs[k].data.data(), j.inputs[k].data.size());
+      if (attached[k]) frames->push_back(frames_.Copy(j.inputs[k].data.data(), j.inputs[k].data.size()));
     }
     protocol::PackSubmitJob(pk, outcomes[i].id, j.model, j.inputs, j.priority, j.timeout_ms,
                             j.result_ttl_s, stored, attached);
