@@ -36,7 +36,7 @@ Status RedisStore::Read(const std::string& id, Result* out, bool consume) {
   Release(std::move(conn));
   FERRY_RETURN_IF_ERROR(s);
   if (!values[0]) return Status::Ok();
-  s = protocol::DecodeResult(values[0]->data(), values[0]->size(), out);
+  s = protocol::DecodeResult(std::move(*values[0]), out);  // big outputs keep its buffer
   if (!s.ok()) {
     Status bad(s.code(), "result record for \"" + id + "\": " + s.message());
     *out = Result();

@@ -7,6 +7,9 @@
 namespace ferry::protocol {
 namespace {
 
+// Outputs at least this big take over the record's buffer when DecodeResult owns it.
+constexpr size_t kAdoptOutputBytes = 64 * 1024;
+
 void PackKey(Packer& pk, std::string_view k) { PackString(pk, k); }
 
 // Adds "rid" to a map when non-zero; returns the number of extra entries.
@@ -510,6 +513,15 @@ void PackResult(Packer& pk, const ResultRecord& r) {
 }
 
 Status DecodeResult(const void* data, size_t size, Result* out) {
+  return DecodeResult(data, size, out, nullptr);
+}
+
+Status DecodeResult(std::string&& record, Result* out) {
+  std::string owned = std::move(record);
+  return DecodeResult(owned.data(), owned.size(), out, &owned);
+}
+
+Status DecodeResult(const void* data, size_t size, Result* out, std::string* adopt) {
   msgpack::object_handle oh;
   FERRY_RETURN_IF_ERROR(UnpackMap(data, size, &oh));
   const msgpack::object& body = oh.get();
@@ -528,12 +540,32 @@ Status DecodeResult(const void* data, size_t size, Result* out) {
     return Status::InvalidArgument("unknown result status \"" + status + "\"");
   out->outputs.clear();
   out->error = Status::Ok();
+  int adopted = -1;  // the output that takes over *adopt's buffer
+  size_t adopted_offset = 0, adopted_size = 0;
   if (out->state == JobState::kDone) {
     const msgpack::object* outputs = Find(body, "outputs");
     if (!outputs) return Status::InvalidArgument("done result without \"outputs\"");
     std::vector<TensorRef> refs;
     FERRY_RETURN_IF_ERROR(DecodeTensorList(*outputs, &refs));
-    for (const auto& r : refs) out->outputs.push_back(ToTensor(r));
+    // The largest big output takes over the record's buffer (below), instead of a copy.
+    if (adopt != nullptr) {
+      for (size_t k = 0; k < refs.size(); ++k) {
+        if (refs[k].size >= kAdoptOutputBytes && (adopted < 0 || refs[k].size > refs[adopted].size))
+          adopted = static_cast<int>(k);
+      }
+    }
+    for (size_t k = 0; k < refs.size(); ++k) {
+      if (static_cast<int>(k) != adopted) {
+        out->outputs.push_back(ToTensor(refs[k]));
+        continue;
+      }
+      Tensor t;
+      t.dtype = refs[k].dtype;
+      t.shape = refs[k].shape;
+      out->outputs.push_back(std::move(t));
+      adopted_offset = static_cast<size_t>(refs[k].data - static_cast<const char*>(data));
+      adopted_size = refs[k].size;
+    }
   } else {
     const msgpack::object* err = Find(body, "error");
     std::string code = codes::kInternal, message;
@@ -558,6 +590,12 @@ Status DecodeResult(const void* data, size_t size, Result* out) {
         v = kv.val.via.i64;
       out->timing_us[std::string(AsStringView(kv.key))] = v;
     }
+  }
+  if (adopted >= 0) {  // last: the views into the record are not needed any more
+    std::string& bytes = out->outputs[static_cast<size_t>(adopted)].data;
+    bytes = std::move(*adopt);
+    bytes.erase(0, adopted_offset);  // one move within pages already faulted in
+    bytes.resize(adopted_size);
   }
   return Status::Ok();
 }

@@ -553,6 +553,48 @@ TEST(Result, DoneAndFailedRoundTrip) {
   EXPECT_TRUE(res.outputs.empty());
 }
 
+// A record the decoder may take: its largest output of 64 KiB or more keeps the record's
+// buffer (no copy into a new allocation); smaller outputs are copied; every field decodes as
+// from a view, and the same bytes come out.
+TEST(Result, BigOutputTakesOverTheRecordsBuffer) {
+  std::vector<float> big_values(100000);
+  for (size_t i = 0; i < big_values.size(); ++i) big_values[i] = static_cast<float>(i) * 0.5f;
+  Tensor small = Tensor::From<int64_t>({7, 8}, {2}, DType::kInt64);
+  Tensor big = Tensor::From<float>(big_values, {100000}, DType::kFloat32);
+  Tensor medium = Tensor::From<float>(std::vector<float>(20000, 3.0f), {20000}, DType::kFloat32);
+  ResultRecord r;
+  r.id = "j-big";
+  r.status = "done";
+  r.model = "expand";
+  r.worker = "w";
+  for (const Tensor* t : {&small, &big, &medium})
+    r.outputs.push_back(TensorRef{t->dtype, t->shape, t->data.data(), t->data.size()});
+  r.batch_size = 3;
+  r.timing_us = {{"submitted", 1}, {"finished", 9}};
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  PackResult(pk, r);
+  std::string record(buf.data(), buf.size());
+  Result from_view;
+  ASSERT_TRUE(DecodeResult(record.data(), record.size(), &from_view).ok());
+  const char* buffer = record.data();
+  Result res;
+  ASSERT_TRUE(DecodeResult(std::move(record), &res).ok());
+  ASSERT_EQ(res.outputs.size(), 3u);
+  EXPECT_EQ(res.outputs[1].data.data(), buffer) << "the big output was copied";
+  EXPECT_NE(res.outputs[2].data.data(), buffer);
+  EXPECT_EQ(res.outputs[0].As<int64_t>(), (std::vector<int64_t>{7, 8}));
+  EXPECT_EQ(res.outputs[1].As<float>(), big_values);
+  EXPECT_EQ(res.outputs[1].shape, std::vector<int64_t>{100000});
+  EXPECT_EQ(res.outputs[2].data, medium.data);
+  EXPECT_EQ(res.id, "j-big");
+  EXPECT_EQ(res.model, "expand");
+  EXPECT_EQ(res.worker, "w");
+  EXPECT_EQ(res.batch_size, 3);
+  EXPECT_EQ(res.timing_us, from_view.timing_us);
+  for (size_t k = 0; k < 3; ++k) EXPECT_EQ(res.outputs[k].data, from_view.outputs[k].data) << k;
+}
+
 TEST(RedisUrl, Parses) {
   RedisEndpoint ep;
   ASSERT_TRUE(ParseRedisUrl("redis://10.0.0.1:7000/2", &ep).ok());

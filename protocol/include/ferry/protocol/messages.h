@@ -101,5 +101,11 @@ void PackObjectInto(const msgpack::object& o, size_t size_hint, std::string* out
 // ---- Result record (Redis value) ------------------------------------------------------------
 void PackResult(Packer& pk, const ResultRecord& r);
 Status DecodeResult(const void* data, size_t size, Result* out);
+// The same from a record this call may take: its largest output of at least 64 KiB keeps the
+// record's buffer (its bytes moved to the front, no new allocation: a fresh ~1 MB buffer is
+// page-faulted in afresh, docs/performance.md "Big results written plain, read once").
+Status DecodeResult(std::string&& record, Result* out);
+// Both: with `adopt` (the string that holds data[0, size)), as the overload above.
+Status DecodeResult(const void* data, size_t size, Result* out, std::string* adopt);
 
 }  // namespace ferry::protocol
