@@ -3,7 +3,8 @@
 
 Submits jobs for the "tiny" test model, checks rejections, ERROR and STATS replies, waits for
 the results in Redis and compares them with the model's reference formula; then a SUBMIT with
-"ack": false (no ACCEPTED, the job still runs).
+"ack": false (no ACCEPTED, the job still runs), stored inputs, and attached inputs (their bytes
+in data frames after the body).
 """
 import argparse
 import random
@@ -231,6 +232,55 @@ def main():
                       j + " result", ("failed", code), (res.get("status"), res.get("error")))
             left = [j for j in (stored, short) if store.exists(args.prefix + "input:%s:0" % j)]
             check(not left, "stored inputs deleted with their results", [], left)
+
+    # 6. Attached inputs: {"dtype", "shape", "attached": true} in the body, the bytes as data
+    #    frames after it, jobs in order. A job rejected for another reason (unknown model) and
+    #    one whose frame has the wrong size still take their frames, so the jobs after them get
+    #    their own; a frame count that does not match is an ERROR (malformed) for the message.
+    if not args.no_results:
+        att = {"dtype": "float32", "shape": [8], "attached": True}
+        xs = [[rng.uniform(-1.0, 1.0) for _ in range(8)] for _ in range(3)]
+        first, unknown, short, last = ("py-%s-attached-%s" % (run, n)
+                                       for n in ("first", "unknown", "short", "last"))
+        jobs = [{"id": first, "model": "tiny", "inputs": [att]},
+                {"id": unknown, "model": "no-such-model", "inputs": [att]},
+                {"id": short, "model": "tiny", "inputs": [att]},
+                {"id": last, "model": "tiny", "inputs": [att]}]
+        sock.send_multipart([TAG, b"SUBMIT",
+                             msgpack.packb({"jobs": jobs, "rid": 7}, use_bin_type=True),
+                             struct.pack("<8f", *xs[0]), struct.pack("<8f", *xs[1]),
+                             b"\0" * 30, struct.pack("<8f", *xs[2])])
+        cmd, acc = recv(sock, finished)
+        check(cmd == "ACCEPTED" and acc.get("rid") == 7 and acc.get("ids") == [first, last],
+              "ACCEPTED of attached-input jobs", [first, last], (cmd, acc))
+        rejected = {r.get("id"): r.get("code") for r in acc.get("rejected", [])}
+        want = {unknown: "unknown_model", short: "invalid_argument"}
+        check(rejected == want, "attached-input rejections", want, rejected)
+        got = {}
+        deadline = time.monotonic() + 60.0
+        while len(got) < 2 and time.monotonic() < deadline:
+            for j in (first, last):
+                raw = store.get(args.prefix + "result:" + j)
+                if raw is not None:
+                    got[j] = raw
+            if len(got) < 2:
+                time.sleep(0.005)
+        if check(len(got) == 2, "attached-input results within 60 s", 2, len(got)):
+            for j, x in ((first, xs[0]), (last, xs[2])):
+                check_result(j, got[j], list(struct.unpack("<8f", struct.pack("<8f", *x))))
+        # One attached tensor, no data frame.
+        sock.send_multipart([TAG, b"SUBMIT", msgpack.packb(
+            {"jobs": [{"id": "py-%s-attached-lost" % run, "model": "tiny", "inputs": [att]}],
+             "rid": 8}, use_bin_type=True)])
+        send(sock, b"STATS", {"rid": 9})
+        replies = []
+        while True:
+            cmd, body = recv(sock, finished)
+            if cmd == "STATS" and body.get("rid") == 9:
+                break
+            replies.append((cmd, body.get("code")))
+        check(replies == [("ERROR", "malformed")], "reply to a SUBMIT missing its data frame",
+              [("ERROR", "malformed")], replies)
     return report(args, n_results, n_finished)
 
 

@@ -3,9 +3,10 @@
 One I/O task owns the DEALER socket (an actor, like the C++ SDK's I/O thread): callers queue
 jobs and requests and kick it; each turn it builds messages from everything queued -- the jobs
 of all the `run` calls made since its last turn go out as ONE ``SUBMIT`` (``"ack": false``), the
-jobs of all `submit` calls as another -- sends what the socket takes, then reads every message
-that has arrived (replies matched by ``rid``; ``FINISHED`` notices) and sleeps until a caller or
-the socket wakes it. The socket's file descriptor is watched with ``loop.add_reader``.
+jobs of all `submit` calls as another, each with its jobs' attached inputs as data frames after
+the body, in job order -- sends what the socket takes, then reads every message that has
+arrived (replies matched by ``rid``; ``FINISHED`` notices) and sleeps until a caller or the
+socket wakes it. The socket's file descriptor is watched with ``loop.add_reader``.
 
 Results: ``FINISHED`` from the broker (with small records inline: ``inline_results``) and, at
 light load, notices published by the worker on this client's Redis channel (``notify``) mark an
@@ -228,13 +229,22 @@ class Engine:
     def _writable(self):
         return self.sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT
 
-    def _send(self, command, body):
+    def _send(self, command, body, frames=()):
+        """Sends one message: tag, command, body, then `frames` (attached inputs' data frames).
+        copy=False: pyzmq sends a frame of at least zmq.COPY_THRESHOLD (64 KiB) from its
+        buffer (a memoryview of the caller's array), holding it until libzmq is done with it;
+        smaller ones it copies. The socket takes all of a message or, at its first frame,
+        none (zmq.Again)."""
         try:
-            self.sock.send_multipart((_protocol.TAG, command, body), zmq.NOBLOCK, copy=False)
+            if frames:
+                self.sock.send_multipart([_protocol.TAG, command, body, *frames], zmq.NOBLOCK,
+                                         copy=False)
+            else:
+                self.sock.send_multipart((_protocol.TAG, command, body), zmq.NOBLOCK, copy=False)
             self.messages_sent += 1
             return True
         except zmq.Again:
-            self._stalled = (command, body)
+            self._stalled = (command, body, frames)
             return False
 
     def _retry_later(self):
@@ -250,9 +260,9 @@ class Engine:
                 self._retry_later()
                 return
             if self._stalled is not None:
-                command, body = self._stalled
+                command, body, frames = self._stalled
                 self._stalled = None
-                if not self._send(command, body):
+                if not self._send(command, body, frames):
                     self._retry_later()
                     return
                 continue
@@ -270,7 +280,8 @@ class Engine:
                 self._send_runs()
 
     def _take(self, queue, prep_of):
-        """The head of `queue` that fits one message: unique ids, <= 32 MiB (one job more)."""
+        """The head of `queue` that fits one message: unique ids, <= 32 MiB of body and data
+        frames (one job more)."""
         taken, ids, size = [], set(), 0
         n = 0
         for item in queue:
@@ -311,14 +322,17 @@ class Engine:
             return
         rid = next(self._rids)
         parts = self._header(len(jobs), False, rid)
+        frames = []  # the attached inputs' data frames: jobs in order, inputs in order
         now = self.loop.time()
         for j in jobs:
             parts.append(j.prep.packed)
+            if j.prep.frames:
+                frames.extend(j.prep.frames)
             j.queued = False
             j.sent = j.ever_sent = True
             j.sent_at = now
         self._awaiting[rid] = RunBatch(self, jobs)
-        self._send(b"SUBMIT", b"".join(parts))
+        self._send(b"SUBMIT", b"".join(parts), frames)
 
     def _send_submits(self):
         items, ids = self._take(self._submits,
@@ -328,12 +342,15 @@ class Engine:
         rid = next(self._rids)
         parts = self._header(len(items), True, rid)
         calls = []
+        frames = []  # as in _send_runs
         for p, call in items:
             parts.append(p.packed)
+            if p.frames:
+                frames.extend(p.frames)
             if not calls or calls[-1] is not call:
                 calls.append(call)
         self._awaiting[rid] = SubmitBatch(calls, ids)
-        self._send(b"SUBMIT", b"".join(parts))
+        self._send(b"SUBMIT", b"".join(parts), frames)
 
     def _drain(self):
         sock = self.sock

@@ -137,9 +137,12 @@ class Job:
 
 class Prepared:
     """A job checked and encoded for SUBMIT: `packed` is its msgpack map; `stored` the
-    (key, bytes) of its inputs that go to Redis first (the claim check)."""
+    (key, bytes) of its inputs that go to Redis first (the claim check); `frames` the bytes of
+    its attached inputs, in input order, sent as data frames after the SUBMIT body (memoryviews
+    of the arrays where they are big: sent without a copy); `size` what it adds to a SUBMIT,
+    body and frames. stored and frames are None when there are none."""
 
-    __slots__ = ("id", "packed", "stored", "size")
+    __slots__ = ("id", "packed", "stored", "frames", "size")
 
 
 def _int(name, v, low=0):
@@ -152,24 +155,36 @@ def _int(name, v, low=0):
     return v
 
 
-def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes, prefix):
-    """Checks one job and encodes it (InvalidArgument / TooLarge when it cannot be sent)."""
+def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes, prefix,
+            attached_bytes=0):
+    """Checks one job and encodes it (InvalidArgument / TooLarge when it cannot be sent).
+    Inputs of >= stored_bytes are stored, other inputs of >= attached_bytes attached (0: none
+    of either), as the C++ SDK's ClientOptions::stored_input_bytes / attached_input_bytes."""
     id = new_id() if id is None else check_id(id)
     if type(model) is not str or not 0 < len(model) <= MAX_MODEL_NAME:
         raise InvalidArgument("model must be a string of 1-128 characters", id=id)
     if len(inputs) > MAX_INPUTS:
         raise InvalidArgument("a job takes at most 64 inputs", id=id)
+    # Attached inputs as memoryviews from their threshold on: pyzmq then copies those under
+    # its copy threshold once, into the frame, and sends the others from the array itself.
+    view_bytes = min(attached_bytes, 65536) if attached_bytes else 65536
     try:
         encoded = []
-        stored = None
+        stored = frames = None
         size = 256
         for i, x in enumerate(inputs):
-            name, shape, data, nbytes = _tensor.encode(x, "input %d" % i)
+            name, shape, data, nbytes = _tensor.encode(x, "input %d" % i, view_bytes)
             if stored_bytes and nbytes >= stored_bytes:
                 if stored is None:
                     stored = []
                 stored.append(("%sinput:%s:%d" % (prefix, id, i), data))
                 encoded.append({"dtype": name, "shape": shape, "stored": True})
+            elif attached_bytes and nbytes >= attached_bytes:
+                if frames is None:
+                    frames = []
+                frames.append(data)
+                encoded.append({"dtype": name, "shape": shape, "attached": True})
+                size += nbytes
             else:
                 encoded.append({"dtype": name, "shape": shape, "data": data})
                 size += nbytes
@@ -188,6 +203,7 @@ def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes,
     p.id = id
     p.packed = _packb(job)
     p.stored = stored
+    p.frames = frames
     p.size = size
     return p
 
@@ -200,6 +216,7 @@ class Options:
         "request_timeout_ms": 5000,
         "push_results": True,
         "stored_input_bytes": 64 * 1024,
+        "attached_input_bytes": 16 * 1024,
         "input_ttl_s": 3600,
         "consume_results": False,
         "curve_server_public": None,
@@ -222,6 +239,7 @@ class Options:
         self._env_defaults(options)
         self.request_timeout_ms = _int("request_timeout_ms", self.request_timeout_ms, 1)
         self.stored_input_bytes = _int("stored_input_bytes", self.stored_input_bytes)
+        self.attached_input_bytes = _int("attached_input_bytes", self.attached_input_bytes)
         self.input_ttl_s = _int("input_ttl_s", self.input_ttl_s, 1)
         if self.input_ttl_s > 30 * 24 * 3600:
             raise InvalidArgument("input_ttl_s must be 1 s to 30 days")

@@ -82,10 +82,12 @@ def bfloat16(x):
     return Tensor(rounded, "bfloat16")
 
 
-def encode(x, where):
+def encode(x, where, view_bytes=65536):
     """(dtype name, shape list, bytes-like, nbytes) of one input; InvalidArgument if it has no
-    protocol dtype. The bytes-like is bytes for small arrays and a memoryview (no copy) for big
-    ones; it stays valid while the array does."""
+    protocol dtype. The bytes-like is bytes for arrays under `view_bytes` and a memoryview of
+    the (C-contiguous, little-endian) array for bigger ones: no copy, and it holds the array
+    (the caller's own when it already was C-contiguous little-endian: its contents are read
+    when they are sent)."""
     if type(x) is Tensor:
         return x.dtype, x.shape, x.data, len(x.data)
     a = x if type(x) is np.ndarray else np.asarray(x)
@@ -107,7 +109,7 @@ def encode(x, where):
         raise TooLarge("%s: over 2 GiB of data" % where)
     if not a.flags.c_contiguous:
         a = np.ascontiguousarray(a)
-    if nbytes < 65536:
+    if nbytes < view_bytes:
         return name, list(a.shape), a.tobytes(), nbytes
     return name, list(a.shape), memoryview(a.reshape(-1).view(np.uint8)), nbytes
 

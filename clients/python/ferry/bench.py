@@ -323,7 +323,8 @@ def sync_main(args, pool, rec):
 
 def client_options(args):
     return {"push_results": not args.no_push, "consume_results": args.consume,
-            "stored_input_bytes": args.stored_input_bytes}
+            "stored_input_bytes": args.stored_input_bytes,
+            "attached_input_bytes": args.attached_input_bytes}
 
 
 def summarize(label, rec, seconds, input_bytes, out):
@@ -395,6 +396,8 @@ def parse_args(argv):
     a("--no-push", action="store_true", help="broker notices only (push_results off)")
     a("--stored-input-bytes", type=int, default=64 * 1024,
       help="inputs of at least this size go to Redis, not through the broker (0: none)")
+    a("--attached-input-bytes", type=int, default=16 * 1024,
+      help="other inputs of at least this size go in data frames of their own (0: none)")
     a("--consume", action="store_true", help="consume_results: GETDEL what wait/run read")
     a("--run", action="store_true", help="closed loop through run() (no ACCEPTED): "
                                          "--concurrency coroutines/threads, one job each")

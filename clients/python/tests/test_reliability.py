@@ -22,6 +22,8 @@ def test_queue_full_and_too_large(models_dir):
             assert not e.value.retryable
             with pytest.raises(ferry.TooLarge):  # a stored input: checked from its shape
                 c.run("slow", np.zeros(50000, np.float32), timeout=30)
+            with pytest.raises(ferry.TooLarge):  # an attached input: its frame counts
+                c.submit("slow", np.zeros(6000, np.float32))
             wait_for(lambda: f.redis().keys("ferry:input:*") == [], 10, "inputs deleted")
             accepted = []
             with pytest.raises(ferry.QueueFull) as e:

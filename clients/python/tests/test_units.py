@@ -212,6 +212,50 @@ def test_bad_jobs_fail_before_anything_is_sent():
     assert job["inputs"][1]["data"] == bytes(32)
     assert (job["priority"], job["timeout_ms"], job["result_ttl_s"]) == (5, 10, 20)
     assert [k for k, _ in p.stored] == ["ferry:input:j:0"]
+    assert p.frames is None
+
+
+def test_inputs_between_the_thresholds_are_attached():
+    """Inputs not stored with >= attached_input_bytes (16 KiB) go in data frames after the
+    body: the body names them {"dtype", "shape", "attached": true}; the frames are the bytes,
+    in input order, views of the arrays (no copy) where they already are C-contiguous."""
+    c = ferry.AsyncClient("tcp://127.0.0.1:9")
+    assert c.options.attached_input_bytes == 16384
+    small = np.zeros(8, np.float32)
+    a = np.arange(4096, dtype=np.float32)                  # 16,384 bytes: attached
+    b = np.arange(20000, dtype=np.int16)[::-1]             # 40,000, not contiguous: a copy
+    big = np.arange(20000, dtype=np.float32)               # 80,000: stored
+    p = c._prepare("m", (small, a, big, b), "j", 0, 0, 0)
+    job = msgpack.unpackb(p.packed)
+    assert job["inputs"][0]["data"] == bytes(32)
+    assert job["inputs"][1] == {"dtype": "float32", "shape": [4096], "attached": True}
+    assert job["inputs"][2] == {"dtype": "float32", "shape": [20000], "stored": True}
+    assert job["inputs"][3] == {"dtype": "int16", "shape": [20000], "attached": True}
+    assert [bytes(f) for f in p.frames] == [a.tobytes(), b.tobytes()]
+    assert isinstance(p.frames[0], memoryview)
+    assert np.shares_memory(np.frombuffer(p.frames[0], np.uint8), a)  # sent from a itself
+    assert p.size >= a.nbytes + b.nbytes and p.size < a.nbytes + b.nbytes + big.nbytes
+    just_under = c._prepare("m", (np.zeros(4095, np.float32),), "j", 0, 0, 0)
+    assert "data" in msgpack.unpackb(just_under.packed)["inputs"][0]
+    assert just_under.frames is None
+    # attached_input_bytes=0: never; stored_input_bytes=0: what would be stored is attached.
+    p = ferry.AsyncClient("tcp://127.0.0.1:9", attached_input_bytes=0)._prepare(
+        "m", (a, big), "j", 0, 0, 0)
+    assert p.frames is None and "data" in msgpack.unpackb(p.packed)["inputs"][0]
+    p = ferry.AsyncClient("tcp://127.0.0.1:9", stored_input_bytes=0)._prepare(
+        "m", (a, big), "j", 0, 0, 0)
+    assert [bytes(f) for f in p.frames] == [a.tobytes(), big.tobytes()] and p.stored is None
+    # A ferry.Tensor's bytes are attached as they are.
+    t = ferry.Tensor(a, "float16")
+    p = ferry.AsyncClient("tcp://127.0.0.1:9", attached_input_bytes=100)._prepare(
+        "m", (t,), "j", 0, 0, 0)
+    assert p.frames == [t.data]
+    for bad in (-1, 1.5, "16", True):
+        with pytest.raises(ferry.InvalidArgument):
+            ferry.AsyncClient("tcp://127.0.0.1:9", attached_input_bytes=bad)
+        with pytest.raises(ferry.InvalidArgument):
+            ferry.Client("tcp://127.0.0.1:9", attached_input_bytes=bad)
+    assert ferry.AsyncClient(attached_input_bytes=np.int64(5)).options.attached_input_bytes == 5
 
 
 def test_redis_acl_user_and_tls_with_client_certificates(tmp_path):
