@@ -88,6 +88,7 @@ int main(int argc, char** argv) {
   ferry::bench::LoadOptions load;
   int64_t warmup = 0, batch = 1, threads = 0, wait_workers = 0;
   int64_t stored_input_bytes = ferry::client::ClientOptions().stored_input_bytes;
+  int64_t attached_input_bytes = ferry::client::ClientOptions().attached_input_bytes;
   bool no_push = false, consume = false;
   ferry::runtime::FlagSet flags(
       "ferry-bench",
@@ -127,6 +128,9 @@ int main(int argc, char** argv) {
   flags.Int("stored-input-bytes", &stored_input_bytes,
             "the SDK's stored_input_bytes: inputs of at least this size go to Redis, not through "
             "the broker (0: none)");
+  flags.Int("attached-input-bytes", &attached_input_bytes,
+            "the SDK's attached_input_bytes: inputs of at least this size that are not stored "
+            "travel in ZeroMQ frames of their own (0: inside the SUBMIT body)");
   flags.Bool("consume", &consume,
              "the SDK's consume_results: results read from Redis are deleted as they are read "
              "(GETDEL)");
@@ -212,6 +216,7 @@ int main(int argc, char** argv) {
     options.push_results = !no_push;
     options.consume_results = consume;
     options.stored_input_bytes = stored_input_bytes;
+    options.attached_input_bytes = attached_input_bytes;
     std::unique_ptr<ferry::client::Client> client;
     Status s = ferry::client::Client::Create(options, &client);
     if (!s.ok()) {
