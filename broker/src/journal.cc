@@ -89,6 +89,9 @@ Status Journal::Decode(const std::string& bytes, Job* out) {
   if (!inputs) return Status::InvalidArgument("journal record without inputs");
   std::vector<protocol::TensorRef> tensors;  // which are stored in Redis, and their bytes
   FERRY_RETURN_IF_ERROR(protocol::DecodeTensorList(*inputs, &tensors, /*allow_stored=*/true));
+  for (const auto& t : tensors) {  // journaled with their bytes: a record never holds frames
+    if (t.attached) return Status::InvalidArgument("journal record with an attached input");
+  }
   out->stored_inputs = protocol::StoredInputs(tensors);
   out->stored_bytes = 0;
   for (const auto& t : tensors)

@@ -1,7 +1,8 @@
 // CHUNK bodies as the worker's broker link reads them (gpu-worker/src/broker_link.cc,
 // HandleChunk): {"jobs": [entry, ...]}, each entry through protocol::DecodeChunkEntry
 // (protocol/src/messages.cc). Invariants: tensors point into the body, the stored-input indexes
-// name stored inputs, and PackChunkEntry -> DecodeChunkEntry gives the same entry.
+// name stored inputs, an entry's count of data frames (AttachedInJob) is its attached inputs,
+// and PackChunkEntry -> DecodeChunkEntry gives the same entry.
 #include "ferry/protocol/messages.h"
 #include "fuzz_wire.h"
 
@@ -46,6 +47,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     if (!protocol::DecodeChunkEntry(entries->via.array.ptr[i], &job).ok()) continue;
     for (const auto& t : job.inputs) ferry::fuzz::CheckTensor(t, begin, size);
     for (int32_t k : job.stored_inputs) FUZZ_CHECK(job.inputs.at(static_cast<size_t>(k)).stored);
+    // The entry's share of the CHUNK's data frames is exactly its attached inputs.
+    size_t attached = 0;
+    for (const auto& t : job.inputs) attached += t.attached;
+    FUZZ_CHECK(protocol::AttachedInJob(entries->via.array.ptr[i]) == attached);
     RoundTrip(entries->via.array.ptr[i], job);
   }
   return 0;

@@ -5,10 +5,13 @@
 // whose one worker serves "tiny" and "whisper" with small queue and byte limits, the accepted job
 // queued (Scheduler::Add) and journaled (Journal::Encode -> Decode), then dispatched in CHUNKs
 // (Scheduler::NextChunk, PackChunkEntry) that are decoded as the worker decodes them
-// (protocol::DecodeChunkEntry). Invariants: an accepted job has a valid id and model and tensors
-// that point into the body; re-packed inputs decode to the same tensors; PackSubmitJob ->
-// DecodeSubmitJob and the journal give the same job; every accepted job reaches the worker once,
-// with the inputs it was submitted with.
+// (protocol::DecodeChunkEntry). Attached inputs get data frames of their size, made here as a
+// producer sends them (1 byte where the size is over the admission limit), matched as
+// HandleSubmit and the worker match them. Invariants: an accepted job has a valid id and model
+// and tensors that point into the body; the frame count is the attached inputs'; re-packed
+// inputs decode to the same tensors; PackSubmitJob -> DecodeSubmitJob and the journal give the
+// same job (attached inputs journaled with their bytes); every accepted job reaches the worker
+// once, with the inputs (and data frames) it was submitted with.
 #include <map>
 #include <memory>
 
@@ -38,10 +41,11 @@ std::vector<protocol::TensorRef> DecodeRaw(const std::string& raw, msgpack::obje
 
 void RoundTrip(const protocol::SubmitJob& job) {
   std::vector<ferry::Tensor> inputs;
-  std::vector<bool> stored;
+  std::vector<bool> stored, attached;
   for (const auto& t : job.inputs) {
     inputs.push_back(ferry::fuzz::Owned(t));
     stored.push_back(t.stored);
+    attached.push_back(t.attached);
   }
   msgpack::sbuffer buf;
   protocol::Packer pk(buf);
@@ -49,7 +53,7 @@ void RoundTrip(const protocol::SubmitJob& job) {
   protocol::PackString(pk, "jobs");
   pk.pack_array(1);
   protocol::PackSubmitJob(pk, job.id, job.model, inputs, job.priority, job.timeout_ms,
-                          job.result_ttl_s, stored);
+                          job.result_ttl_s, stored, attached);
   const std::string bytes = ferry::fuzz::Bytes(buf);
   msgpack::object_handle oh = ferry::fuzz::MustUnpack(bytes);
   protocol::SubmitJob back;
@@ -63,7 +67,8 @@ void RoundTrip(const protocol::SubmitJob& job) {
 
 // The queued job, built as HandleSubmit builds it.
 std::unique_ptr<Job> MakeJob(const protocol::SubmitJob& in, const std::string& notify,
-                             const ferry::broker::BrokerOptions& options) {
+                             const ferry::broker::BrokerOptions& options,
+                             std::vector<zmq::message_t> frames) {
   auto job = std::make_unique<Job>();
   job->id = in.id;
   job->model = in.model;
@@ -75,23 +80,52 @@ std::unique_ptr<Job> MakeJob(const protocol::SubmitJob& in, const std::string& n
   job->notify = notify;
   size_t hint = 16;
   for (const auto& t : in.inputs) {
-    hint += (t.stored ? 0 : t.size) + 64;
+    hint += (t.stored || t.attached ? 0 : t.size) + 64;
     if (t.stored) job->stored_bytes += static_cast<int64_t>(t.size);
+    if (t.attached) job->attached_bytes += static_cast<int64_t>(t.size);
   }
+  job->frames = std::move(frames);
   job->stored_inputs = protocol::StoredInputs(in.inputs);
   protocol::PackObjectInto(*in.inputs_obj, hint, &job->inputs_raw);
   return job;
 }
 
+// The inputs of a queued job with their bytes: attached ones matched to the job's frames.
+std::vector<protocol::TensorRef> WithFrames(const Job& job, msgpack::object_handle* oh) {
+  std::vector<protocol::TensorRef> tensors = DecodeRaw(job.inputs_raw, oh);
+  FUZZ_CHECK_OK(protocol::MatchFrames(&tensors, job.frames.data(), job.frames.size()));
+  return tensors;
+}
+
 void CheckJournal(const Job& job) {
   Job back;
   FUZZ_CHECK_OK(ferry::broker::Journal::Decode(ferry::broker::Journal::Encode(job), &back));
-  FUZZ_CHECK(back.id == job.id && back.model == job.model && back.inputs_raw == job.inputs_raw &&
+  FUZZ_CHECK(back.id == job.id && back.model == job.model &&
              back.stored_inputs == job.stored_inputs && back.stored_bytes == job.stored_bytes);
+  if (job.frames.empty()) {
+    FUZZ_CHECK(back.inputs_raw == job.inputs_raw);
+    return;
+  }
+  // Attached inputs are journaled with their bytes: the same tensors, in the "data" form.
+  msgpack::object_handle a, b;
+  const std::vector<protocol::TensorRef> want = WithFrames(job, &a);
+  const std::vector<protocol::TensorRef> got = DecodeRaw(back.inputs_raw, &b);
+  FUZZ_CHECK(back.frames.empty() && got.size() == want.size());
+  for (size_t k = 0; k < got.size(); ++k) {
+    protocol::TensorRef w = want[k];
+    w.attached = false;
+    FUZZ_CHECK(ferry::fuzz::SameTensor(w, got[k]));
+  }
 }
 
 // Sends every queued job to the worker in CHUNKs and decodes them as the worker does.
-void Dispatch(ferry::broker::Scheduler* scheduler, std::map<std::string, std::string>* expected) {
+// What a producer submitted: its inputs as HandleSubmit left them (attached ones pointing into
+// their frames, which the job holds).
+struct Submitted {
+  std::vector<protocol::TensorRef> inputs;
+};
+
+void Dispatch(ferry::broker::Scheduler* scheduler, std::map<std::string, Submitted>* expected) {
   ferry::broker::Chunk chunk;
   while (scheduler->NextChunk(&chunk)) {
     msgpack::sbuffer buf;
@@ -100,23 +134,41 @@ void Dispatch(ferry::broker::Scheduler* scheduler, std::map<std::string, std::st
     protocol::PackString(pk, "jobs");
     pk.pack_array(static_cast<uint32_t>(chunk.jobs.size()));
     std::vector<std::string> ids;
+    std::vector<zmq::message_t> frames;  // as broker.cc sends them: shared, in job order
     for (const Job* j : chunk.jobs) {
       protocol::PackChunkEntry(pk, j->id, j->model, j->inputs_raw, j->attempt, j->priority,
                                j->result_ttl_s, j->submitted_us, j->submitted_us + 1,
                                j->deadline_us, j->notify);
       ids.push_back(j->id);
+      for (const zmq::message_t& f : j->frames) {
+        frames.emplace_back();
+        frames.back().copy(&f);
+      }
     }
     const std::string bytes = ferry::fuzz::Bytes(buf);
     msgpack::object_handle oh = ferry::fuzz::MustUnpack(bytes);
     const msgpack::object* entries = protocol::Find(oh.get(), "jobs");
     FUZZ_CHECK(entries != nullptr && entries->via.array.size == ids.size());
+    FUZZ_CHECK(protocol::AttachedCount(*entries) == frames.size());
+    size_t next_frame = 0;
     for (uint32_t i = 0; i < entries->via.array.size; ++i) {
       protocol::ChunkJob job;
       FUZZ_CHECK_OK(protocol::DecodeChunkEntry(entries->via.array.ptr[i], &job));
+      const size_t n = protocol::AttachedInJob(entries->via.array.ptr[i]);
+      FUZZ_CHECK_OK(protocol::MatchFrames(&job.inputs, frames.data() + next_frame, n));
+      next_frame += n;
       auto it = expected->find(job.id);
       FUZZ_CHECK(it != expected->end());  // accepted, and not delivered before
-      msgpack::object_handle raw_oh;
-      FUZZ_CHECK(ferry::fuzz::SameTensors(job.inputs, DecodeRaw(it->second, &raw_oh)));
+      // The worker gets the bytes the producer sent: the body's, or the data frames'.
+      const std::vector<protocol::TensorRef> want = it->second.inputs;
+      FUZZ_CHECK(want.size() == job.inputs.size());
+      for (size_t k = 0; k < want.size(); ++k) {
+        FUZZ_CHECK(want[k].dtype == job.inputs[k].dtype && want[k].shape == job.inputs[k].shape &&
+                   want[k].stored == job.inputs[k].stored && want[k].size == job.inputs[k].size);
+        if (!want[k].stored && want[k].size > 0)
+          FUZZ_CHECK(std::string(want[k].data, want[k].size) ==
+                     std::string(job.inputs[k].data, job.inputs[k].size));
+      }
       for (int32_t k : job.stored_inputs) FUZZ_CHECK(job.inputs.at(static_cast<size_t>(k)).stored);
       expected->erase(it);
     }
@@ -157,9 +209,13 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   hello.models = {{"tiny", 2}, {"whisper", 4}};
   scheduler.AddWorker("worker-1", hello, /*now_us=*/1);
 
-  std::map<std::string, std::string> accepted;  // id -> inputs_raw
+  std::map<std::string, Submitted> accepted;
   protocol::SubmitJob in;
   for (uint32_t i = 0; i < jobs->via.array.size; ++i) {
+    // The job's data frames, as a producer sends them: one per attached input, of its size
+    // (up to the admission limit: a bigger one gets a frame of 1 byte, which MatchFrames
+    // refuses, as the broker refuses a frame of the wrong size).
+    const size_t n = protocol::AttachedInJob(jobs->via.array.ptr[i]);
     if (!protocol::DecodeSubmitJob(jobs->via.array.ptr[i], &in).ok()) continue;
     FUZZ_CHECK(protocol::IsValidJobId(in.id));
     FUZZ_CHECK(!in.model.empty() && in.model.size() <= protocol::kMaxModelName);
@@ -167,12 +223,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     FUZZ_CHECK(in.inputs_obj != nullptr);
     for (const auto& t : in.inputs) ferry::fuzz::CheckTensor(t, begin, size);
     RoundTrip(in);
+    std::vector<zmq::message_t> frames;
+    for (const auto& t : in.inputs) {
+      if (!t.attached) continue;
+      const size_t bytes = t.size <= 8192 ? t.size : 1;
+      std::string fill(bytes, '\0');
+      for (size_t k = 0; k < bytes; ++k) fill[k] = static_cast<char>(k * 31 + frames.size());
+      frames.emplace_back(fill.data(), fill.size());
+    }
+    FUZZ_CHECK(frames.size() == n);  // the frame count before decoding is the decoder's
+    if (!protocol::MatchFrames(&in.inputs, frames.data(), frames.size()).ok()) continue;
     if (!ferry::broker::Admit(in, scheduler, options).ok()) continue;
-    std::unique_ptr<Job> job = MakeJob(in, notify, options);
+    Submitted submitted{in.inputs};  // points into the body and the frames (moved, not copied)
+    std::unique_ptr<Job> job = MakeJob(in, notify, options, std::move(frames));
     msgpack::object_handle raw_oh;
-    FUZZ_CHECK(ferry::fuzz::SameTensors(in.inputs, DecodeRaw(job->inputs_raw, &raw_oh)));
+    FUZZ_CHECK(ferry::fuzz::SameTensors(in.inputs, WithFrames(*job, &raw_oh)));
     CheckJournal(*job);
-    accepted[in.id] = job->inputs_raw;
+    accepted[in.id] = std::move(submitted);
     FUZZ_CHECK_OK(scheduler.Add(std::move(job)));
   }
   FUZZ_CHECK(scheduler.pending_bytes() <= options.max_pending_bytes);

@@ -1,5 +1,6 @@
 // Tensors as every message body carries them: {"dtype", "shape", "data": bin}, and the stored
-// form {"dtype", "shape", "stored": true} of job inputs (protocol/src/codec.cc). The input is one
+// and attached forms {"dtype", "shape", "stored" / "attached": true} of job inputs
+// (protocol/src/codec.cc); a decoded tensor is attached exactly when IsAttached says so. The input is one
 // msgpack map: a tensor, or a map holding "inputs": [tensor, ...] (a job's input list).
 // Invariants: size = numel * itemsize, the bytes point into the input (no copy), and
 // decode -> encode -> decode gives the same tensor.
@@ -18,6 +19,8 @@ void RoundTrip(const TensorRef& t) {
   ferry::protocol::PackString(pk, "t");
   if (t.stored)
     ferry::protocol::PackStoredTensor(pk, t.dtype, t.shape);
+  else if (t.attached)
+    ferry::protocol::PackAttachedTensor(pk, t.dtype, t.shape);
   else
     ferry::protocol::PackTensor(pk, t);
   const std::string bytes = ferry::fuzz::Bytes(buf);
@@ -37,7 +40,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   for (bool allow_stored : {false, true}) {
     TensorRef t;
     if (ferry::protocol::DecodeTensor(oh.get(), &t, allow_stored).ok()) {
-      FUZZ_CHECK(allow_stored || !t.stored);
+      FUZZ_CHECK(allow_stored || (!t.stored && !t.attached));
+      FUZZ_CHECK(!allow_stored || t.attached == ferry::protocol::IsAttached(oh.get()));
       ferry::fuzz::CheckTensor(t, begin, size);
       RoundTrip(t);
     }
@@ -46,7 +50,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       if (ferry::protocol::DecodeTensorList(*list, &tensors, allow_stored).ok()) {
         FUZZ_CHECK(tensors.size() <= ferry::protocol::kMaxInputsPerJob);
         for (const auto& e : tensors) {
-          FUZZ_CHECK(allow_stored || !e.stored);
+          FUZZ_CHECK(allow_stored || (!e.stored && !e.attached));
           ferry::fuzz::CheckTensor(e, begin, size);
           RoundTrip(e);
         }

@@ -12,11 +12,14 @@
 
 namespace ferry::fuzz {
 
-// The wire form of a decoded tensor (stored inputs: dtype, shape and size; no bytes).
+// The wire form of a decoded tensor (stored inputs: dtype, shape and size; no bytes; attached
+// inputs: their bytes only when both were matched to a data frame).
 inline bool SameTensor(const protocol::TensorRef& a, const protocol::TensorRef& b) {
-  if (a.dtype != b.dtype || a.shape != b.shape || a.stored != b.stored || a.size != b.size)
+  if (a.dtype != b.dtype || a.shape != b.shape || a.stored != b.stored ||
+      a.attached != b.attached || a.size != b.size)
     return false;
   if (a.stored) return a.data == nullptr && b.data == nullptr;
+  if (a.attached && (a.data == nullptr || b.data == nullptr)) return true;
   return a.size == 0 || std::string(a.data, a.size) == std::string(b.data, b.size);
 }
 
@@ -38,16 +41,19 @@ inline void CheckTensor(const protocol::TensorRef& t, const char* begin, size_t 
   FUZZ_CHECK(static_cast<uint64_t>(numel) <= static_cast<uint64_t>(INT64_MAX) / ItemSize(t.dtype));
   FUZZ_CHECK(t.shape.size() <= protocol::kMaxTensorDims);
   FUZZ_CHECK(t.size == static_cast<uint64_t>(numel) * ItemSize(t.dtype));
-  if (t.stored) {
-    FUZZ_CHECK(t.data == nullptr);
+  FUZZ_CHECK(!(t.stored && t.attached));
+  if (t.stored || t.attached) {
+    FUZZ_CHECK(t.data == nullptr);  // as decoded: an attached input's frame comes later
   } else if (t.size > 0) {
     FUZZ_CHECK(t.data >= begin && t.size <= size && t.data <= begin + (size - t.size));
   }
 }
 
-// Copies a decoded tensor (a stored one has no bytes: only its dtype and shape).
+// Copies a decoded tensor (a stored one, or an attached one not matched to its frame, has no
+// bytes: only its dtype and shape).
 inline Tensor Owned(const protocol::TensorRef& t) {
-  if (!t.stored) return protocol::ToTensor(t);
+  if (!t.stored && t.data != nullptr) return protocol::ToTensor(t);
+  if (!t.stored && !t.attached) return protocol::ToTensor(t);
   Tensor out;
   out.dtype = t.dtype;
   out.shape = t.shape;
