@@ -180,12 +180,12 @@ void Broker::Impl::Dispatch() {
     protocol::PackString(pk, "jobs");
     pk.pack_array(static_cast<uint32_t>(chunk.jobs.size()));
     std::vector<zmq::message_t> frames;  // the jobs' attached inputs, in job and input order
-    for (const Job* j : chunk.jobs) {
+    for (Job* j : chunk.jobs) {
       protocol::PackChunkEntry(pk, j->id, j->model, j->inputs_raw, j->attempt, j->priority,
                                j->result_ttl_s, j->submitted_us, now, j->deadline_us, j->notify);
-      for (const zmq::message_t& f : j->frames) {
+      for (zmq::message_t& f : j->frames) {
         frames.emplace_back();
-        frames.back().copy(&f);  // shares the buffer (a reference count), copies no bytes
+        frames.back().copy(f);  // shares the buffer (a reference count), copies no bytes
       }
     }
     protocol::SendTo(backend, chunk.worker, protocol::kChunk, protocol::ToMessage(std::move(buf)),

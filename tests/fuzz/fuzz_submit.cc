@@ -19,6 +19,7 @@
 #include "ferry/broker/broker.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
+#include "ferry/protocol/wire.h"
 #include "fuzz_wire.h"
 #include "journal.h"
 #include "scheduler.h"
@@ -135,14 +136,14 @@ void Dispatch(ferry::broker::Scheduler* scheduler, std::map<std::string, Submitt
     pk.pack_array(static_cast<uint32_t>(chunk.jobs.size()));
     std::vector<std::string> ids;
     std::vector<zmq::message_t> frames;  // as broker.cc sends them: shared, in job order
-    for (const Job* j : chunk.jobs) {
+    for (Job* j : chunk.jobs) {
       protocol::PackChunkEntry(pk, j->id, j->model, j->inputs_raw, j->attempt, j->priority,
                                j->result_ttl_s, j->submitted_us, j->submitted_us + 1,
                                j->deadline_us, j->notify);
       ids.push_back(j->id);
-      for (const zmq::message_t& f : j->frames) {
+      for (zmq::message_t& f : j->frames) {
         frames.emplace_back();
-        frames.back().copy(&f);
+        frames.back().copy(f);
       }
     }
     const std::string bytes = ferry::fuzz::Bytes(buf);

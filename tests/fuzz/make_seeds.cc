@@ -57,13 +57,16 @@ std::string PackedTensor(const Tensor& t) {
 }
 
 // The inputs array of a job, as SUBMIT carries it (and the broker keeps it: inputs_raw).
-std::string PackedInputs(const std::vector<Tensor>& inputs, const std::vector<bool>& stored) {
+std::string PackedInputs(const std::vector<Tensor>& inputs, const std::vector<bool>& stored,
+                         const std::vector<bool>& attached = {}) {
   msgpack::sbuffer buf;
   protocol::Packer pk(buf);
   pk.pack_array(static_cast<uint32_t>(inputs.size()));
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (i < stored.size() && stored[i])
       protocol::PackStoredTensor(pk, inputs[i].dtype, inputs[i].shape);
+    else if (i < attached.size() && attached[i])
+      protocol::PackAttachedTensor(pk, inputs[i].dtype, inputs[i].shape);
     else
       protocol::PackTensor(pk, inputs[i]);
   }
@@ -80,6 +83,10 @@ void Tensors() {
   protocol::Packer pk(stored);
   protocol::PackStoredTensor(pk, DType::kInt16, {480000});
   Write("fuzz_tensor", "stored_int16", Bytes(stored));
+  msgpack::sbuffer attached;
+  protocol::Packer apk(attached);
+  protocol::PackAttachedTensor(apk, DType::kFloat32, {2, 3});
+  Write("fuzz_tensor", "attached_float32", Bytes(attached));
   msgpack::sbuffer list;
   protocol::Packer lpk(list);
   lpk.pack_map(1);
@@ -91,7 +98,8 @@ void Tensors() {
 
 // A SUBMIT body the way the SDK packs it (producer-sdk/src/client.cc).
 std::string SubmitBody(const std::vector<std::vector<Tensor>>& jobs,
-                       const std::vector<std::vector<bool>>& stored, bool notify, bool ack) {
+                       const std::vector<std::vector<bool>>& stored, bool notify, bool ack,
+                       const std::vector<std::vector<bool>>& attached = {}) {
   msgpack::sbuffer buf;
   protocol::Packer pk(buf);
   pk.pack_map(3 + (notify ? 1 : 0) + (ack ? 0 : 1));
@@ -112,7 +120,8 @@ std::string SubmitBody(const std::vector<std::vector<Tensor>>& jobs,
     protocol::PackSubmitJob(pk, "job-" + std::to_string(i), i % 2 ? "whisper" : "tiny", jobs[i],
                             /*priority=*/static_cast<int64_t>(i) - 1,
                             /*timeout_ms=*/i == 1 ? 5000 : 0, /*result_ttl_s=*/i == 2 ? 600 : 0,
-                            i < stored.size() ? stored[i] : std::vector<bool>{});
+                            i < stored.size() ? stored[i] : std::vector<bool>{},
+                            i < attached.size() ? attached[i] : std::vector<bool>{});
   }
   protocol::PackString(pk, "rid");
   pk.pack_int64(7);
@@ -125,6 +134,11 @@ void Submit() {
   Write("fuzz_submit", "three_jobs_notify",
         SubmitBody({{Floats({1, 2}, {2})}, {Pcm(), Scalar()}, {Pixels()}}, {}, true, true));
   Write("fuzz_submit", "stored_input_no_ack", SubmitBody({{Pcm()}}, {{true}}, false, false));
+  // Attached inputs (their data frames are made by the target, of their sizes).
+  Write("fuzz_submit", "attached_inputs",
+        SubmitBody({{Floats({1, 2, 3, 4, 5, 6, 7, 8}, {8})}, {Floats({1, 2}, {2}), Scalar()},
+                    {Pcm()}},
+                   {{}, {}, {true}}, false, true, {{true}, {false, true}, {}}));
 }
 
 void Chunk() {
@@ -141,6 +155,17 @@ void Chunk() {
   protocol::PackChunkEntry(pk, "job-2", "resnet", PackedInputs({Pixels(), Scalar()}, {}), 1, -3, 60,
                            1, 2);
   Write("fuzz_chunk", "three_entries", Bytes(buf));
+  msgpack::sbuffer att;
+  protocol::Packer apk(att);
+  apk.pack_map(1);
+  protocol::PackString(apk, "jobs");
+  apk.pack_array(2);
+  protocol::PackChunkEntry(apk, "job-a", "whisper", PackedInputs({Pcm()}, {}, {true}), 1, 0, 600, 1,
+                           2);
+  protocol::PackChunkEntry(apk, "job-b", "tiny",
+                           PackedInputs({Floats({1, 2}, {2}), Pixels()}, {false, true}, {true}),
+                           1, 0, 600, 1, 2);
+  Write("fuzz_chunk", "attached_entries", Bytes(att));
 }
 
 // A result record the way the worker writes it (gpu-worker/src/result_writer.cc).
