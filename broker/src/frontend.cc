@@ -101,7 +101,6 @@ void Broker::Impl::HandleFrontend(protocol::Message& m) {
   }
 }
 
-
 void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& body, int64_t rid) {
   const msgpack::object* jobs = protocol::Find(body, "jobs");
   if (!jobs || jobs->type != msgpack::type::ARRAY) {
@@ -150,7 +149,8 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
   for (const auto& f : m.frames) message_bytes += f.size();
   if (static_cast<int64_t>(message_bytes) > options.max_message_bytes) {
     ReplyError(m, rid, codes::kTooLarge,
-               "SUBMIT of " + std::to_string(message_bytes) + " bytes with its data frames; at most " +
+               "SUBMIT of " + std::to_string(message_bytes) +
+                   " bytes with its data frames; at most " +
                    std::to_string(options.max_message_bytes) + " (--max-message-bytes)");
     return;
   }
@@ -167,7 +167,8 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
     next_frame += protocol::AttachedInJob(jobs->via.array.ptr[i]);
     Status s = protocol::DecodeSubmitJob(jobs->via.array.ptr[i], &in);
     if (s.ok())
-      s = protocol::MatchFrames(&in.inputs, m.frames.data() + first_frame, next_frame - first_frame);
+      s = protocol::MatchFrames(&in.inputs, m.frames.data() + first_frame,
+                                next_frame - first_frame);
     if (s.ok()) s = Admit(in, scheduler, options);
     if (!s.ok()) {
       reply.accepted.rejected.push_back({in.id, s.code(), s.message()});

@@ -276,7 +276,8 @@ zmq::message_t Client::Impl::EncodeSubmit(const std::vector<const Job*>& jobs,
     for (size_t k = 0; k < j.inputs.size(); ++k) {
       stored[k] = Stored(j.inputs[k]);
       attached[k] = Attached(j.inputs[k]);
-      if (attached[k]) frames->push_back(frames_.Copy(j.inputs[k].data.data(), j.inputs[k].data.size()));
+      if (attached[k])
+        frames->push_back(frames_.Copy(j.inputs[k].data.data(), j.inputs[k].data.size()));
     }
     protocol::PackSubmitJob(pk, outcomes[i].id, j.model, j.inputs, j.priority, j.timeout_ms,
                             j.result_ttl_s, stored, attached);
@@ -304,9 +305,8 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs, const std::v
   IoThread::Reply reply;
   msgpack::object_handle body;
   protocol::Accepted accepted;
-  Status s =
-      io_->Call(rid, protocol::kSubmit, std::move(message), options_.request_timeout_ms, &reply,
-                std::move(frames));
+  Status s = io_->Call(rid, protocol::kSubmit, std::move(message), options_.request_timeout_ms,
+                       &reply, std::move(frames));
   if (s.ok()) s = CheckReply(reply, protocol::kAccepted, &body);
   if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
   if (!s.ok()) {
@@ -381,7 +381,8 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
   // handler runs on the I/O thread, possibly after this call returned: hence the shared verdict.
   auto verdict = std::make_shared<ResultTracker::Verdict>();
   auto request = io_->Post(
-      rid, protocol::kSubmit, std::move(message), [this, id, verdict](IoThread::Reply reply) {
+      rid, protocol::kSubmit, std::move(message),
+      [this, id, verdict](IoThread::Reply reply) {
         Status s;
         try {
           s = RunVerdict(reply, id);

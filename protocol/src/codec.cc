@@ -190,26 +190,27 @@ void PackTensor(Packer& pk, DType dtype, const std::vector<int64_t>& shape, cons
   pk.pack_bin_body(static_cast<const char*>(data), static_cast<uint32_t>(size));
 }
 
-void PackStoredTensor(Packer& pk, DType dtype, const std::vector<int64_t>& shape) {
+namespace {
+// {"dtype", "shape", KEY: true}: a job input whose bytes travel elsewhere (Redis, a data frame).
+void PackTensorWithout(Packer& pk, DType dtype, const std::vector<int64_t>& shape,
+                       std::string_view key) {
   pk.pack_map(3);
   PackString(pk, "dtype");
   PackString(pk, DTypeName(dtype));
   PackString(pk, "shape");
   pk.pack_array(static_cast<uint32_t>(shape.size()));
   for (int64_t d : shape) pk.pack_int64(d);
-  PackString(pk, "stored");
+  PackString(pk, key);
   pk.pack_true();
+}
+}  // namespace
+
+void PackStoredTensor(Packer& pk, DType dtype, const std::vector<int64_t>& shape) {
+  PackTensorWithout(pk, dtype, shape, "stored");
 }
 
 void PackAttachedTensor(Packer& pk, DType dtype, const std::vector<int64_t>& shape) {
-  pk.pack_map(3);
-  PackString(pk, "dtype");
-  PackString(pk, DTypeName(dtype));
-  PackString(pk, "shape");
-  pk.pack_array(static_cast<uint32_t>(shape.size()));
-  for (int64_t d : shape) pk.pack_int64(d);
-  PackString(pk, "attached");
-  pk.pack_true();
+  PackTensorWithout(pk, dtype, shape, "attached");
 }
 
 bool IsAttached(const msgpack::object& o) {

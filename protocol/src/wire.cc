@@ -27,7 +27,8 @@ Status MatchFrames(std::vector<TensorRef>* inputs, const zmq::message_t* frames,
   for (size_t k = 0; k < inputs->size(); ++k) {
     TensorRef& t = (*inputs)[k];
     if (!t.attached) continue;
-    if (next >= n) return Status::InvalidArgument("tensor " + std::to_string(k) + ": no data frame");
+    if (next >= n)
+      return Status::InvalidArgument("tensor " + std::to_string(k) + ": no data frame");
     const zmq::message_t& f = frames[next++];
     if (f.size() != t.size) {
       return Status::InvalidArgument("tensor " + std::to_string(k) + ": its data frame has " +
@@ -161,8 +162,8 @@ Status SendMessage(zmq::socket_t& socket, const std::vector<zmq::message_t>* env
       return Status::Unavailable("send would block");
     // The later parts of a message ZeroMQ accepted the first part of are never refused.
     for (size_t i = 0; more && i < frames->size(); ++i) {
-      if (!socket.send((*frames)[i], i + 1 < frames->size() ? zmq::send_flags::sndmore
-                                                             : zmq::send_flags::none))
+      if (!socket.send((*frames)[i],
+                       i + 1 < frames->size() ? zmq::send_flags::sndmore : zmq::send_flags::none))
         return Status::Unavailable("send would block");
     }
   } catch (const zmq::error_t& e) {

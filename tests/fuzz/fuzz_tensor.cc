@@ -1,7 +1,7 @@
 // Tensors as every message body carries them: {"dtype", "shape", "data": bin}, and the stored
 // and attached forms {"dtype", "shape", "stored" / "attached": true} of job inputs
-// (protocol/src/codec.cc); a decoded tensor is attached exactly when IsAttached says so. The input is one
-// msgpack map: a tensor, or a map holding "inputs": [tensor, ...] (a job's input list).
+// (protocol/src/codec.cc); a decoded tensor is attached exactly when IsAttached says so. The input
+// is one msgpack map: a tensor, or a map holding "inputs": [tensor, ...] (a job's input list).
 // Invariants: size = numel * itemsize, the bytes point into the input (no copy), and
 // decode -> encode -> decode gives the same tensor.
 #include "ferry/protocol/codec.h"

@@ -136,9 +136,9 @@ void Submit() {
   Write("fuzz_submit", "stored_input_no_ack", SubmitBody({{Pcm()}}, {{true}}, false, false));
   // Attached inputs (their data frames are made by the target, of their sizes).
   Write("fuzz_submit", "attached_inputs",
-        SubmitBody({{Floats({1, 2, 3, 4, 5, 6, 7, 8}, {8})}, {Floats({1, 2}, {2}), Scalar()},
-                    {Pcm()}},
-                   {{}, {}, {true}}, false, true, {{true}, {false, true}, {}}));
+        SubmitBody(
+            {{Floats({1, 2, 3, 4, 5, 6, 7, 8}, {8})}, {Floats({1, 2}, {2}), Scalar()}, {Pcm()}},
+            {{}, {}, {true}}, false, true, {{true}, {false, true}, {}}));
 }
 
 void Chunk() {
@@ -163,8 +163,8 @@ void Chunk() {
   protocol::PackChunkEntry(apk, "job-a", "whisper", PackedInputs({Pcm()}, {}, {true}), 1, 0, 600, 1,
                            2);
   protocol::PackChunkEntry(apk, "job-b", "tiny",
-                           PackedInputs({Floats({1, 2}, {2}), Pixels()}, {false, true}, {true}),
-                           1, 0, 600, 1, 2);
+                           PackedInputs({Floats({1, 2}, {2}), Pixels()}, {false, true}, {true}), 1,
+                           0, 600, 1, 2);
   Write("fuzz_chunk", "attached_entries", Bytes(att));
 }
 

@@ -6,8 +6,8 @@
 #include "ferry/protocol/codec.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
-#include "ferry/protocol/wire.h"
 #include "ferry/protocol/util.h"
+#include "ferry/protocol/wire.h"
 
 namespace ferry::protocol {
 namespace {
