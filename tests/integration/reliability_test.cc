@@ -659,10 +659,11 @@ TEST(Reliability, StoredInputsSurviveABrokerKillAndGoWithTheirJobs) {
 }
 
 // Big inputs sent through the broker in data frames of their own (attached: the client stores
-// nothing in Redis): the broker journals them with their bytes, so one killed while they wait
-// in its queue is replaced, the new one restores them from the journal and sends them to the
+// nothing in Redis). A worker killed while it holds one gets it requeued, and the broker sends
+// its frames again; the broker journals them with their bytes, so one killed while they wait in
+// its queue is replaced, the new one restores them from the journal and sends them to the
 // worker in the ordinary form -- every output is the job's own input (null model).
-TEST(Reliability, AttachedInputsSurviveABrokerKill) {
+TEST(Reliability, AttachedInputsSurviveAWorkerKillAndABrokerKill) {
   FleetOptions fo = OneSlowLane();
   fo.models = {"slow", "null"};
   fo.broker_args = kFastHeartbeats;
@@ -680,6 +681,14 @@ TEST(Reliability, AttachedInputsSurviveABrokerKill) {
     jobs.push_back(std::move(j));
   }
   SubmitUntilAccepted(*c, jobs);
+  // The worker holds the blocker and the first big job (its frames) when it is killed: the
+  // broker requeues both and sends the big job's frames again, from the same buffers.
+  const pid_t pid = fleet.worker(0).pid();
+  ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, pid) == 2; })) << fleet.Logs();
+  fleet.worker(0).Signal(SIGKILL);
+  fleet.worker(0).Wait();
+  fleet.StartWorker(0);
+  ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, fleet.worker(0).pid()) == 2; })) << fleet.Logs();
   {
     auto redis = fleet.redis().Connect();
     ASSERT_NE(redis, nullptr);
@@ -701,6 +710,7 @@ TEST(Reliability, AttachedInputsSurviveABrokerKill) {
     ASSERT_EQ(r.state, JobState::kDone) << jobs[i].id << " " << r.error.ToString() << fleet.Logs();
     EXPECT_TRUE(r.outputs.at(0).data == jobs[i].inputs[0].data) << jobs[i].id;
   }
+  EXPECT_GE(results.at("att-kill-0").attempt, 2) << "the killed worker's job was not requeued";
 }
 
 TEST(Reliability, HigherPriorityRunsFirstFifoWithin) {

@@ -160,6 +160,90 @@ class BrokerLinkTest : public ::testing::Test {
   bool started_ = false;
 };
 
+// Attached inputs: a CHUNK's data frames reach the queued jobs in order (their tensors point
+// into the frames, no copy); a job whose frame has the wrong size fails alone, and a CHUNK whose
+// frames and attached tensors differ in number fails each of its jobs -- with invalid_argument
+// in Redis and in DONE, so nothing the broker sent is lost.
+TEST_F(BrokerLinkTest, AttachedInputsPointIntoTheChunksFramesAndBrokenOnesFail) {
+  Start();
+  auto entry = [](protocol::Packer& pk, const std::string& id, DType dtype,
+                  std::vector<int64_t> shape) {
+    msgpack::sbuffer inputs;
+    protocol::Packer ipk(inputs);
+    ipk.pack_array(1);
+    protocol::PackAttachedTensor(ipk, dtype, shape);
+    protocol::PackChunkEntry(pk, id, "tiny", std::string_view(inputs.data(), inputs.size()), 1, 0,
+                             0, 0, 0);
+  };
+  auto chunk = [&](const std::vector<std::string>& ids) {
+    msgpack::sbuffer buf;
+    protocol::Packer pk(buf);
+    pk.pack_map(1);
+    protocol::PackString(pk, "jobs");
+    pk.pack_array(static_cast<uint32_t>(ids.size()));
+    for (const auto& id : ids)
+      entry(pk, id, id == "att-b" ? DType::kInt16 : DType::kFloat32, {id == "att-b" ? 2 : 4});
+    return protocol::ToMessage(std::move(buf));
+  };
+  const std::string a(16, 'a'), c(16, 'c');
+  std::vector<zmq::message_t> frames;
+  frames.emplace_back(a.data(), a.size());
+  frames.emplace_back("xyz", 3);  // att-b: [2] int16 needs 4 bytes
+  frames.emplace_back(c.data(), c.size());
+  ASSERT_TRUE(
+      protocol::SendTo(router_, worker_id_, "CHUNK", chunk({"att-a", "att-b", "att-c"}), &frames)
+          .ok());
+  ASSERT_TRUE(testutil::WaitFor([&] { return queue_.size() == 2; })) << queue_.size();
+  std::vector<Job> jobs;
+  ASSERT_TRUE(queue_.TakeBatch(8, &jobs));
+  ASSERT_EQ(jobs.size(), 2u);
+  EXPECT_EQ(jobs[0].entry.id, "att-a");
+  EXPECT_EQ(std::string(jobs[0].entry.inputs.at(0).data, jobs[0].entry.inputs[0].size), a);
+  EXPECT_EQ(jobs[1].entry.id, "att-c");
+  EXPECT_EQ(std::string(jobs[1].entry.inputs.at(0).data, jobs[1].entry.inputs[0].size), c);
+  std::vector<JobResult> results(jobs.size());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    results[i].job = std::move(jobs[i]);
+    results[i].job.chunk.reset();
+    results[i].status = Status::Ok();
+  }
+  writer_->Submit(std::move(results));
+  // One attached tensor and no frame at all: the CHUNK cannot be trusted; its job fails.
+  ASSERT_TRUE(protocol::SendTo(router_, worker_id_, "CHUNK", chunk({"att-d"})).ok());
+
+  std::map<std::string, std::string> status;  // id -> "done" or its not_done status
+  while (status.size() < 4) {
+    protocol::Message done;
+    ASSERT_TRUE(Next(&done)) << "DONE missing; have " << status.size();
+    if (done.command != "DONE") continue;
+    msgpack::object_handle oh;
+    ASSERT_TRUE(protocol::UnpackMap(done.body.data(), done.body.size(), &oh).ok());
+    protocol::DoneStatuses not_done;
+    ASSERT_TRUE(protocol::DecodeDoneStatuses(oh.get(), &not_done).ok());
+    for (const auto& id : DoneIds(done)) status[id] = "done";
+    for (const auto& [id, st] : not_done) status[id] = st;
+  }
+  EXPECT_EQ(status["att-a"], "done");
+  EXPECT_EQ(status["att-c"], "done");
+  EXPECT_EQ(status["att-b"], "failed");
+  EXPECT_EQ(status["att-d"], "failed");
+  auto redis = redis_.Connect();
+  ASSERT_NE(redis, nullptr);
+  for (const char* id : {"att-b", "att-d"}) {
+    std::string value;
+    bool found = false;
+    ASSERT_TRUE(redis->Get(std::string("ferry:result:") + id, &value, &found).ok());
+    ASSERT_TRUE(found) << id;
+    Result r;
+    ASSERT_TRUE(protocol::DecodeResult(value.data(), value.size(), &r).ok());
+    EXPECT_EQ(r.state, JobState::kFailed) << id;
+    EXPECT_EQ(r.error.code(), codes::kInvalidArgument) << id;
+    EXPECT_NE(r.error.message().find(id == std::string("att-b") ? "3 bytes" : "data frame"),
+              std::string::npos)
+        << r.error.message();
+  }
+}
+
 TEST_F(BrokerLinkTest, BackToBackChunksAreAllReceivedAndReportedOnce) {
   // The next CHUNK goes out the moment a DONE arrives, while the link may still be busy with
   // the outbox: every one must be received, run and reported once.
