@@ -358,9 +358,10 @@ AUDIO_WORKER=(--device cpu --max-batch 8 --instances 1 --threads 1)
 # audio_bench NAME FERRY_BENCH_FLAGS...: against the fleet start_fleet just started. Inputs: 32
 # in flight over 4 producer threads; outputs: 16 over 2 (each thread reads its results one at a
 # time; more threads only add allocator contention in the producer, measured 1,250 vs 1,650 MB/s).
+AUDIO_JOBS=${AUDIO_JOBS:-$(q 100 1000)}  # jobs per run, and messages of the floor
 audio_bench() {
   local name=$1; shift
-  bench "$name" "$(q 100 1000)" 32 --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 "$@"
+  bench "$name" "$AUDIO_JOBS" 32 --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 "$@"
 }
 AUDIO_IN=(--concurrency 32 --loaders 4 --submit-batch 4)
 AUDIO_OUT=(--concurrency 16 --loaders 2 --submit-batch 4)
@@ -368,7 +369,7 @@ if want audio || want audio_out; then
   for r in $(seq "$(q 1 3)"); do
     if [ -x "$FLOOR" ]; then
       echo "== floor, round $r: bare libzmq and Redis, 960 KB messages"
-      "$FLOOR" --bytes 960000 --messages "$(q 300 1000)" --redis "$REDIS" \
+      "$FLOOR" --bytes 960000 --messages "$(( AUDIO_JOBS > 300 ? AUDIO_JOBS : 300 ))" --redis "$REDIS" \
         --json "$OUT/floor_r$r.json" || FAILED+=("floor_r$r")
     fi
     if want audio; then
