@@ -21,6 +21,9 @@ std::string Str(const zmq::message_t& m) { return std::string(m.to_string_view()
 // model, with the workers serving it grouped by the input spec they announced (no "inputs": not
 // declared). Specs the broker still checks although no worker serves the model now are listed
 // with no workers.
+// Attached frames up to this size are copied rather than kept (see HandleSubmit).
+constexpr size_t kOwnFrameBelowBytes = 8192;
+
 void PackModels(protocol::Packer& pk, const Scheduler& scheduler) {
   using Specs = std::optional<std::vector<protocol::InputSpec>>;
   std::map<std::string, std::vector<std::pair<Specs, std::vector<std::string>>>> groups;
@@ -196,7 +199,17 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
       if (t.stored) job->stored_bytes += static_cast<int64_t>(t.size);
       if (t.attached) job->attached_bytes += static_cast<int64_t>(t.size);
     }
-    for (size_t f = first_frame; f < next_frame; ++f) job->frames.push_back(std::move(m.frames[f]));
+    for (size_t f = first_frame; f < next_frame; ++f) {
+      // A small frame may lie in libzmq's shared receive buffer (ZMQ_IN_BATCH_SIZE, 8 KiB),
+      // which it would keep alive for as long as the job waits: such a frame is copied, so that
+      // the pending bytes count what is held. A big one is its own buffer: kept as received.
+      zmq::message_t& frame = m.frames[f];
+      if (frame.size() <= kOwnFrameBelowBytes)
+        job->frames.emplace_back(frame.data(), frame.size());
+      else
+        job->frames.push_back(std::move(frame));
+    }
+    // (in.inputs' attached tensors pointed into m.frames: not used past this point.)
     job->stored_inputs = protocol::StoredInputs(in.inputs);
     protocol::PackObjectInto(*in.inputs_obj, hint, &job->inputs_raw);  // one copy
     scheduler.Add(std::move(job));

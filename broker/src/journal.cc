@@ -12,20 +12,25 @@ constexpr size_t kScanBatch = 1000;
 
 // Packs `job`'s inputs array with each attached input's frame as its "data".
 void PackInputsWithData(protocol::Packer& pk, const Job& job) {
-  msgpack::object_handle oh = msgpack::unpack(job.inputs_raw.data(), job.inputs_raw.size());
+  // By reference: the inline bins are packed from job.inputs_raw, not from copies.
+  msgpack::object_handle oh =
+      msgpack::unpack(job.inputs_raw.data(), job.inputs_raw.size(),
+                      [](msgpack::type::object_type, std::size_t, void*) { return true; });
   const msgpack::object& inputs = oh.get();
   pk.pack_array(inputs.via.array.size);
   size_t frame = 0;
   for (uint32_t i = 0; i < inputs.via.array.size; ++i) {
     const msgpack::object& t = inputs.via.array.ptr[i];
-    protocol::TensorRef ref;
-    if (frame < job.frames.size() && protocol::IsAttached(t) &&
-        protocol::DecodeTensor(t, &ref, /*allow_stored=*/true).ok()) {
-      const zmq::message_t& f = job.frames[frame++];
-      protocol::PackTensor(pk, ref.dtype, ref.shape, f.data(), f.size());
-    } else {
+    if (!protocol::IsAttached(t) || frame >= job.frames.size()) {
       pk.pack(t);
+      continue;
     }
+    const zmq::message_t& f = job.frames[frame++];  // every attached map took a frame
+    protocol::TensorRef ref;
+    if (protocol::DecodeTensor(t, &ref, /*allow_stored=*/true).ok())
+      protocol::PackTensor(pk, ref.dtype, ref.shape, f.data(), f.size());
+    else
+      pk.pack(t);  // not reached: admission decoded it; Decode refuses the record
   }
 }
 }  // namespace

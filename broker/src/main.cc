@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   flags.Int("result-ttl-s", &o.default_result_ttl_s, "default expiry of results in Redis");
   flags.Int("max-job-bytes", &o.max_job_bytes, "largest accepted job (sum of its inputs)");
   flags.Int("max-message-bytes", &o.max_message_bytes,
-            "largest ZeroMQ message; a peer sending more is disconnected");
+            "largest ZeroMQ message frame (a peer sending more is disconnected), and largest "
+            "SUBMIT with its data frames (more: ERROR too_large)");
   flags.Int("max-queue", &o.max_queue,
             "queued jobs per model; beyond it SUBMIT rejects with queue_full");
   flags.Int("max-pending-bytes", &o.max_pending_bytes,

@@ -12,8 +12,10 @@ struct FramePool::State {
     size_t capacity = 0;
   };
   mutable std::mutex mu;
-  std::vector<Buffer> free;  // guarded by mu
+  std::vector<Buffer> free;  // guarded by mu; reserved: Give never allocates
   size_t free_bytes = 0;     // guarded by mu
+
+  State() { free.reserve(kMaxFreeBuffers); }
 
   // The smallest free buffer that holds `size` bytes and is at most twice that, or a new one.
   Buffer Take(size_t size) {
@@ -58,16 +60,18 @@ zmq::message_t FramePool::Copy(const void* data, size_t size) {
   if (size == 0 || size > kMaxPooledBytes) return zmq::message_t(data, size);
   State::Buffer b = state_->Take(size);
   std::memcpy(b.data.get(), data, size);
-  auto* lease = new Lease{state_, b.capacity};
-  char* bytes = b.data.release();
-  // libzmq calls this on its I/O thread once the frame is sent (or dropped).
-  return zmq::message_t(
-      bytes, size,
+  auto lease = std::make_unique<Lease>(Lease{state_, b.capacity});
+  // libzmq calls this on its I/O thread once the frame is sent (or dropped); it never throws.
+  zmq::message_t m(
+      b.data.get(), size,
       [](void* d, void* hint) {
         std::unique_ptr<Lease> l(static_cast<Lease*>(hint));
         l->state->Give({std::unique_ptr<char[]>(static_cast<char*>(d)), l->capacity});
       },
-      lease);
+      lease.get());
+  b.data.release();  // the message owns both now (a throwing constructor left them to us)
+  lease.release();
+  return m;
 }
 
 size_t FramePool::free_buffers() const {

@@ -512,16 +512,10 @@ void PackResult(Packer& pk, const ResultRecord& r) {
   PackIntMap(pk, r.timing_us);
 }
 
-Status DecodeResult(const void* data, size_t size, Result* out) {
-  return DecodeResult(data, size, out, nullptr);
-}
-
-Status DecodeResult(std::string&& record, Result* out) {
-  std::string owned = std::move(record);
-  return DecodeResult(owned.data(), owned.size(), out, &owned);
-}
-
-Status DecodeResult(const void* data, size_t size, Result* out, std::string* adopt) {
+namespace {
+// DecodeResult; with `adopt` (the string that holds data[0, size)), its largest big output takes
+// over adopt's buffer.
+Status DecodeResultAdopting(const void* data, size_t size, Result* out, std::string* adopt) {
   msgpack::object_handle oh;
   FERRY_RETURN_IF_ERROR(UnpackMap(data, size, &oh));
   const msgpack::object& body = oh.get();
@@ -598,6 +592,16 @@ Status DecodeResult(const void* data, size_t size, Result* out, std::string* ado
     bytes.resize(adopted_size);
   }
   return Status::Ok();
+}
+}  // namespace
+
+Status DecodeResult(const void* data, size_t size, Result* out) {
+  return DecodeResultAdopting(data, size, out, nullptr);
+}
+
+Status DecodeResult(std::string&& record, Result* out) {
+  std::string owned = std::move(record);
+  return DecodeResultAdopting(owned.data(), owned.size(), out, &owned);
 }
 
 }  // namespace ferry::protocol

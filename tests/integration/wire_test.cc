@@ -211,6 +211,71 @@ TEST_F(Wire, AttachedInputsTakeTheDataFramesInOrder) {
   EXPECT_EQ(r.outputs.at(0).As<float>(), y);
 }
 
+// --max-message-bytes bounds a SUBMIT's body and data frames together (ERROR too_large, the
+// connection stays), and a worker message with data frames is refused: a READY carrying one
+// registers no worker, while the same READY without it does.
+TEST(WireLimits, AttachedFramesCountAgainstTheMessageLimitAndWorkersSendNone) {
+  FleetOptions fo;
+  fo.workers = 1;
+  fo.models = {"null"};
+  fo.broker_args = {"--max-message-bytes", "2048", "--max-job-bytes", "1024"};
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  zmq::context_t ctx(1);
+  zmq::socket_t s = RawDealer(ctx, fleet.frontend(), 20000);
+  const Tensor t = Tensor::From<float>(std::vector<float>(250, 1.0f), {250}, DType::kFloat32);
+  auto body = [&](const std::vector<std::string>& ids) {
+    msgpack::sbuffer buf;
+    protocol::Packer pk(buf);
+    pk.pack_map(1);
+    protocol::PackString(pk, "jobs");
+    pk.pack_array(static_cast<uint32_t>(ids.size()));
+    for (const auto& id : ids) protocol::PackSubmitJob(pk, id, "null", {t}, 0, 0, 0, {}, {true});
+    return std::string(buf.data(), buf.size());
+  };
+  std::string code;
+  // Two 1,000-byte frames: each fits ZeroMQ's per-frame limit, together they do not.
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", body({"lim-1", "lim-2"}), t.data, t.data}, &code),
+            "ERROR");
+  EXPECT_EQ(code, codes::kTooLarge);
+  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", body({"lim-1"}), t.data}), "ACCEPTED");
+  client::ClientOptions o;
+  o.frontend = fleet.frontend();
+  o.redis = fleet.redis().url();
+  std::unique_ptr<client::Client> c;
+  ASSERT_TRUE(client::Client::Create(o, &c).ok());
+  Result r;
+  ASSERT_TRUE(c->Wait("lim-1", 60000, &r).ok()) << fleet.Logs();
+  ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
+  EXPECT_EQ(r.outputs.at(0).data, t.data);  // null: the input, from its data frame
+
+  protocol::WorkerHello hello;
+  hello.worker = "framed-worker";
+  hello.device = "cpu";
+  hello.host = "h";
+  hello.pid = 1;
+  hello.capacity = 1;
+  hello.models = {{"null", 1, std::nullopt}};
+  const zmq::message_t ready = protocol::EncodeHello(hello);
+  const std::string ready_body(static_cast<const char*>(ready.data()), ready.size());
+  zmq::socket_t w = RawDealer(ctx, fleet.backend(), 20000);
+  // The framed READY, then a HEARTBEAT: the broker, not knowing the connection, answers
+  // REANNOUNCE -- so it has read the READY before, and refused it.
+  RawSend(w, {"FERRY1", "READY", ready_body, "a frame"});
+  RawSend(w, {"FERRY1", "HEARTBEAT", ""});
+  protocol::Message m;
+  ASSERT_TRUE(protocol::RecvMessage(w, false, &m, /*dont_wait=*/false).ok());
+  EXPECT_EQ(m.command, "REANNOUNCE");
+  std::string json;
+  ASSERT_TRUE(c->Stats(&json).ok());
+  EXPECT_EQ(json.find("framed-worker"), std::string::npos) << json;
+  // The same READY without the frame registers it.
+  RawSend(w, {"FERRY1", "READY", ready_body});
+  EXPECT_TRUE(testutil::WaitFor([&] {
+    return c->Stats(&json).ok() && json.find("framed-worker") != std::string::npos;
+  })) << json;
+}
+
 // The same on the wire, as a client in another language does it: SUBSCRIBE, then SUBMIT with
 // "notify". The notice (a FINISHED body) arrives on the channel, and the broker sends no FINISHED
 // for that job -- proven by a second job without "notify", whose FINISHED comes and is the only

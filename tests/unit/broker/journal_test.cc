@@ -84,6 +84,36 @@ TEST(JournalRecord, RoundTripKeepsEveryJournaledField) {
   EXPECT_NE(got.inputs_raw.find(kOddBytes), std::string::npos);
 }
 
+// Attached inputs (bytes in data frames the job holds) are journaled with their bytes: the
+// record stands alone, decodes to the "data" form, and a record that names an attached input
+// (which the broker never writes) is refused.
+TEST(JournalRecord, AttachedInputsAreJournaledWithTheirBytes) {
+  Job job = FullJob();
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  pk.pack_array(3);
+  protocol::PackAttachedTensor(pk, DType::kUInt8, {3});
+  protocol::PackTensor(pk, DType::kUInt8, {2}, "xy", 2);
+  protocol::PackAttachedTensor(pk, DType::kInt16, {2});
+  job.inputs_raw.assign(buf.data(), buf.size());
+  job.frames.emplace_back("abc", 3);
+  job.frames.emplace_back("\x01\x02\x03\x04", 4);
+  Job got;
+  Status s = Journal::Decode(Journal::Encode(job), &got);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_TRUE(got.frames.empty());
+  msgpack::object_handle oh = msgpack::unpack(got.inputs_raw.data(), got.inputs_raw.size());
+  std::vector<protocol::TensorRef> t;
+  ASSERT_TRUE(protocol::DecodeTensorList(oh.get(), &t, /*allow_stored=*/true).ok());
+  ASSERT_EQ(t.size(), 3u);
+  for (const auto& x : t) EXPECT_FALSE(x.attached);
+  EXPECT_EQ(std::string(t[0].data, t[0].size), "abc");
+  EXPECT_EQ(std::string(t[1].data, t[1].size), "xy");
+  EXPECT_EQ(std::string(t[2].data, t[2].size), std::string("\x01\x02\x03\x04", 4));
+  job.frames.clear();  // the attached form itself in a record: refused
+  EXPECT_EQ(Journal::Decode(Journal::Encode(job), &got).code(), codes::kInvalidArgument);
+}
+
 TEST(JournalRecord, ConnectionStateIsNotJournaled) {
   // The producer's connection, its notify channel and where the job ran die with the broker:
   // a restored job is queued again, and its producer learns of the result by FINISHED only.

@@ -51,6 +51,8 @@ TEST(FramePoolTest, SentFramesBuffersServeTheNextFramesOfAFittingSize) {
     EXPECT_EQ(m4.size(), huge.size());
   }
   EXPECT_EQ(pool.free_buffers(), 1u);
+  EXPECT_EQ(pool.Copy(a.data(), 0).size(), 0u);  // an empty frame takes no buffer
+  EXPECT_EQ(pool.free_buffers(), 1u);
 }
 
 TEST(FramePoolTest, KeepsAtMostItsLimitAndFramesMayOutliveIt) {

@@ -593,6 +593,11 @@ TEST(Result, BigOutputTakesOverTheRecordsBuffer) {
   EXPECT_EQ(res.batch_size, 3);
   EXPECT_EQ(res.timing_us, from_view.timing_us);
   for (size_t k = 0; k < 3; ++k) EXPECT_EQ(res.outputs[k].data, from_view.outputs[k].data) << k;
+  // A record that does not decode is refused the same way, whoever owns it.
+  std::string broken(buf.data(), buf.size() - 7);
+  Result bad;
+  EXPECT_FALSE(DecodeResult(std::move(broken), &bad).ok());
+  EXPECT_FALSE(DecodeResult(std::string("\x81\xa2id\x07"), &bad).ok());
 }
 
 TEST(RedisUrl, Parses) {

@@ -105,7 +105,5 @@ Status DecodeResult(const void* data, size_t size, Result* out);
 // record's buffer (its bytes moved to the front, no new allocation: a fresh ~1 MB buffer is
 // page-faulted in afresh, docs/performance.md "Big results written plain, read once").
 Status DecodeResult(std::string&& record, Result* out);
-// Both: with `adopt` (the string that holds data[0, size)), as the overload above.
-Status DecodeResult(const void* data, size_t size, Result* out, std::string* adopt);
 
 }  // namespace ferry::protocol

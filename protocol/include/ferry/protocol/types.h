@@ -29,7 +29,7 @@ bool IsValidJobId(std::string_view id);
 // has `size` from its dtype and shape and `data` null until a worker has fetched the bytes. An
 // attached input (`attached`: its bytes are a ZeroMQ frame of their own after the body) has
 // `size` from its dtype and shape and `data` null until the frame is matched to it
-// (AttachedCount, docs/protocol.md "Attached inputs").
+// (MatchFrames in wire.h, docs/protocol.md "Attached inputs").
 struct TensorRef {
   DType dtype = DType::kFloat32;
   std::vector<int64_t> shape;
