@@ -108,6 +108,19 @@ std::string RawSubmitBody(const std::string& id, const std::string& model,
   return std::string(buf.data(), buf.size());
 }
 
+// The body of a SUBMIT of one job per id, of `model`, with `t` as its one input, attached (its
+// bytes are to follow as a data frame per job).
+std::string AttachedSubmitBody(const std::vector<std::string>& ids, const std::string& model,
+                               const Tensor& t) {
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  pk.pack_map(1);
+  protocol::PackString(pk, "jobs");
+  pk.pack_array(static_cast<uint32_t>(ids.size()));
+  for (const auto& id : ids) protocol::PackSubmitJob(pk, id, model, {t}, 0, 0, 0, {}, {true});
+  return std::string(buf.data(), buf.size());
+}
+
 TEST_F(Wire, GarbageFramesDoNotCrashTheBroker) {
   zmq::context_t ctx(1);
   zmq::socket_t s = RawDealer(ctx, fleet_->frontend(), 2000);
@@ -161,13 +174,7 @@ TEST_F(Wire, AttachedInputsTakeTheDataFramesInOrder) {
   const std::vector<float> x = testutil::TinyInput(3);
   const Tensor t = Tensor::From<float>(x, {8}, DType::kFloat32);
   auto body = [&](const std::vector<std::string>& ids) {
-    msgpack::sbuffer buf;
-    protocol::Packer pk(buf);
-    pk.pack_map(1);
-    protocol::PackString(pk, "jobs");
-    pk.pack_array(static_cast<uint32_t>(ids.size()));
-    for (const auto& id : ids) protocol::PackSubmitJob(pk, id, "tiny", {t}, 0, 0, 0, {}, {true});
-    return std::string(buf.data(), buf.size());
+    return AttachedSubmitBody(ids, "tiny", t);
   };
   // Frames: the bad id's (zeros: were it skipped, "att-good" would compute on them), the
   // good job's bytes, and 4 bytes for an [8] float32.
@@ -225,13 +232,7 @@ TEST(WireLimits, AttachedFramesCountAgainstTheMessageLimitAndWorkersSendNone) {
   zmq::socket_t s = RawDealer(ctx, fleet.frontend(), 20000);
   const Tensor t = Tensor::From<float>(std::vector<float>(250, 1.0f), {250}, DType::kFloat32);
   auto body = [&](const std::vector<std::string>& ids) {
-    msgpack::sbuffer buf;
-    protocol::Packer pk(buf);
-    pk.pack_map(1);
-    protocol::PackString(pk, "jobs");
-    pk.pack_array(static_cast<uint32_t>(ids.size()));
-    for (const auto& id : ids) protocol::PackSubmitJob(pk, id, "null", {t}, 0, 0, 0, {}, {true});
-    return std::string(buf.data(), buf.size());
+    return AttachedSubmitBody(ids, "null", t);
   };
   std::string code;
   // Two 1,000-byte frames: each fits ZeroMQ's per-frame limit, together they do not.
