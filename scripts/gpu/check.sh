@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# The GPU machine's whole check in one device call (docs/gpu.md): builds Ferry against the
+# machine's CUDA libtorch, runs the GPU tests, then the benchmark scenarios on the GPU.
+#
+#   source .deps/device-env.sh; bash scripts/gpu/check.sh [SECONDS]
+#
+# SECONDS (default 480): the script's own deadline; every stage gets what is left of it, so it
+# ends (and writes its results) before the device call's limit. Writes under $OUT (the device
+# tool's folder; ./gpu-out elsewhere): check.log (what ran, how long), build.log (cmake + ninja),
+# gpu_tests.txt, summary.txt (the benchmark tables) and bench.tgz (every run's JSON).
+# Scenarios, in order of what matters most: whisper (30-s clips; --raw at batch 16..128, then
+# fleet vs --raw at the best of them), tiny (Ferry's own overhead with a GPU worker), audio and
+# audio_out (960 KB jobs, beside this host's libzmq floor). Set SCENARIOS to change the list.
+set -uo pipefail
+LIMIT=${1:-480}
+START=$(date +%s)
+OUT=${OUT:-$PWD/gpu-out}
+mkdir -p "$OUT"
+B=build-gpu
+rm -rf "$B"  # a fresh configure: a cached compiler from an earlier call would stay
+RES=/tmp/ferry-gpu-results
+rm -rf "$RES"; mkdir -p "$RES"
+say() { echo "gpu-check [+$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/check.log"; }
+left() { echo $(( LIMIT - ($(date +%s) - START) )); }
+finish() {
+  for d in "$RES"/*/; do
+    [ -d "$d" ] || continue
+    { echo "== $(basename "$d")"; python3 bench/table.py "$d" 2>&1; echo; } >>"$OUT/summary.txt"
+  done
+  tar czf "$OUT/bench.tgz" -C "$RES" . 2>/dev/null
+  say "done"
+}
+trap finish EXIT
+
+say "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1 | head -1)"
+say "$(nproc) cores; $(python3 -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1); $(c++ --version | head -1); $(cmake --version | head -1)"
+
+# ---- build ----------------------------------------------------------------------------------
+NVCC=$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)
+# The system's compiler, whose libstdc++ PyTorch uses: the image's CXX (/opt/gcc) put a second,
+# static copy of libstdc++'s locale code into our programs, and the first std::stringstream torch
+# freed aborted with "free(): invalid pointer".
+if [ -x /usr/bin/g++ ]; then export CC=/usr/bin/gcc CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++; fi
+# --allow-shlib-undefined: libtorch_cuda's own CUDA libraries are found through its RUNPATH when
+# the programs run, not by the linker here. -include cstdint (FERRY_GPU_CXXFLAGS overrides): a
+# newer libstdc++ there than CI's GCC 12 may no longer pull <cstdint> in through other headers,
+# and this build is for measuring, with no time to spare for a rebuild.
+if ! cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_GPU_TESTS=ON ${CXX:+-DCMAKE_CXX_COMPILER=$CXX} \
+    -DCMAKE_CUDA_COMPILER="$NVCC" -DOPENSSL_ROOT_DIR="${FERRY_DEPS:-/opt/ferry-deps}/usr" \
+    -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined -DCMAKE_CXX_FLAGS="${FERRY_GPU_CXXFLAGS--include cstdint}" \
+    -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST -Wno-dev >"$OUT/build.log" 2>&1; then
+  tail -40 "$OUT/build.log"; say "FAILED: cmake (build.log)"; exit 1
+fi
+grep -E "CUDA support|Caffe2: CUDA|Torch" "$OUT/build.log" | head -5 | while read -r l; do say "cmake: $l"; done
+if ! timeout "$(left)" cmake --build "$B" --target ferry-broker ferry-worker ferry-bench ferry-floor \
+    ferry-make-models ferry_worker_gpu_tests >>"$OUT/build.log" 2>&1; then
+  grep -E "error|FAILED" "$OUT/build.log" | head -30; say "FAILED: build (build.log)"; exit 1
+fi
+say "built ($(grep -c 'warning:' "$OUT/build.log") warning lines)"
+
+# ---- GPU tests --------------------------------------------------------------------------------
+timeout 240 "$B/tests/unit/gpu-worker/ferry_worker_gpu_tests" >"$OUT/gpu_tests.txt" 2>&1
+rc=$?
+say "gpu tests: rc $rc; $(grep -cE '^\[       OK \]' "$OUT/gpu_tests.txt") passed, $(grep -cE '^\[  SKIPPED \] [A-Za-z]' "$OUT/gpu_tests.txt") skipped, $(grep -cE '^\[  FAILED  \] [A-Za-z]+\.' "$OUT/gpu_tests.txt") failed"
+
+# ---- benchmarks on the GPU --------------------------------------------------------------------
+export FERRY_BENCH_DEVICE=cuda:0
+for s in ${SCENARIOS:-whisper tiny audio}; do
+  t=$(( $(left) - 15 ))
+  [ "$t" -gt 30 ] || { say "no time left for $s"; continue; }
+  case $s in
+    whisper) env ROUNDS=2 WHISPER_SAMPLES=480000 WHISPER_BATCHES="16 32 64 128" WHISPER_BATCH=best \
+               WHISPER_JOBS=1024 timeout "$t" bash bench/run.sh "$B" --only whisper --out "$RES/whisper" ;;
+    tiny) timeout "$t" bash bench/run.sh "$B" --only tiny_closed,tiny_light,tiny_light_run --out "$RES/tiny" ;;
+    audio) env ROUNDS=1 AUDIO_JOBS=2000 timeout "$t" bash bench/run.sh "$B" --only audio,audio_out --out "$RES/audio" ;;
+    *) timeout "$t" bash bench/run.sh "$B" --only "$s" --out "$RES/$s" ;;
+  esac >"$RES/$s.log" 2>&1
+  say "bench $s: rc $? ($(tail -1 "$RES/$s.log" | cut -c1-120))"
+done
