@@ -17,9 +17,15 @@
 # On a shared machine the numbers move with other load: each JSON records `foreign_cpu_s`, the
 # CPU seconds used by processes outside the run, and fleet-vs-raw pairs are run in alternating
 # rounds so that their ratio is taken under the same conditions.
+# Environment: FERRY_BENCH_DEVICE (cpu; cuda:0 on a GPU machine: docs/gpu.md) is the workers' and
+# --raw's device; ROUNDS (3; --quick 1) the fleet-vs-raw and audio rounds; AUDIO_JOBS (1000) the
+# audio runs' jobs; WHISPER_SAMPLES (80000: 5 s clips), WHISPER_BATCHES ("8 16 32": the --raw
+# batch sizes tried), WHISPER_BATCH (16: the fleet-vs-raw pair's) and WHISPER_JOBS (jobs per
+# whisper run; default 8 batches for --raw, 160 for the pair). WHISPER_BATCH=best: the --raw
+# batch size that did best.
 set -euo pipefail
 
-usage() { sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
 [ $# -ge 1 ] || { usage >&2; exit 2; }
 BUILD=$(cd "$1" && pwd); shift
 QUICK=0; OUT=""; ONLY=""; PERF=0
@@ -35,6 +41,7 @@ while [ $# -gt 0 ]; do
   shift
 done
 HERE=$(cd "$(dirname "$0")" && pwd)
+DEVICE=${FERRY_BENCH_DEVICE:-cpu}
 BENCH=$BUILD/bench/ferry-bench
 BROKER=$BUILD/broker/ferry-broker
 WORKER=$BUILD/gpu-worker/ferry-worker
@@ -45,7 +52,7 @@ for b in "$BENCH" "$BROKER" "$WORKER" "$MAKE_MODELS"; do
 done
 command -v redis-server >/dev/null || { echo "run.sh: redis-server not installed" >&2; exit 1; }
 if [ -z "$OUT" ]; then
-  OUT=${TMPDIR:-/tmp}/ferry-bench-results/$(date +%Y-%m-%d)-cpu$([ $QUICK = 1 ] && echo -quick || true)
+  OUT=${TMPDIR:-/tmp}/ferry-bench-results/$(date +%Y-%m-%d)-${DEVICE//:/}$([ $QUICK = 1 ] && echo -quick || true)
 fi
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d /tmp/ferry-bench-XXXXXX)
@@ -56,9 +63,13 @@ FAILED=()
 . "$HERE/lib.sh"  # free_port
 stop_fleet() {
   # Workers first (they drain and say BYE), then the broker.
-  local pids=("${FLEET_PIDS[@]}")
+  local pids=("${FLEET_PIDS[@]}") i rc
   for ((i=${#pids[@]}-1; i>=0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  # Each drains and exits 0; any other status (a crash at exit, say) fails the suite.
+  for ((i=0; i<${#pids[@]}; i++)); do
+    rc=0; wait "${pids[$i]}" 2>/dev/null || rc=$?
+    [ "$rc" = 0 ] || FAILED+=("$([ "$i" = 0 ] && echo broker || echo worker)-exit-$rc")
+  done
   FLEET_PIDS=()
   FLEET_CMD=""
 }
@@ -83,6 +94,10 @@ cpu_of() {
 TORCH_VERSION=$(dpkg-query -W -f '${Version}' libtorch-dev 2>/dev/null || true)
 BLAS=$(update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | awk '/^Value:/ {print $2}' || true)
 OMP_ENV=$(env | grep -E '^(OMP_|GOMP_|OPENBLAS_|MKL_)' | sort | tr '\n' ' ' || true)
+if [ "$DEVICE" != cpu ]; then  # a GPU machine: its card, and the libtorch of its PyTorch
+  TORCH_VERSION=${TORCH_VERSION:-$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || true)}
+  OMP_ENV="device $DEVICE: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)${OMP_ENV:+; $OMP_ENV}"
+fi
 MACHINE="nproc=$(nproc); $(lscpu | grep 'Model name' | sed 's/  */ /g'); libtorch ${TORCH_VERSION:-?}; BLAS ${BLAS:-?}; $(uname -sr)${OMP_ENV:+; env: $OMP_ENV}"
 GIT=$(cd "$HERE/.." && git rev-parse --short HEAD 2>/dev/null || echo ?)$(cd "$HERE/.." && git diff --quiet HEAD 2>/dev/null || echo +dirty)
 python3 - "$OUT/machine.json" "$MACHINE" "$GIT" "$QUICK" <<'PY'
@@ -207,7 +222,7 @@ q() { [ $QUICK = 1 ] && echo "$1" || echo "$2"; }   # q QUICK_VALUE FULL_VALUE
 M=$WORK/models
 
 # ---- tiny: Ferry's own overhead -----------------------------------------------------------------
-TINY_WORKER=(--model "tiny=$M/tiny.pt" --device cpu --max-batch 256 --instances 1 --threads 1)
+TINY_WORKER=(--model "tiny=$M/tiny.pt" --device "$DEVICE" --max-batch 256 --instances 1 --threads 1)
 if want tiny_closed; then
   echo "== tiny, closed loop, concurrency 1024: throughput"
   start_fleet 1 "${TINY_WORKER[@]}"
@@ -257,7 +272,7 @@ fi
 # Alternating rounds (raw, fleet, fleet, raw, ...) so each fleet/raw ratio is taken under the same
 # outside load. Two fleet layouts with the same budget: one executor with 2 intra-op threads
 # (fleet, what --raw --threads 2 does) and two executors with 1 thread each (fleet_i2).
-ROUNDS=$(q 1 3)
+ROUNDS=${ROUNDS:-$(q 1 3)}
 ENC_T=64
 RES=224
 # pair NAME MODEL FILE SHAPE DTYPE JOBS WARMUP [BATCH]: BATCH (default 8) is --raw's batch and the
@@ -265,14 +280,14 @@ RES=224
 pair() {
   local name=$1 model=$2 file=$3 shape=$4 dtype=$5 jobs=$6 warm=$7 b=${8:-8} r
   for r in $(seq "$ROUNDS"); do
-    bench "${name}_raw_r$r" "$jobs" "$warm" --raw "$file" --batch "$b" --device cpu --threads 2 \
+    bench "${name}_raw_r$r" "$jobs" "$warm" --raw "$file" --batch "$b" --device "$DEVICE" --threads 2 \
       --shape "$shape" --dtype "$dtype"
-    start_fleet 1 --model "$model=$file" --device cpu --max-batch "$b" --instances 1 --threads 2
+    start_fleet 1 --model "$model=$file" --device "$DEVICE" --max-batch "$b" --instances 1 --threads 2
     bench "${name}_fleet_r$r" "$jobs" "$warm" --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 \
       --model "$model" --shape "$shape" --dtype "$dtype" --concurrency $((3 * b)) --loaders 3 \
       --submit-batch 8
     stop_fleet
-    start_fleet 1 --model "$model=$file" --device cpu --max-batch "$b" --instances 2 --threads 1
+    start_fleet 1 --model "$model=$file" --device "$DEVICE" --max-batch "$b" --instances 2 --threads 1
     bench "${name}_fleet_i2_r$r" "$jobs" "$warm" --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 \
       --model "$model" --shape "$shape" --dtype "$dtype" --concurrency $((4 * b)) --loaders 4 \
       --submit-batch 8
@@ -294,15 +309,30 @@ fi
 # 5 s clips of int16 PCM ([80000], 160 KB: stored in Redis by the SDK's claim check), decoded to
 # 24 tokens. First --raw at batch 8, 16 and 32 (the best batch size), then fleet vs --raw at 16
 # in alternating rounds. table.py adds audio seconds transcribed per second.
-WHISPER_SAMPLES=80000
+WHISPER_SAMPLES=${WHISPER_SAMPLES:-80000}
+WHISPER_BATCHES=${WHISPER_BATCHES:-8 16 32}
+WHISPER_BATCH=${WHISPER_BATCH:-16}
 if want whisper; then
-  echo "== whisper: [${WHISPER_SAMPLES}] int16 clips, --raw at batch 8, 16, 32"
-  for b in 8 16 32; do
-    bench "whisper_raw_b$b" "$(q $((2 * b)) $((8 * b)))" "$b" --raw "$M/whisper.pt" --batch "$b" \
-      --device cpu --threads 2 --shape "$WHISPER_SAMPLES" --dtype int16
+  echo "== whisper: [${WHISPER_SAMPLES}] int16 clips, --raw at batch ${WHISPER_BATCHES// /, }"
+  for b in $WHISPER_BATCHES; do
+    bench "whisper_raw_b$b" "${WHISPER_JOBS:-$(q $((2 * b)) $((8 * b)))}" "$b" --raw "$M/whisper.pt" \
+      --batch "$b" --device "$DEVICE" --threads 2 --shape "$WHISPER_SAMPLES" --dtype int16
   done
-  echo "== whisper: fleet vs --raw at batch 16, 2 threads, $ROUNDS round(s)"
-  pair whisper whisper "$M/whisper.pt" "$WHISPER_SAMPLES" int16 "$(q 32 160)" 32 16
+  if [ "$WHISPER_BATCH" = best ]; then  # the --raw batch size of the highest throughput
+    WHISPER_BATCH=$(python3 - "$OUT" $WHISPER_BATCHES <<'PY'
+import json, sys
+def rate(b):
+    try:
+        return json.load(open(f"{sys.argv[1]}/whisper_raw_b{b}.json"))["throughput"]
+    except (OSError, ValueError, KeyError):
+        return 0
+print(max(sys.argv[2:], key=rate))
+PY
+)
+  fi
+  echo "== whisper: fleet vs --raw at batch $WHISPER_BATCH, 2 threads, $ROUNDS round(s)"
+  pair whisper whisper "$M/whisper.pt" "$WHISPER_SAMPLES" int16 "${WHISPER_JOBS:-$(q 32 160)}" \
+    $((2 * WHISPER_BATCH)) "$WHISPER_BATCH"
 fi
 
 # ---- the seed scenario: 250 jobs/s open loop on the encoder, batching vs none -------------------
@@ -312,7 +342,7 @@ SEED_T=16
 if want seed; then
   for mb in 16 1; do
     echo "== seed: encoder [${SEED_T},384], open loop 250 jobs/s, --max-batch $mb"
-    start_fleet 1 --model "encoder=$M/encoder.pt" --device cpu --max-batch "$mb" --instances 1 --threads 2
+    start_fleet 1 --model "encoder=$M/encoder.pt" --device "$DEVICE" --max-batch "$mb" --instances 1 --threads 2
     bench "seed_maxbatch$mb" "$(q 500 2500)" 50 --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 \
       --model encoder --shape "$SEED_T,384" --rate 250 --concurrency 8
     stop_fleet
@@ -323,7 +353,7 @@ fi
 if want ceiling; then
   for n in 1 2 4 8; do
     echo "== dispatch ceiling: null model, $n worker(s)"
-    start_fleet "$n" --model "null=$M/null.pt" --device cpu --max-batch 64 --instances 1 --threads 1
+    start_fleet "$n" --model "null=$M/null.pt" --device "$DEVICE" --max-batch 64 --instances 1 --threads 1
     bench "ceiling_w$n" "$(q 10000 150000)" "$(q 1000 10000)" --frontend "$FRONT" --redis "$REDIS" \
       --wait-workers "$n" --model null --shape 1 --concurrency 1024 --loaders 4
     stop_fleet
@@ -335,7 +365,7 @@ fi
 # (--stored-input-bytes 0: not the SDK's claim check, which would keep the bytes off the broker).
 if want bytes; then
   echo "== bytes: null model, [3,224,224] float32 jobs (602 KB each): broker CPU per job"
-  start_fleet 1 --model "null=$M/null.pt" --device cpu --max-batch 8 --instances 1 --threads 1
+  start_fleet 1 --model "null=$M/null.pt" --device "$DEVICE" --max-batch 8 --instances 1 --threads 1
   bench bytes "$(q 100 400)" 16 --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 \
     --model null --shape 3,224,224 --concurrency 16 --loaders 2 --submit-batch 8 \
     --stored-input-bytes 0
@@ -354,7 +384,7 @@ fi
 # journals only their dtype and shape). Without the journal they go through the broker
 # (--stored-input-bytes 0): the two hops of the floor, producer -> broker -> worker, with Redis
 # out of the input path (the durable claim check moved as many bytes: docs/performance.md).
-AUDIO_WORKER=(--device cpu --max-batch 8 --instances 1 --threads 1)
+AUDIO_WORKER=(--device "$DEVICE" --max-batch 8 --instances 1 --threads 1)
 # audio_bench NAME FERRY_BENCH_FLAGS...: against the fleet start_fleet just started. Inputs: 32
 # in flight over 4 producer threads; outputs: 16 over 2 (each thread reads its results one at a
 # time; more threads only add allocator contention in the producer, measured 1,250 vs 1,650 MB/s).
@@ -366,7 +396,7 @@ audio_bench() {
 AUDIO_IN=(--concurrency 32 --loaders 4 --submit-batch 4)
 AUDIO_OUT=(--concurrency 16 --loaders 2 --submit-batch 4)
 if want audio || want audio_out; then
-  for r in $(seq "$(q 1 3)"); do
+  for r in $(seq "$ROUNDS"); do
     if [ -x "$FLOOR" ]; then
       echo "== floor, round $r: bare libzmq and Redis, 960 KB messages"
       "$FLOOR" --bytes 960000 --messages "$(( AUDIO_JOBS > 300 ? AUDIO_JOBS : 300 ))" --redis "$REDIS" \

@@ -7,7 +7,7 @@ import sys
 ORDER = ["tiny_closed", "tiny_light", "tiny_light_run", "tiny_light_no_push", "tiny_light_pinned"] + [
     f"{m}_{k}_r{r}" for m in ("encoder", "resnet", "resnet_u8") for r in range(1, 10)
     for k in ("raw", "fleet", "fleet_i2")
-] + [f"whisper_raw_b{b}" for b in (8, 16, 32)] + [
+] + [f"whisper_raw_b{b}" for b in (4, 8, 16, 32, 64, 128)] + [
     f"whisper_{k}_r{r}" for r in range(1, 10) for k in ("raw", "fleet", "fleet_i2")
 ] + ["seed_maxbatch16", "seed_maxbatch1",
      "ceiling_w1", "ceiling_w2", "ceiling_w4", "ceiling_w8", "bytes"] + [
