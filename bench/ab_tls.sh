@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Paired Redis-over-TLS comparison (docs/performance.md, "Redis over TLS").
+# Paired Redis-over-TLS comparison (docs/security.md, "Redis over TLS").
 #
 #   bash bench/ab_tls.sh BUILD ROUNDS JOBS CONCURRENCY MODEL SHAPE DTYPE [FERRY_BENCH_FLAGS]
 #   e.g. bash bench/ab_tls.sh build 8 20000 16 tiny 8 float32

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CurveZMQ on and off, in one run on one build (docs/performance.md, "CURVE"):
+# CurveZMQ on and off, in one run on one build (docs/security.md, "What security costs"):
 #
 #   bash bench/curve_ab.sh BUILD [ROUNDS=4]
 #
