@@ -16,6 +16,16 @@
 #include "ferry/worker/options.h"
 #include "ferry/worker/worker.h"
 
+// GCC says -fsanitize=address with __SANITIZE_ADDRESS__, clang (before 17) with __has_feature.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FERRY_CLANG_ASAN 1
+#endif
+#endif
+#ifndef FERRY_CLANG_ASAN
+#define FERRY_CLANG_ASAN 0
+#endif
+
 namespace {
 
 // CPU inference: OpenMP threads that spin in their barriers fight the worker's own I/O and result
@@ -96,7 +106,7 @@ int main(int argc, char** argv) {
   // at exit still runs.)
   spdlog::shutdown();
   std::fflush(nullptr);
-#ifndef __SANITIZE_ADDRESS__
+#if !defined(__SANITIZE_ADDRESS__) && !FERRY_CLANG_ASAN
   std::_Exit(s.ok() ? 0 : 1);
 #endif
   return s.ok() ? 0 : 1;
