@@ -378,8 +378,8 @@ fi
 # in, 960 KB out (expand.pt): the result path, the producer consuming each result as it reads it
 # (--consume: GETDEL, so that Redis reuses the memory instead of keeping every result). The floor
 # (ferry-floor: bare libzmq, producer -> relay -> consumer and producer -> consumer, and Redis SET
-# / GET of 960 KB values, no Ferry code) is measured in every round, before that round's runs, and
-# table.py gives each run's MB/s as a share of its own round's two-hop floor.
+# / GET of 960 KB values, no Ferry code) is measured in every round, before and after that round's
+# runs, and table.py gives each run's MB/s as a share of the mean of its round's two two-hop floors.
 # Durable (the journal on), big inputs go to Redis (the SDK's default claim check: the broker
 # journals only their dtype and shape). Without the journal they go through the broker
 # (--stored-input-bytes 0): the two hops of the floor, producer -> broker -> worker, with Redis
@@ -420,6 +420,11 @@ if want audio || want audio_out; then
       start_fleet 1 --model "expand=$M/expand.pt" "${AUDIO_WORKER[@]}"
       audio_bench "audio_out_r$r" "${AUDIO_OUT[@]}" --model expand --shape 16 --consume
       stop_fleet
+    fi
+    if [ -x "$FLOOR" ]; then
+      echo "== floor, end of round $r"
+      "$FLOOR" --bytes 960000 --messages "$(( AUDIO_JOBS > 300 ? AUDIO_JOBS : 300 ))" --redis "$REDIS" \
+        --json "$OUT/floor_r${r}_end.json" || FAILED+=("floor_r${r}_end")
     fi
   done
 fi

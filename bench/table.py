@@ -26,8 +26,13 @@ def main(out):
     for f in sorted(os.listdir(out)):
         if f.endswith(".json") and f != "machine.json" and not f.startswith("floor"):
             runs[f[:-5]] = json.load(open(os.path.join(out, f)))
+    # floor_rN.json is measured before round N's runs, floor_rN_end.json after them: each run is
+    # compared with the mean of its round's two (the floor moves with the machine's other load).
     floors = {f[len("floor_"):-5]: json.load(open(os.path.join(out, f)))
               for f in sorted(os.listdir(out)) if f.startswith("floor_r") and f.endswith(".json")}
+    two_hops = {}
+    for rnd, floor in floors.items():
+        two_hops.setdefault(rnd.removesuffix("_end"), []).append(floor["zmq_two_hops_mbps"])
     names = [n for n in ORDER if n in runs] + sorted(n for n in runs if n not in ORDER)
     machine = json.load(open(os.path.join(out, "machine.json")))
     print(f"machine: {machine['machine']}; git {machine['git']}")
@@ -76,7 +81,8 @@ def main(out):
     big = [n for n in names if runs[n].get("input_mbps") is not None and n.startswith("audio")]
     if floors or big:
         print()
-        print("big messages, MB/s (10^6 bytes/s); each run against its own round's floor:")
+        print("big messages, MB/s (10^6 bytes/s); each run against its own round's floor"
+              " (the mean of the floors before and after the round):")
     for rnd, floor in floors.items():
         print(f"  floor {rnd} ({floor['bytes']} bytes): zmq two hops {floor['zmq_two_hops_mbps']:.0f},"
               f" one hop {floor['zmq_one_hop_mbps']:.0f}; redis SET"
@@ -87,10 +93,10 @@ def main(out):
         mbps = max(r["input_mbps"], r["output_mbps"])
         way = "in" if r["input_mbps"] >= r["output_mbps"] else "out"
         base, _, rnd = n.rpartition("_")
-        floor = floors.get(rnd)
+        floor = sum(two_hops.get(rnd, [0])) / len(two_hops.get(rnd, [0]))
         vs = ""
-        if floor and floor["zmq_two_hops_mbps"] > 0:
-            x = mbps / floor["zmq_two_hops_mbps"]
+        if floor > 0:
+            x = mbps / floor
             shares.setdefault(base, []).append(x)
             vs = f"  {100 * x:.0f}% of the zmq two-hop floor"
         print(f"  {n:<20} {mbps:8.0f} MB/s {way}  ({r['throughput']:.0f} jobs/s){vs}")
