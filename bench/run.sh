@@ -22,7 +22,8 @@
 # audio runs' jobs; WHISPER_SAMPLES (80000: 5 s clips), WHISPER_BATCHES ("8 16 32": the --raw
 # batch sizes tried), WHISPER_BATCH (16: the fleet-vs-raw pair's) and WHISPER_JOBS (jobs per
 # whisper run; default 8 batches for --raw, 160 for the pair). WHISPER_BATCH=best: the --raw
-# batch size that did best.
+# batch size that did best. FERRY_BROKER_FLAGS and FERRY_REDIS_FLAGS: extra flags for every
+# broker and for redis-server.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
@@ -111,8 +112,9 @@ echo "run.sh: results -> $OUT"
 # ---- models and redis -------------------------------------------------------------------------
 "$MAKE_MODELS" "$WORK/models" >/dev/null
 REDIS_PORT=$(free_port)
+# shellcheck disable=SC2086  # FERRY_REDIS_FLAGS: extra redis-server flags, e.g. --io-threads 2
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$WORK" --save '' --appendonly no \
-  >"$WORK/redis.log" 2>&1 &
+  ${FERRY_REDIS_FLAGS:-} >"$WORK/redis.log" 2>&1 &
 REDIS_PID=$!
 for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
 REDIS="redis://127.0.0.1:$REDIS_PORT"
