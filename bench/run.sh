@@ -5,7 +5,7 @@
 #
 # Starts redis-server on a free port, makes the benchmark models, and for every scenario starts
 # a fresh ferry-broker and ferry-workers on free ports, runs ferry-bench, and stops them. Writes one
-# JSON file per run into DIR (default ${TMPDIR:-/tmp}/ferry-bench-results/<date>-cpu[-quick], outside
+# JSON file per run into DIR (default ${TMPDIR:-/tmp}/ferry-bench-results/<date>-<device>[-quick], outside
 # the repository) -- each with the exact ferry-bench command, the fleet's command lines, the machine,
 # and the CPU seconds every process spent during the run -- plus machine.json and summary.txt.
 # Scenarios: tiny_closed tiny_light tiny_light_run tiny_light_no_push tiny_light_pinned encoder
@@ -61,15 +61,18 @@ FLEET_PIDS=()
 REDIS_PID=""
 FAILED=()
 
-. "$HERE/lib.sh"  # free_port
+. "$HERE/lib.sh"  # free_port, running
 stop_fleet() {
   # Workers first (they drain and say BYE), then the broker.
   local pids=("${FLEET_PIDS[@]}") i rc
   for ((i=${#pids[@]}-1; i>=0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
-  # Each drains and exits 0; any other status (a crash at exit, say) fails the suite.
+  # Each drains and exits 0; any other status (a crash at exit, say) fails the suite. One that
+  # is still there after 20 s (a hang in its teardown) is killed, and fails it too.
   for ((i=0; i<${#pids[@]}; i++)); do
+    for _ in $(seq 200); do running "${pids[$i]}" || break; sleep 0.1; done
+    kill -KILL "${pids[$i]}" 2>/dev/null || true
     rc=0; wait "${pids[$i]}" 2>/dev/null || rc=$?
-    [ "$rc" = 0 ] || FAILED+=("$([ "$i" = 0 ] && echo broker || echo worker)-exit-$rc")
+    [ "$rc" = 0 ] || FAILED+=("${LAST_RUN:-fleet}:$([ "$i" = 0 ] && echo broker || echo worker)-exit-$rc")
   done
   FLEET_PIDS=()
   FLEET_CMD=""
@@ -97,7 +100,9 @@ BLAS=$(update-alternatives --query libblas.so.3-x86_64-linux-gnu 2>/dev/null | a
 OMP_ENV=$(env | grep -E '^(OMP_|GOMP_|OPENBLAS_|MKL_)' | sort | tr '\n' ' ' || true)
 if [ "$DEVICE" != cpu ]; then  # a GPU machine: its card, and the libtorch of its PyTorch
   TORCH_VERSION=${TORCH_VERSION:-$(python3 -c 'import torch; print(torch.__version__)' 2>/dev/null || true)}
-  OMP_ENV="device $DEVICE: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null | head -1)${OMP_ENV:+; $OMP_ENV}"
+  GPU_INDEX=${DEVICE#cuda}; GPU_INDEX=${GPU_INDEX#:}
+  GPU=$({ nvidia-smi -i "${GPU_INDEX:-0}" --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true; } | head -1)
+  OMP_ENV="device $DEVICE: ${GPU:-?}${OMP_ENV:+; $OMP_ENV}"
 fi
 MACHINE="nproc=$(nproc); $(lscpu | grep 'Model name' | sed 's/  */ /g'); libtorch ${TORCH_VERSION:-?}; BLAS ${BLAS:-?}; $(uname -sr)${OMP_ENV:+; env: $OMP_ENV}"
 GIT=$(cd "$HERE/.." && git rev-parse --short HEAD 2>/dev/null || echo ?)$(cd "$HERE/.." && git diff --quiet HEAD 2>/dev/null || echo +dirty)
@@ -117,6 +122,11 @@ redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$WORK" --save '' --app
   ${FERRY_REDIS_FLAGS:-} >"$WORK/redis.log" 2>&1 &
 REDIS_PID=$!
 for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
+if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
+  echo "run.sh: redis-server did not start (FERRY_REDIS_FLAGS=${FERRY_REDIS_FLAGS:-}):" >&2
+  cat "$WORK/redis.log" >&2
+  exit 1
+fi
 REDIS="redis://127.0.0.1:$REDIS_PORT"
 
 # start_fleet N WORKER_FLAGS...: a fresh broker and N workers (each given WORKER_FLAGS).
@@ -142,6 +152,8 @@ start_fleet() {
 bench() {
   local name=$1 jobs=$2 warmup=$3; shift 3
   local json=$OUT/$name.json
+  LAST_RUN=$name
+  rm -f "$json"  # a failed run leaves none (not an older day's, in the same folder)
   if [[ " $* " == *" --raw "* ]]; then
     set -- "$@" --jobs "$jobs" --warmup "$warmup"
   else
@@ -328,7 +340,7 @@ def rate(b):
         return json.load(open(f"{sys.argv[1]}/whisper_raw_b{b}.json"))["throughput"]
     except (OSError, ValueError, KeyError):
         return 0
-print(max(sys.argv[2:], key=rate))
+print(max(sys.argv[2:] or ["16"], key=rate))
 PY
 )
   fi

@@ -2,6 +2,7 @@
 """Prints the benchmark table from a bench/run.sh results directory (one JSON per run)."""
 import json
 import os
+import statistics
 import sys
 
 ORDER = ["tiny_closed", "tiny_light", "tiny_light_run", "tiny_light_no_push", "tiny_light_pinned"] + [
@@ -32,7 +33,8 @@ def main(out):
               for f in sorted(os.listdir(out)) if f.startswith("floor_r") and f.endswith(".json")}
     two_hops = {}
     for rnd, floor in floors.items():
-        two_hops.setdefault(rnd.removesuffix("_end"), []).append(floor["zmq_two_hops_mbps"])
+        if floor.get("zmq_two_hops_mbps", 0) > 0:  # a failed floor run counts for nothing
+            two_hops.setdefault(rnd.removesuffix("_end"), []).append(floor["zmq_two_hops_mbps"])
     names = [n for n in ORDER if n in runs] + sorted(n for n in runs if n not in ORDER)
     machine = json.load(open(os.path.join(out, "machine.json")))
     print(f"machine: {machine['machine']}; git {machine['git']}")
@@ -67,7 +69,7 @@ def main(out):
                  if r.get("foreign_cores", 0) >= 0.1 else ""))
     for model, xs in ratios.items():
         xs = sorted(xs)
-        print(f"{model} / raw: median {100 * xs[len(xs) // 2]:.0f}% over {len(xs)} round(s)"
+        print(f"{model} / raw: median {100 * statistics.median(xs):.0f}% over {len(xs)} round(s)"
               f" (min {100 * xs[0]:.0f}%, max {100 * xs[-1]:.0f}%)")
     speech = [n for n in names if n.startswith("whisper")]
     if speech:
@@ -84,8 +86,8 @@ def main(out):
         print("big messages, MB/s (10^6 bytes/s); each run against its own round's floor"
               " (the mean of the floors before and after the round):")
     for rnd, floor in floors.items():
-        print(f"  floor {rnd} ({floor['bytes']} bytes): zmq two hops {floor['zmq_two_hops_mbps']:.0f},"
-              f" one hop {floor['zmq_one_hop_mbps']:.0f}; redis SET"
+        print(f"  floor {rnd} ({floor.get('bytes')} bytes): zmq two hops"
+              f" {floor.get('zmq_two_hops_mbps', 0):.0f}, one hop {floor.get('zmq_one_hop_mbps', 0):.0f}; redis SET"
               f" {floor.get('redis_set_mbps', 0):.0f}, GET {floor.get('redis_get_mbps', 0):.0f}")
     shares = {}
     for n in big:
@@ -102,7 +104,7 @@ def main(out):
         print(f"  {n:<20} {mbps:8.0f} MB/s {way}  ({r['throughput']:.0f} jobs/s){vs}")
     for base, xs in shares.items():
         xs = sorted(xs)
-        print(f"{base} / floor: median {100 * xs[len(xs) // 2]:.0f}% over {len(xs)} round(s)"
+        print(f"{base} / floor: median {100 * statistics.median(xs):.1f}% over {len(xs)} round(s)"
               f" (min {100 * xs[0]:.0f}%, max {100 * xs[-1]:.0f}%)")
 
 

@@ -40,6 +40,20 @@ void ReexecWithPassiveOpenMp(char** argv) {
   std::fprintf(stderr, "ferry-worker: could not re-exec with OMP_WAIT_POLICY=PASSIVE\n");
 }
 
+// Ends the process once our own objects are gone, without the libraries' static destructors:
+// CUDA libtorch's (the pinned-memory cache's thread, handle pools) may run after the CUDA driver
+// has gone, and a GPU test binary that had passed every test crashed there (H200, torch 2.11
+// cu130; docs/gpu.md). Nothing of ours is left to flush but the logs (spdlog's synchronous
+// default logger). Under AddressSanitizer it returns, so that the leak check at exit still runs.
+int Leave(int rc) {
+  spdlog::shutdown();
+  std::fflush(nullptr);
+#if !defined(__SANITIZE_ADDRESS__) && !FERRY_CLANG_ASAN
+  std::_Exit(rc);
+#endif
+  return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -75,7 +89,7 @@ int main(int argc, char** argv) {
   s = Worker::Create(options, &worker);
   if (!s.ok()) {
     spdlog::critical("ferry-worker: {}", s.ToString());
-    return 1;
+    return Leave(1);  // a model may have been loaded on the GPU before the failure
   }
 
   std::atomic<bool> finished{false};
@@ -99,15 +113,5 @@ int main(int argc, char** argv) {
   watcher.join();
   worker.reset();  // our own teardown, in order: executors, models, streams, connections
   if (!s.ok()) spdlog::critical("ferry-worker: {}", s.ToString());
-  // Then leave without the libraries' static destructors: CUDA libtorch's (the pinned-memory
-  // cache's thread, handle pools) may run after the CUDA driver has gone, and a GPU test binary
-  // that had passed every test crashed there (H200, torch 2.11 cu130; docs/gpu.md). Nothing of
-  // ours is left to flush but the logs. (Under AddressSanitizer: return, so that its leak check
-  // at exit still runs.)
-  spdlog::shutdown();
-  std::fflush(nullptr);
-#if !defined(__SANITIZE_ADDRESS__) && !FERRY_CLANG_ASAN
-  std::_Exit(s.ok() ? 0 : 1);
-#endif
-  return s.ok() ? 0 : 1;
+  return Leave(s.ok() ? 0 : 1);
 }

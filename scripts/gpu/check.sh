@@ -4,31 +4,36 @@
 #
 #   source .deps/device-env.sh; bash scripts/gpu/check.sh [SECONDS]
 #
-# SECONDS (default 480): the script's own deadline; every stage gets what is left of it, so it
-# ends (and writes its results) before the device call's limit. Writes under $OUT (the device
+# SECONDS (default 480): the script's own deadline; every stage gets what is left of it (the GPU
+# tests at most 240 s), so it ends (and writes its results) before the device call's limit. Exit
+# status 1 when a stage failed: the build, the GPU tests (their exit status, a crash at exit
+# included) or a benchmark (run.sh fails on a broker or worker that does not exit 0). Writes under $OUT (the device
 # tool's folder; ./gpu-out elsewhere): check.log (what ran, how long), build.log (cmake + ninja),
 # gpu_tests.txt, summary.txt (the benchmark tables) and bench.tgz (every run's JSON).
 # Scenarios, in order of what matters most: whisper (30-s clips; --raw at batch 16..128, then
 # fleet vs --raw at the best of them), tiny (Ferry's own overhead with a GPU worker), audio and
 # audio_out (960 KB jobs, beside this host's libzmq floor). Set SCENARIOS to change the list.
 set -uo pipefail
+cd "$(dirname "$0")/../.."
 LIMIT=${1:-480}
 START=$(date +%s)
 OUT=${OUT:-$PWD/gpu-out}
+FAILURES=0
 mkdir -p "$OUT"
 B=build-gpu
 rm -rf "$B"  # a fresh configure: a cached compiler from an earlier call would stay
 RES=/tmp/ferry-gpu-results
 rm -rf "$RES"; mkdir -p "$RES"
 say() { echo "gpu-check [+$(( $(date +%s) - START ))s] $*" | tee -a "$OUT/check.log"; }
-left() { echo $(( LIMIT - ($(date +%s) - START) )); }
+left() { local t=$(( LIMIT - ($(date +%s) - START) )); echo $(( t > 1 ? t : 1 )); }
 finish() {
   for d in "$RES"/*/; do
     [ -d "$d" ] || continue
     { echo "== $(basename "$d")"; python3 bench/table.py "$d" 2>&1; echo; } >>"$OUT/summary.txt"
   done
   tar czf "$OUT/bench.tgz" -C "$RES" . 2>/dev/null
-  say "done"
+  say "done: $FAILURES failure(s)"
+  [ "$FAILURES" = 0 ] || exit 1
 }
 trap finish EXIT
 
@@ -49,19 +54,23 @@ if ! cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release -DFERRY_GPU_TESTS=ON
     -DCMAKE_CUDA_COMPILER="$NVCC" -DOPENSSL_ROOT_DIR="${FERRY_DEPS:-/opt/ferry-deps}/usr" \
     -DCMAKE_EXE_LINKER_FLAGS=-Wl,--allow-shlib-undefined -DCMAKE_CXX_FLAGS="${FERRY_GPU_CXXFLAGS--include cstdint}" \
     -DCMAKE_GTEST_DISCOVER_TESTS_DISCOVERY_MODE=PRE_TEST -Wno-dev >"$OUT/build.log" 2>&1; then
-  tail -40 "$OUT/build.log"; say "FAILED: cmake (build.log)"; exit 1
+  tail -40 "$OUT/build.log"; FAILURES=1; say "FAILED: cmake (build.log)"; exit 1
 fi
 grep -E "CUDA support|Caffe2: CUDA|Torch" "$OUT/build.log" | head -5 | while read -r l; do say "cmake: $l"; done
-if ! timeout "$(left)" cmake --build "$B" --target ferry-broker ferry-worker ferry-bench ferry-floor \
+if ! timeout -k 10 "$(left)" cmake --build "$B" --target ferry-broker ferry-worker ferry-bench ferry-floor \
     ferry-make-models ferry_worker_gpu_tests >>"$OUT/build.log" 2>&1; then
-  grep -E "error|FAILED" "$OUT/build.log" | head -30; say "FAILED: build (build.log)"; exit 1
+  grep -E "error|FAILED" "$OUT/build.log" | head -30; FAILURES=1; say "FAILED: build (build.log)"; exit 1
 fi
 say "built ($(grep -c 'warning:' "$OUT/build.log") warning lines)"
 
 # ---- GPU tests --------------------------------------------------------------------------------
-timeout 240 "$B/tests/unit/gpu-worker/ferry_worker_gpu_tests" >"$OUT/gpu_tests.txt" 2>&1
+t=$(left); [ "$t" -lt 240 ] || t=240
+timeout -k 10 "$t" "$B/tests/unit/gpu-worker/ferry_worker_gpu_tests" >"$OUT/gpu_tests.txt" 2>&1
 rc=$?
-say "gpu tests: rc $rc; $(grep -cE '^\[       OK \]' "$OUT/gpu_tests.txt") passed, $(grep -cE '^\[  SKIPPED \] [A-Za-z]' "$OUT/gpu_tests.txt") skipped, $(grep -cE '^\[  FAILED  \] [A-Za-z]+\.' "$OUT/gpu_tests.txt") failed"
+[ "$rc" = 0 ] || FAILURES=$((FAILURES + 1))
+# Each test's line while it runs ends in "(N ms)"; the summary at the end repeats the names.
+count() { grep -cE "^\[ *$1 *\] [A-Za-z0-9_]+\.[A-Za-z0-9_]+ \([0-9]+ ms\)" "$OUT/gpu_tests.txt"; }
+say "gpu tests: exit status $rc; $(count OK) passed, $(count SKIPPED) skipped, $(count FAILED) failed"
 
 # ---- benchmarks on the GPU --------------------------------------------------------------------
 export FERRY_BENCH_DEVICE=cuda:0
@@ -70,10 +79,12 @@ for s in ${SCENARIOS:-whisper tiny audio}; do
   [ "$t" -gt 30 ] || { say "no time left for $s"; continue; }
   case $s in
     whisper) env ROUNDS=2 WHISPER_SAMPLES=480000 WHISPER_BATCHES="16 32 64 128" WHISPER_BATCH=best \
-               WHISPER_JOBS=1024 timeout "$t" bash bench/run.sh "$B" --only whisper --out "$RES/whisper" ;;
-    tiny) timeout "$t" bash bench/run.sh "$B" --only tiny_closed,tiny_light,tiny_light_run --out "$RES/tiny" ;;
-    audio) env ROUNDS=1 AUDIO_JOBS=2000 timeout "$t" bash bench/run.sh "$B" --only audio,audio_out --out "$RES/audio" ;;
-    *) timeout "$t" bash bench/run.sh "$B" --only "$s" --out "$RES/$s" ;;
+               WHISPER_JOBS=1024 timeout -k 30 "$t" bash bench/run.sh "$B" --only whisper --out "$RES/whisper" ;;
+    tiny) timeout -k 30 "$t" bash bench/run.sh "$B" --only tiny_closed,tiny_light,tiny_light_run --out "$RES/tiny" ;;
+    audio) env ROUNDS=1 AUDIO_JOBS=2000 timeout -k 30 "$t" bash bench/run.sh "$B" --only audio,audio_out --out "$RES/audio" ;;
+    *) timeout -k 30 "$t" bash bench/run.sh "$B" --only "$s" --out "$RES/$s" ;;
   esac >"$RES/$s.log" 2>&1
-  say "bench $s: rc $? ($(tail -1 "$RES/$s.log" | cut -c1-120))"
+  rc=$?
+  [ "$rc" = 0 ] || FAILURES=$((FAILURES + 1))
+  say "bench $s: rc $rc ($(tail -1 "$RES/$s.log" | cut -c1-120))"
 done

@@ -152,10 +152,12 @@ TEST_F(GpuTest, AllocatorMeasuresTheModel) {
 
 // After the last test, leave without the libraries' static destructors: CUDA libtorch's ran after
 // the CUDA driver had gone and jumped to address 0 (H200, torch 2.11 cu130: every test passed,
-// then SIGSEGV at exit; docs/gpu.md). ferry-worker ends the same way.
+// then SIGSEGV at exit; docs/gpu.md). ferry-worker ends the same way. The test models' scratch
+// directories, which a static's destructor would remove, go first.
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   const int rc = RUN_ALL_TESTS();
+  ferry::worker::testmodels::RemoveScratchDirs();
   std::fflush(nullptr);
   std::_Exit(rc);
 }

@@ -52,17 +52,33 @@ const std::map<std::string, Def>& Defs() {
 
 }  // namespace
 
-std::filesystem::path ScratchDir(const std::string& prefix) {
-  // Removes its directories when destroyed, i.e. at exit (a function-local static).
-  struct Scratch {
-    std::mutex mu;
-    std::map<std::string, std::filesystem::path> dirs;
-    ~Scratch() {
-      std::error_code ec;
-      for (const auto& [prefix, dir] : dirs) std::filesystem::remove_all(dir, ec);
-    }
-  };
+namespace {
+// The scratch directories; removed when destroyed, i.e. at exit (a function-local static), or
+// by RemoveScratchDirs.
+struct Scratch {
+  std::mutex mu;
+  std::map<std::string, std::filesystem::path> dirs;
+  void RemoveAll() {
+    std::error_code ec;
+    for (const auto& [prefix, dir] : dirs) std::filesystem::remove_all(dir, ec);
+    dirs.clear();
+  }
+  ~Scratch() { RemoveAll(); }
+};
+Scratch& TheScratch() {
   static Scratch scratch;
+  return scratch;
+}
+}  // namespace
+
+void RemoveScratchDirs() {
+  Scratch& scratch = TheScratch();
+  std::lock_guard<std::mutex> lock(scratch.mu);
+  scratch.RemoveAll();
+}
+
+std::filesystem::path ScratchDir(const std::string& prefix) {
+  Scratch& scratch = TheScratch();
   std::lock_guard<std::mutex> lock(scratch.mu);
   auto it = scratch.dirs.find(prefix);
   if (it == scratch.dirs.end()) {

@@ -31,6 +31,8 @@ std::string Path(const std::string& name);
 // everything in it, when the process exits: ctest runs each test as its own process, and the
 // model files each one writes (up to ~120 MB) must not pile up in /tmp.
 std::filesystem::path ScratchDir(const std::string& prefix);
+// Removes every scratch directory now (for a main() that leaves with _Exit).
+void RemoveScratchDirs();
 // The exact size of each big_* model's parameter.
 inline constexpr int64_t kBigBytes = 1 << 20;
 
