@@ -75,6 +75,21 @@ def check_result(jid, raw, x):
     check(all(abs(g - w) <= 1e-4 for g, w in zip(got, want)), jid + " values", want, list(got))
 
 
+def read_results(store, prefix, ids, timeout_s=60.0):
+    """Reads each id's result record from Redis, again every 5 ms until all are there or timeout_s
+    has passed; returns {id: record} of those found."""
+    got = {}
+    deadline = time.monotonic() + timeout_s
+    while len(got) < len(ids) and time.monotonic() < deadline:
+        for j in ids:
+            raw = None if j in got else store.get(prefix + "result:" + j)
+            if raw is not None:
+                got[j] = raw
+        if len(got) < len(ids):
+            time.sleep(0.005)
+    return got
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--frontend", required=True)
@@ -190,12 +205,7 @@ def main():
         check(cmd == "ACCEPTED" and acc.get("rid") == 5 and acc.get("ids") == [loud],
               "first reply after a SUBMIT with ack false", "ACCEPTED rid 5 for the second job",
               (cmd, acc))
-        deadline = time.monotonic() + 60.0
-        raw = None
-        while raw is None and time.monotonic() < deadline:
-            raw = store.get(args.prefix + "result:" + quiet)
-            if raw is None:
-                time.sleep(0.005)
+        raw = read_results(store, args.prefix, [quiet]).get(quiet)
         if check(raw is not None, quiet + " (ack false) result within 60 s", "a result", None):
             check_result(quiet, raw, list(struct.unpack("<8f", struct.pack("<8f", *x))))
 
@@ -215,15 +225,7 @@ def main():
         cmd, acc = recv(sock, finished)
         check(cmd == "ACCEPTED" and acc.get("ids") == [stored, missing, short],
               "ACCEPTED of stored-input jobs", [stored, missing, short], (cmd, acc))
-        got = {}
-        deadline = time.monotonic() + 60.0
-        while len(got) < 3 and time.monotonic() < deadline:
-            for j in (stored, missing, short):
-                raw = store.get(args.prefix + "result:" + j)
-                if raw is not None:
-                    got[j] = raw
-            if len(got) < 3:
-                time.sleep(0.005)
+        got = read_results(store, args.prefix, [stored, missing, short])
         if check(len(got) == 3, "stored-input results within 60 s", 3, len(got)):
             check_result(stored, got[stored], list(struct.unpack("<8f", struct.pack("<8f", *x))))
             for j, code in ((missing, "not_found"), (short, "invalid_argument")):
@@ -256,15 +258,7 @@ def main():
         rejected = {r.get("id"): r.get("code") for r in acc.get("rejected", [])}
         want = {unknown: "unknown_model", short: "invalid_argument"}
         check(rejected == want, "attached-input rejections", want, rejected)
-        got = {}
-        deadline = time.monotonic() + 60.0
-        while len(got) < 2 and time.monotonic() < deadline:
-            for j in (first, last):
-                raw = store.get(args.prefix + "result:" + j)
-                if raw is not None:
-                    got[j] = raw
-            if len(got) < 2:
-                time.sleep(0.005)
+        got = read_results(store, args.prefix, [first, last])
         if check(len(got) == 2, "attached-input results within 60 s", 2, len(got)):
             for j, x in ((first, xs[0]), (last, xs[2])):
                 check_result(j, got[j], list(struct.unpack("<8f", struct.pack("<8f", *x))))
