@@ -13,6 +13,16 @@ running() {
   [ -n "$state" ] && [ "$state" != Z ] && [ "$state" != X ]
 }
 
+# reap PID SECONDS: gives PID (a child of this shell, already told to stop) up to SECONDS to
+# exit, SIGKILLs it if it has not, and returns its exit status.
+reap() {
+  local _ rc=0
+  for _ in $(seq $(( $2 * 10 ))); do running "$1" || break; sleep 0.1; done
+  kill -KILL "$1" 2>/dev/null || true
+  wait "$1" 2>/dev/null || rc=$?
+  return "$rc"
+}
+
 # stop_pids_and_remove DIR: stops every pid in the PIDS array, the last started first (workers
 # before the broker and Redis they drain into): SIGTERM, up to 5 s to exit, then SIGKILL. Then
 # removes DIR (the script's work directory).
@@ -21,8 +31,7 @@ stop_pids_and_remove() {
   for ((i = ${#PIDS[@]} - 1; i >= 0; i--)); do
     pid=${PIDS[$i]}
     kill -TERM "$pid" 2>/dev/null || continue
-    for _ in $(seq 50); do running "$pid" || break; sleep 0.1; done
-    kill -KILL "$pid" 2>/dev/null || true
+    reap "$pid" 5 || true
   done
   wait 2>/dev/null || true
   rm -rf "$1"

@@ -61,7 +61,7 @@ FLEET_PIDS=()
 REDIS_PID=""
 FAILED=()
 
-. "$HERE/lib.sh"  # free_port, running
+. "$HERE/lib.sh"  # free_port, reap
 stop_fleet() {
   # Workers first (they drain and say BYE), then the broker.
   local pids=("${FLEET_PIDS[@]}") i rc
@@ -69,9 +69,7 @@ stop_fleet() {
   # Each drains and exits 0; any other status (a crash at exit, say) fails the suite. One that
   # is still there after 20 s (a hang in its teardown) is killed, and fails it too.
   for ((i=0; i<${#pids[@]}; i++)); do
-    for _ in $(seq 200); do running "${pids[$i]}" || break; sleep 0.1; done
-    kill -KILL "${pids[$i]}" 2>/dev/null || true
-    rc=0; wait "${pids[$i]}" 2>/dev/null || rc=$?
+    rc=0; reap "${pids[$i]}" 20 || rc=$?
     [ "$rc" = 0 ] || FAILED+=("${LAST_RUN:-fleet}:$([ "$i" = 0 ] && echo broker || echo worker)-exit-$rc")
   done
   FLEET_PIDS=()
