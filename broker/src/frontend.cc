@@ -17,13 +17,13 @@ namespace ferry::broker {
 namespace {
 std::string Str(const zmq::message_t& m) { return std::string(m.to_string_view()); }
 
+// Attached frames up to this size are copied rather than kept (see HandleSubmit).
+constexpr size_t kOwnFrameBelowBytes = 8192;
+
 // STATS "models": {model: {"specs": [{"inputs"?: [spec], "workers": [name]}]}} -- every known
 // model, with the workers serving it grouped by the input spec they announced (no "inputs": not
 // declared). Specs the broker still checks although no worker serves the model now are listed
 // with no workers.
-// Attached frames up to this size are copied rather than kept (see HandleSubmit).
-constexpr size_t kOwnFrameBelowBytes = 8192;
-
 void PackModels(protocol::Packer& pk, const Scheduler& scheduler) {
   using Specs = std::optional<std::vector<protocol::InputSpec>>;
   std::map<std::string, std::vector<std::pair<Specs, std::vector<std::string>>>> groups;
