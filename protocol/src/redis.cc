@@ -291,8 +291,7 @@ Status RedisSubscriber::Connect(const RedisEndpoint& endpoint, int timeout_ms,
   FERRY_RETURN_IF_ERROR(RedisConnection::Open(endpoint, timeout_ms, /*keepalive=*/true,
                                               /*select=*/false, /*ping=*/false, &conn));
   auto fail = [&](const std::string& why) {
-    return Status::Unavailable("redis " + endpoint.host + ":" + std::to_string(endpoint.port) +
-                               ": " + why);
+    return Status::Unavailable("redis " + endpoint.Address() + ": " + why);
   };
   std::string command;
   AppendRespCommand(&command, {"SUBSCRIBE", channel});

@@ -13,6 +13,9 @@ namespace {
 
 constexpr std::string_view kPlain = "redis://";
 constexpr std::string_view kTls = "rediss://";
+constexpr std::string_view kUnix = "unix://";
+// sockaddr_un's sun_path holds 108 bytes with the terminating NUL.
+constexpr size_t kMaxUnixPath = 107;
 
 // Where the part after the scheme starts (0 without a scheme).
 size_t AfterScheme(std::string_view url) {
@@ -82,17 +85,26 @@ Status ReadPasswordFile(const std::string& path, std::string* password) {
 }  // namespace
 
 std::string RedisEndpoint::Describe() const {
-  std::string out(tls ? kTls : kPlain);
+  std::string out(!unix_path.empty() ? kUnix : tls ? kTls : kPlain);
   if (!user.empty() || !password.empty()) {
     out += user;
     if (!password.empty()) out += ":***";
     out += "@";
   }
-  const bool v6 = host.find(':') != std::string::npos;
-  out += v6 ? "[" + host + "]" : host;
-  out += ":" + std::to_string(port);
+  if (!unix_path.empty()) {
+    out += unix_path;
+    if (db != 0) out += "?db=" + std::to_string(db);
+    return out;
+  }
+  out += Address();
   if (db != 0) out += "/" + std::to_string(db);
   return out;
+}
+
+std::string RedisEndpoint::Address() const {
+  if (!unix_path.empty()) return "unix:" + unix_path;
+  const bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
 std::string RedactRedisUrl(std::string_view url) {
@@ -119,27 +131,53 @@ std::string StripRedisPassword(std::string_view url, std::string* password) {
 Status ParseRedisUrl(std::string_view url, RedisEndpoint* out) {
   auto bad = [&](const std::string& what) {
     return Status::InvalidArgument(what + " in Redis URL \"" + RedactRedisUrl(url) +
-                                   "\" (want redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB])");
+                                   "\" (want redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB] or "
+                                   "unix://[USER[:PASSWORD]@]/PATH[?db=DB])");
   };
   RedisEndpoint ep;
   std::string_view rest = url;
+  bool unix_socket = false;
   if (rest.substr(0, kTls.size()) == kTls) {
     ep.tls = true;
     rest.remove_prefix(kTls.size());
   } else if (rest.substr(0, kPlain.size()) == kPlain) {
     rest.remove_prefix(kPlain.size());
+  } else if (rest.substr(0, kUnix.size()) == kUnix) {
+    unix_socket = true;
+    rest.remove_prefix(kUnix.size());
   } else if (rest.find("://") != std::string_view::npos) {
-    return bad("unknown scheme (redis:// or rediss://)");
+    return bad("unknown scheme (redis://, rediss:// or unix://)");
   }
   // USER:PASSWORD@ up to the last '@': a password may hold '@' and '/' (better percent-encoded).
   const size_t at = rest.rfind('@');
-  if (at != std::string_view::npos) {
+  // unix:///PATH has no user part, whatever its path holds.
+  if (at != std::string_view::npos && !(unix_socket && !rest.empty() && rest[0] == '/')) {
     const std::string_view userinfo = rest.substr(0, at);
     rest.remove_prefix(at + 1);
     const size_t colon = userinfo.find(':');
     if (!PercentDecode(userinfo.substr(0, colon), &ep.user)) return bad("bad %-escape in the user");
     if (colon != std::string_view::npos && !PercentDecode(userinfo.substr(colon + 1), &ep.password))
       return bad("bad %-escape in the password");
+  }
+  if (unix_socket) {
+    // /PATH[?db=DB]: the path is everything up to '?'.
+    const size_t query = rest.find('?');
+    const std::string_view path = rest.substr(0, query);
+    if (path.empty() || path[0] != '/')
+      return bad("a unix:// URL needs an absolute socket path, unix:///run/redis/redis.sock");
+    if (path.size() > kMaxUnixPath)
+      return bad("the socket path is longer than " + std::to_string(kMaxUnixPath) + " bytes");
+    if (path.find('#') != std::string_view::npos) return bad("'#' in the socket path");
+    ep.unix_path = std::string(path);
+    if (query != std::string_view::npos) {
+      const std::string_view q = rest.substr(query + 1);
+      if (q.substr(0, 3) != "db=" || !ParseInt(q.substr(3), 0, 1 << 30, &ep.db))
+        return bad("the one query parameter of a unix:// URL is db=NUMBER");
+    }
+    ep.host.clear();
+    ep.port = 0;
+    *out = std::move(ep);
+    return Status::Ok();
   }
   if (rest.find_first_of("?#") != std::string_view::npos)
     return bad("query parameters are not supported (use the --redis-* flags)");

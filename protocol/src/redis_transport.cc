@@ -14,6 +14,7 @@
 #include <openssl/x509v3.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -24,10 +25,7 @@
 namespace ferry::protocol {
 namespace {
 
-std::string Where(const RedisEndpoint& ep) {
-  const bool v6 = ep.host.find(':') != std::string::npos;
-  return "redis " + (v6 ? "[" + ep.host + "]" : ep.host) + ":" + std::to_string(ep.port);
-}
+std::string Where(const RedisEndpoint& ep) { return "redis " + ep.Address(); }
 
 timeval ToTimeval(int ms) { return timeval{ms / 1000, (ms % 1000) * 1000}; }
 
@@ -167,6 +165,16 @@ bool IsIpAddress(const std::string& host) {
 
 // ---- TCP --------------------------------------------------------------------------------------
 
+// Blocking from now on, each read and write bounded by the timeout (hiredis's behaviour). False
+// with errno set.
+bool MakeBlocking(int fd, int timeout_ms) {
+  const int flags = fcntl(fd, F_GETFL);
+  const timeval tv = ToTimeval(timeout_ms > 0 ? timeout_ms : 0);
+  return flags >= 0 && fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) == 0 &&
+         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0 &&
+         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) == 0;
+}
+
 Status ConnectTcp(const RedisEndpoint& ep, int timeout_ms, int* out) {
   addrinfo hints{};
   hints.ai_family = AF_UNSPEC;
@@ -205,14 +213,9 @@ Status ConnectTcp(const RedisEndpoint& ep, int timeout_ms, int* out) {
       close(fd);
       continue;
     }
-    // Blocking from now on, each read and write bounded by the timeout (hiredis's behaviour).
-    const int flags = fcntl(fd, F_GETFL);
     const int one = 1;
-    const timeval tv = ToTimeval(timeout_ms > 0 ? timeout_ms : 0);
-    if (flags < 0 || fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) < 0 ||
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0 ||
-        setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
-        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0) {
+    if (setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one)) != 0 ||
+        !MakeBlocking(fd, timeout_ms)) {
       why = std::strerror(errno);
       close(fd);
       continue;
@@ -221,6 +224,26 @@ Status ConnectTcp(const RedisEndpoint& ep, int timeout_ms, int* out) {
     return Status::Ok();
   }
   return Status::Unavailable(Where(ep) + ": " + why);
+}
+
+// A Unix-domain socket connects at once or fails (ECONNREFUSED: nobody listens; EAGAIN: the
+// listener's backlog is full, which is Redis too busy to accept: unavailable, retried).
+Status ConnectUnix(const RedisEndpoint& ep, int timeout_ms, int* out) {
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  if (ep.unix_path.size() >= sizeof(addr.sun_path))
+    return Status::Unavailable(Where(ep) + ": the socket path is too long");
+  std::memcpy(addr.sun_path, ep.unix_path.data(), ep.unix_path.size());
+  const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Status::Unavailable(Where(ep) + ": " + std::strerror(errno));
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      !MakeBlocking(fd, timeout_ms)) {
+    const int err = errno;
+    close(fd);
+    return Status::Unavailable(Where(ep) + ": " + std::strerror(err));
+  }
+  *out = fd;
+  return Status::Ok();
 }
 
 // hiredis's redisKeepAlive with its interval of 15 s: probes after 15 s idle, every 5 s, 3 of
@@ -256,10 +279,12 @@ Status RedisTransport::Connect(const RedisEndpoint& endpoint, int timeout_ms, bo
                                std::unique_ptr<RedisTransport>* out, bool* reached) {
   *reached = false;
   std::unique_ptr<RedisTransport> t(new RedisTransport());
-  FERRY_RETURN_IF_ERROR(ConnectTcp(endpoint, timeout_ms, &t->fd_));
+  const bool unix_socket = !endpoint.unix_path.empty();
+  FERRY_RETURN_IF_ERROR(unix_socket ? ConnectUnix(endpoint, timeout_ms, &t->fd_)
+                                    : ConnectTcp(endpoint, timeout_ms, &t->fd_));
   *reached = true;
   t->socket_.fd = t->fd_;
-  if (keepalive) EnableKeepAlive(t->fd_);
+  if (keepalive && !unix_socket) EnableKeepAlive(t->fd_);  // a local peer's end is always seen
   if (endpoint.tls) FERRY_RETURN_IF_ERROR(t->Handshake(endpoint));
   *out = std::move(t);
   return Status::Ok();

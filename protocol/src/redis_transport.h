@@ -1,7 +1,8 @@
 #pragma once
 // The byte stream under RedisClient and RedisSubscriber. Debian bookworm's hiredis (0.14) has no
-// TLS, so Ferry owns the socket -- TCP, or TLS through OpenSSL for rediss:// -- and uses hiredis
-// only to parse replies (redisReader). Internal to ferry::protocol.
+// TLS, so Ferry owns the socket -- TCP, TLS through OpenSSL for rediss://, or a Unix-domain
+// socket for unix:// -- and uses hiredis only to parse replies (redisReader). Internal to
+// ferry::protocol.
 //
 // RedisTransport: one connected socket, plain or TLS, with the timeouts of hiredis's blocking
 // mode (connect, each read, each write). Writes never raise SIGPIPE (MSG_NOSIGNAL, also under
@@ -29,7 +30,8 @@ namespace ferry::protocol {
 
 class RedisTransport {
  public:
-  // Connects to every address of endpoint.host in turn within timeout_ms, then (endpoint.tls)
+  // Connects to every address of endpoint.host in turn within timeout_ms (or to the Unix-domain
+  // socket endpoint.unix_path), then (endpoint.tls)
   // does the TLS handshake: the server's certificate verified against tls_ca and host, the
   // client certificate presented when given. `keepalive`: TCP keepalive probes, for a connection
   // that only reads. *reached: TCP connected (a failure after that is Redis, or a TLS peer,

@@ -25,7 +25,12 @@ bool FleetOptions::CurveFromEnvironment() {
 
 Fleet::Fleet(FleetOptions options)
     : options_(std::move(options)),
-      redis_(std::make_unique<RedisServer>(RedisServer::Options{0, options_.redis_append_only})),
+      redis_(std::make_unique<RedisServer>([&] {
+        RedisServer::Options o;
+        o.append_only = options_.redis_append_only;
+        o.unix_socket = options_.redis_unix_socket;
+        return o;
+      }())),
       frontend_port_(FreePort()),
       backend_port_(FreePort()) {
   if (options_.curve) {
@@ -58,7 +63,7 @@ void Fleet::StartBroker() {
                                    "--backend",
                                    "tcp://127.0.0.1:" + std::to_string(backend_port_),
                                    "--redis",
-                                   redis_->url()};
+                                   redis_url()};
   if (options_.curve) {
     for (const std::string& a :
          {std::string("--curve-secret"), dir_.path() + "/keys/broker.key_secret",
@@ -75,7 +80,7 @@ void Fleet::StartWorker(size_t i) {
                                    "--broker",
                                    backend(),
                                    "--redis",
-                                   redis_->url(),
+                                   redis_url(),
                                    "--max-batch",
                                    std::to_string(options_.max_batch),
                                    "--threads",

@@ -24,6 +24,8 @@ struct FleetOptions {
   std::vector<std::string> broker_args;
   std::vector<std::string> worker_args;
   bool redis_append_only = false;
+  // The broker and the workers reach Redis over its Unix-domain socket (unix://).
+  bool redis_unix_socket = false;
   // CurveZMQ on both broker sockets, with keys made for the fleet (a broker, a worker and a
   // producer key; the worker and producer listed). Defaults to $FERRY_TEST_CURVE=1, so that a
   // whole suite can run again with CURVE on (tests/integration/CMakeLists.txt does).
@@ -39,6 +41,10 @@ class Fleet {
   std::string frontend() const { return "tcp://127.0.0.1:" + std::to_string(frontend_port_); }
   std::string backend() const { return "tcp://127.0.0.1:" + std::to_string(backend_port_); }
   RedisServer& redis() { return *redis_; }
+  // The URL the broker and the workers reach Redis by (the socket's with redis_unix_socket).
+  std::string redis_url() const {
+    return options_.redis_unix_socket ? redis_->unix_url() : redis_->url();
+  }
   Process& broker() { return *broker_; }
   Process& worker(size_t i) { return *workers_.at(i); }
   size_t worker_count() const { return workers_.size(); }

@@ -206,6 +206,8 @@ void RedisServer::Start() {
   if (!options_.requirepass.empty())
     argv.insert(argv.end(), {"--requirepass", options_.requirepass});
   if (!options_.acl_file.empty()) argv.insert(argv.end(), {"--aclfile", options_.acl_file});
+  if (options_.unix_socket)
+    argv.insert(argv.end(), {"--unixsocket", socket_path(), "--unixsocketperm", "700"});
   if (options_.tls)
     argv.insert(argv.end(),
                 {"--tls-port", std::to_string(port_), "--tls-cert-file", options_.tls_cert,

@@ -73,6 +73,8 @@ class RedisServer {
     bool tls = false;
     std::string tls_cert, tls_key, tls_ca;
     bool tls_auth_clients = true;
+    // Also listen on a Unix-domain socket, redis.sock in the server's dir (unix_url()).
+    bool unix_socket = false;
     // Who this helper (Ping, Connect, endpoint()) is: an ACL user (empty: the default user) and
     // its password (empty: requirepass), and with TLS its client certificate and key.
     std::string user, password;
@@ -85,6 +87,9 @@ class RedisServer {
   std::string url() const {
     return (options_.tls ? "rediss://127.0.0.1:" : "redis://127.0.0.1:") + std::to_string(port_);
   }
+  // unix://PATH of the Unix-domain socket (Options::unix_socket), no user or password.
+  std::string unix_url() const { return "unix://" + socket_path(); }
+  std::string socket_path() const { return dir_.path() + "/redis.sock"; }
   // The helper's own endpoint: url() with its user, password and TLS files.
   protocol::RedisEndpoint endpoint() const;
   // A fresh connection for the test's own reads and writes; null when Redis does not answer.

@@ -79,7 +79,11 @@ class InputFetcherTest : public ::testing::Test {
   }
 
   const std::string small_ = std::string(8, 's');
-  testutil::RedisServer redis_{{0, /*append_only=*/true}};  // values survive a restart
+  testutil::RedisServer redis_{[] {  // values survive a restart
+    testutil::RedisServer::Options o;
+    o.append_only = true;
+    return o;
+  }()};
   std::unique_ptr<protocol::RedisClient> client_;
   protocol::Keys keys_;
   JobQueue queue_{64};

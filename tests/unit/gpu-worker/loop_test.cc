@@ -286,7 +286,9 @@ TEST_F(WorkerLoopTest, HoldsResultsWhileRedisIsDownAndDoneFollowsTheWrite) {
                   .ok());
   EXPECT_FALSE(Next(&m, 500)) << "no DONE while the results cannot be written: " << m.command;
 
-  testutil::RedisServer late({port});
+  testutil::RedisServer::Options late_options;
+  late_options.port = port;
+  testutil::RedisServer late(late_options);
   auto late_client = late.Connect();
   ASSERT_TRUE(late_client != nullptr);
   std::set<std::string> done;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -108,6 +109,38 @@ TEST_F(RedisClientTest, ARefusedSelectFailsEveryTryInsteadOfUsingDatabaseZero) {
   RedisReply reply;
   ASSERT_TRUE(client_->Command({"EXISTS", "k:db"}, &reply).ok());
   EXPECT_EQ(reply.integer, 0) << "the SET went to database 0";
+}
+
+// unix:///PATH?db=N: the same commands over Redis's Unix-domain socket, on that database; a
+// big value goes out and comes back whole (GetMany reads it straight from the socket).
+TEST(RedisUnixSocketTest, BigValuesRoundTripOnTheNamedDatabase) {
+  testutil::RedisServer::Options o;
+  o.unix_socket = true;
+  testutil::RedisServer server(o);
+  RedisEndpoint ep;
+  ASSERT_TRUE(ParseRedisUrl(server.unix_url() + "?db=2", &ep).ok());
+  std::unique_ptr<RedisClient> client;
+  Status s = RedisClient::Connect(ep, 5000, &client);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  const std::string big = Pattern((size_t{1} << 20) - 3);
+  client->Append({"SET", "k:big", big});
+  std::vector<RedisReply> replies;
+  ASSERT_TRUE(client->Flush(&replies).ok());
+  ASSERT_EQ(replies.at(0).str, "OK");
+  std::vector<std::optional<std::string>> values;
+  ASSERT_TRUE(client->GetMany({"k:big", "k:missing"}, &values).ok());
+  ASSERT_TRUE(values.at(0).has_value());
+  EXPECT_TRUE(*values[0] == big) << "the big value came back changed";
+  EXPECT_FALSE(values.at(1).has_value());
+  // On database 2, not 0 (seen over TCP).
+  auto tcp = server.Connect();
+  ASSERT_NE(tcp, nullptr);
+  RedisReply reply;
+  ASSERT_TRUE(tcp->Command({"EXISTS", "k:big"}, &reply).ok());
+  EXPECT_EQ(reply.integer, 0);
+  ASSERT_TRUE(tcp->Command({"SELECT", "2"}, &reply).ok());
+  ASSERT_TRUE(tcp->Command({"STRLEN", "k:big"}, &reply).ok());
+  EXPECT_EQ(reply.integer, static_cast<int64_t>(big.size()));
 }
 
 }  // namespace

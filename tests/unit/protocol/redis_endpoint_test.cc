@@ -97,6 +97,34 @@ TEST(RedisUrlTest, Ipv6InBrackets) {
   EXPECT_TRUE(Contains(Bad("redis://[::1]6379").message(), "after ']'"));
 }
 
+TEST(RedisUrlTest, UnixSocket) {
+  RedisEndpoint ep = Parse("unix:///run/redis/redis.sock");
+  EXPECT_EQ(ep.unix_path, "/run/redis/redis.sock");
+  EXPECT_EQ(ep.db, 0);
+  EXPECT_FALSE(ep.tls);
+  EXPECT_EQ(ep.Address(), "unix:/run/redis/redis.sock");
+  EXPECT_EQ(ep.Describe(), "unix:///run/redis/redis.sock");
+  ep = Parse("unix://ferry-worker:s3cret@/tmp/r.sock?db=3");
+  EXPECT_EQ(ep.unix_path, "/tmp/r.sock");
+  EXPECT_EQ(ep.user, "ferry-worker");
+  EXPECT_EQ(ep.password, "s3cret");
+  EXPECT_EQ(ep.db, 3);
+  EXPECT_EQ(ep.Describe(), "unix://ferry-worker:***@/tmp/r.sock?db=3");
+  ep = Parse("unix:///tmp/a@b.sock");  // no user part: an '@' in the path is the path's
+  EXPECT_EQ(ep.unix_path, "/tmp/a@b.sock");
+  EXPECT_TRUE(ep.user.empty());
+
+  EXPECT_TRUE(Contains(Bad("unix://u:s3cret@tmp/r.sock").message(), "absolute socket path"));
+  EXPECT_TRUE(Contains(Bad("unix://").message(), "absolute socket path"));
+  EXPECT_TRUE(Contains(Bad("unix://u:s3cret@/r.sock?database=1").message(), "db=NUMBER"));
+  EXPECT_TRUE(Contains(Bad("unix:///r.sock?db=x").message(), "db=NUMBER"));
+  EXPECT_TRUE(Contains(Bad("unix:///" + std::string(120, 'x')).message(), "longer than 107"));
+  std::string password;
+  EXPECT_EQ(StripRedisPassword("unix://:s3cret@/tmp/r.sock", &password), "unix:///tmp/r.sock");
+  EXPECT_EQ(password, "s3cret");
+  EXPECT_EQ(RedactRedisUrl("unix://u:s3cret@/tmp/r.sock"), "unix://u:***@/tmp/r.sock");
+}
+
 TEST(RedisUrlTest, BadFormsSayWhatIsWrongWithoutThePassword) {
   EXPECT_TRUE(Contains(Bad("http://u:s3cret@h:1").message(), "unknown scheme"));
   EXPECT_TRUE(Contains(Bad("redis://u:s3cret@h:0").message(), "bad port"));
@@ -231,6 +259,9 @@ TEST_F(ResolveTest, TlsFilesNeedRediss) {
   EXPECT_EQ(s.code(), codes::kInvalidArgument);
   EXPECT_TRUE(Contains(s.message(), "rediss://")) << s.message();
   EXPECT_FALSE(Contains(s.message(), "s3cret")) << s.message();
+  // A Unix-domain socket is local: no TLS over it.
+  EXPECT_EQ(ResolveRedisEndpoint("unix:///tmp/r.sock", files, &ep).code(),
+            codes::kInvalidArgument);
 }
 
 TEST_F(ResolveTest, BadTlsFiles) {

@@ -4,6 +4,8 @@
 //
 //   redis://[USER[:PASSWORD]@]HOST:PORT[/DB]     plain TCP
 //   rediss://[USER[:PASSWORD]@]HOST:PORT[/DB]    TLS (OpenSSL), the server's certificate verified
+//   unix://[USER[:PASSWORD]@]/PATH[?db=DB]        a Unix-domain socket, for members on Redis's
+//                                                 host (redis-py's and go-redis's form)
 //   --redis-password-file FILE   the password, kept out of argv and `ps`
 //   --redis-tls-ca FILE          CA certificates (PEM) that verify Redis's certificate
 //   --redis-tls-cert FILE        a client certificate (PEM), for Redis's tls-auth-clients
@@ -22,6 +24,8 @@ namespace ferry::protocol {
 struct RedisEndpoint {
   std::string host = "127.0.0.1";  // a name, an IPv4 or an IPv6 address (no brackets)
   int port = 6379;
+  // unix://: the socket's path (absolute); host and port are then unused.
+  std::string unix_path;
   int db = 0;
   // With a password, every connection (and reconnection) starts with `AUTH USER PASSWORD`, or
   // `AUTH PASSWORD` (Redis's "default" user) when `user` is empty.
@@ -34,15 +38,19 @@ struct RedisEndpoint {
   std::string tls_cert;  // with tls_key: presented to Redis when it asks for a client certificate
   std::string tls_key;
 
-  // "rediss://USER:***@HOST:PORT/DB": for logs and messages; never the password.
+  // "rediss://USER:***@HOST:PORT/DB" (or "unix://USER:***@/PATH?db=DB"): for logs and
+  // messages; never the password.
   std::string Describe() const;
+  // Where it connects, for messages: "HOST:PORT", "[V6]:PORT" or "unix:/PATH".
+  std::string Address() const;
   // The ACL user AUTH names: `user`, or "default".
   std::string UserName() const { return user.empty() ? "default" : user; }
 };
 
 // Parses a Redis URL (above; also a bare HOST:PORT). An IPv6 address goes in brackets:
-// redis://[::1]:6379. USER and PASSWORD may be percent-encoded (%40 for '@'). Fails with
-// invalid_argument, naming what is wrong, the URL redacted.
+// redis://[::1]:6379. USER and PASSWORD may be percent-encoded (%40 for '@'). A unix:// URL
+// takes one query parameter, db. Fails with invalid_argument, naming what is wrong, the URL
+// redacted.
 Status ParseRedisUrl(std::string_view url, RedisEndpoint* out);
 
 // What the URL leaves out: the files named by --redis-password-file and --redis-tls-*.
