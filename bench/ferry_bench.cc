@@ -96,7 +96,8 @@ int main(int argc, char** argv) {
       "runs the model in-process (--raw) and measures throughput and latency.");
   flags.String("frontend", &frontend, "broker frontend");
   flags.String("redis", &redis,
-               "Redis URL of the result store, redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB]");
+               "Redis URL of the result store, redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB] or "
+               "unix:///PATH");
   ferry::protocol::RedisAccessFiles redis_files;
   ferry::runtime::AddRedisAccessFlags(&flags, &redis_files);
   std::string curve_server_public, curve_secret;

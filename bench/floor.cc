@@ -169,10 +169,10 @@ RedisRates RedisFloor(const ferry::protocol::RedisEndpoint& ep, size_t bytes, in
   RedisRates out;
   std::vector<redisContext*> conns;
   for (int c = 0; c < clients; ++c) {
-    redisContext* ctx = redisConnect(ep.host.c_str(), ep.port);
+    redisContext* ctx = ep.unix_path.empty() ? redisConnect(ep.host.c_str(), ep.port)
+                                             : redisConnectUnix(ep.unix_path.c_str());
     if (ctx == nullptr || ctx->err) {
-      std::fprintf(stderr, "ferry-floor: cannot connect to redis %s:%d\n", ep.host.c_str(),
-                   ep.port);
+      std::fprintf(stderr, "ferry-floor: cannot connect to redis %s\n", ep.Address().c_str());
       return out;
     }
     conns.push_back(ctx);
@@ -196,7 +196,7 @@ RedisRates RedisFloor(const ferry::protocol::RedisEndpoint& ep, size_t bytes, in
         const std::string what = command[0] == "AUTH" ? "the credentials of user " + ep.UserName()
                                                       : "SELECT " + command[1];
         const std::string why = r ? std::string(r->str, r->len) : std::string(ctx->errstr);
-        std::fprintf(stderr, "ferry-floor: redis %s:%d refused %s: %s\n", ep.host.c_str(), ep.port,
+        std::fprintf(stderr, "ferry-floor: redis %s refused %s: %s\n", ep.Address().c_str(),
                      what.c_str(), why.c_str());
       }
       if (r) freeReplyObject(r);
@@ -249,8 +249,8 @@ int main(int argc, char** argv) {
   flags.Int("bytes", &bytes, "message / value size in bytes");
   flags.Int("messages", &messages, "messages (and Redis values) per measurement");
   flags.String("redis", &redis,
-               "redis://[USER[:PASSWORD]@]HOST:PORT[/DB] to measure SET and GET against (off: "
-               "empty; bare hiredis 0.14 has no TLS, so no rediss://)");
+               "redis://[USER[:PASSWORD]@]HOST:PORT[/DB] or unix:///PATH to measure SET and GET "
+               "against (off: empty; bare hiredis 0.14 has no TLS, so no rediss://)");
   ferry::protocol::RedisAccessFiles redis_files;
   ferry::runtime::AddRedisAccessFlags(&flags, &redis_files);
   flags.Int("clients", &clients, "Redis connections (threads) for SET and GET");

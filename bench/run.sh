@@ -9,7 +9,8 @@
 # the repository) -- each with the exact ferry-bench command, the fleet's command lines, the machine,
 # and the CPU seconds every process spent during the run -- plus machine.json and summary.txt.
 # Scenarios: tiny_closed tiny_light tiny_light_run tiny_light_no_push tiny_light_pinned encoder
-# resnet whisper seed ceiling bytes audio audio_out. It prints one table. The full
+# resnet whisper seed ceiling bytes audio (audio, audio_unix, audio_no_journal) audio_out. It
+# prints one table. The full
 # suite takes ~10 min on a 2-core machine; --quick is a ~1 minute smoke run (small job counts;
 # numbers not meaningful).
 # --perf also samples the whole machine (perf record -a) during each measured run and writes
@@ -117,7 +118,7 @@ echo "run.sh: results -> $OUT"
 REDIS_PORT=$(free_port)
 # shellcheck disable=SC2086  # FERRY_REDIS_FLAGS: extra redis-server flags, e.g. --io-threads 2
 redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --dir "$WORK" --save '' --appendonly no \
-  ${FERRY_REDIS_FLAGS:-} >"$WORK/redis.log" 2>&1 &
+  --unixsocket "$WORK/redis.sock" --unixsocketperm 700 ${FERRY_REDIS_FLAGS:-} >"$WORK/redis.log" 2>&1 &
 REDIS_PID=$!
 for _ in $(seq 100); do redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1 && break; sleep 0.05; done
 if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
@@ -126,6 +127,7 @@ if ! redis-cli -p "$REDIS_PORT" ping >/dev/null 2>&1; then
   exit 1
 fi
 REDIS="redis://127.0.0.1:$REDIS_PORT"
+REDIS_UNIX="unix://$WORK/redis.sock"  # the same Redis over its Unix-domain socket (audio_unix)
 
 # start_fleet N WORKER_FLAGS...: a fresh broker and N workers (each given WORKER_FLAGS).
 start_fleet() {
@@ -396,6 +398,10 @@ fi
 # journals only their dtype and shape). Without the journal they go through the broker
 # (--stored-input-bytes 0): the two hops of the floor, producer -> broker -> worker, with Redis
 # out of the input path (the durable claim check moved as many bytes: docs/performance.md).
+# audio_unix: durable as `audio`, the broker, the worker and the producer reaching Redis over its
+# Unix-domain socket (unix://, for members on Redis's host); its round also measures the floor
+# over ipc:// (floor_rN_ipc.json, with Redis's SET and GET over the socket), the like-for-like
+# local floor, beside the TCP one the targets name.
 AUDIO_WORKER=(--device "$DEVICE" --max-batch 8 --instances 1 --threads 1)
 # audio_bench NAME FERRY_BENCH_FLAGS...: against the fleet start_fleet just started. Inputs: 32
 # in flight over 4 producer threads; outputs: 16 over 2 (each thread reads its results one at a
@@ -413,17 +419,25 @@ if want audio || want audio_out; then
       echo "== floor, round $r: bare libzmq and Redis, 960 KB messages"
       "$FLOOR" --bytes 960000 --messages "$(( AUDIO_JOBS > 300 ? AUDIO_JOBS : 300 ))" --redis "$REDIS" \
         --json "$OUT/floor_r$r.json" || FAILED+=("floor_r$r")
+      if want audio; then
+        echo "== floor over ipc://, round $r (Redis over its Unix-domain socket)"
+        "$FLOOR" --bytes 960000 --messages "$(( AUDIO_JOBS > 300 ? AUDIO_JOBS : 300 ))" \
+          --transport ipc --redis "$REDIS_UNIX" --json "$OUT/floor_r${r}_ipc.json" ||
+          FAILED+=("floor_r${r}_ipc")
+      fi
     fi
     if want audio; then
-      for journal in on off; do
-        name=audio_r$r; flags=""; producer=()
-        if [ "$journal" = off ]; then
-          name=audio_no_journal_r$r; flags=--no-journal; producer=(--stored-input-bytes 0)
-        fi
-        echo "== $name: head model, [480000] int16 jobs (960 KB each), journal $journal"
-        FERRY_BROKER_FLAGS="$flags" start_fleet 1 --model "head=$M/head.pt" "${AUDIO_WORKER[@]}"
-        audio_bench "$name" "${AUDIO_IN[@]}" --model head --shape 480000 --dtype int16 \
-          "${producer[@]}"
+      for variant in durable unix no_journal; do
+        name=audio_r$r; flags=""; producer=(); redis=$REDIS
+        case $variant in
+          unix) name=audio_unix_r$r; redis=$REDIS_UNIX ;;
+          no_journal) name=audio_no_journal_r$r; flags=--no-journal; producer=(--stored-input-bytes 0) ;;
+        esac
+        echo "== $name: head model, [480000] int16 jobs (960 KB each), $variant, Redis at $redis"
+        REDIS=$redis FERRY_BROKER_FLAGS="$flags" start_fleet 1 --model "head=$M/head.pt" \
+          "${AUDIO_WORKER[@]}"
+        REDIS=$redis audio_bench "$name" "${AUDIO_IN[@]}" --model head --shape 480000 \
+          --dtype int16 "${producer[@]}"
         stop_fleet
       done
     fi

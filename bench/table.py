@@ -12,7 +12,8 @@ ORDER = ["tiny_closed", "tiny_light", "tiny_light_run", "tiny_light_no_push", "t
     f"whisper_{k}_r{r}" for r in range(1, 10) for k in ("raw", "fleet", "fleet_i2")
 ] + ["seed_maxbatch16", "seed_maxbatch1",
      "ceiling_w1", "ceiling_w2", "ceiling_w4", "ceiling_w8", "bytes"] + [
-    f"{n}_r{r}" for r in range(1, 10) for n in ("audio", "audio_no_journal", "audio_out")]
+    f"{n}_r{r}" for r in range(1, 10)
+    for n in ("audio", "audio_unix", "audio_no_journal", "audio_out")]
 
 
 def raw_of(name):
@@ -29,6 +30,7 @@ def main(out):
             runs[f[:-5]] = json.load(open(os.path.join(out, f)))
     # floor_rN.json is measured before round N's runs, floor_rN_end.json after them: each run is
     # compared with the mean of its round's two (the floor moves with the machine's other load).
+    # floor_rN_ipc.json (over ipc://, Redis over its socket) is shown beside audio_unix alone.
     floors = {f[len("floor_"):-5]: json.load(open(os.path.join(out, f)))
               for f in sorted(os.listdir(out)) if f.startswith("floor_r") and f.endswith(".json")}
     two_hops = {}
@@ -86,7 +88,7 @@ def main(out):
         print("big messages, MB/s (10^6 bytes/s); each run against its own round's floor"
               " (the mean of the floors before and after the round):")
     for rnd, floor in floors.items():
-        print(f"  floor {rnd} ({floor.get('bytes')} bytes): zmq two hops"
+        print(f"  floor {rnd} ({floor.get('bytes')} bytes, {floor.get('transport', 'tcp')}): zmq two hops"
               f" {floor.get('zmq_two_hops_mbps', 0):.0f}, one hop {floor.get('zmq_one_hop_mbps', 0):.0f}; redis SET"
               f" {floor.get('redis_set_mbps', 0):.0f}, GET {floor.get('redis_get_mbps', 0):.0f}")
     shares = {}
@@ -101,6 +103,10 @@ def main(out):
             x = mbps / floor
             shares.setdefault(base, []).append(x)
             vs = f"  {100 * x:.0f}% of the zmq two-hop floor"
+        ipc = floors.get(f"{rnd}_ipc", {}).get("zmq_two_hops_mbps", 0)
+        if base == "audio_unix" and ipc > 0:
+            shares.setdefault("audio_unix vs ipc", []).append(mbps / ipc)
+            vs += f", {100 * mbps / ipc:.0f}% of the ipc one"
         print(f"  {n:<20} {mbps:8.0f} MB/s {way}  ({r['throughput']:.0f} jobs/s){vs}")
     for base, xs in shares.items():
         xs = sorted(xs)

@@ -28,7 +28,8 @@ int main(int argc, char** argv) {
   flags.String("frontend", &o.frontend, "ZeroMQ endpoint for producers (ROUTER, bind)");
   flags.String("backend", &o.backend, "ZeroMQ endpoint for workers (ROUTER, bind)");
   flags.String("redis", &o.redis,
-               "Redis URL of the result store, redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB]");
+               "Redis URL of the result store, redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB] or "
+               "unix:///PATH");
   ferry::runtime::AddRedisAccessFlags(&flags, &o.redis_files);
   flags.String("redis-prefix", &o.redis_prefix, "prefix of every Redis key Ferry writes");
   flags.Int("heartbeat-ms", &o.heartbeat_ms, "interval of heartbeats to workers");

@@ -98,8 +98,8 @@ void BrokerFlags::Register(FlagSet* f) {
   curve_secret = env.curve_secret;
   f->String("frontend", &frontend, "the broker's frontend endpoint ($FERRY_FRONTEND)");
   f->String("redis", &redis,
-            "Redis holding the results, redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB] "
-            "($FERRY_REDIS)");
+            "Redis holding the results, redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB] or "
+            "unix:///PATH ($FERRY_REDIS)");
   runtime::AddRedisAccessFlags(f, &redis_files);
   f->String("redis-prefix", &redis_prefix, "prefix of Ferry's Redis keys ($FERRY_REDIS_PREFIX)");
   f->Int("request-timeout-ms", &request_timeout_ms, "how long to wait for the broker's answer");

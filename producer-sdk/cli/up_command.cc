@@ -229,8 +229,9 @@ int RunUp(std::vector<char*>& args) {
   flags.String("gpus", &gpus, "GPU ids to use, e.g. 0,2 (default: all visible; none = CPU)");
   flags.Int("max-batch", &max_batch, "--max-batch of every worker");
   flags.String("redis", &o.redis_url,
-               "use this Redis (redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB]) instead of "
-               "starting one; a password goes to the children in a file, never in argv");
+               "use this Redis (redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB] or unix:///PATH) "
+               "instead of starting one; a password goes to the children in a file, never in "
+               "argv");
   runtime::AddRedisAccessFlags(&flags, &o.redis_files);
   flags.String("redis-server", &o.redis_server_bin, "the redis-server binary to start");
   flags.String("redis-prefix", &o.redis_prefix, "prefix of Ferry's Redis keys");

@@ -25,15 +25,21 @@ class ReplyError(Exception):
 class Endpoint:
     """Where and how to connect: from the URL and the client's redis_* options."""
 
-    __slots__ = ("url", "host", "port", "db", "username", "password", "ssl")
+    __slots__ = ("url", "host", "port", "path", "db", "username", "password", "ssl")
+
+    @property
+    def address(self):
+        """host:port, or unix:PATH: where it connects, for messages."""
+        return "unix:" + self.path if self.path else "%s:%d" % (self.host, self.port)
 
     def __repr__(self):  # never the password
-        return "Endpoint(%s:%d db=%d tls=%s user=%r)" % (self.host, self.port, self.db,
-                                                           self.ssl is not None, self.username)
+        return "Endpoint(%s db=%d tls=%s user=%r)" % (self.address, self.db,
+                                                      self.ssl is not None, self.username)
 
 
 def parse_redis_url(url, password_file=None, tls_ca=None, tls_cert=None, tls_key=None):
-    """redis://[user[:password]@]host:port[/db] or rediss://... (TLS) -> Endpoint.
+    """redis://[user[:password]@]host:port[/db], rediss://... (TLS) or
+    unix://[user[:password]@]/path[?db=N] (a Unix-domain socket on this host) -> Endpoint.
 
     password_file: a file holding the password (one line; trailing newline ignored), instead
     of one in the URL (not both, as the C++ SDK). TLS (rediss://): the server certificate is
@@ -45,20 +51,36 @@ def parse_redis_url(url, password_file=None, tls_ca=None, tls_cert=None, tls_key
         port = u.port
     except ValueError as e:
         raise InvalidArgument("Redis URL %r: %s" % (_redact(url), e))
-    if u.scheme not in ("redis", "rediss") or not u.hostname:
-        raise InvalidArgument("Redis URL %r: want redis://[user[:password]@]host:port[/db] or "
-                              "rediss://..." % _redact(url))
     e = Endpoint()
     e.url = _redact(url)
-    e.host = u.hostname
-    e.port = port or 6379
-    path = u.path.lstrip("/")
-    if path and not path.isdigit():
-        raise InvalidArgument("Redis URL %r: the database must be a number" % _redact(url))
-    if u.query or u.fragment:
-        raise InvalidArgument("Redis URL %r: query parameters are not supported (use the "
-                              "redis_* options)" % _redact(url))
-    e.db = int(path) if path else 0
+    if u.scheme == "unix":
+        # unix:///path?db=N, as redis-py and the C++ side take it
+        if not u.path.startswith("/") or u.hostname or port or u.fragment:
+            raise InvalidArgument("Redis URL %r: want unix://[user[:password]@]/path[?db=N] "
+                                  "(an absolute socket path)" % _redact(url))
+        if len(u.path.encode()) > 107:
+            raise InvalidArgument("Redis URL %r: the socket path is longer than 107 bytes"
+                                  % _redact(url))
+        db = u.query[3:] if u.query.startswith("db=") else None
+        if u.query and not (db and db.isdigit()):
+            raise InvalidArgument("Redis URL %r: the one query parameter of a unix:// URL is "
+                                  "db=NUMBER" % _redact(url))
+        e.host, e.port, e.path = None, 0, u.path
+        e.db = int(db) if db else 0
+    else:
+        if u.scheme not in ("redis", "rediss") or not u.hostname:
+            raise InvalidArgument("Redis URL %r: want redis://[user[:password]@]host:port[/db], "
+                                  "rediss://... or unix:///path" % _redact(url))
+        e.host = u.hostname
+        e.port = port or 6379
+        e.path = None
+        path = u.path.lstrip("/")
+        if path and not path.isdigit():
+            raise InvalidArgument("Redis URL %r: the database must be a number" % _redact(url))
+        if u.query or u.fragment:
+            raise InvalidArgument("Redis URL %r: query parameters are not supported (use the "
+                                  "redis_* options)" % _redact(url))
+        e.db = int(path) if path else 0
     e.username = urllib.parse.unquote(u.username) if u.username else None
     e.password = urllib.parse.unquote(u.password) if u.password else None
     if password_file:
@@ -184,10 +206,11 @@ class Connection(asyncio.Protocol):
     async def open(cls, endpoint, loop, timeout, on_push=None, on_lost=None, select_db=True):
         conn = cls(loop, on_push, on_lost)
         try:
-            await asyncio.wait_for(
-                loop.create_connection(lambda: conn, endpoint.host, endpoint.port,
-                                       ssl=endpoint.ssl),
-                timeout)
+            connect = (loop.create_unix_connection(lambda: conn, endpoint.path)
+                       if endpoint.path else
+                       loop.create_connection(lambda: conn, endpoint.host, endpoint.port,
+                                              ssl=endpoint.ssl))
+            await asyncio.wait_for(connect, timeout)
             hello = []
             if endpoint.password is not None:
                 hello.append(conn.call("AUTH", endpoint.username, endpoint.password)
@@ -200,12 +223,11 @@ class Connection(asyncio.Protocol):
                         why = str(r)
                         if endpoint.password:  # a server or proxy that echoes its arguments
                             why = why.replace(endpoint.password, "***")
-                        raise Unavailable("Redis at %s:%d refused the connection: %s"
-                                          % (endpoint.host, endpoint.port, why))
+                        raise Unavailable("Redis at %s refused the connection: %s"
+                                          % (endpoint.address, why))
         except (OSError, asyncio.TimeoutError, ssl.SSLError, ConnectionError) as e:
             conn.close()
-            raise Unavailable("Redis at %s:%d: %s" % (endpoint.host, endpoint.port,
-                                                      e or type(e).__name__))
+            raise Unavailable("Redis at %s: %s" % (endpoint.address, e or type(e).__name__))
         except BaseException:
             conn.close()
             raise

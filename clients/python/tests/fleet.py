@@ -157,6 +157,11 @@ class Fleet:
             o["redis_tls_ca"] = os.path.join(self.tls, "ca.crt")
         return o
 
+    @property
+    def redis_socket(self):
+        """Redis's Unix-domain socket (unix:// + this is its URL)."""
+        return os.path.join(self.dir, "redis.sock")
+
     def _redis_args(self):
         """The broker's and workers' Redis flags (secrets in files)."""
         argv = ["--redis", self.redis_url]
@@ -177,7 +182,7 @@ class Fleet:
 
     def start_redis(self):
         conf = ["bind 127.0.0.1", 'save ""', "appendonly no", "dir " + self.dir,
-                "daemonize no"]
+                "daemonize no", "unixsocket " + self.redis_socket, "unixsocketperm 700"]
         if self.redis_tls:
             t = self.tls
             conf += ["port 0", "tls-port %d" % self.redis_port,

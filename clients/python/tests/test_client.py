@@ -177,6 +177,28 @@ def test_stored_inputs_go_through_redis(fleet, client):
     assert_tiny(client.run("tiny", small, timeout=30), small)
 
 
+def test_redis_over_its_unix_socket(fleet):
+    """unix:///path: the client reaches Redis over its Unix-domain socket (for producers on
+    Redis's host); results, notices and stored inputs all go through it."""
+    url = "unix://" + fleet.redis_socket
+    x = np.random.default_rng(5).standard_normal(20000).astype(np.float32)  # stored: 80 KB
+    small = np.arange(8, dtype=np.float32)
+    with ferry.Client(fleet.frontend, url, **fleet.client_options()) as c:
+        np.testing.assert_array_equal(c.run("null", x, timeout=30).outputs[0], x)
+        assert_tiny(c.run("tiny", small, timeout=30), small)
+        i = c.submit("null", x)
+        np.testing.assert_array_equal(c.wait(i, timeout=30).outputs[0], x)
+        on_socket = [cl for cl in fleet.redis().client_list()
+                     if cl["addr"].startswith(fleet.redis_socket)]
+        assert on_socket, fleet.redis().client_list()
+    assert fleet.redis().keys("ferry:input:*") == []
+    # Nobody on the socket: a stored input cannot be written, and the error says where.
+    with ferry.Client(fleet.frontend, "unix://" + fleet.dir + "/none.sock",
+                      **fleet.client_options()) as c:
+        with pytest.raises(ferry.Unavailable, match="unix:" + fleet.dir + "/none.sock"):
+            c.run("null", x, timeout=5)
+
+
 def spy_submits(engine):
     """Records each SUBMIT the engine sends: (its body, its data frames as sent)."""
     import msgpack

@@ -125,6 +125,18 @@ def test_options_and_urls(tmp_path, monkeypatch):
         _resp.parse_redis_url("redis://:x@h:1", password_file=str(pw))
     with pytest.raises(ferry.InvalidArgument):
         _resp.parse_redis_url("redis://h:1?db=2")
+    # unix:///path[?db=N]: Redis's Unix-domain socket (as redis-py and the C++ side take it)
+    e = _resp.parse_redis_url("unix://user:s3cret@/run/redis/redis.sock?db=2")
+    assert (e.path, e.db, e.username, e.password, e.ssl) == \
+        ("/run/redis/redis.sock", 2, "user", "s3cret", None)
+    assert e.address == "unix:/run/redis/redis.sock" and "s3cret" not in repr(e)
+    assert _resp.parse_redis_url("unix:///tmp/r.sock").db == 0
+    for bad in ("unix://tmp/r.sock", "unix:///r.sock?database=1", "unix:///r.sock?db=x",
+                "unix:///" + "x" * 120):
+        with pytest.raises(ferry.InvalidArgument):
+            _resp.parse_redis_url(bad)
+    with pytest.raises(ferry.InvalidArgument):  # no TLS over a local socket
+        _resp.parse_redis_url("unix:///tmp/r.sock", tls_ca="/x")
     (tmp_path / "two").write_text("a\nb\n")
     with pytest.raises(ferry.InvalidArgument):
         _resp.parse_redis_url("redis://h:1", password_file=str(tmp_path / "two"))

@@ -77,7 +77,8 @@ struct ClientOptions {
   // calls fail with `unavailable` and a message that says so.
   std::string curve_server_public;
   std::string curve_secret;
-  // Where results are read: redis://[USER[:PASSWORD]@]HOST:PORT[/DB], or rediss://... for TLS
+  // Where results are read: redis://[USER[:PASSWORD]@]HOST:PORT[/DB], rediss://... for TLS, or
+  // unix://[USER[:PASSWORD]@]/PATH[?db=N] for Redis's Unix-domain socket on this host
   // (docs/security.md). With a password every connection starts with AUTH (an ACL user: the
   // deploy/redis/users.acl "ferry-producer"). A Redis that refuses the credentials, the TLS
   // certificate or the database makes the calls that read Redis fail with `unavailable`, and a
