@@ -399,9 +399,10 @@ fi
 # (--stored-input-bytes 0): the two hops of the floor, producer -> broker -> worker, with Redis
 # out of the input path (the durable claim check moved as many bytes: docs/performance.md).
 # audio_unix: durable as `audio`, the broker, the worker and the producer reaching Redis over its
-# Unix-domain socket (unix://, for members on Redis's host); its round also measures the floor
-# over ipc:// (floor_rN_ipc.json, with Redis's SET and GET over the socket), the like-for-like
-# local floor, beside the TCP one the targets name.
+# Unix-domain socket (unix://, for members on Redis's host); its rounds also measure the floor
+# over ipc:// before and after (floor_rN_ipc[_end].json, with Redis's SET and GET over the
+# socket), the like-for-like local floor, beside the TCP one the targets name. The three run
+# under `--only audio`.
 AUDIO_WORKER=(--device "$DEVICE" --max-batch 8 --instances 1 --threads 1)
 # audio_bench NAME FERRY_BENCH_FLAGS...: against the fleet start_fleet just started. Inputs: 32
 # in flight over 4 producer threads; outputs: 16 over 2 (each thread reads its results one at a
@@ -451,6 +452,11 @@ if want audio || want audio_out; then
       echo "== floor, end of round $r"
       "$FLOOR" --bytes 960000 --messages "$(( AUDIO_JOBS > 300 ? AUDIO_JOBS : 300 ))" --redis "$REDIS" \
         --json "$OUT/floor_r${r}_end.json" || FAILED+=("floor_r${r}_end")
+      if want audio; then
+        "$FLOOR" --bytes 960000 --messages "$(( AUDIO_JOBS > 300 ? AUDIO_JOBS : 300 ))" \
+          --transport ipc --redis "$REDIS_UNIX" --json "$OUT/floor_r${r}_ipc_end.json" ||
+          FAILED+=("floor_r${r}_ipc_end")
+      fi
     fi
   done
 fi

@@ -33,7 +33,7 @@ def main(out):
     # floor_rN_ipc.json (over ipc://, Redis over its socket) is shown beside audio_unix alone.
     floors = {f[len("floor_"):-5]: json.load(open(os.path.join(out, f)))
               for f in sorted(os.listdir(out)) if f.startswith("floor_r") and f.endswith(".json")}
-    two_hops = {}
+    two_hops = {}  # "r1": the TCP floors of round 1; "r1_ipc": its ipc ones
     for rnd, floor in floors.items():
         if floor.get("zmq_two_hops_mbps", 0) > 0:  # a failed floor run counts for nothing
             two_hops.setdefault(rnd.removesuffix("_end"), []).append(floor["zmq_two_hops_mbps"])
@@ -103,9 +103,10 @@ def main(out):
             x = mbps / floor
             shares.setdefault(base, []).append(x)
             vs = f"  {100 * x:.0f}% of the zmq two-hop floor"
-        ipc = floors.get(f"{rnd}_ipc", {}).get("zmq_two_hops_mbps", 0)
-        if base == "audio_unix" and ipc > 0:
-            shares.setdefault("audio_unix vs ipc", []).append(mbps / ipc)
+        ipc = two_hops.get(f"{rnd}_ipc", [])
+        if base == "audio_unix" and ipc:
+            ipc = sum(ipc) / len(ipc)
+            shares.setdefault("audio_unix (of the ipc floor)", []).append(mbps / ipc)
             vs += f", {100 * mbps / ipc:.0f}% of the ipc one"
         print(f"  {n:<20} {mbps:8.0f} MB/s {way}  ({r['throughput']:.0f} jobs/s){vs}")
     for base, xs in shares.items():

@@ -23,10 +23,19 @@ size_t AfterScheme(std::string_view url) {
   return sep == std::string_view::npos ? 0 : sep + 3;
 }
 
+// Where the user part may end: the whole URL, but for unix:// the first '/' after the scheme
+// (its path starts there; a '/' in the password is written %2F, as Python's urlsplit wants).
+size_t UserPartLimit(std::string_view url) {
+  if (url.substr(0, kUnix.size()) != kUnix) return url.size();
+  const size_t slash = url.find('/', kUnix.size());
+  return slash == std::string_view::npos ? url.size() : slash;
+}
+
 // [begin, end) of the password in `url` (begin == end: none).
 std::pair<size_t, size_t> PasswordSpan(std::string_view url) {
   const size_t start = AfterScheme(url);
-  const size_t at = url.rfind('@');
+  const size_t limit = UserPartLimit(url);
+  const size_t at = limit == 0 ? std::string_view::npos : url.rfind('@', limit - 1);
   if (at == std::string_view::npos || at < start) return {0, 0};
   const size_t colon = url.find(':', start);
   if (colon == std::string_view::npos || colon > at) return {0, 0};
@@ -149,9 +158,13 @@ Status ParseRedisUrl(std::string_view url, RedisEndpoint* out) {
     return bad("unknown scheme (redis://, rediss:// or unix://)");
   }
   // USER:PASSWORD@ up to the last '@': a password may hold '@' and '/' (better percent-encoded).
-  const size_t at = rest.rfind('@');
-  // unix:///PATH has no user part, whatever its path holds.
-  if (at != std::string_view::npos && !(unix_socket && !rest.empty() && rest[0] == '/')) {
+  // For unix:// the path starts at the first '/', so the user part ends before it ('/' in its
+  // password: %2F).
+  const size_t path = unix_socket ? rest.find('/') : std::string_view::npos;
+  const size_t at = path == 0                         ? std::string_view::npos
+                    : path == std::string_view::npos ? rest.rfind('@')
+                                                      : rest.rfind('@', path - 1);
+  if (at != std::string_view::npos) {
     const std::string_view userinfo = rest.substr(0, at);
     rest.remove_prefix(at + 1);
     const size_t colon = userinfo.find(':');

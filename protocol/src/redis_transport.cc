@@ -226,8 +226,9 @@ Status ConnectTcp(const RedisEndpoint& ep, int timeout_ms, int* out) {
   return Status::Unavailable(Where(ep) + ": " + why);
 }
 
-// A Unix-domain socket connects at once or fails (ECONNREFUSED: nobody listens; EAGAIN: the
-// listener's backlog is full, which is Redis too busy to accept: unavailable, retried).
+// A Unix-domain socket connects at once or fails (ECONNREFUSED: nobody listens). When the
+// listener's backlog is full (a stopped or stuck Redis) connect waits, bounded by the send
+// timeout set before it, then fails with EAGAIN: unavailable, retried.
 Status ConnectUnix(const RedisEndpoint& ep, int timeout_ms, int* out) {
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
@@ -236,11 +237,12 @@ Status ConnectUnix(const RedisEndpoint& ep, int timeout_ms, int* out) {
   std::memcpy(addr.sun_path, ep.unix_path.data(), ep.unix_path.size());
   const int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return Status::Unavailable(Where(ep) + ": " + std::strerror(errno));
-  if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      !MakeBlocking(fd, timeout_ms)) {
+  if (!MakeBlocking(fd, timeout_ms) ||
+      connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
     const int err = errno;
     close(fd);
-    return Status::Unavailable(Where(ep) + ": " + std::strerror(err));
+    return Status::Unavailable(Where(ep) + ": " +
+                               (err == EAGAIN ? "connect timed out" : std::strerror(err)));
   }
   *out = fd;
   return Status::Ok();
@@ -547,7 +549,9 @@ Status RedisConnection::Open(const RedisEndpoint& ep, int timeout_ms, bool keepa
   auto closed = [&](const Status& failure) {
     turned_away = failure.message().find("timed out") == std::string::npos;
     std::string hint;
-    if (!ep.tls)
+    if (!ep.unix_path.empty())
+      hint = "";  // no TLS over a local socket
+    else if (!ep.tls)
       hint = " (is it a TLS port? use rediss://)";
     else if (ep.tls_cert.empty())
       hint = " (does Redis want a client certificate? --redis-tls-cert, --redis-tls-key)";

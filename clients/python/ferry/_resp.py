@@ -49,20 +49,23 @@ def parse_redis_url(url, password_file=None, tls_ca=None, tls_cert=None, tls_key
     try:
         u = urllib.parse.urlsplit(url)
         port = u.port
-    except ValueError as e:
-        raise InvalidArgument("Redis URL %r: %s" % (_redact(url), e))
+    except ValueError:  # its text may quote a piece of the password
+        raise InvalidArgument("Redis URL %r: bad host, port or user part (percent-encode '/', "
+                              "'?' and '#' in a password)" % _redact(url))
     e = Endpoint()
     e.url = _redact(url)
     if u.scheme == "unix":
         # unix:///path?db=N, as redis-py and the C++ side take it
-        if not u.path.startswith("/") or u.hostname or port or u.fragment:
+        if (not url.startswith("unix://") or not u.path.startswith("/") or u.hostname or port
+                or u.fragment):
             raise InvalidArgument("Redis URL %r: want unix://[user[:password]@]/path[?db=N] "
                                   "(an absolute socket path)" % _redact(url))
         if len(u.path.encode()) > 107:
             raise InvalidArgument("Redis URL %r: the socket path is longer than 107 bytes"
                                   % _redact(url))
         db = u.query[3:] if u.query.startswith("db=") else None
-        if u.query and not (db and db.isdigit()):
+        if ("?" in url and not (db and db.isascii() and db.isdigit()
+                                and int(db) <= 1 << 30)):
             raise InvalidArgument("Redis URL %r: the one query parameter of a unix:// URL is "
                                   "db=NUMBER" % _redact(url))
         e.host, e.port, e.path = None, 0, u.path
@@ -121,14 +124,22 @@ def parse_redis_url(url, password_file=None, tls_ca=None, tls_cert=None, tls_key
 
 
 def _redact(url):
-    try:
-        u = urllib.parse.urlsplit(url)
-        if u.password is not None:
-            netloc = u.netloc.replace(":" + u.password + "@", ":***@")
-            return urllib.parse.urlunsplit(u._replace(netloc=netloc))
-    except ValueError:
-        pass
-    return url
+    """The URL with its password replaced by ***, by the C++ side's rule (RedactRedisUrl): the
+    password runs from the first ':' after the scheme to the last '@' (for unix://, the last
+    before the path's first '/'). Works on URLs that do not parse too."""
+    start = url.find("://")
+    start = 0 if start < 0 else start + 3
+    limit = len(url)
+    if url.startswith("unix://"):
+        slash = url.find("/", start)
+        limit = slash if slash >= 0 else limit
+    at = url.rfind("@", 0, limit)
+    if at < start:
+        return url
+    colon = url.find(":", start)
+    if colon < 0 or colon > at:
+        return url
+    return url[:colon + 1] + "***" + url[at:]
 
 
 def _encode(args):

@@ -121,6 +121,11 @@ def test_options_and_urls(tmp_path, monkeypatch):
     e = _resp.parse_redis_url("rediss://host:7000", password_file=str(pw))
     assert e.password == "s3cret" and e.ssl is not None and e.port == 7000
     assert "p@ss" not in repr(_resp.parse_redis_url("redis://:p%40ss@h:1"))
+    with pytest.raises(ferry.InvalidArgument) as bad:  # a '/' in the password: not parsed,
+        _resp.parse_redis_url("redis://u:se/cret@h:1")  # and not shown
+    assert "cret" not in str(bad.value), bad.value
+    assert _resp._redact("unix:///tmp/x:y@z.sock") == "unix:///tmp/x:y@z.sock"
+    assert _resp._redact("rediss://u:p@ss@h:1") == "rediss://u:***@h:1"
     with pytest.raises(ferry.InvalidArgument):  # the password twice
         _resp.parse_redis_url("redis://:x@h:1", password_file=str(pw))
     with pytest.raises(ferry.InvalidArgument):
@@ -131,7 +136,10 @@ def test_options_and_urls(tmp_path, monkeypatch):
         ("/run/redis/redis.sock", 2, "user", "s3cret", None)
     assert e.address == "unix:/run/redis/redis.sock" and "s3cret" not in repr(e)
     assert _resp.parse_redis_url("unix:///tmp/r.sock").db == 0
+    e = _resp.parse_redis_url("unix://u:p%2Fw@/tmp/a@b.sock")  # as the C++ side splits it
+    assert (e.path, e.password) == ("/tmp/a@b.sock", "p/w")
     for bad in ("unix://tmp/r.sock", "unix:///r.sock?database=1", "unix:///r.sock?db=x",
+                "unix:///r.sock?", "unix:///r.sock?db=\u00b2", "unix:/tmp/r.sock",
                 "unix:///" + "x" * 120):
         with pytest.raises(ferry.InvalidArgument):
             _resp.parse_redis_url(bad)

@@ -113,6 +113,9 @@ TEST(RedisUrlTest, UnixSocket) {
   ep = Parse("unix:///tmp/a@b.sock");  // no user part: an '@' in the path is the path's
   EXPECT_EQ(ep.unix_path, "/tmp/a@b.sock");
   EXPECT_TRUE(ep.user.empty());
+  ep = Parse("unix://u:p%2Fw@/tmp/a@b.sock");  // the user part ends before the path's '/'
+  EXPECT_EQ(ep.unix_path, "/tmp/a@b.sock");
+  EXPECT_EQ(ep.password, "p/w");
 
   EXPECT_TRUE(Contains(Bad("unix://u:s3cret@tmp/r.sock").message(), "absolute socket path"));
   EXPECT_TRUE(Contains(Bad("unix://").message(), "absolute socket path"));
@@ -123,6 +126,10 @@ TEST(RedisUrlTest, UnixSocket) {
   EXPECT_EQ(StripRedisPassword("unix://:s3cret@/tmp/r.sock", &password), "unix:///tmp/r.sock");
   EXPECT_EQ(password, "s3cret");
   EXPECT_EQ(RedactRedisUrl("unix://u:s3cret@/tmp/r.sock"), "unix://u:***@/tmp/r.sock");
+  // A path with ':' and '@' in it holds no password.
+  EXPECT_EQ(RedactRedisUrl("unix:///tmp/x:y@z.sock"), "unix:///tmp/x:y@z.sock");
+  EXPECT_EQ(StripRedisPassword("unix:///tmp/x:y@z.sock", &password), "unix:///tmp/x:y@z.sock");
+  EXPECT_EQ(password, "");
 }
 
 TEST(RedisUrlTest, BadFormsSayWhatIsWrongWithoutThePassword) {
