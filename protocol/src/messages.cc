@@ -7,13 +7,11 @@
 namespace ferry::protocol {
 namespace {
 
-void PackKey(Packer& pk, std::string_view k) { PackString(pk, k); }
-
 // Adds "rid" to a map when non-zero; returns the number of extra entries.
 uint32_t RidEntries(int64_t rid) { return rid != 0 ? 1 : 0; }
 void PackRid(Packer& pk, int64_t rid) {
   if (rid == 0) return;
-  PackKey(pk, "rid");
+  PackString(pk, "rid");
   pk.pack_int64(rid);
 }
 
@@ -68,11 +66,11 @@ void PackSubmitJob(Packer& pk, std::string_view id, std::string_view model,
                    const std::vector<bool>& attached) {
   uint32_t n = 3 + (priority != 0) + (timeout_ms != 0) + (result_ttl_s != 0);
   pk.pack_map(n);
-  PackKey(pk, "id");
+  PackString(pk, "id");
   PackString(pk, id);
-  PackKey(pk, "model");
+  PackString(pk, "model");
   PackString(pk, model);
-  PackKey(pk, "inputs");
+  PackString(pk, "inputs");
   pk.pack_array(static_cast<uint32_t>(inputs.size()));
   for (size_t i = 0; i < inputs.size(); ++i) {
     if (i < stored.size() && stored[i])
@@ -83,15 +81,15 @@ void PackSubmitJob(Packer& pk, std::string_view id, std::string_view model,
       PackTensor(pk, inputs[i]);
   }
   if (priority != 0) {
-    PackKey(pk, "priority");
+    PackString(pk, "priority");
     pk.pack_int64(priority);
   }
   if (timeout_ms != 0) {
-    PackKey(pk, "timeout_ms");
+    PackString(pk, "timeout_ms");
     pk.pack_int64(timeout_ms);
   }
   if (result_ttl_s != 0) {
-    PackKey(pk, "result_ttl_s");
+    PackString(pk, "result_ttl_s");
     pk.pack_int64(result_ttl_s);
   }
 }
@@ -100,18 +98,18 @@ zmq::message_t EncodeAccepted(const Accepted& a) {
   msgpack::sbuffer buf;
   Packer pk(buf);
   pk.pack_map(2 + RidEntries(a.rid));
-  PackKey(pk, "ids");
+  PackString(pk, "ids");
   pk.pack_array(static_cast<uint32_t>(a.ids.size()));
   for (const auto& id : a.ids) PackString(pk, id);
-  PackKey(pk, "rejected");
+  PackString(pk, "rejected");
   pk.pack_array(static_cast<uint32_t>(a.rejected.size()));
   for (const auto& r : a.rejected) {
     pk.pack_map(3);
-    PackKey(pk, "id");
+    PackString(pk, "id");
     PackString(pk, r.id);
-    PackKey(pk, "code");
+    PackString(pk, "code");
     PackString(pk, r.code);
-    PackKey(pk, "message");
+    PackString(pk, "message");
     PackString(pk, r.message);
   }
   PackRid(pk, a.rid);
@@ -140,9 +138,9 @@ zmq::message_t EncodeError(int64_t rid, std::string_view code, std::string_view 
   msgpack::sbuffer buf;
   Packer pk(buf);
   pk.pack_map(2 + RidEntries(rid));
-  PackKey(pk, "code");
+  PackString(pk, "code");
   PackString(pk, code);
-  PackKey(pk, "message");
+  PackString(pk, "message");
   PackString(pk, message);
   PackRid(pk, rid);
   return ToMessage(std::move(buf));
@@ -160,7 +158,7 @@ zmq::message_t EncodeIds(const std::vector<std::string>& ids, int64_t rid) {
   msgpack::sbuffer buf;
   Packer pk(buf);
   pk.pack_map(1 + RidEntries(rid));
-  PackKey(pk, "ids");
+  PackString(pk, "ids");
   pk.pack_array(static_cast<uint32_t>(ids.size()));
   for (const auto& id : ids) PackString(pk, id);
   PackRid(pk, rid);
@@ -169,7 +167,7 @@ zmq::message_t EncodeIds(const std::vector<std::string>& ids, int64_t rid) {
 
 namespace {
 void PackInlineResults(Packer& pk, const InlineResults& results) {
-  PackKey(pk, "results");
+  PackString(pk, "results");
   pk.pack_map(static_cast<uint32_t>(results.size()));
   for (const auto& [id, record] : results) {
     PackString(pk, id);
@@ -186,15 +184,15 @@ zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicate
   Packer pk(buf);
   pk.pack_map(1 + (duplicates > 0 ? 1 : 0) + (not_done.empty() ? 0 : 1) +
               (results.empty() ? 0 : 1) + (notified.empty() ? 0 : 1) + (bye ? 1 : 0));
-  PackKey(pk, "ids");
+  PackString(pk, "ids");
   pk.pack_array(static_cast<uint32_t>(ids.size()));
   for (const auto& id : ids) PackString(pk, id);
   if (duplicates > 0) {
-    PackKey(pk, "duplicates");
+    PackString(pk, "duplicates");
     pk.pack_int64(duplicates);
   }
   if (!not_done.empty()) {
-    PackKey(pk, "not_done");
+    PackString(pk, "not_done");
     pk.pack_map(static_cast<uint32_t>(not_done.size()));
     for (const auto& [id, status] : not_done) {
       PackString(pk, id);
@@ -203,12 +201,12 @@ zmq::message_t EncodeDone(const std::vector<std::string>& ids, int64_t duplicate
   }
   if (!results.empty()) PackInlineResults(pk, results);
   if (!notified.empty()) {
-    PackKey(pk, "notified");
+    PackString(pk, "notified");
     pk.pack_array(static_cast<uint32_t>(notified.size()));
     for (const auto& id : notified) PackString(pk, id);
   }
   if (bye) {
-    PackKey(pk, "bye");
+    PackString(pk, "bye");
     pk.pack_true();
   }
   return ToMessage(std::move(buf));
@@ -224,7 +222,7 @@ zmq::message_t EncodeFinished(const std::vector<std::string>& ids, const InlineR
   msgpack::sbuffer buf;
   Packer pk(buf);
   pk.pack_map(results.empty() ? 1 : 2);
-  PackKey(pk, "ids");
+  PackString(pk, "ids");
   pk.pack_array(static_cast<uint32_t>(ids.size()));
   for (const auto& id : ids) PackString(pk, id);
   if (!results.empty()) PackInlineResults(pk, results);
@@ -270,7 +268,7 @@ zmq::message_t EncodeCancelled(const Cancelled& c) {
        {std::pair<const char*, const std::vector<std::string>*>{"ids", &c.ids},
         {"running", &c.running},
         {"not_found", &c.not_found}}) {
-    PackKey(pk, key);
+    PackString(pk, key);
     pk.pack_array(static_cast<uint32_t>(list->size()));
     for (const auto& id : *list) PackString(pk, id);
   }
@@ -300,12 +298,12 @@ void PackInputSpecs(Packer& pk, const std::vector<InputSpec>& specs) {
   for (const auto& spec : specs) {
     pk.pack_map(spec.name.empty() ? 2 : 3);
     if (!spec.name.empty()) {
-      PackKey(pk, "name");
+      PackString(pk, "name");
       PackString(pk, spec.name);
     }
-    PackKey(pk, "dtype");
+    PackString(pk, "dtype");
     PackString(pk, DTypeName(spec.dtype));
-    PackKey(pk, "shape");
+    PackString(pk, "shape");
     pk.pack_array(static_cast<uint32_t>(spec.shape.size()));
     for (int64_t d : spec.shape) pk.pack_int64(d);
   }
@@ -351,31 +349,31 @@ zmq::message_t EncodeHello(const WorkerHello& h) {
   msgpack::sbuffer buf;
   Packer pk(buf);
   pk.pack_map(h.resident ? 7 : 6);
-  PackKey(pk, "worker");
+  PackString(pk, "worker");
   PackString(pk, h.worker);
-  PackKey(pk, "device");
+  PackString(pk, "device");
   PackString(pk, h.device);
-  PackKey(pk, "host");
+  PackString(pk, "host");
   PackString(pk, h.host);
-  PackKey(pk, "pid");
+  PackString(pk, "pid");
   pk.pack_int64(h.pid);
-  PackKey(pk, "capacity");
+  PackString(pk, "capacity");
   pk.pack_int64(h.capacity);
-  PackKey(pk, "models");
+  PackString(pk, "models");
   pk.pack_array(static_cast<uint32_t>(h.models.size()));
   for (const auto& m : h.models) {
     pk.pack_map(m.inputs ? 3 : 2);
-    PackKey(pk, "name");
+    PackString(pk, "name");
     PackString(pk, m.name);
-    PackKey(pk, "max_batch");
+    PackString(pk, "max_batch");
     pk.pack_int64(m.max_batch);
     if (m.inputs) {
-      PackKey(pk, "inputs");
+      PackString(pk, "inputs");
       PackInputSpecs(pk, *m.inputs);
     }
   }
   if (h.resident) {
-    PackKey(pk, "resident");
+    PackString(pk, "resident");
     pk.pack_array(static_cast<uint32_t>(h.resident->size()));
     for (const auto& name : *h.resident) PackString(pk, name);
   }
@@ -435,27 +433,27 @@ void PackChunkEntry(Packer& pk, std::string_view id, std::string_view model,
                     int64_t result_ttl_s, int64_t submitted_us, int64_t dispatched_us,
                     int64_t deadline_us, std::string_view notify) {
   pk.pack_map(notify.empty() ? 9 : 10);
-  PackKey(pk, "id");
+  PackString(pk, "id");
   PackString(pk, id);
-  PackKey(pk, "model");
+  PackString(pk, "model");
   PackString(pk, model);
-  PackKey(pk, "inputs");
+  PackString(pk, "inputs");
   // Already msgpack: splice the bytes in as they are.
   pk.pack_bin_body(inputs_raw.data(), static_cast<uint32_t>(inputs_raw.size()));
-  PackKey(pk, "attempt");
+  PackString(pk, "attempt");
   pk.pack_int64(attempt);
-  PackKey(pk, "priority");
+  PackString(pk, "priority");
   pk.pack_int64(priority);
-  PackKey(pk, "result_ttl_s");
+  PackString(pk, "result_ttl_s");
   pk.pack_int64(result_ttl_s);
-  PackKey(pk, "submitted");
+  PackString(pk, "submitted");
   pk.pack_int64(submitted_us);
-  PackKey(pk, "dispatched");
+  PackString(pk, "dispatched");
   pk.pack_int64(dispatched_us);
-  PackKey(pk, "deadline");
+  PackString(pk, "deadline");
   pk.pack_int64(deadline_us);
   if (!notify.empty()) {
-    PackKey(pk, "notify");
+    PackString(pk, "notify");
     PackString(pk, notify);
   }
 }

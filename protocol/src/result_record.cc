@@ -10,38 +10,36 @@ namespace {
 // Outputs at least this big take over the record's buffer when DecodeResult owns it.
 constexpr size_t kAdoptOutputBytes = 64 * 1024;
 
-void PackKey(Packer& pk, std::string_view k) { PackString(pk, k); }
-
 }  // namespace
 
 void PackResult(Packer& pk, const ResultRecord& r) {
   bool done = r.status == "done";
   pk.pack_map(8);
-  PackKey(pk, "id");
+  PackString(pk, "id");
   PackString(pk, r.id);
-  PackKey(pk, "status");
+  PackString(pk, "status");
   PackString(pk, r.status);
   if (done) {
-    PackKey(pk, "outputs");
+    PackString(pk, "outputs");
     pk.pack_array(static_cast<uint32_t>(r.outputs.size()));
     for (const auto& t : r.outputs) PackTensor(pk, t);
   } else {
-    PackKey(pk, "error");
+    PackString(pk, "error");
     pk.pack_map(2);
-    PackKey(pk, "code");
+    PackString(pk, "code");
     PackString(pk, r.error_code);
-    PackKey(pk, "message");
+    PackString(pk, "message");
     PackString(pk, r.error_message);
   }
-  PackKey(pk, "model");
+  PackString(pk, "model");
   PackString(pk, r.model);
-  PackKey(pk, "worker");
+  PackString(pk, "worker");
   PackString(pk, r.worker);
-  PackKey(pk, "batch_size");
+  PackString(pk, "batch_size");
   pk.pack_int64(r.batch_size);
-  PackKey(pk, "attempt");
+  PackString(pk, "attempt");
   pk.pack_int64(r.attempt);
-  PackKey(pk, "timing");
+  PackString(pk, "timing");
   PackIntMap(pk, r.timing_us);
 }
 
