@@ -259,11 +259,19 @@ Status LocalFleet::Start(const LocalFleetOptions& options, std::unique_ptr<Local
   FERRY_RETURN_IF_ERROR(f->SetUpRedisAccess());
   if (f->redis_url_.empty()) {
     int port = PickFreePort();
-    FERRY_RETURN_IF_ERROR(
-        f->Spawn("redis",
-                 {options.redis_server_bin, "--port", std::to_string(port), "--bind", "127.0.0.1",
-                  "--dir", options.log_dir, "--save", "", "--appendonly", "no"},
-                 "", &f->redis_));
+    std::vector<std::string> argv = {options.redis_server_bin, "--port", std::to_string(port),
+                                     "--bind", "127.0.0.1", "--dir", options.log_dir, "--save",
+                                     "", "--appendonly", "no"};
+    // Our own children share Redis's host: they reach it over its Unix-domain socket, which
+    // moves big values faster than loopback TCP (docs/performance.md, audio_unix). Producers
+    // get the TCP URL, which works from anywhere on this host. A path too long for sun_path
+    // (107 bytes) keeps everyone on TCP.
+    const std::string socket = std::filesystem::absolute(options.log_dir).string() + "/redis.sock";
+    if (socket.size() <= 107) {
+      argv.insert(argv.end(), {"--unixsocket", socket, "--unixsocketperm", "700"});
+      f->members_redis_url_ = "unix://" + socket;
+    }
+    FERRY_RETURN_IF_ERROR(f->Spawn("redis", argv, "", &f->redis_));
     auto deadline = Clock::now() + std::chrono::seconds(10);
     while (!RedisAnswersPing(port)) {
       if (Reap(f->redis_.get()) || Clock::now() > deadline)
@@ -272,6 +280,7 @@ Status LocalFleet::Start(const LocalFleetOptions& options, std::unique_ptr<Local
     }
     f->redis_url_ = "redis://127.0.0.1:" + std::to_string(port);
   }
+  if (f->members_redis_url_.empty()) f->members_redis_url_ = f->redis_url_;
 
   std::vector<std::string> broker = {options.broker_bin,
                                      "--frontend",
@@ -279,7 +288,7 @@ Status LocalFleet::Start(const LocalFleetOptions& options, std::unique_ptr<Local
                                      "--backend",
                                      "tcp://" + host + ":" + std::to_string(f->backend_port_),
                                      "--redis",
-                                     f->redis_url_,
+                                     f->members_redis_url_,
                                      "--redis-prefix",
                                      options.redis_prefix};
   const std::vector<std::string> redis_access = runtime::RedisAccessArgs(f->options_.redis_files);
@@ -299,7 +308,7 @@ Status LocalFleet::Start(const LocalFleetOptions& options, std::unique_ptr<Local
   for (size_t i = 0; i < options.workers.size(); ++i) {
     const WorkerSpec& spec = options.workers[i];
     std::vector<std::string> argv = {options.worker_bin,  "--broker",    f->backend(),
-                                     "--redis",           f->redis_url_, "--redis-prefix",
+                                     "--redis",           f->members_redis_url_, "--redis-prefix",
                                      options.redis_prefix};
     argv.insert(argv.end(), redis_access.begin(), redis_access.end());
     for (const auto& m : options.models) {
@@ -377,7 +386,10 @@ std::string LocalFleet::Describe() const {
     out += "  " + c.name + std::string(c.name.size() < 9 ? 9 - c.name.size() : 1, ' ') + "pid " +
            std::to_string(c.pid) + "  " + what + "  log " + c.log + "\n";
   };
-  if (redis_) line(*redis_, redis_url_);
+  if (redis_)
+    line(*redis_, members_redis_url_ == redis_url_
+                      ? redis_url_
+                      : redis_url_ + ", " + members_redis_url_ + " (broker, workers)");
   if (broker_) line(*broker_, frontend() + " (producers), " + backend() + " (workers)");
   for (size_t i = 0; i < workers_.size(); ++i) line(*workers_[i], options_.workers[i].label);
   return out;

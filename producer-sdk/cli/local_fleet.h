@@ -118,6 +118,9 @@ class LocalFleet {
   LocalFleetOptions options_;
   FleetKeys keys_;
   std::string redis_url_;
+  // What the broker and the workers we start are given: the socket of the redis-server we
+  // started (unix://), else redis_url_.
+  std::string members_redis_url_;
   std::string written_password_file_;  // ours to remove
   int frontend_port_ = 0, backend_port_ = 0;
   std::unique_ptr<Child> redis_, broker_;

@@ -8,6 +8,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
@@ -185,6 +186,8 @@ bool Exited(pid_t pid) {
 // `ferry up` finds ferry-broker/ferry-worker next to itself (the build tree), starts redis, the
 // broker and a CPU worker; a job runs through it; SIGTERM drains everything -- the worker, then
 // the broker, then redis, each on its SIGTERM -- and it exits 0.
+std::string ReadAll(const std::string& path);
+
 TEST(FerryUp, StartsRunsAJobAndDrainsOnSigterm) {
   if (WorkerBin().empty()) GTEST_SKIP() << "built without ferry-worker (no libtorch)";
   TempDir dir;
@@ -209,6 +212,14 @@ TEST(FerryUp, StartsRunsAJobAndDrainsOnSigterm) {
   ASSERT_EQ(children.size(), 3u) << up.Log();
   const std::vector<std::string> stop_order = {"ferry-worker", "ferry-broker", "redis-server"};
   for (const auto& name : stop_order) ASSERT_EQ(children.count(name), 1u) << name << up.Log();
+  // The broker and the worker reach the Redis up started over its socket; producers get TCP.
+  for (const char* member : {"ferry-broker", "ferry-worker"}) {
+    std::string cmdline = ReadAll("/proc/" + std::to_string(children.at(member)) + "/cmdline");
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    EXPECT_NE(cmdline.find("--redis unix://" + dir.path() + "/logs/redis.sock"), std::string::npos)
+        << member << ": " << cmdline;
+  }
+  EXPECT_EQ(env["FERRY_REDIS"].rfind("redis://127.0.0.1:", 0), 0u) << env["FERRY_REDIS"];
 
   // A job through the fleet, with the CLI.
   std::ofstream(dir.path() + "/x.f32", std::ios::binary)
