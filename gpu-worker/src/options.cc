@@ -55,7 +55,8 @@ Status ParseWorkerFlags(int argc, char** argv, WorkerOptions* out, bool* help, s
   flags.String("curve-secret", &o.curve_secret,
                "CURVE: this worker's secret certificate (NAME.key_secret, listed in the broker's "
                "--allow-workers)");
-  flags.String("redis", &o.redis, "Redis for results, redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB] or unix:///PATH");
+  flags.String("redis", &o.redis,
+               "Redis for results, redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB] or unix:///PATH");
   runtime::AddRedisAccessFlags(&flags, &o.redis_files);
   flags.Repeated("model", &models,
                  "a model to serve, NAME=PATH.pt (TorchScript; shorthand for "

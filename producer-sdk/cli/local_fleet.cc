@@ -23,6 +23,7 @@
 
 #include "ferry/client.h"
 #include "ferry/protocol/curve.h"
+#include "ferry/protocol/redis_endpoint.h"
 #include "ferry/runtime/redis_flags.h"
 #include "fleet_view.h"
 
@@ -259,15 +260,24 @@ Status LocalFleet::Start(const LocalFleetOptions& options, std::unique_ptr<Local
   FERRY_RETURN_IF_ERROR(f->SetUpRedisAccess());
   if (f->redis_url_.empty()) {
     int port = PickFreePort();
-    std::vector<std::string> argv = {options.redis_server_bin, "--port", std::to_string(port),
-                                     "--bind", "127.0.0.1", "--dir", options.log_dir, "--save",
-                                     "", "--appendonly", "no"};
+    std::vector<std::string> argv = {options.redis_server_bin,
+                                     "--port",
+                                     std::to_string(port),
+                                     "--bind",
+                                     "127.0.0.1",
+                                     "--dir",
+                                     options.log_dir,
+                                     "--save",
+                                     "",
+                                     "--appendonly",
+                                     "no"};
     // Our own children share Redis's host: they reach it over its Unix-domain socket, which
     // moves big values faster than loopback TCP (docs/performance.md, audio_unix). Producers
-    // get the TCP URL, which works from anywhere on this host. A path too long for sun_path
-    // (107 bytes) keeps everyone on TCP.
+    // get the TCP URL, which works from anywhere on this host. A path the URL parser refuses
+    // (too long for sun_path) keeps everyone on TCP.
     const std::string socket = std::filesystem::absolute(options.log_dir).string() + "/redis.sock";
-    if (socket.size() <= 107) {
+    protocol::RedisEndpoint unix_endpoint;
+    if (protocol::ParseRedisUrl("unix://" + socket, &unix_endpoint).ok()) {
       argv.insert(argv.end(), {"--unixsocket", socket, "--unixsocketperm", "700"});
       f->members_redis_url_ = "unix://" + socket;
     }
@@ -307,9 +317,9 @@ Status LocalFleet::Start(const LocalFleetOptions& options, std::unique_ptr<Local
 
   for (size_t i = 0; i < options.workers.size(); ++i) {
     const WorkerSpec& spec = options.workers[i];
-    std::vector<std::string> argv = {options.worker_bin,  "--broker",    f->backend(),
-                                     "--redis",           f->members_redis_url_, "--redis-prefix",
-                                     options.redis_prefix};
+    std::vector<std::string> argv = {
+        options.worker_bin,    "--broker",       f->backend(),        "--redis",
+        f->members_redis_url_, "--redis-prefix", options.redis_prefix};
     argv.insert(argv.end(), redis_access.begin(), redis_access.end());
     for (const auto& m : options.models) {
       argv.push_back("--model");

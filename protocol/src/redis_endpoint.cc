@@ -161,9 +161,9 @@ Status ParseRedisUrl(std::string_view url, RedisEndpoint* out) {
   // For unix:// the path starts at the first '/', so the user part ends before it ('/' in its
   // password: %2F).
   const size_t path = unix_socket ? rest.find('/') : std::string_view::npos;
-  const size_t at = path == 0                         ? std::string_view::npos
+  const size_t at = path == 0                        ? std::string_view::npos
                     : path == std::string_view::npos ? rest.rfind('@')
-                                                      : rest.rfind('@', path - 1);
+                                                     : rest.rfind('@', path - 1);
   if (at != std::string_view::npos) {
     const std::string_view userinfo = rest.substr(0, at);
     rest.remove_prefix(at + 1);

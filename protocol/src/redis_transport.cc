@@ -548,12 +548,10 @@ Status RedisConnection::Open(const RedisEndpoint& ep, int timeout_ms, bool keepa
   // the alert), or by a TLS port a plain client talks to. A timeout is not a refusal.
   auto closed = [&](const Status& failure) {
     turned_away = failure.message().find("timed out") == std::string::npos;
-    std::string hint;
-    if (!ep.unix_path.empty())
-      hint = "";  // no TLS over a local socket
-    else if (!ep.tls)
+    std::string hint;  // none for a Unix-domain socket: no TLS there
+    if (ep.unix_path.empty() && !ep.tls)
       hint = " (is it a TLS port? use rediss://)";
-    else if (ep.tls_cert.empty())
+    else if (ep.unix_path.empty() && ep.tls_cert.empty())
       hint = " (does Redis want a client certificate? --redis-tls-cert, --redis-tls-key)";
     return Status::Unavailable(Where(ep) + ": " + failure.message() + hint);
   };

@@ -69,9 +69,8 @@ TEST(RedisUnixSocket, TheWholeJobPathGoesThroughTheSocket) {
   for (uint32_t i = 0; i < 8; ++i) {
     Job j;
     j.model = "null";
-    j.inputs = {testutil::RandomFloats(i % 2 == 0 ? std::vector<int64_t>{8}
-                                                  : std::vector<int64_t>{100, 1000},
-                                       700 + i)};
+    j.inputs = {testutil::RandomFloats(
+        i % 2 == 0 ? std::vector<int64_t>{8} : std::vector<int64_t>{100, 1000}, 700 + i)};
     jobs.push_back(std::move(j));
   }
   std::vector<SubmitOutcome> outcomes;
