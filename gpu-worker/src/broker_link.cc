@@ -10,6 +10,7 @@
 #include "ferry/protocol/curve.h"
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/util.h"
+#include "ferry/runtime/thread_name.h"
 
 namespace ferry::worker {
 namespace {
@@ -160,6 +161,7 @@ void BrokerLink::MaybeReconnect(int64_t now_us) {
 }
 
 void BrokerLink::Loop() {
+  runtime::NameThisThread("ferry-link");
   const int64_t heartbeat_us = options_.heartbeat_ms * 1000;
   int64_t next_heartbeat = protocol::MonotonicMicros() + heartbeat_us;
   protocol::Message m;

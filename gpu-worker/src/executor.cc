@@ -6,6 +6,7 @@
 
 #include "ferry/protocol/util.h"
 #include "ferry/runtime/logging.h"
+#include "ferry/runtime/thread_name.h"
 #include "worker_metrics.h"
 
 namespace ferry::worker {
@@ -102,6 +103,7 @@ void Executor::PrepareThread() {
 }
 
 void Executor::Loop() {
+  runtime::NameThisThread("ferry-exec-" + std::to_string(options_.index));
   PrepareThread();
   spdlog::debug("executor {}: started on {} ({})", options_.index, options_.device,
                 cuda::Describe(stream_.get()));

@@ -7,6 +7,8 @@
 #include <optional>
 #include <thread>
 
+#include "ferry/runtime/thread_name.h"
+
 namespace ferry::worker {
 namespace {
 
@@ -67,6 +69,7 @@ size_t InputFetcher::pending() const {
 }
 
 void InputFetcher::Loop() {
+  runtime::NameThisThread("ferry-fetch");
   while (true) {
     std::vector<Job> jobs;
     {

@@ -13,6 +13,7 @@
 
 #include "ferry/runtime/logging.h"
 #include "ferry/runtime/malloc_policy.h"
+#include "ferry/runtime/thread_name.h"
 #include "ferry/worker/options.h"
 #include "ferry/worker/worker.h"
 
@@ -94,6 +95,7 @@ int main(int argc, char** argv) {
 
   std::atomic<bool> finished{false};
   std::thread watcher([&] {
+    ferry::runtime::NameThisThread("ferry-signals");
     int received = 0;
     while (!finished.load()) {
       timespec tick{0, 100 * 1000 * 1000};

@@ -8,6 +8,7 @@
 
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/redis_errors.h"
+#include "ferry/runtime/thread_name.h"
 #include "worker_metrics.h"
 
 namespace ferry::worker {
@@ -92,6 +93,7 @@ bool ResultWriter::Backoff(int ms) {
 }
 
 void ResultWriter::Loop() {
+  runtime::NameThisThread("ferry-results");
   // Connect early so that a wrong --redis shows in the log at start; writes retry anyway.
   Status s = protocol::RedisClient::Connect(options_.redis, options_.redis_timeout_ms, &client_);
   if (!s.ok()) spdlog::warn("result writer: {}; will retry when there are results", s.message());

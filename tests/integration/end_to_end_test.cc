@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <initializer_list>
 #include <random>
@@ -608,6 +609,25 @@ TEST_F(EndToEnd, StatsListWorkersAndQueues) {
   EXPECT_NE(json.find("\"queues\""), std::string::npos) << json;
   EXPECT_NE(json.find("\"tiny\""), std::string::npos) << json;
   EXPECT_NE(json.find("\"credit\""), std::string::npos) << json;
+}
+
+// Each of the worker's threads says what it does, for `top -H`, perf and gdb
+// (docs/operations.md, "Threads").
+TEST_F(EndToEnd, WorkerThreadsAreNamedAfterTheirRole) {
+  FleetOptions o{1};
+  o.worker_args = {"--instances", "2"};
+  StartFleet(o);
+  RunAll(*client_, {TinyJob(1), TinyJob(2)}, *fleet_);
+  std::set<std::string> names;
+  const std::string tasks = "/proc/" + std::to_string(fleet_->worker(0).pid()) + "/task";
+  for (const auto& t : std::filesystem::directory_iterator(tasks)) {
+    std::ifstream comm(t.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name)) names.insert(name);
+  }
+  for (const char* want : {"ferry-link", "ferry-fetch", "ferry-results", "ferry-exec-0",
+                           "ferry-exec-1", "ferry-signals"})
+    EXPECT_EQ(names.count(want), 1u) << want << " missing among " << ::testing::PrintToString(names);
 }
 
 // The Whisper-shaped pipeline (whisper.pt) served as docs/models.md's "Serving speech end to
