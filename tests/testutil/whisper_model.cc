@@ -39,14 +39,16 @@ def _attend(self, q, k, v, causal: bool):
 def log_mel(self, pcm):
     # [B, L] int16 -> [B, n_mels, L / 160]: Whisper's log-mel spectrogram, on pcm's device.
     # torch.stft(center=True) spelled out (reflect-pad n_fft / 2 each side), so that the same
-    # source compiles against libtorch 1.13 and 2.x.
+    # source compiles against libtorch 1.13 and 2.x. Always in float32 (cuFFT has no half
+    # precision for n_fft 400), then in the weights' dtype: a half-precision module (the model
+    # repository's `half = true`) encodes and decodes in float16.
     x = torch.reflection_pad1d(pcm.float() / 32768.0, [200, 200])
-    spec = torch.stft(x, 400, hop_length=160, win_length=400, window=self.window.to(x.device), normalized=False, onesided=True, return_complex=True)
+    spec = torch.stft(x, 400, hop_length=160, win_length=400, window=self.window.float().to(x.device), normalized=False, onesided=True, return_complex=True)
     power = spec.abs() ** 2
-    mel = torch.matmul(self.mel_filters, power[:, :, :-1])
+    mel = torch.matmul(self.mel_filters.float(), power[:, :, :-1])
     logm = torch.clamp(mel, min=1e-10).log10()
     logm = torch.maximum(logm, logm.amax(dim=[1, 2], keepdim=True) - 8.0)
-    return (logm + 4.0) / 4.0
+    return ((logm + 4.0) / 4.0).to(self.enc_conv1_w.dtype)
 
 def encode(self, mel):
     x = torch.gelu(torch.conv1d(mel, self.enc_conv1_w, self.enc_conv1_b, 1, 1))
