@@ -6,10 +6,17 @@
 # Starts redis-server, ferry-broker and one ferry-worker serving `tiny` (on free ports), warms up,
 # then runs `ferry-bench --concurrency 1 --jobs JOBS` and prints, for every thread of redis, the
 # broker and the worker that did work, its CPU time and voluntary context switches (wake-ups)
-# per job, read from /proc before and after the run. BUILD_DIR needs ferry-bench, ferry-broker,
-# ferry-worker and ferry-make-models. BENCH_FLAGS: extra ferry-bench flags (e.g. --run).
+# per job, read from /proc before and after the run. The worker's threads carry their role in
+# their names (ferry-link, ferry-fetch, ferry-exec-N, ferry-results). BUILD_DIR needs
+# ferry-bench, ferry-broker, ferry-worker and ferry-make-models. BENCH_FLAGS: extra ferry-bench
+# flags (e.g. --run). Another workload through the environment: MODEL (a ferry-make-models
+# model: tiny, whisper, ...), SHAPE, DTYPE, CONCURRENCY, MAX_BATCH, INSTANCES, HALF=1 (float16
+# weights, CUDA only) and FERRY_BENCH_DEVICE (cpu, cuda:0). 30-s clips into the Whisper-shaped
+# pipeline on a GPU, for one:
+#   MODEL=whisper SHAPE=480000 DTYPE=int16 CONCURRENCY=256 MAX_BATCH=128 \
+#     FERRY_BENCH_DEVICE=cuda:0 bash bench/thread_profile.sh build-gpu 2000
 set -uo pipefail
-[ $# -ge 1 ] || { sed -n '2,10p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 B=$(cd "$1" && pwd); JOBS=${2:-4000}; shift $(( $# >= 2 ? 2 : 1 )); [ "${1:-}" = "--" ] && shift
 W=$(mktemp -d /tmp/ferry-threads-XXXXXX)
 PIDS=()
@@ -29,14 +36,21 @@ for _ in $(seq 100); do redis-cli -p "$R" ping >/dev/null 2>&1 && break; sleep 0
   --redis "redis://127.0.0.1:$R" --log-level warn >"$W/broker.log" 2>&1 & PIDS+=($!)
 BP=$!
 # The worker re-executes itself once (allocator settings): find it by its command line.
-"$B/gpu-worker/ferry-worker" --model "tiny=$W/models/tiny.pt" --device cpu --max-batch 256 \
-  --instances 1 --threads 1 --broker "tcp://127.0.0.1:$K" --redis "redis://127.0.0.1:$R" \
-  --log-level warn "$@" >"$W/worker.log" 2>&1 & PIDS+=($!)
+MODEL=${MODEL:-tiny} SHAPE=${SHAPE:-8} DTYPE=${DTYPE:-float32} CONCURRENCY=${CONCURRENCY:-1}
+DEVICE=${FERRY_BENCH_DEVICE:-cpu}
+# A model repository file, for HALF=1 (`half = true`: float16 weights, CUDA only).
+printf '[models.%s]\npath = "%s"\nhalf = %s\n' "$MODEL" "$W/models/$MODEL.pt" \
+  "$([ "${HALF:-0}" = 1 ] && echo true || echo false)" >"$W/models.toml"
+"$B/gpu-worker/ferry-worker" --models "$W/models.toml" --device "$DEVICE" \
+  --max-batch "${MAX_BATCH:-256}" --instances "${INSTANCES:-1}" --threads 1 \
+  --broker "tcp://127.0.0.1:$K" --redis "redis://127.0.0.1:$R" --log-level warn "$@" >"$W/worker.log" 2>&1 & PIDS+=($!)
 bench() {
   "$B/bench/ferry-bench" --frontend "tcp://127.0.0.1:$F" --redis "redis://127.0.0.1:$R" \
-    --wait-workers 1 --model tiny --shape 8 --concurrency 1 --jobs "$1" ${BENCH_FLAGS:-}
+    --wait-workers 1 --model "$MODEL" --shape "$SHAPE" --dtype "$DTYPE" \
+    --concurrency "$CONCURRENCY" --jobs "$1" ${BENCH_FLAGS:-}
 }
-bench 500 >/dev/null 2>&1 || { echo "thread_profile.sh: warm-up run failed (logs in $W)" >&2; trap - EXIT; exit 1; }
+bench 500 >/dev/null 2>&1 || {
+  echo "thread_profile.sh: warm-up run failed (logs in $W)" >&2; tail -n 5 "$W"/*.log >&2; trap - EXIT; exit 1; }
 WP=$(pgrep -f "ferry-worker.*127.0.0.1:$K" | head -1)
 snapshot() {
   for p in $RP $BP $WP; do

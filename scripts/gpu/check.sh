@@ -9,10 +9,12 @@
 # status 1 when a stage failed: the build, the GPU tests (their exit status, a crash at exit
 # included) or a benchmark (run.sh fails on a broker or worker that does not exit 0). Writes under $OUT (the device
 # tool's folder; ./gpu-out elsewhere): check.log (what ran, how long), build.log (cmake + ninja),
-# gpu_tests.txt, summary.txt (the benchmark tables) and bench.tgz (every run's JSON).
+# gpu_tests.txt, summary.txt (the benchmark tables), threads.txt and bench.tgz (every run's JSON).
 # Scenarios, in order of what matters most: whisper (30-s clips; --raw at batch 16..128, then
-# fleet vs --raw at the best of them), tiny (Ferry's own overhead with a GPU worker), audio and
-# audio_out (960 KB jobs, beside this host's libzmq floor). Set SCENARIOS to change the list.
+# fleet vs --raw at the best of them), threads (bench/thread_profile.sh: each thread's CPU per
+# 30-s clip, one executor and two, float32 and half precision; threads.txt), audio and audio_out
+# (960 KB jobs, beside this host's libzmq floor), tiny (Ferry's own overhead with a GPU worker).
+# Set SCENARIOS to change the list.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 LIMIT=${1:-480}
@@ -74,7 +76,7 @@ say "gpu tests: exit status $rc; $(count OK) passed, $(count SKIPPED) skipped, $
 
 # ---- benchmarks on the GPU --------------------------------------------------------------------
 export FERRY_BENCH_DEVICE=cuda:0
-for s in ${SCENARIOS:-whisper tiny audio}; do
+for s in ${SCENARIOS:-whisper threads audio tiny}; do
   t=$(( $(left) - 15 ))
   [ "$t" -gt 30 ] || { say "no time left for $s"; continue; }
   case $s in
@@ -82,6 +84,16 @@ for s in ${SCENARIOS:-whisper tiny audio}; do
                WHISPER_JOBS=1024 timeout -k 30 "$t" bash bench/run.sh "$B" --only whisper --out "$RES/whisper" ;;
     tiny) timeout -k 30 "$t" bash bench/run.sh "$B" --only tiny_closed,tiny_light,tiny_light_run --out "$RES/tiny" ;;
     audio) env ROUNDS=1 AUDIO_JOBS=2000 timeout -k 30 "$t" bash bench/run.sh "$B" --only audio,audio_out --out "$RES/audio" ;;
+    threads) trc=0
+             for v in "1 0" "1 1" "2 0"; do  # executors, half precision
+               set -- $v
+               tt=$(( $(left) - 10 )); [ "$tt" -gt 20 ] || { echo "no time left"; break; }
+               echo "== whisper, 30-s clips, C=256, --max-batch 128, $1 executor(s), half=$2"
+               env MODEL=whisper SHAPE=${THREADS_SHAPE:-480000} DTYPE=int16 CONCURRENCY=256 \
+                 MAX_BATCH=128 INSTANCES=$1 HALF=$2 BENCH_FLAGS="--loaders 4" timeout -k 10 "$tt" \
+                 bash bench/thread_profile.sh "$B" "${THREADS_JOBS:-1024}" || trc=1
+             done
+             cp "$RES/threads.log" "$OUT/threads.txt"; [ "$trc" = 0 ] ;;
     *) timeout -k 30 "$t" bash bench/run.sh "$B" --only "$s" --out "$RES/$s" ;;
   esac >"$RES/$s.log" 2>&1
   rc=$?
