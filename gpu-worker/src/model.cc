@@ -211,7 +211,7 @@ Status Model::Create(const ModelConfig& config, std::unique_ptr<Model>* out) {
     const int64_t before = index >= 0 ? cuda::AllocatedBytes(index) : -1;
     auto impl = std::make_unique<Impl>(dev);
     impl->module = torch::jit::load(config.path, dev);
-    if (config.half) impl->module.to(c10::kHalf);
+    if (config.half) ToHalfPrecision(&impl->module);
     impl->module.eval();
     if (!impl->module.find_method(config.method))
       return Status::InvalidArgument(what + "it has no method \"" + config.method + "\"");
@@ -406,6 +406,14 @@ bool CudaAvailable() {
   } catch (const std::exception&) {
     return false;
   }
+}
+
+void ToHalfPrecision(torch::jit::Module* module) {
+  auto cast = [](at::Tensor t) {
+    if (t.is_floating_point() && t.scalar_type() != c10::kHalf) t.set_data(t.to(c10::kHalf));
+  };
+  for (const at::Tensor& p : module->parameters(/*recurse=*/true)) cast(p);
+  for (const at::Tensor& b : module->buffers(/*recurse=*/true)) cast(b);
 }
 
 }  // namespace ferry::worker

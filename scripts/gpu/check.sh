@@ -9,7 +9,8 @@
 # status 1 when a stage failed: the build, the GPU tests (their exit status, a crash at exit
 # included) or a benchmark (run.sh fails on a broker or worker that does not exit 0). Writes under $OUT (the device
 # tool's folder; ./gpu-out elsewhere): check.log (what ran, how long), build.log (cmake + ninja),
-# gpu_tests.txt, summary.txt (the benchmark tables), threads.txt and bench.tgz (every run's JSON).
+# gpu_tests.txt (gpu_tests_bt.txt: stacks, when they crashed), summary.txt (the benchmark tables),
+# threads.txt and bench.tgz (every run's JSON).
 # Scenarios, in order of what matters most: whisper (30-s clips; --raw at batch 16..128, then
 # fleet vs --raw at the best of them), threads (bench/thread_profile.sh: each thread's CPU per
 # 30-s clip, one executor and two, float32 and half precision; threads.txt), audio and audio_out
@@ -73,6 +74,14 @@ rc=$?
 # Each test's line while it runs ends in "(N ms)"; the summary at the end repeats the names.
 count() { grep -cE "^\[ *$1 *\] [A-Za-z0-9_]+\.[A-Za-z0-9_]+ \([0-9]+ ms\)" "$OUT/gpu_tests.txt"; }
 say "gpu tests: exit status $rc; $(count OK) passed, $(count SKIPPED) skipped, $(count FAILED) failed"
+# Killed by a signal (a crash at exit, say): once more under a debugger, for every thread's
+# stack where it stopped (gpu_tests_bt.txt).
+GDB=$(command -v gdb || command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)
+if [ "$rc" -gt 128 ] && [ "$rc" != 137 ] && [ -n "$GDB" ]; then
+  timeout -k 5 90 "$GDB" -q -batch -ex run -ex "thread apply all bt 20" --args \
+    "$B/tests/unit/gpu-worker/ferry_worker_gpu_tests" >"$OUT/gpu_tests_bt.txt" 2>&1
+  say "gpu tests under $(basename "$GDB"): $(grep -m1 -E 'received signal|exited' "$OUT/gpu_tests_bt.txt")"
+fi
 
 # ---- benchmarks on the GPU --------------------------------------------------------------------
 export FERRY_BENCH_DEVICE=cuda:0

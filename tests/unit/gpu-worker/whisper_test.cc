@@ -16,6 +16,7 @@
 
 #include <msgpack.hpp>
 
+#include "model.h"
 #include "process.h"
 #include "whisper_model.h"
 
@@ -141,6 +142,24 @@ TEST_F(WhisperTest, LogMelIsWhispersSpectrogram) {
   torch::Tensor tone_mel = tiny_->run_method("log_mel", tone).toTensor();
   const int64_t band = MelFilters(80).select(1, 25).argmax().item<int64_t>();
   EXPECT_EQ(tone_mel[0].select(1, 25).argmax().item<int64_t>(), band);
+}
+
+// `half = true` (the worker's ToHalfPrecision): the weights and the filterbank become float16,
+// the start-of-transcript ids stay int64 (the decoder indexes with them), and the log-mel is
+// still computed in float32 before it is handed over in float16. The float16 forward itself
+// needs a GPU (gpu_test.cc, WhisperRunsInHalfPrecision).
+TEST(WhisperHalfTest, HalfPrecisionCastsWeightsNotTokenIds) {
+  torch::NoGradGuard no_grad;
+  torch::jit::Module m = MakeWhisper(RandomWhisperWeights(5, SmallDims()), 8);
+  torch::Tensor clips = Clips(2, 8000, 4);
+  torch::Tensor want = m.run_method("log_mel", clips).toTensor();
+  worker::ToHalfPrecision(&m);
+  for (const auto& p : m.named_parameters()) EXPECT_EQ(p.value.scalar_type(), torch::kHalf) << p.name;
+  for (const auto& b : m.named_buffers())
+    EXPECT_EQ(b.value.scalar_type(), b.name == "sot" ? torch::kInt64 : torch::kHalf) << b.name;
+  torch::Tensor got = m.run_method("log_mel", clips).toTensor();
+  EXPECT_EQ(got.scalar_type(), torch::kHalf);
+  EXPECT_LT((got.to(torch::kFloat32) - want).abs().max().item<float>(), 2e-3);
 }
 
 TEST(WhisperDimsTest, OtherDimsBuildAndRun) {
