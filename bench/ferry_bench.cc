@@ -89,7 +89,7 @@ int main(int argc, char** argv) {
   int64_t warmup = 0, batch = 1, threads = 0, wait_workers = 0;
   int64_t stored_input_bytes = ferry::client::ClientOptions().stored_input_bytes;
   int64_t attached_input_bytes = ferry::client::ClientOptions().attached_input_bytes;
-  bool no_push = false, consume = false;
+  bool no_push = false, consume = false, half = false;
   ferry::runtime::FlagSet flags(
       "ferry-bench",
       "Drives a Ferry fleet through the SDK (closed loop: --concurrency; open loop: --rate) or "
@@ -123,6 +123,8 @@ int main(int argc, char** argv) {
   flags.Int("batch", &batch, "raw: jobs per forward");
   flags.String("device", &device, "raw: cpu, cuda or cuda:N");
   flags.Int("threads", &threads, "raw: intra-op torch threads (0: libtorch's default)");
+  flags.Bool("half", &half,
+             "raw: float16 weights and floating inputs, as a model repository's half = true");
   flags.Bool("no-push", &no_push,
              "broker notices only: no result notices straight from workers (the SDK's "
              "push_results off), to measure what they save");
@@ -184,6 +186,7 @@ int main(int argc, char** argv) {
     raw.warmup = warmup;
     raw.threads = threads;
     raw.seed = load.seed;
+    raw.half = half;
     // The limit is taken with ferry-worker's allocator settings: the same model code allocates
     // the same activations (without them, a ResNet-18 batch page-faults its ~25 MB buffers in
     // afresh on every forward). The fleet mode leaves the producer's allocator as it is.
@@ -203,6 +206,7 @@ int main(int argc, char** argv) {
     json.Add("device", device);
     json.Add("batch", batch);
     json.Add("threads", threads);
+    json.AddRaw("half", half ? "true" : "false");
     json.Add("torch", ferry::bench::TorchInfo());
   } else {
     ferry::client::ClientOptions options;

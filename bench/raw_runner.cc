@@ -9,6 +9,7 @@
 #include <chrono>
 
 #include "ferry/torch_convert.h"
+#include "ferry/worker/half_precision.h"
 
 namespace ferry::bench {
 namespace {
@@ -42,7 +43,10 @@ Status RunRaw(const RawOptions& o, std::vector<Sample>* samples, int64_t* jobs_d
   try {
     if (o.threads > 0) at::set_num_threads(static_cast<int>(o.threads));
     c10::Device device(o.device);
+    if (o.half && !device.is_cuda())
+      return Status::InvalidArgument("--half needs a CUDA --device (as the worker's half = true)");
     torch::jit::Module module = torch::jit::load(o.path, device);
+    if (o.half) worker::ToHalfPrecision(&module);
     module.eval();
     torch::manual_seed(o.seed);
     std::vector<int64_t> shape{o.batch};
@@ -50,6 +54,7 @@ Status RunRaw(const RawOptions& o, std::vector<Sample>* samples, int64_t* jobs_d
     at::Tensor input = at::isFloatingType(st)
                            ? at::randn(shape).to(st)
                            : at::randint(0, st == c10::kBool ? 2 : 100, shape).to(st);
+    if (o.half && input.is_floating_point()) input = input.to(c10::kHalf);  // as the worker does
     c10::InferenceMode inference_mode;
     // One step = what a worker does for one batch: input to the device, forward, outputs back
     // to the CPU and contiguous (which also waits for a GPU to finish).

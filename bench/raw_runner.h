@@ -27,6 +27,7 @@ struct RawOptions {
   int64_t warmup = 0;   // jobs run first and not measured
   int64_t threads = 0;  // at::set_num_threads; 0 leaves libtorch's default
   int64_t seed = 1;
+  bool half = false;  // as the model repository's `half = true` (CUDA)
 };
 
 // Whether this build can run RunRaw (false without libtorch).

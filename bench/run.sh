@@ -23,8 +23,9 @@
 # audio runs' jobs; WHISPER_SAMPLES (80000: 5 s clips), WHISPER_BATCHES ("8 16 32": the --raw
 # batch sizes tried), WHISPER_BATCH (16: the fleet-vs-raw pair's) and WHISPER_JOBS (jobs per
 # whisper run; default 8 batches for --raw, 160 for the pair). WHISPER_BATCH=best: the --raw
-# batch size that did best. FERRY_BROKER_FLAGS and FERRY_REDIS_FLAGS: extra flags for every
-# broker and for redis-server.
+# batch size that did best; WHISPER_HALF=1 (CUDA): whisper in float16 on both sides, --raw --half
+# and the model repository's `half = true`. FERRY_BROKER_FLAGS and FERRY_REDIS_FLAGS: extra flags
+# for every broker and for redis-server.
 set -euo pipefail
 
 usage() { sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; }
@@ -291,17 +292,22 @@ ENC_T=64
 RES=224
 # pair NAME MODEL FILE SHAPE DTYPE JOBS WARMUP [BATCH]: BATCH (default 8) is --raw's batch and the
 # fleet's --max-batch; the producers keep 3 (one executor) or 4 (two) batches' worth in flight.
+# PAIR_RAW_FLAGS: more --raw flags; PAIR_MODELS: a model repository file the workers load MODEL
+# from instead of FILE (both for WHISPER_HALF).
 pair() {
   local name=$1 model=$2 file=$3 shape=$4 dtype=$5 jobs=$6 warm=$7 b=${8:-8} r
+  local serve=(--model "$model=$file")
+  [ -z "${PAIR_MODELS:-}" ] || serve=(--models "$PAIR_MODELS")
   for r in $(seq "$ROUNDS"); do
+    # shellcheck disable=SC2086  # PAIR_RAW_FLAGS: words
     bench "${name}_raw_r$r" "$jobs" "$warm" --raw "$file" --batch "$b" --device "$DEVICE" --threads 2 \
-      --shape "$shape" --dtype "$dtype"
-    start_fleet 1 --model "$model=$file" --device "$DEVICE" --max-batch "$b" --instances 1 --threads 2
+      --shape "$shape" --dtype "$dtype" ${PAIR_RAW_FLAGS:-}
+    start_fleet 1 "${serve[@]}" --device "$DEVICE" --max-batch "$b" --instances 1 --threads 2
     bench "${name}_fleet_r$r" "$jobs" "$warm" --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 \
       --model "$model" --shape "$shape" --dtype "$dtype" --concurrency $((3 * b)) --loaders 3 \
       --submit-batch 8
     stop_fleet
-    start_fleet 1 --model "$model=$file" --device "$DEVICE" --max-batch "$b" --instances 2 --threads 1
+    start_fleet 1 "${serve[@]}" --device "$DEVICE" --max-batch "$b" --instances 2 --threads 1
     bench "${name}_fleet_i2_r$r" "$jobs" "$warm" --frontend "$FRONT" --redis "$REDIS" --wait-workers 1 \
       --model "$model" --shape "$shape" --dtype "$dtype" --concurrency $((4 * b)) --loaders 4 \
       --submit-batch 8
@@ -327,10 +333,16 @@ WHISPER_SAMPLES=${WHISPER_SAMPLES:-80000}
 WHISPER_BATCHES=${WHISPER_BATCHES:-8 16 32}
 WHISPER_BATCH=${WHISPER_BATCH:-16}
 if want whisper; then
-  echo "== whisper: [${WHISPER_SAMPLES}] int16 clips, --raw at batch ${WHISPER_BATCHES// /, }"
+  HALF_RAW="" HALF_MODELS=""  # WHISPER_HALF=1: --raw --half, and the workers' `half = true`
+  if [ "${WHISPER_HALF:-0}" = 1 ]; then
+    HALF_RAW=--half HALF_MODELS=$WORK/whisper_half.toml
+    printf '[models.whisper]\npath = "%s"\nhalf = true\n' "$M/whisper.pt" >"$HALF_MODELS"
+  fi
+  echo "== whisper: [${WHISPER_SAMPLES}] int16 clips, --raw at batch ${WHISPER_BATCHES// /, }${HALF_RAW:+, float16}"
   for b in $WHISPER_BATCHES; do
+    # shellcheck disable=SC2086  # HALF_RAW: no word or one
     bench "whisper_raw_b$b" "${WHISPER_JOBS:-$(q $((2 * b)) $((8 * b)))}" "$b" --raw "$M/whisper.pt" \
-      --batch "$b" --device "$DEVICE" --threads 2 --shape "$WHISPER_SAMPLES" --dtype int16
+      --batch "$b" --device "$DEVICE" --threads 2 --shape "$WHISPER_SAMPLES" --dtype int16 $HALF_RAW
   done
   if [ "$WHISPER_BATCH" = best ]; then  # the --raw batch size of the highest throughput
     WHISPER_BATCH=$(python3 - "$OUT" $WHISPER_BATCHES <<'PY'
@@ -345,8 +357,8 @@ PY
 )
   fi
   echo "== whisper: fleet vs --raw at batch $WHISPER_BATCH, 2 threads, $ROUNDS round(s)"
-  pair whisper whisper "$M/whisper.pt" "$WHISPER_SAMPLES" int16 "${WHISPER_JOBS:-$(q 32 160)}" \
-    $((2 * WHISPER_BATCH)) "$WHISPER_BATCH"
+  PAIR_RAW_FLAGS=$HALF_RAW PAIR_MODELS=$HALF_MODELS pair whisper whisper "$M/whisper.pt" \
+    "$WHISPER_SAMPLES" int16 "${WHISPER_JOBS:-$(q 32 160)}" $((2 * WHISPER_BATCH)) "$WHISPER_BATCH"
 fi
 
 # ---- the seed scenario: 250 jobs/s open loop on the encoder, batching vs none -------------------

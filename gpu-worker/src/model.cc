@@ -15,6 +15,7 @@
 #include <utility>
 
 #include "ferry/torch_dtype.h"
+#include "ferry/worker/half_precision.h"
 
 namespace ferry::worker {
 namespace {
@@ -406,14 +407,6 @@ bool CudaAvailable() {
   } catch (const std::exception&) {
     return false;
   }
-}
-
-void ToHalfPrecision(torch::jit::Module* module) {
-  auto cast = [](at::Tensor t) {
-    if (t.is_floating_point() && t.scalar_type() != c10::kHalf) t.set_data(t.to(c10::kHalf));
-  };
-  for (const at::Tensor& p : module->parameters(/*recurse=*/true)) cast(p);
-  for (const at::Tensor& b : module->buffers(/*recurse=*/true)) cast(b);
 }
 
 }  // namespace ferry::worker

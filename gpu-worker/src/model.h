@@ -34,10 +34,6 @@
 #include "ferry/worker/model_config.h"
 #include "padding.h"
 
-namespace torch::jit {
-struct Module;
-}  // namespace torch::jit
-
 namespace ferry::worker {
 
 // The outputs of one batched call, split per job.
@@ -59,9 +55,10 @@ struct BatchOutput {
 class Model {
  public:
   // Loads config.path with torch::jit::load onto config.device ("cpu", "cuda", "cuda:N"; must
-  // be set), casts it to float16 when config.half (ToHalfPrecision), and puts it in eval mode. Measures its
-  // memory (memory_bytes()). Fails with kInvalidArgument for a bad device string, a CUDA device
-  // without CUDA, half on CPU or a missing method, and kInternal when the file cannot be loaded.
+  // be set), casts it to float16 when config.half (ferry/worker/half_precision.h), and puts it
+  // in eval mode. Measures its memory (memory_bytes()). Fails with kInvalidArgument for a bad
+  // device string, a CUDA device without CUDA, half on CPU or a missing method, and kInternal
+  // when the file cannot be loaded.
   static Status Create(const ModelConfig& config, std::unique_ptr<Model>* out);
   // Shorthand: a default config with name, path and device.
   static Status Create(std::string name, const std::string& path, const std::string& device,
@@ -116,10 +113,5 @@ void SetTorchThreads(int intra_op_threads);
 bool SetFlushDenormals(bool on);
 // True when libtorch was built with CUDA and sees at least one device.
 bool CudaAvailable();
-// What `half = true` does to a module, as PyTorch's Module.half(): every floating-point
-// parameter and buffer, in every submodule, becomes float16; integer and bool ones (token ids,
-// masks) stay. (torch::jit::Module::to(kHalf) casts them all, and a model that indexes with an
-// int64 buffer then fails.)
-void ToHalfPrecision(torch::jit::Module* module);
 
 }  // namespace ferry::worker

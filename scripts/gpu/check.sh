@@ -12,9 +12,10 @@
 # gpu_tests.txt (gpu_tests_bt.txt: stacks, when they crashed), summary.txt (the benchmark tables),
 # threads.txt and bench.tgz (every run's JSON).
 # Scenarios, in order of what matters most: whisper (30-s clips; --raw at batch 16..128, then
-# fleet vs --raw at the best of them), threads (bench/thread_profile.sh: each thread's CPU per
-# 30-s clip, one executor and two, float32 and half precision; threads.txt), audio and audio_out
-# (960 KB jobs, beside this host's libzmq floor), tiny (Ferry's own overhead with a GPU worker).
+# fleet vs --raw at the best of them), whisper_half (the same in float16, --raw at batch 64 and
+# 128), threads (bench/thread_profile.sh: each thread's CPU per 30-s clip, one executor and two,
+# float32 and half precision; threads.txt), audio and audio_out (960 KB jobs, beside this host's
+# libzmq floor), tiny (Ferry's own overhead with a GPU worker).
 # Set SCENARIOS to change the list.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -78,20 +79,23 @@ say "gpu tests: exit status $rc; $(count OK) passed, $(count SKIPPED) skipped, $
 # stack where it stopped (gpu_tests_bt.txt).
 GDB=$(command -v gdb || command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)
 if [ "$rc" -gt 128 ] && [ "$rc" != 137 ] && [ -n "$GDB" ]; then
-  timeout -k 5 90 "$GDB" -q -batch -ex run -ex "thread apply all bt 20" --args \
+  timeout -k 5 90 "$GDB" -q -batch -ex run -ex 'x/6a $sp' -ex "thread apply all bt 20" --args \
     "$B/tests/unit/gpu-worker/ferry_worker_gpu_tests" >"$OUT/gpu_tests_bt.txt" 2>&1
   say "gpu tests under $(basename "$GDB"): $(grep -m1 -E 'received signal|exited' "$OUT/gpu_tests_bt.txt")"
 fi
 
 # ---- benchmarks on the GPU --------------------------------------------------------------------
 export FERRY_BENCH_DEVICE=cuda:0
-for s in ${SCENARIOS:-whisper threads audio tiny}; do
+for s in ${SCENARIOS:-whisper whisper_half threads audio tiny}; do
   t=$(( $(left) - 15 ))
   [ "$t" -gt 30 ] || { say "no time left for $s"; continue; }
   case $s in
     whisper) env ROUNDS=2 WHISPER_SAMPLES=480000 WHISPER_BATCHES="16 32 64 128" WHISPER_BATCH=best \
                WHISPER_JOBS=1024 timeout -k 30 "$t" bash bench/run.sh "$B" --only whisper --out "$RES/whisper" ;;
     tiny) timeout -k 30 "$t" bash bench/run.sh "$B" --only tiny_closed,tiny_light,tiny_light_run --out "$RES/tiny" ;;
+    whisper_half) env ROUNDS=2 WHISPER_HALF=1 WHISPER_SAMPLES=480000 WHISPER_BATCHES="64 128" \
+               WHISPER_BATCH=best WHISPER_JOBS=1024 timeout -k 30 "$t" bash bench/run.sh "$B" --only whisper \
+               --out "$RES/whisper_half" ;;
     audio) env ROUNDS=1 AUDIO_JOBS=2000 timeout -k 30 "$t" bash bench/run.sh "$B" --only audio,audio_out --out "$RES/audio" ;;
     threads) trc=0
              for v in "1 0" "1 1" "2 0"; do  # executors, half precision

@@ -206,7 +206,9 @@ TEST_F(GpuTest, AllocatorMeasuresTheModel) {
 int main(int argc, char** argv) {
   ::testing::InitGoogleTest(&argc, argv);
   const int rc = RUN_ALL_TESTS();
+  std::fprintf(stderr, "gpu tests: removing the scratch directories\n");
   ferry::worker::testmodels::RemoveScratchDirs();
+  std::fprintf(stderr, "gpu tests: leaving with _Exit(%d)\n", rc);
   std::fflush(nullptr);
   std::_Exit(rc);
 }

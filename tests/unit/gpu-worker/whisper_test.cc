@@ -16,7 +16,7 @@
 
 #include <msgpack.hpp>
 
-#include "model.h"
+#include "ferry/worker/half_precision.h"
 #include "process.h"
 #include "whisper_model.h"
 
