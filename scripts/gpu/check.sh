@@ -87,14 +87,15 @@ fi
 # ---- benchmarks on the GPU --------------------------------------------------------------------
 export FERRY_BENCH_DEVICE=cuda:0
 for s in ${SCENARIOS:-whisper whisper_half threads audio tiny}; do
+  [ "$s" != none ] || continue  # SCENARIOS=none: build and GPU tests only
   t=$(( $(left) - 15 ))
   [ "$t" -gt 30 ] || { say "no time left for $s"; continue; }
   case $s in
     whisper) env ROUNDS=2 WHISPER_SAMPLES=480000 WHISPER_BATCHES="16 32 64 128" WHISPER_BATCH=best \
                WHISPER_JOBS=1024 timeout -k 30 "$t" bash bench/run.sh "$B" --only whisper --out "$RES/whisper" ;;
     tiny) timeout -k 30 "$t" bash bench/run.sh "$B" --only tiny_closed,tiny_light,tiny_light_run --out "$RES/tiny" ;;
-    whisper_half) env ROUNDS=2 WHISPER_HALF=1 WHISPER_SAMPLES=480000 WHISPER_BATCHES="64 128" \
-               WHISPER_BATCH=best WHISPER_JOBS=1024 timeout -k 30 "$t" bash bench/run.sh "$B" --only whisper \
+    whisper_half) env ROUNDS=2 WHISPER_HALF=1 WHISPER_SAMPLES=480000 WHISPER_BATCHES="${HALF_BATCHES:-64 128}" \
+               WHISPER_BATCH=best WHISPER_JOBS=${HALF_JOBS:-3072} timeout -k 30 "$t" bash bench/run.sh "$B" --only whisper \
                --out "$RES/whisper_half" ;;
     audio) env ROUNDS=1 AUDIO_JOBS=2000 timeout -k 30 "$t" bash bench/run.sh "$B" --only audio,audio_out --out "$RES/audio" ;;
     threads) trc=0

@@ -7,6 +7,7 @@
 #include <map>
 #include <mutex>
 
+#include <ftw.h>
 #include <unistd.h>
 
 namespace ferry::worker::testmodels {
@@ -53,14 +54,22 @@ const std::map<std::string, Def>& Defs() {
 }  // namespace
 
 namespace {
+// Removes a file or an empty directory (nftw's callback; FTW_DEPTH: contents first).
+int RemoveEntry(const char* path, const struct stat*, int, struct FTW*) {
+  ::remove(path);
+  return 0;
+}
+
 // The scratch directories; removed when destroyed, i.e. at exit (a function-local static), or
-// by RemoveScratchDirs.
+// by RemoveScratchDirs. With nftw, not std::filesystem::remove_all: on the GPU machine (GCC 13
+// build, torch 2.11's process) remove_all jumped to address 0 -- the "crash at exit" of
+// docs/gpu.md, seen under cuda-gdb on 2026-11-26.
 struct Scratch {
   std::mutex mu;
   std::map<std::string, std::filesystem::path> dirs;
   void RemoveAll() {
-    std::error_code ec;
-    for (const auto& [prefix, dir] : dirs) std::filesystem::remove_all(dir, ec);
+    for (const auto& [prefix, dir] : dirs)
+      nftw(dir.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
     dirs.clear();
   }
   ~Scratch() { RemoveAll(); }
