@@ -92,7 +92,7 @@ for s in ${SCENARIOS:-whisper whisper_half threads audio tiny}; do
   [ "$t" -gt 30 ] || { say "no time left for $s"; continue; }
   case $s in
     whisper) env ROUNDS=2 WHISPER_SAMPLES=480000 WHISPER_BATCHES="16 32 64 128" WHISPER_BATCH=best \
-               WHISPER_JOBS=1024 timeout -k 30 "$t" bash bench/run.sh "$B" --only whisper --out "$RES/whisper" ;;
+               WHISPER_JOBS=2048 timeout -k 30 "$t" bash bench/run.sh "$B" --only whisper --out "$RES/whisper" ;;
     tiny) timeout -k 30 "$t" bash bench/run.sh "$B" --only tiny_closed,tiny_light,tiny_light_run --out "$RES/tiny" ;;
     whisper_half) env ROUNDS=2 WHISPER_HALF=1 WHISPER_SAMPLES=480000 WHISPER_BATCHES="${HALF_BATCHES:-64 128}" \
                WHISPER_BATCH=best WHISPER_JOBS=${HALF_JOBS:-3072} timeout -k 30 "$t" bash bench/run.sh "$B" --only whisper \
