@@ -1,8 +1,8 @@
 #pragma once
 // The byte stream under RedisClient and RedisSubscriber. Debian bookworm's hiredis (0.14) has no
 // TLS, so Ferry owns the socket -- TCP, TLS through OpenSSL for rediss://, or a Unix-domain
-// socket for unix:// -- and uses hiredis only to parse replies (redisReader). Internal to
-// ferry::protocol.
+// socket for unix:// -- and uses hiredis only to parse replies (redisReader); the TLS pieces (the
+// BIO, the context) are in redis_tls.h. Internal to ferry::protocol.
 //
 // RedisTransport: one connected socket, plain or TLS, with the timeouts of hiredis's blocking
 // mode (connect, each read, each write). Writes never raise SIGPIPE (MSG_NOSIGNAL, also under
