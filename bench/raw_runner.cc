@@ -54,16 +54,22 @@ Status RunRaw(const RawOptions& o, std::vector<Sample>* samples, int64_t* jobs_d
     at::Tensor input = at::isFloatingType(st)
                            ? at::randn(shape).to(st)
                            : at::randint(0, st == c10::kBool ? 2 : 100, shape).to(st);
-    if (o.half && input.is_floating_point()) input = input.to(c10::kHalf);  // as the worker does
     c10::InferenceMode inference_mode;
     // One step = what a worker does for one batch: input to the device, forward, outputs back
     // to the CPU and contiguous (which also waits for a GPU to finish).
     auto step = [&] {
-      std::vector<c10::IValue> args{input.to(device)};
+      // --half as the worker's half = true: floating inputs cast on the device, float16
+      // outputs back to float32 there.
+      at::Tensor on_device = input.to(device);
+      if (o.half && on_device.is_floating_point()) on_device = on_device.to(c10::kHalf);
+      std::vector<c10::IValue> args{on_device};
       c10::IValue result = module.forward(std::move(args));
       std::vector<at::Tensor> outputs;
       CollectOutputs(result, &outputs);
-      for (auto& t : outputs) t = t.to(c10::kCPU).contiguous();
+      for (auto& t : outputs) {
+        if (o.half && t.scalar_type() == c10::kHalf) t = t.to(c10::kFloat);
+        t = t.to(c10::kCPU).contiguous();
+      }
     };
     for (int64_t done = 0; done < o.warmup; done += o.batch) step();
     const int64_t steps = (o.jobs + o.batch - 1) / o.batch;

@@ -4,10 +4,11 @@
 #   bash bench/run.sh BUILD_DIR [--quick] [--out DIR] [--only NAME[,NAME...]] [--perf]
 #
 # Starts redis-server on a free port, makes the benchmark models, and for every scenario starts
-# a fresh ferry-broker and ferry-workers on free ports, runs ferry-bench, and stops them. Writes one
-# JSON file per run into DIR (default ${TMPDIR:-/tmp}/ferry-bench-results/<date>-<device>[-quick], outside
-# the repository) -- each with the exact ferry-bench command, the fleet's command lines, the machine,
-# and the CPU seconds every process spent during the run -- plus machine.json and summary.txt.
+# a fresh ferry-broker and ferry-workers on free ports, runs ferry-bench, and stops them. Writes
+# one JSON file per run into DIR (default, outside the repository:
+# ${TMPDIR:-/tmp}/ferry-bench-results/<date>-<device>[-quick][-half]) -- each with the exact
+# ferry-bench command, the fleet's command lines, the machine, and the CPU seconds every process
+# spent during the run -- plus machine.json and summary.txt.
 # Scenarios: tiny_closed tiny_light tiny_light_run tiny_light_no_push tiny_light_pinned encoder
 # resnet whisper seed ceiling bytes audio (audio, audio_unix, audio_no_journal) audio_out. It
 # prints one table. The full
@@ -55,7 +56,7 @@ for b in "$BENCH" "$BROKER" "$WORKER" "$MAKE_MODELS"; do
 done
 command -v redis-server >/dev/null || { echo "run.sh: redis-server not installed" >&2; exit 1; }
 if [ -z "$OUT" ]; then
-  OUT=${TMPDIR:-/tmp}/ferry-bench-results/$(date +%Y-%m-%d)-${DEVICE//:/}$([ $QUICK = 1 ] && echo -quick || true)
+  OUT=${TMPDIR:-/tmp}/ferry-bench-results/$(date +%Y-%m-%d)-${DEVICE//:/}$([ $QUICK = 1 ] && echo -quick || true)$([ "${WHISPER_HALF:-0}" = 1 ] && echo -half || true)
 fi
 mkdir -p "$OUT"; OUT=$(cd "$OUT" && pwd)
 WORK=$(mktemp -d /tmp/ferry-bench-XXXXXX)

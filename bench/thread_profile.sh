@@ -3,11 +3,13 @@
 #
 #   bash bench/thread_profile.sh BUILD_DIR [JOBS=4000] [-- EXTRA_WORKER_FLAGS...]
 #
-# Starts redis-server, ferry-broker and one ferry-worker serving `tiny` (on free ports), warms up,
-# then runs `ferry-bench --concurrency 1 --jobs JOBS` and prints, for every thread of redis, the
-# broker and the worker that did work, its CPU time and voluntary context switches (wake-ups)
-# per job, read from /proc before and after the run. The worker's threads carry their role in
-# their names (ferry-link, ferry-fetch, ferry-exec-N, ferry-results). BUILD_DIR needs
+# Starts redis-server, ferry-broker and one ferry-worker (on free ports), warms up (WARMUP jobs,
+# 500), then runs `ferry-bench --jobs JOBS` -- `tiny` at concurrency 1 unless told otherwise --
+# and prints, for every thread of redis, the broker and the worker that did work (one row per
+# thread id), its CPU time and voluntary context switches (wake-ups) per job, read from /proc
+# before and after the run. The worker's threads carry their role in their names (ferry-link,
+# ferry-fetch, ferry-exec-N, ferry-results; an executor's OpenMP threads inherit its name, so
+# with --threads > 1 a ferry-exec-N appears more than once). BUILD_DIR needs
 # ferry-bench, ferry-broker, ferry-worker and ferry-make-models. BENCH_FLAGS: extra ferry-bench
 # flags (e.g. --run). Another workload through the environment: MODEL (a ferry-make-models
 # model: tiny, whisper, ...), SHAPE, DTYPE, CONCURRENCY, MAX_BATCH, INSTANCES, HALF=1 (float16
@@ -16,14 +18,15 @@
 #   MODEL=whisper SHAPE=480000 DTYPE=int16 CONCURRENCY=256 MAX_BATCH=128 \
 #     FERRY_BENCH_DEVICE=cuda:0 bash bench/thread_profile.sh build-gpu 2000
 set -uo pipefail
-[ $# -ge 1 ] || { sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 B=$(cd "$1" && pwd); JOBS=${2:-4000}; shift $(( $# >= 2 ? 2 : 1 )); [ "${1:-}" = "--" ] && shift
 W=$(mktemp -d /tmp/ferry-threads-XXXXXX)
 PIDS=()
+KEEP_W=0  # 1: leave the logs in $W (a failed run)
 cleanup() {
   for pid in "${PIDS[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
   wait 2>/dev/null || true
-  rm -rf "$W"
+  [ "$KEEP_W" = 1 ] || rm -rf "$W"
 }
 trap cleanup EXIT
 . "$(dirname "$0")/lib.sh"  # free_port
@@ -49,8 +52,9 @@ bench() {
     --wait-workers 1 --model "$MODEL" --shape "$SHAPE" --dtype "$DTYPE" \
     --concurrency "$CONCURRENCY" --jobs "$1" ${BENCH_FLAGS:-}
 }
-bench 500 >/dev/null 2>&1 || {
-  echo "thread_profile.sh: warm-up run failed (logs in $W)" >&2; tail -n 5 "$W"/*.log >&2; trap - EXIT; exit 1; }
+bench "${WARMUP:-500}" >/dev/null 2>&1 || {
+  echo "thread_profile.sh: warm-up run failed (logs in $W)" >&2; tail -n 5 "$W"/*.log >&2
+  KEEP_W=1; exit 1; }
 WP=$(pgrep -f "ferry-worker.*127.0.0.1:$K" | head -1)
 snapshot() {
   for p in $RP $BP $WP; do

@@ -12,11 +12,12 @@
 # gpu_tests.txt (gpu_tests_bt.txt: stacks, when they crashed), summary.txt (the benchmark tables),
 # threads.txt and bench.tgz (every run's JSON).
 # Scenarios, in order of what matters most: whisper (30-s clips; --raw at batch 16..128, then
-# fleet vs --raw at the best of them), whisper_half (the same in float16, --raw at batch 64 and
-# 128), threads (bench/thread_profile.sh: each thread's CPU per 30-s clip, one executor and two,
-# float32 and half precision; threads.txt), audio and audio_out (960 KB jobs, beside this host's
-# libzmq floor), tiny (Ferry's own overhead with a GPU worker).
-# Set SCENARIOS to change the list.
+# fleet vs --raw at the best of them), whisper_half (the same in float16, --raw at batch
+# HALF_BATCHES "64 128", HALF_JOBS 3072 clips a run), threads (bench/thread_profile.sh: each
+# thread's CPU per 30-s clip -- float32 with one executor and two, float16 with one; THREADS_JOBS
+# 1024 clips of THREADS_SHAPE 480000 samples; threads.txt), audio and audio_out (960 KB jobs,
+# beside this host's libzmq floor), tiny (Ferry's own overhead with a GPU worker).
+# Set SCENARIOS to change the list (none: the build and the GPU tests only).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 LIMIT=${1:-480}
@@ -79,7 +80,8 @@ say "gpu tests: exit status $rc; $(count OK) passed, $(count SKIPPED) skipped, $
 # stack where it stopped (gpu_tests_bt.txt).
 GDB=$(command -v gdb || command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)
 if [ "$rc" -gt 128 ] && [ "$rc" != 137 ] && [ -n "$GDB" ]; then
-  timeout -k 5 90 "$GDB" -q -batch -ex run -ex 'x/6a $sp' -ex "thread apply all bt 20" --args \
+  gt=$(left); [ "$gt" -lt 90 ] || gt=90
+  timeout -k 5 "$gt" "$GDB" -q -batch -ex run -ex 'x/6a $sp' -ex "thread apply all bt 20" --args \
     "$B/tests/unit/gpu-worker/ferry_worker_gpu_tests" >"$OUT/gpu_tests_bt.txt" 2>&1
   say "gpu tests under $(basename "$GDB"): $(grep -m1 -E 'received signal|exited' "$OUT/gpu_tests_bt.txt")"
 fi
@@ -100,11 +102,11 @@ for s in ${SCENARIOS:-whisper whisper_half threads audio tiny}; do
     audio) env ROUNDS=1 AUDIO_JOBS=2000 timeout -k 30 "$t" bash bench/run.sh "$B" --only audio,audio_out --out "$RES/audio" ;;
     threads) trc=0
              for v in "1 0" "1 1" "2 0"; do  # executors, half precision
-               set -- $v
+               read -r inst half <<<"$v"
                tt=$(( $(left) - 10 )); [ "$tt" -gt 20 ] || { echo "no time left"; break; }
-               echo "== whisper, 30-s clips, C=256, --max-batch 128, $1 executor(s), half=$2"
+               echo "== whisper, 30-s clips, C=256, --max-batch 128, $inst executor(s), half=$half"
                env MODEL=whisper SHAPE=${THREADS_SHAPE:-480000} DTYPE=int16 CONCURRENCY=256 \
-                 MAX_BATCH=128 INSTANCES=$1 HALF=$2 BENCH_FLAGS="--loaders 4" timeout -k 10 "$tt" \
+                 MAX_BATCH=128 INSTANCES=$inst HALF=$half BENCH_FLAGS="--loaders 4" timeout -k 10 "$tt" \
                  bash bench/thread_profile.sh "$B" "${THREADS_JOBS:-1024}" || trc=1
              done
              cp "$RES/threads.log" "$OUT/threads.txt"; [ "$trc" = 0 ] ;;

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <torch/script.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <map>
 #include <mutex>
