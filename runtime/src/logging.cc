@@ -96,7 +96,7 @@ class JsonFormatter final : public spdlog::formatter {
     const std::time_t t = static_cast<std::time_t>(secs.count());
     std::tm tm{};
     gmtime_r(&t, &tm);
-    char ts[40];
+    char ts[96];  // room for any int in each field: GCC 13's -Wformat-truncation counts so
     std::snprintf(ts, sizeof ts, "%04d-%02d-%02dT%02d:%02d:%02d.%06lldZ", tm.tm_year + 1900,
                   tm.tm_mon + 1, tm.tm_mday, tm.tm_hour, tm.tm_min, tm.tm_sec,
                   static_cast<long long>(micros.count()));
