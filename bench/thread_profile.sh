@@ -59,8 +59,9 @@ WP=$(pgrep -f "ferry-worker.*127.0.0.1:$K" | head -1)
 snapshot() {
   for p in $RP $BP $WP; do
     for t in /proc/"$p"/task/*; do
+      # CPU time in nanoseconds (schedstat's first field), not stat's 10 ms ticks.
       printf '%s/%s %s %s %s\n' "$p" "${t##*/}" "$(tr ' ' _ <"$t/comm")" \
-        "$(awk '{ sub(/^.*\) /, ""); print $12 + $13 }' "$t/stat")" \
+        "$(cut -d' ' -f1 "$t/schedstat")" \
         "$(awk '/^voluntary_ctxt_switches/ { print $2 }' "$t/status")"
     done
   done | sort
@@ -69,6 +70,6 @@ snapshot >"$W/before"
 bench "$JOBS" 2>&1 | grep -E 'latency|time share'
 snapshot >"$W/after"
 echo "process/thread        name            cpu_us/job  wakeups/job"
-join "$W/before" "$W/after" | awk -v jobs="$JOBS" -v hz="$(getconf CLK_TCK)" '{
-  cpu = ($6 - $3) / hz * 1e6 / jobs; cs = ($7 - $4) / jobs
+join "$W/before" "$W/after" | awk -v jobs="$JOBS" '{
+  cpu = ($6 - $3) / 1e3 / jobs; cs = ($7 - $4) / jobs
   if (cpu > 0.5 || cs > 0.05) printf "%-21s %-15s %10.1f  %11.2f\n", $1, $2, cpu, cs }'
