@@ -11,7 +11,7 @@
 # ferry-fetch, ferry-exec-N, ferry-results; an executor's OpenMP threads inherit its name, so
 # with --threads > 1 a ferry-exec-N appears more than once). BUILD_DIR needs
 # ferry-bench, ferry-broker, ferry-worker and ferry-make-models. BENCH_FLAGS: extra ferry-bench
-# flags (e.g. --run). Another workload through the environment: MODEL (a ferry-make-models
+# flags (e.g. --run); BROKER_FLAGS: extra ferry-broker flags (e.g. --no-journal). Another workload through the environment: MODEL (a ferry-make-models
 # model: tiny, whisper, ...), SHAPE, DTYPE, CONCURRENCY, MAX_BATCH, INSTANCES, HALF=1 (float16
 # weights, CUDA only) and FERRY_BENCH_DEVICE (cpu, cuda:0). 30-s clips into the Whisper-shaped
 # pipeline on a GPU, for one:
@@ -36,7 +36,7 @@ redis-server --port "$R" --dir "$W" --save '' --appendonly no >/dev/null 2>&1 & 
 RP=$!
 for _ in $(seq 100); do redis-cli -p "$R" ping >/dev/null 2>&1 && break; sleep 0.05; done
 "$B/broker/ferry-broker" --frontend "tcp://127.0.0.1:$F" --backend "tcp://127.0.0.1:$K" \
-  --redis "redis://127.0.0.1:$R" --log-level warn >"$W/broker.log" 2>&1 & PIDS+=($!)
+  --redis "redis://127.0.0.1:$R" --log-level warn ${BROKER_FLAGS:-} >"$W/broker.log" 2>&1 & PIDS+=($!)
 BP=$!
 # The worker re-executes itself once (allocator settings): find it by its command line.
 MODEL=${MODEL:-tiny} SHAPE=${SHAPE:-8} DTYPE=${DTYPE:-float32} CONCURRENCY=${CONCURRENCY:-1}
