@@ -11,14 +11,15 @@
 # ferry-fetch, ferry-exec-N, ferry-results; an executor's OpenMP threads inherit its name, so
 # with --threads > 1 a ferry-exec-N appears more than once). BUILD_DIR needs
 # ferry-bench, ferry-broker, ferry-worker and ferry-make-models. BENCH_FLAGS: extra ferry-bench
-# flags (e.g. --run); BROKER_FLAGS: extra ferry-broker flags (e.g. --no-journal). Another workload through the environment: MODEL (a ferry-make-models
-# model: tiny, whisper, ...), SHAPE, DTYPE, CONCURRENCY, MAX_BATCH, INSTANCES, HALF=1 (float16
-# weights, CUDA only) and FERRY_BENCH_DEVICE (cpu, cuda:0). 30-s clips into the Whisper-shaped
-# pipeline on a GPU, for one:
+# flags (e.g. --run); BROKER_FLAGS: extra ferry-broker flags (e.g. --no-journal). Another
+# workload through the environment: MODEL (a ferry-make-models model: tiny, whisper, head, ...),
+# SHAPE, DTYPE, CONCURRENCY, MAX_BATCH, INSTANCES, HALF=1 (float16 weights, CUDA only) and
+# FERRY_BENCH_DEVICE (cpu, cuda:0). CPU time is read in nanoseconds (schedstat). 30-s clips into
+# the Whisper-shaped pipeline on a GPU, for one:
 #   MODEL=whisper SHAPE=480000 DTYPE=int16 CONCURRENCY=256 MAX_BATCH=128 \
 #     FERRY_BENCH_DEVICE=cuda:0 bash bench/thread_profile.sh build-gpu 2000
 set -uo pipefail
-[ $# -ge 1 ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 B=$(cd "$1" && pwd); JOBS=${2:-4000}; shift $(( $# >= 2 ? 2 : 1 )); [ "${1:-}" = "--" ] && shift
 W=$(mktemp -d /tmp/ferry-threads-XXXXXX)
 PIDS=()
