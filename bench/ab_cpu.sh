@@ -23,7 +23,7 @@
 # WORKER_NEW the same for ferry-worker. MAX_BATCH (8): the worker's --max-batch.
 # CURVE on one side: see bench/curve_ab.sh.
 set -uo pipefail
-. "$(dirname "$0")/lib.sh"  # free_port, stop_pids_and_remove
+. "$(dirname "$0")/lib.sh"  # free_port, cpu_ns, stop_pids_and_remove
 [ $# -ge 2 ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 BASE=$(cd "$1" && pwd); NEW=$(cd "$2" && pwd)
 ROUNDS=${3:-4}; JOBS=${4:-400}; MODEL=${5:-null}
@@ -31,7 +31,6 @@ SHAPE=${SHAPE:-3,224,224}; DTYPE=${DTYPE:-float32}; C=${C:-16}
 WORK=$(mktemp -d /tmp/ferry-abcpu-XXXXXX)
 PIDS=()
 trap 'stop_pids_and_remove "$WORK"' EXIT
-cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%.0f\n", s}'; }
 "$NEW/gpu-worker/ferry-make-models" "$WORK/models" >/dev/null || exit 1
 declare -A FRONT REDIS REDIS_PID BROKER_PID WORKER_PID BUILD
 start() {  # NAME BUILD ENV REDIS_ENV REDIS_ARGS BROKER_ARGS WORKER_ARGS

@@ -19,7 +19,7 @@ set -uo pipefail
 [ $# -ge 7 ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$(cd "$1" && pwd); ROUNDS=$2; JOBS=$3; CONC=$4; MODEL=$5; SHAPE=$6; DTYPE=$7; EXTRA=${8:-}
-. "$SRC/bench/lib.sh"  # free_port, stop_pids_and_remove
+. "$SRC/bench/lib.sh"  # free_port, cpu_ns, stop_pids_and_remove
 WORK=$(mktemp -d /tmp/ferry-abtls-XXXXXX)
 PIDS=()
 trap 'stop_pids_and_remove "$WORK"' EXIT INT TERM
@@ -40,7 +40,6 @@ for r in bpw wpw ppw; do echo $r >$r; chmod 600 $r; done
 TLSF=(--redis-tls-ca "$C/ca.crt" --redis-tls-cert "$C/client.crt" --redis-tls-key "$C/client.key")
 declare -A FRONT URLB URLW URLP RPID BPID WPID
 declare -A MODE=([plain]=${MODE_PLAIN:-plain} [tls]=tls) BLD=([plain]=$(cd "${BUILD_PLAIN:-$BUILD}" && pwd) [tls]=$BUILD)
-cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%.0f\n", s}'; }
 start() {  # NAME
   local name=$1 rport fport bport
   rport=$(free_port); fport=$(free_port); bport=$(free_port)

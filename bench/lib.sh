@@ -1,9 +1,14 @@
-# Shared by the bench scripts (source it): free ports and stopping what a script started.
+# Shared by the bench scripts (source it): free ports, CPU time, stopping what a script started.
 
 # A TCP port on 127.0.0.1 that was free a moment ago.
 free_port() {
   python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
 }
+
+# cpu_ns PID: nanoseconds of CPU the process's threads have used so far (schedstat's first field,
+# summed over /proc/PID/task/*; /proc/PID/stat counts 10 ms ticks). 0 once PID is gone. Threads
+# that already exited are not counted: measure processes whose threads live as long as they do.
+cpu_ns() { cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{s += $1} END {printf "%.0f\n", s}'; }
 
 # running PID: the process exists and has not exited (a zombie, exited but not yet reaped by
 # `wait`, still answers kill -0).

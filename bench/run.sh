@@ -64,7 +64,7 @@ FLEET_PIDS=()
 REDIS_PID=""
 FAILED=()
 
-. "$HERE/lib.sh"  # free_port, reap
+. "$HERE/lib.sh"  # free_port, cpu_ns, reap
 stop_fleet() {
   # Workers first (they drain and say BYE), then the broker.
   local pids=("${FLEET_PIDS[@]}") i rc
@@ -90,12 +90,9 @@ trap 'exit 130' INT TERM
 busy_cpu() {
   awk -v hz="$(getconf CLK_TCK)" '/^cpu / { print ($2 + $3 + $4 + $7 + $8 + $9) / hz }' /proc/stat
 }
-# CPU seconds (user + system) a process's threads have used so far, to the nanosecond
-# (/proc/PID/task/*/schedstat; /proc/PID/stat counts 10 ms ticks, a step of 10 µs per job in a
-# 1,000-job run). The servers' threads live as long as they do, so none is missed by exiting.
-cpu_of() {
-  cat /proc/"$1"/task/*/schedstat 2>/dev/null | awk '{ s += $1 } END { printf "%.9f\n", s / 1e9 }'
-}
+# CPU seconds (user + system) a process has used so far, to the nanosecond (lib.sh's cpu_ns;
+# /proc/PID/stat's 10 ms ticks are a step of 10 µs per job in a 1,000-job run).
+cpu_of() { awk -v ns="$(cpu_ns "$1")" 'BEGIN { printf "%.9f\n", ns / 1e9 }'; }
 
 # ---- machine ----------------------------------------------------------------------------------
 TORCH_VERSION=$(dpkg-query -W -f '${Version}' libtorch-dev 2>/dev/null || true)
