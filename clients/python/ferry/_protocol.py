@@ -7,7 +7,7 @@ import uuid
 
 import msgpack
 
-from . import _tensor
+from . import _record, _tensor
 from ._errors import FerryError, InvalidArgument, error_for
 
 TAG = b"FERRY1"
@@ -79,9 +79,13 @@ _STATUSES = ("done", "failed", "cancelled", "expired")
 
 
 def decode_result(record, id):
-    """A Result from a result record's bytes; FerryError(malformed) when it is not one."""
+    """A Result from a result record's bytes; FerryError(malformed) when it is not one. A big
+    record in a bytearray (a Redis reply, _resp) is consumed: the outputs are views of it."""
     try:
-        m = msgpack.unpackb(record, raw=False)
+        if type(record) is bytearray and len(record) >= _record.MIN_BYTES:
+            m = _record.unpack(record)
+        else:
+            m = msgpack.unpackb(record, raw=False)
         status = m["status"]
         if status not in _STATUSES:
             raise ValueError("unknown status %r" % (status,))

@@ -162,48 +162,65 @@ class _Incomplete(Exception):
 _INCOMPLETE = _Incomplete()
 
 
-def _parse(buf, pos):
-    """One RESP2 reply from buf[pos:]: (value, next pos); raises _INCOMPLETE."""
-    end = buf.find(b"\r\n", pos)
-    if end < 0:
+def _parse(buf, pos, end):
+    """One RESP2 reply from buf[pos:end]: (value, next pos); raises _INCOMPLETE."""
+    nl = buf.find(b"\r\n", pos, end)
+    if nl < 0:
         raise _INCOMPLETE
     t = buf[pos]
     if t == 36:  # $ bulk string
-        n = int(buf[pos + 1:end])
+        n = int(buf[pos + 1:nl])
         if n < 0:
-            return None, end + 2
-        start = end + 2
-        if len(buf) < start + n + 2:
+            return None, nl + 2
+        start = nl + 2
+        if end < start + n + 2:
             raise _INCOMPLETE
-        return bytes(buf[start:start + n]), start + n + 2
+        return bytes(memoryview(buf)[start:start + n]), start + n + 2
     if t == 42:  # * array
-        n = int(buf[pos + 1:end])
+        n = int(buf[pos + 1:nl])
         if n < 0:
-            return None, end + 2
-        pos = end + 2
+            return None, nl + 2
+        pos = nl + 2
         items = []
         for _ in range(n):
-            v, pos = _parse(buf, pos)
+            v, pos = _parse(buf, pos, end)
             items.append(v)
         return items, pos
     if t == 43:  # + simple string
-        return bytes(buf[pos + 1:end]).decode(), end + 2
+        return bytes(buf[pos + 1:nl]).decode(), nl + 2
     if t == 58:  # : integer
-        return int(buf[pos + 1:end]), end + 2
+        return int(buf[pos + 1:nl]), nl + 2
     if t == 45:  # - error
-        return ReplyError(bytes(buf[pos + 1:end]).decode(errors="replace")), end + 2
+        return ReplyError(bytes(buf[pos + 1:nl]).decode(errors="replace")), nl + 2
     raise ValueError("not a RESP reply (byte %r)" % bytes(buf[pos:pos + 1]))
 
 
-class Connection(asyncio.Protocol):
+# Replies are read into a buffer of this size (grown for a bigger reply, shrunk back after).
+_READ_BUFFER = 64 * 1024
+# A bulk reply at least this long that has not fully arrived is read straight into a bytearray
+# of its own, which becomes the reply's value: the kernel's copy is the only one (a 960 KB
+# result was copied five times by the data_received parser before: bytes from recv, the
+# buffer, a slice, bytes(), each into freshly faulted-in memory).
+_BIG_BULK = 64 * 1024
+# ... up to Redis's own default bound on a value (proto-max-bulk-len): a bigger one is read as
+# it arrives, so that a header alone never makes the client allocate more.
+_MAX_BIG_BULK = 512 << 20
+
+
+class Connection(asyncio.BufferedProtocol):
     """One connection. call() pipelines: commands made in one turn of the loop are written
     together, replies resolve their futures in order. In Pub/Sub mode (on_push given),
-    ["message", channel, payload] pushes go to on_push(payload)."""
+    ["message", channel, payload] pushes go to on_push(payload). A bulk reply's value is bytes,
+    or a bytearray when it is at least _BIG_BULK long."""
 
     def __init__(self, loop, on_push=None, on_lost=None):
         self._loop = loop
         self._transport = None
-        self._buf = bytearray()
+        self._buf = bytearray(_READ_BUFFER)  # replies not yet parsed: _buf[:_len]
+        self._len = 0
+        self._bulk = None    # the big bulk reply being read into its own bytearray
+        self._bulk_got = 0   # bytes of it read so far
+        self._crlf_due = False  # the CRLF that ends a big bulk reply is still to come
         self._fifo = []  # futures awaiting replies, oldest first
         self._head = 0
         self._out = []
@@ -254,36 +271,90 @@ class Connection(asyncio.Protocol):
             except OSError:
                 pass
 
-    def data_received(self, data):
-        buf = self._buf
-        buf += data
-        pos = 0
+    def get_buffer(self, sizehint):
+        if self._bulk is not None:
+            return memoryview(self._bulk)[self._bulk_got:]
+        if self._len == len(self._buf):  # full of one unfinished reply: give it more room
+            bigger = bytearray(2 * len(self._buf))
+            bigger[:self._len] = self._buf
+            self._buf = bigger
+        return memoryview(self._buf)[self._len:]
+
+    def buffer_updated(self, nbytes):
         try:
-            while pos < len(buf):
-                value, pos2 = _parse(buf, pos)
-                pos = pos2
-                if (self._on_push is not None and type(value) is list and len(value) == 3
-                        and value[0] == b"message"):
-                    self._on_push(value[2])
+            if self._bulk is not None:
+                self._bulk_got += nbytes
+                if self._bulk_got == len(self._bulk):
+                    value, self._bulk = self._bulk, None
+                    self._crlf_due = True
+                    self._reply(value)
+                return
+        except Exception as e:  # a reply nobody asked for
+            self.error = e
+            self._transport.abort()
+            return
+        self._len += nbytes
+        buf, end, pos = self._buf, self._len, 0
+        try:
+            while pos < end:
+                if self._crlf_due:
+                    if end - pos < 2:
+                        break
+                    if buf[pos:pos + 2] != b"\r\n":
+                        raise ValueError("a bulk reply not ended by CRLF")
+                    self._crlf_due = False
+                    pos += 2
                     continue
-                if self._head >= len(self._fifo):
-                    raise ValueError("a reply nobody asked for")
-                fut = self._fifo[self._head]
-                self._fifo[self._head] = None
-                self._head += 1
-                if not fut.done():
-                    fut.set_result(value)
+                if buf[pos] == 36 and self._start_big_bulk(buf, pos, end):  # $: bulk string
+                    pos = end
+                    break
+                value, pos = _parse(buf, pos, end)
+                self._reply(value)
         except _Incomplete:
             pass
         except Exception as e:  # a protocol error: this connection is unusable
             self.error = e
             self._transport.abort()
             return
-        if pos:
-            del buf[:pos]
+        rest = end - pos
+        if rest == 0 and len(self._buf) > _READ_BUFFER:
+            self._buf = bytearray(_READ_BUFFER)  # a big reply grew it: give the memory back
+        elif pos:
+            view = memoryview(buf)
+            view[:rest] = view[pos:end]
+        self._len = rest
         if self._head > 64 and self._head * 2 > len(self._fifo):
             del self._fifo[:self._head]
             self._head = 0
+
+    def _start_big_bulk(self, buf, pos, end):
+        """True when buf[pos:end] is the start of a big bulk reply that has not fully arrived:
+        what is here moves to a bytearray of the reply's size, and the rest is read into it."""
+        nl = buf.find(b"\r\n", pos, end)
+        if nl < 0:
+            return False
+        n = int(buf[pos + 1:nl])
+        have = end - (nl + 2)
+        if n < _BIG_BULK or n > _MAX_BIG_BULK or have >= n:
+            return False
+        self._bulk = bytearray(n)
+        self._bulk[:have] = memoryview(buf)[nl + 2:end]
+        self._bulk_got = have
+        return True
+
+    def _reply(self, value):
+        """One parsed reply: a Pub/Sub push, or the reply to the oldest command waiting."""
+        if (self._on_push is not None and type(value) is list and len(value) == 3
+                and value[0] == b"message"):
+            self._on_push(value[2])
+            return
+        if self._head >= len(self._fifo):
+            raise ValueError("a reply nobody asked for")
+        fut = self._fifo[self._head]
+        self._fifo[self._head] = None
+        self._head += 1
+        if not fut.done():
+            fut.set_result(value)
 
     def connection_lost(self, exc):
         self.closed = True

@@ -128,7 +128,13 @@ def decode(t):
         n *= d
     if len(data) != n * dt.itemsize:
         raise ValueError("tensor %s%r has %d bytes of data" % (name, shape, len(data)))
-    a = np.frombuffer(bytearray(data), dtype=dt).reshape(shape)
+    if type(data) is memoryview and not data.readonly:
+        a = np.frombuffer(data, dtype=dt)  # the record's own bytes (_record.unpack): no copy
+        if not a.flags.aligned:
+            a = a.copy()
+    else:
+        a = np.frombuffer(bytearray(data), dtype=dt)  # a writable array of its own
+    a = a.reshape(shape)
     if name == "bfloat16":
         return (a.astype("<u4") << 16).view("<f4")
     if dt.byteorder == "<":  # little-endian wire; native arrays on every host

@@ -199,6 +199,57 @@ def test_redis_over_its_unix_socket(fleet):
             c.run("null", x, timeout=5)
 
 
+def test_big_replies_are_read_into_buffers_of_their_own(fleet, monkeypatch):
+    """Redis replies of 64 KiB or more are read straight into a bytearray of their size, and a
+    big result's outputs are views of it (no copies): replies of every size around that bound,
+    pipelined with small ones on one connection, come back whole and in order; big outputs
+    come back writable."""
+    import asyncio
+    sizes = [0, 1, 65535, 65536, 65537, 300001, 1 << 20]
+    values = [bytes(np.random.default_rng(n).integers(0, 256, n, dtype=np.uint8))
+              for n in sizes]
+
+    async def main():
+        c = ferry.AsyncClient(fleet.frontend, fleet.redis_url, **fleet.client_options())
+        redis = c._get_engine().redis
+        for n, v in zip(sizes, values):
+            assert await redis.execute("SET", "t:big:%d" % n, v) == "OK"
+        keys = ["t:big:%d" % n for n in sizes]
+        replies = await asyncio.gather(*[redis.execute("GET", k) for k in keys + ["t:none"]
+                                         + keys[::-1]])
+        assert replies[len(keys)] is None
+        for got, want in zip(replies[:len(keys)] + replies[len(keys) + 1:][::-1], values * 2):
+            assert got == want
+            assert isinstance(got, bytearray if len(want) >= 65536 else bytes)
+        # Through a worker: null returns its input, so each output is as big as its input.
+        xs = [np.random.default_rng(i).standard_normal(n).astype(np.float32)
+              for i, n in enumerate([8, 300000, 20000, 250001, 8, 17000])]
+        results = await asyncio.gather(*[c.run("null", x, timeout=30) for x in xs])
+        for x, r in zip(xs, results):
+            y = r.outputs[0]
+            np.testing.assert_array_equal(y, x)
+            assert y.flags.writeable and y.flags.aligned
+            y += 1  # the caller's own array
+        await c.close()
+
+    asyncio.run(main())
+    # Above _MAX_BIG_BULK a reply is read as it arrives, into the connection's growing buffer.
+    from ferry import _resp
+    monkeypatch.setattr(_resp, "_MAX_BIG_BULK", 100000)
+
+    async def over_the_bound():
+        c = ferry.AsyncClient(fleet.frontend, fleet.redis_url, **fleet.client_options())
+        redis = c._get_engine().redis
+        got = await asyncio.gather(*[redis.execute("GET", "t:big:%d" % n) for n in sizes])
+        for g, want in zip(got, values):
+            assert g == want
+            assert isinstance(g, bytearray if 65536 <= len(want) <= 100000 else bytes)
+        await c.close()
+
+    asyncio.run(over_the_bound())
+    fleet.redis().delete(*["t:big:%d" % n for n in sizes])
+
+
 def spy_submits(engine):
     """Records each SUBMIT the engine sends: (its body, its data frames as sent)."""
     import msgpack

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import ferry
-from ferry import _protocol, _resp, _tensor
+from ferry import _protocol, _record, _resp, _tensor
 
 
 @pytest.mark.parametrize("name", sorted(ferry.DTYPES))
@@ -84,6 +84,64 @@ def test_result_records_decode():
         with pytest.raises(ferry.FerryError) as e:
             _protocol.decode_result(bad, "j1")
         assert e.value.code == "malformed"
+
+
+def _big_record(id, outputs, **extra):
+    """A result record as bytes, its keys in an order the worker does not use, with odd-sized
+    fields so that the data lands at every alignment."""
+    return msgpack.packb({"timing": {"submitted": 1, "ms": 2.5, "neg": -70000}, "id": id,
+                          "status": "done", "outputs": outputs, "model": "m", "worker": "w",
+                          "batch_size": 2, "attempt": 1, **extra}, use_bin_type=True)
+
+
+def test_big_records_decode_to_views_of_the_record_itself():
+    """_record.unpack (a big record read into a bytearray by _resp) gives the same Result as
+    msgpack, with each output a writable, aligned array over the record's own memory."""
+    rng = np.random.default_rng(7)
+    for pad in range(9):  # every data offset modulo 8
+        ys = [rng.standard_normal((3, 40000)).astype(np.float32),
+              rng.integers(-30000, 30000, 70001).astype(np.int16),
+              rng.standard_normal(9000),                         # float64
+              rng.integers(0, 255, 5).astype(np.uint8)]          # small: a bin8
+        outs = [{"shape": list(y.shape), "dtype": _tensor._NAMES[y.dtype], "data": y.tobytes(),
+                 "note": "x" * pad} for y in ys]
+        raw = _big_record("j" * (pad + 1), outs,
+                          extra={"k": [None, True, 1.5, b"\x00" * 300, "s" * 40, {"a": {"b": -1}}]})
+        assert len(raw) >= _record.MIN_BYTES
+        plain = _protocol.decode_result(raw, "j")          # bytes: msgpack, copies
+        rec = bytearray(raw)
+        fast = _protocol.decode_result(rec, "j")           # bytearray: views
+        assert (fast.id, fast.status, fast.timing, fast.batch_size) == \
+            (plain.id, plain.status, plain.timing, plain.batch_size)
+        whole = np.frombuffer(rec, np.uint8)
+        for y, a, b in zip(ys, fast.outputs, plain.outputs):
+            np.testing.assert_array_equal(a, y)
+            np.testing.assert_array_equal(b, y)
+            assert a.dtype == y.dtype and a.shape == y.shape
+            assert a.flags.writeable and a.flags.aligned
+            assert np.shares_memory(a, whole), "an output was copied"
+            assert not np.shares_memory(b, whole)
+        a = fast.outputs[0]
+        a[0, 0] = 123.0  # writable, and each output its own bytes
+        np.testing.assert_array_equal(fast.outputs[1], ys[1])
+
+
+def test_big_malformed_records_are_refused_as_msgpack_would():
+    y = np.ones(30000, np.float32)
+    good = _big_record("j1", [{"dtype": "float32", "shape": [30000], "data": y.tobytes()}])
+    for bad in (good[:-1], good + b"\x00", good[:70000],
+                _big_record("j1", [{"dtype": "float32", "shape": [2], "data": y.tobytes()}]),
+                _big_record("j1", [{"dtype": "nope", "shape": [30000], "data": y.tobytes()}]),
+                msgpack.packb([y.tobytes()]), b"\xc1" * 70000):
+        for form in (bytes(bad), bytearray(bad)):
+            with pytest.raises(ferry.FerryError) as e:
+                _protocol.decode_result(form, "j1")
+            assert e.value.code == "malformed"
+    # Outputs that are not tensor maps, and "data" that is not a bin, go the plain way.
+    odd = _big_record("j1", [7, {"dtype": "float32", "shape": [1], "data": [1]}],
+                      blob=b"z" * 70000)
+    with pytest.raises(ferry.FerryError):
+        _protocol.decode_result(bytearray(odd), "j1")
 
 
 def test_errors_by_code():
@@ -312,6 +370,14 @@ def test_redis_acl_user_and_tls_with_client_certificates(tmp_path):
         await engine.redis.execute("SET", "ferry:result:tls-1", record)
         assert (await c.poll("tls-1")).status == "done"
         assert (await c.wait("tls-1", timeout=5)).worker == "w"
+        # A big result over TLS: read into a buffer of its own (_resp), outputs views of it.
+        y = np.arange(300001, dtype=np.float32)
+        await engine.redis.execute("SET", "ferry:result:tls-big", msgpack.packb(
+            {"id": "tls-big", "status": "done", "model": "m", "outputs": [
+                {"dtype": "float32", "shape": [300001], "data": y.tobytes()}]}))
+        big = (await c.poll("tls-big")).outputs[0]
+        np.testing.assert_array_equal(big, y)
+        assert big.flags.writeable
         assert await c.poll("tls-2") is None
         await c.close()
         c = ferry.AsyncClient("tcp://127.0.0.1:9", "rediss://producer@127.0.0.1:%d" % port,
