@@ -386,7 +386,21 @@ class Connection(asyncio.BufferedProtocol):
         self._flush_scheduled = False
         if self._out and not self.closed:
             out, self._out = self._out, []
-            self._transport.writelines(out)
+            # A big value (an input stored by claim check) is written by itself: writelines
+            # joins everything into one bytes object first (Python 3.11), a copy of every input
+            # byte, while write() hands the caller's buffer to send() as it is and copies only
+            # what the socket did not take.
+            small = []
+            for part in out:
+                if len(part) < _BIG_BULK:
+                    small.append(part)
+                    continue
+                if small:
+                    self._transport.write(b"".join(small))
+                    small = []
+                self._transport.write(part)
+            if small:
+                self._transport.write(b"".join(small))
 
     def pending(self):
         return len(self._fifo) - self._head
