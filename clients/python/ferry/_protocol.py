@@ -105,7 +105,8 @@ def decode_result(record, id):
         r.attempt = m.get("attempt", 0)
         r.timing = m.get("timing") or {}
         return r
-    except (ValueError, KeyError, TypeError, AttributeError, msgpack.UnpackException) as e:
+    except (ValueError, KeyError, IndexError, TypeError, AttributeError,
+            msgpack.UnpackException) as e:
         raise FerryError("result record for %r is not a Ferry result: %s" % (id, e),
                          code="malformed", id=id)
 

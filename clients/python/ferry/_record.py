@@ -93,8 +93,13 @@ def _data_bins(rec):
         raise ValueError("record is not a map")
     found = []
     entries, pos, _ = top
+    seen_outputs = False
     for _ in range(entries // 2):
         key, pos = _key(rec, pos)
+        if key == "outputs":
+            if seen_outputs:  # msgpack keeps the last: leave the record to it
+                raise ValueError("two \"outputs\"")
+            seen_outputs = True
         outputs = _container(rec, pos) if key == "outputs" else None
         if outputs is None or outputs[2]:
             pos = _skip(rec, pos)
@@ -106,9 +111,14 @@ def _data_bins(rec):
                 pos = _skip(rec, pos)
                 continue
             fields, pos, _ = tensor
+            seen_data = False
             for _ in range(fields // 2):
                 key_at = pos
                 key, pos = _key(rec, pos)
+                if key == "data":
+                    if seen_data:
+                        raise ValueError("a tensor with two \"data\"")
+                    seen_data = True
                 if key == "data" and rec[pos] in (0xc4, 0xc5, 0xc6):
                     k = _SIZED[rec[pos]][0]
                     found.append((i, key_at, pos, pos + 1 + k, _length(rec, pos, k)))
@@ -124,8 +134,8 @@ def unpack(rec):
     bytes before it allow (else a bytes copy)."""
     try:
         bins = _data_bins(rec)
-    except (ValueError, IndexError):
-        bins = None  # not laid out as a record: msgpack says what is wrong
+    except (ValueError, IndexError, RecursionError):
+        bins = None  # not laid out as one record should be: msgpack says what is wrong
     if not bins:
         return msgpack.unpackb(rec, raw=False)
     view = memoryview(rec)

@@ -211,7 +211,8 @@ class Connection(asyncio.BufferedProtocol):
     """One connection. call() pipelines: commands made in one turn of the loop are written
     together, replies resolve their futures in order. In Pub/Sub mode (on_push given),
     ["message", channel, payload] pushes go to on_push(payload). A bulk reply's value is bytes,
-    or a bytearray when it is at least _BIG_BULK long."""
+    or a bytearray for a big one (_BIG_BULK to _MAX_BIG_BULK bytes, not inside an array) that
+    had not arrived whole when its header did."""
 
     def __init__(self, loop, on_push=None, on_lost=None):
         self._loop = loop

@@ -137,6 +137,23 @@ def test_big_malformed_records_are_refused_as_msgpack_would():
             with pytest.raises(ferry.FerryError) as e:
                 _protocol.decode_result(form, "j1")
             assert e.value.code == "malformed"
+    # Records msgpack reads differently from a walk -- a key twice (msgpack keeps the last),
+    # nesting deeper than the walk's recursion -- go the plain way too: the same answer.
+    P = msgpack.packb
+    t = {"dtype": "float32", "shape": [30000], "data": y.tobytes()}
+    two_outputs = b"\x82" + P("status") + P("done") + P("outputs") + P([t]) + P("outputs") + \
+        P([dict(t, data=None)])
+    two_data = P({"status": "done", "outputs": [t]})
+    two_data = two_data[:-len(P("data")) - 5 - len(y.tobytes())] + P("data") + \
+        P(y.tobytes()) + P("data") + P(None)
+    two_data = two_data.replace(b"\x83", b"\x84", 1)  # the tensor map: 3 entries -> 4
+    deep = P({"status": "done", "outputs": [t], "x": None})[:-1] + b"\x91" * 5000 + b"\xc0"
+    for odd in (two_outputs, two_data, deep):
+        with pytest.raises(ferry.FerryError) as plain:
+            _protocol.decode_result(bytes(odd), "j1")
+        with pytest.raises(ferry.FerryError) as fast:
+            _protocol.decode_result(bytearray(odd), "j1")
+        assert plain.value.code == fast.value.code == "malformed"
     # Outputs that are not tensor maps, and "data" that is not a bin, go the plain way.
     odd = _big_record("j1", [7, {"dtype": "float32", "shape": [1], "data": [1]}],
                       blob=b"z" * 70000)
