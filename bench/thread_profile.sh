@@ -14,7 +14,8 @@
 # flags (e.g. --run); BROKER_FLAGS: extra ferry-broker flags (e.g. --no-journal). Another
 # workload through the environment: MODEL (a ferry-make-models model: tiny, whisper, head, ...),
 # SHAPE, DTYPE, CONCURRENCY, MAX_BATCH, INSTANCES, HALF=1 (float16 weights, CUDA only) and
-# FERRY_BENCH_DEVICE (cpu, cuda:0). CPU time is read in nanoseconds (schedstat). 30-s clips into
+# FERRY_BENCH_DEVICE (cpu, cuda:0). STACKS=N: afterwards, a second run while gdb samples the
+# executors' stacks N times (see the end). CPU time is read in nanoseconds (schedstat). 30-s clips into
 # the Whisper-shaped pipeline on a GPU, for one:
 #   MODEL=whisper SHAPE=480000 DTYPE=int16 CONCURRENCY=256 MAX_BATCH=128 \
 #     FERRY_BENCH_DEVICE=cuda:0 bash bench/thread_profile.sh build-gpu 2000
@@ -30,7 +31,7 @@ cleanup() {
   [ "$KEEP_W" = 1 ] || rm -rf "$W"
 }
 trap cleanup EXIT
-. "$(dirname "$0")/lib.sh"  # free_port
+. "$(dirname "$0")/lib.sh"  # free_port, running
 R=$(free_port); F=$(free_port); K=$(free_port)
 "$B/gpu-worker/ferry-make-models" "$W/models" >/dev/null
 redis-server --port "$R" --dir "$W" --save '' --appendonly no >/dev/null 2>&1 & PIDS+=($!)
@@ -74,3 +75,38 @@ echo "process/thread        name            cpu_us/job  wakeups/job"
 join "$W/before" "$W/after" | awk -v jobs="$JOBS" '{
   cpu = ($6 - $3) / 1e3 / jobs; cs = ($7 - $4) / jobs
   if (cpu > 0.5 || cs > 0.05) printf "%-21s %-15s %10.1f  %11.2f\n", $1, $2, cpu, cs }'
+# STACKS=N: then a second run of the same jobs (not measured above) while gdb samples the
+# worker's executor threads N times, spread over it: where an executor's time goes -- on a GPU,
+# launching kernels (libtorch's dispatch, libcuda's launch) or waiting for the device (libcuda
+# spinning, or a futex with blocking sync) -- as the share of samples whose innermost frames
+# are each function, "func@library" for a library without symbols.
+[ "${STACKS:-0}" -gt 0 ] || exit 0
+command -v gdb >/dev/null || { echo "STACKS needs gdb" >&2; exit 0; }
+bench "$JOBS" >/dev/null 2>&1 &
+SB=$!
+sleep 1
+for _ in $(seq "$STACKS"); do
+  running "$SB" || break
+  timeout 15 gdb -p "$WP" -batch -nx -ex 'set pagination off' -ex 'thread apply all bt 4' \
+    >>"$W/stacks" 2>/dev/null
+  sleep 0.2
+done
+wait "$SB" 2>/dev/null
+awk '
+  /^Thread .*"ferry-exec-/ { on = 1; depth = 0; next }
+  /^Thread / { on = 0 }
+  on && /^#[0-9]/ {
+    f = $0; sub(/^#[0-9]+ +(0x[0-9a-f]+ in )?/, "", f)
+    lib = ""; if (match(f, / from [^ ]+$/)) { lib = substr(f, RSTART + 6); sub(/.*\//, "", lib) }
+    sub(/ \(.*$/, "", f); if (lib != "") f = f "@" lib
+    if (depth == 0) { top[f]++; n++ } else if (depth == 1) pair[chain " < " f]++
+    chain = f; depth++
+  }
+  END {
+    if (n == 0) { print "no executor stacks sampled"; exit }
+    printf "executor stacks: %d thread samples; innermost frame (share of samples)\n", n
+    for (f in top) printf "%5.1f%%  %s\n", 100 * top[f] / n, f | "sort -rn | head -12"
+    close("sort -rn | head -12")
+    print "innermost two frames"
+    for (p in pair) printf "%5.1f%%  %s\n", 100 * pair[p] / n, p | "sort -rn | head -12"
+  }' "$W/stacks"

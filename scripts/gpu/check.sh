@@ -15,7 +15,8 @@
 # fleet vs --raw at the best of them), whisper_half (the same in float16, --raw at batch
 # HALF_BATCHES "64 128", HALF_JOBS 3072 clips a run), threads (bench/thread_profile.sh: each
 # thread's CPU per 30-s clip -- float32 with one executor and two, float16 with one; THREADS_JOBS
-# 1024 clips of THREADS_SHAPE 480000 samples; threads.txt), audio and audio_out (960 KB jobs,
+# 1024 clips of THREADS_SHAPE 480000 samples; the first run also samples the executor's stacks
+# THREADS_STACKS times with gdb, 6; threads.txt), audio and audio_out (960 KB jobs,
 # beside this host's libzmq floor), tiny (Ferry's own overhead with a GPU worker).
 # Set SCENARIOS to change the list (none: the build and the GPU tests only).
 set -uo pipefail
@@ -105,8 +106,10 @@ for s in ${SCENARIOS:-whisper whisper_half threads audio tiny}; do
                read -r inst half <<<"$v"
                tt=$(( $(left) - 10 )); [ "$tt" -gt 20 ] || { echo "no time left"; break; }
                echo "== whisper, 30-s clips, C=256, --max-batch 128, $inst executor(s), half=$half"
+               # The first also samples the executor's stacks (STACKS): launching or waiting?
+               stacks=0; [ "$inst $half" = "1 0" ] && stacks=${THREADS_STACKS:-6}
                env MODEL=whisper SHAPE=${THREADS_SHAPE:-480000} DTYPE=int16 CONCURRENCY=256 \
-                 MAX_BATCH=128 INSTANCES=$inst HALF=$half BENCH_FLAGS="--loaders 4" timeout -k 10 "$tt" \
+                 MAX_BATCH=128 INSTANCES=$inst HALF=$half STACKS=$stacks BENCH_FLAGS="--loaders 4" timeout -k 10 "$tt" \
                  bash bench/thread_profile.sh "$B" "${THREADS_JOBS:-1024}" || trc=1
              done
              cp "$RES/threads.log" "$OUT/threads.txt"; [ "$trc" = 0 ] ;;
