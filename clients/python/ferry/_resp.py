@@ -306,13 +306,14 @@ class Connection(asyncio.BufferedProtocol):
                     self._crlf_due = False
                     pos += 2
                     continue
-                if buf[pos] == 36 and self._start_big_bulk(buf, pos, end):  # $: bulk string
-                    pos = end
+                try:
+                    value, pos = _parse(buf, pos, end)
+                except _Incomplete:
+                    # Not all here: a big bulk string (36: $) reads the rest into its own buffer.
+                    if buf[pos] == 36 and self._start_big_bulk(buf, pos, end):
+                        pos = end
                     break
-                value, pos = _parse(buf, pos, end)
                 self._reply(value)
-        except _Incomplete:
-            pass
         except Exception as e:  # a protocol error: this connection is unusable
             self.error = e
             self._transport.abort()
@@ -329,8 +330,8 @@ class Connection(asyncio.BufferedProtocol):
             self._head = 0
 
     def _start_big_bulk(self, buf, pos, end):
-        """True when buf[pos:end] is the start of a big bulk reply that has not fully arrived:
-        what is here moves to a bytearray of the reply's size, and the rest is read into it."""
+        """True when buf[pos:end], a bulk reply that has not fully arrived, is a big one: what is
+        here moves to a bytearray of the reply's size, and the rest is read into it."""
         nl = buf.find(b"\r\n", pos, end)
         if nl < 0:
             return False
