@@ -120,23 +120,23 @@ class AsyncClient:
         engine = self._get_engine()
         ids = [p.id for p in preps]
         await engine.store_inputs(preps)
-        engine.track(ids)  # before sending: a result may come before the reply
+        engine.results.track(ids)  # before sending: a result may come before the reply
         call = engine.queue_submit(preps)
         try:
             verdicts = await asyncio.wait_for(call.future, engine.timeout)
         except asyncio.TimeoutError:
-            engine.untrack(ids)  # maybe accepted: a wait then reads Redis before sleeping
+            engine.results.untrack(ids)  # maybe accepted: a wait then reads Redis before sleeping
             err = Unavailable(engine.silence_message("SUBMIT", self.options.request_timeout_ms),
                               id=ids[0])
             err.ids, err.accepted, err.errors = ids, [], {i: err for i in ids}
             raise err
         except BaseException:
-            engine.untrack(ids)
+            engine.results.untrack(ids)
             raise
         errors = {i: v for i, v in verdicts.items() if v is not None}
         if not errors:
             return ids
-        engine.untrack(list(errors))
+        engine.results.untrack(list(errors))
         # Stored inputs of rejected jobs are nobody's (a duplicate's belong to the pending job).
         engine.delete_inputs([p for p in preps if p.id in errors
                               and errors[p.id].code != "duplicate"])
@@ -154,13 +154,13 @@ class AsyncClient:
         here; otherwise re-checks Redis every 50 ms, backing off to 1 s."""
         _protocol.check_id(id)
         engine = self._get_engine()
-        return await engine.wait(id, self._timeout(timeout), self.options.consume_results)
+        return await engine.results.wait(id, self._timeout(timeout), self.options.consume_results)
 
     async def poll(self, id):
         """The result of job `id` if it has one now, else None (pending, unknown or expired:
         Redis cannot tell). Never deletes the result (consume_results does not apply)."""
         _protocol.check_id(id)
-        return await self._get_engine().read(id, False)
+        return await self._get_engine().results.read(id, False)
 
     async def run(self, model, *inputs, timeout=None, **job_options):
         """Submits one job and waits for its result (job_options: id, priority, timeout_ms,
@@ -190,8 +190,8 @@ class AsyncClient:
         engine = self._get_engine()
         consume = self.options.consume_results
         id = prep.id
-        if engine.finished_here(id):  # a run again after a timeout, whose result came since
-            return await engine.wait(id, timeout, consume)
+        if engine.results.finished_here(id):  # a run again after a timeout, whose result came since
+            return await engine.results.wait(id, timeout, consume)
         loop = engine.loop
         deadline = None if timeout is None else loop.time() + timeout
         job = RunJob(prep)
@@ -207,7 +207,7 @@ class AsyncClient:
 
         if prep.stored:
             await engine.store_inputs([prep])
-        engine.track((id,))
+        engine.results.track((id,))
         engine.queue_run(job)
         ok = False
         backoff = 0.05
@@ -215,7 +215,7 @@ class AsyncClient:
             while True:
                 left = None if deadline is None else max(0.0, deadline - loop.time())
                 try:
-                    r = await engine.wait(id, left, consume, run=job, resubmit=resubmit)
+                    r = await engine.results.wait(id, left, consume, run=job, resubmit=resubmit)
                     ok = True
                     return r
                 except Unavailable as err:
@@ -237,7 +237,7 @@ class AsyncClient:
         finally:
             job.cancelled = True
             if not ok:
-                engine.untrack((id,))
+                engine.results.untrack((id,))
                 if prep.stored and (not job.ever_sent or job.error is not None):
                     engine.delete_inputs([prep])  # nobody will read them
 

@@ -434,7 +434,7 @@ def test_thousand_concurrent_async_runs_on_one_client(fleet):
             engine = c._engine
             engine._sweep(engine.loop.time())
             assert engine._awaiting == {}  # no handler left behind per SUBMIT
-            assert engine.entries == {} and engine.held_bytes == 0  # nor per job
+            assert engine.results.entries == {} and engine.results.held_bytes == 0  # nor per job
             return results, engine.messages_sent
     results, sent = asyncio.run(main())
     for r, x in zip(results, xs):

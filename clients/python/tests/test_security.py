@@ -85,8 +85,8 @@ def test_listed_keys_run_jobs_over_curve_with_results_read_over_tls(secure):
             # over the same TLS + AUTH path, and workers publish its notices there.
             engine = c._engine
             pushed = []
-            on_push = engine._on_push
-            engine._on_push = lambda payload: (pushed.append(payload), on_push(payload))
+            on_push = engine.results._on_push
+            engine.results._on_push = lambda payload: (pushed.append(payload), on_push(payload))
             for _ in range(500):
                 assert_tiny(await c.run("tiny", xs[0], timeout=60), xs[0])
                 if pushed:

@@ -1,0 +1,329 @@
+"""Results: which jobs are finished, their inline records, and the callers waiting for them.
+
+One `Results` per client, on the client's asyncio loop, beside the Engine (the broker's socket,
+_engine.py). An entry per id says what is known: ours (submitted here, so a notice will come),
+finished (a notice said its result is in Redis), the record when it came inline. Notices arrive
+two ways: ``FINISHED`` from the broker (the Engine calls `finished`) and, at light load, messages
+the worker publishes on this client's Redis channel (``notify``; the subscription lives here).
+A notice marks the entry and wakes its waiters; a waiter decodes the inline record or reads the
+result from Redis (GET, pipelined with the other reads of the same turn). Waiters also re-check
+Redis on their own every 50 ms doubling to 1 s: the safety net for lost notices (a broker
+restart) and for ids another process submitted.
+
+Nothing here is thread-safe: every method runs on the loop.
+"""
+
+import asyncio
+import uuid
+
+import msgpack
+
+from . import _protocol, _resp
+from ._errors import Timeout, Unavailable
+from ._wheel import TimerWheel
+
+PUSH_MAX_TRACKED = 64           # notices straight from workers while fewer jobs are tracked
+FIRST_RECHECK = 0.05            # s: first Redis re-check of a waiter, doubling ...
+MAX_RECHECK = 1.0               # ... to this
+MAX_HELD_BYTES = 64 << 20       # inline records kept for ids nobody waits on yet
+TRACK_TTL = 60.0                # s: entries nobody waits on are dropped after this
+PUSH_RETRY_MIN, PUSH_RETRY_MAX = 1.0, 30.0
+
+
+class _Entry:
+    """What the client knows about one id: ours (submitted here: a notice will come), finished
+    (a notice said the result is in Redis), the inline record, waiters to wake."""
+
+    __slots__ = ("ours", "has_result", "record", "recheck", "version", "waiters", "nwait",
+                 "delivered", "touched")
+
+    def __init__(self, now):
+        self.ours = False
+        self.has_result = False
+        self.record = None
+        self.recheck = False
+        self.version = 0
+        self.waiters = []
+        self.nwait = 0
+        self.delivered = False
+        self.touched = now
+
+
+def _wake_future(fut):
+    if not fut.done():
+        fut.set_result(None)
+
+
+class Results:
+    """The result side of one client. `redis` is the client's command connection (shared with
+    the Engine's input writes); `handshake_error()` says why the broker's handshake fails (None
+    when it does not); `on_error(exception, counted=True)` records an error a callback hit."""
+
+    def __init__(self, options, loop, redis, endpoint, timeout, handshake_error, on_error):
+        self.opts = options
+        self.loop = loop
+        self.redis = redis
+        self.endpoint = endpoint
+        self.prefix = options.redis_prefix
+        self.timeout = timeout
+        self._handshake_error = handshake_error
+        self._on_error = on_error
+        self.closed = False
+        self.entries = {}
+        self.held_bytes = 0
+        self._to_consume = []    # result keys to GETDEL: consumed results that came inline
+        self._consumer = None    # the task that deletes them
+        self._wheel = TimerWheel(loop)  # waiters' timers
+        # The result subscription.
+        self._sub = None
+        self._channel = None
+        self._subscribing = None
+        self._sub_retry_at = 0.0
+        self._sub_backoff = 0.0
+        self._subscribed_before = False
+
+    def sweep(self, now):
+        """Drops the entries nobody waits on that nothing touched for TRACK_TTL."""
+        stale = [i for i, e in self.entries.items() if e.nwait == 0 and now - e.touched > TRACK_TTL]
+        for i in stale:
+            self._erase(i)
+
+    def wake(self, id):
+        """Wakes id's waiters without a change (a run's rejection: they raise it)."""
+        e = self.entries.get(id)
+        if e is not None and e.waiters:
+            ws, e.waiters = e.waiters, []
+            for f in ws:
+                _wake_future(f)
+
+    def close(self):
+        """Waits in progress raise Unavailable; the subscription closes."""
+        self.closed = True
+        self._wheel.close()
+        if self._subscribing is not None:
+            self._subscribing.cancel()
+        for e in list(self.entries.values()):
+            self._changed(e)
+        if self._sub is not None:
+            self._sub._on_lost = None
+            self._sub.close()
+
+    # ---- entries -----------------------------------------------------------------------------
+
+    def _erase(self, id):
+        e = self.entries.pop(id, None)
+        if e is not None and e.record is not None:
+            self.held_bytes -= len(e.record)
+
+    def _changed(self, e):
+        e.version += 1
+        e.touched = self.loop.time()
+        if e.waiters:
+            ws, e.waiters = e.waiters, []
+            for f in ws:
+                if not f.done():
+                    f.set_result(None)
+
+    def finished(self, ids, records):
+        """A FINISHED body (or a worker's notice): these ids' results are in Redis."""
+        entries = self.entries
+        if records:
+            for id, rec in records.items():
+                e = entries.get(id)
+                if e is None or e.has_result or type(rec) is not bytes:
+                    continue
+                if e.nwait == 0 and self.held_bytes + len(rec) > MAX_HELD_BYTES:
+                    continue  # read from Redis when someone waits
+                e.record = rec
+                self.held_bytes += len(rec)
+                e.has_result = True
+                self._changed(e)
+        for id in ids:
+            e = entries.get(id)
+            if e is None or e.has_result:
+                continue
+            e.has_result = True
+            self._changed(e)
+
+    def _recheck_ours(self):
+        for e in list(self.entries.values()):
+            if e.ours and not e.has_result:
+                e.recheck = True
+                self._changed(e)
+
+    def track(self, ids):
+        now = self.loop.time()
+        entries = self.entries
+        for id in ids:
+            e = entries.get(id)
+            if e is None:
+                e = entries[id] = _Entry(now)
+            e.ours = True
+            e.touched = now
+
+    def untrack(self, ids):
+        for id in ids:
+            e = self.entries.get(id)
+            if e is None or e.has_result:
+                continue
+            e.ours = False
+            if e.nwait == 0:
+                self._erase(id)
+
+    def finished_here(self, id):
+        e = self.entries.get(id)
+        return e is not None and e.has_result
+
+    async def read(self, id, consume):
+        """The result of `id` in Redis, or None. Unavailable when Redis does not answer."""
+        key = self.prefix + "result:" + id
+        try:
+            raw = await self.redis.execute("GETDEL" if consume else "GET", key)
+        except _resp.ReplyError as e:
+            raise Unavailable("Redis GET %s: %s" % (key, e), id=id)
+        if raw is None:
+            return None
+        return _protocol.decode_result(raw, id)
+
+    def _consume_later(self, id):
+        """Deletes id's result in the background, batched with the others of this loop turn
+        (pipelined GETDELs: the producer ACL user may GETDEL results but not DEL them)."""
+        self._to_consume.append(self.prefix + "result:" + id)
+        if self._consumer is None or self._consumer.done():
+            self._consumer = self.loop.create_task(self._consume_pending())
+
+    async def _consume_pending(self):
+        while self._to_consume and not self.closed:
+            keys, self._to_consume = self._to_consume[:1024], self._to_consume[1024:]
+            try:
+                await self.redis.execute_many([("GETDEL", k) for k in keys])
+            except Exception:  # best effort: they expire with their result_ttl_s
+                pass
+
+    async def wait(self, id, timeout, consume, run=None, resubmit=None):
+        """Waits for id's result (client.h's Wait contract, timeout in seconds, None = none).
+        With `run`, also returns run's rejection, and calls resubmit() after a silence."""
+        loop = self.loop
+        now = started = loop.time()
+        deadline = None if timeout is None else now + timeout
+        e = self.entries.get(id)
+        if e is None:
+            e = self.entries[id] = _Entry(now)
+        e.nwait += 1
+        try:
+            backoff = FIRST_RECHECK
+            next_read = now
+            if e.ours and not e.has_result and not e.recheck and timeout != 0:
+                next_read = now + backoff
+                backoff = FIRST_RECHECK * 2
+            seen = e.version
+            last_error = None
+            while True:
+                if self.closed:
+                    raise Unavailable("the client is closed", id=id)
+                rec = e.record
+                if rec is not None:
+                    if e.nwait == 1:
+                        e.record = None
+                        self.held_bytes -= len(rec)
+                    r = _protocol.decode_result(rec, id)
+                    e.delivered = True
+                    if consume:  # it came inline, so Redis still holds it: delete it too
+                        self._consume_later(id)
+                    return r
+                if run is not None and run.error is not None:
+                    raise run.error
+                now = loop.time()
+                if run is not None and not run.ever_sent and self._handshake_error() is not None \
+                        and now - started >= self.timeout:
+                    # Not sent because no handshake succeeds (a refused or wrong CURVE key):
+                    # said now, not left to the deadline (run raises "it was not sent", why).
+                    raise Unavailable(self._handshake_error(), id=id)
+                if e.version != seen:
+                    seen = e.version
+                    if e.has_result or e.recheck:
+                        next_read = now
+                if now >= next_read:
+                    e.recheck = False
+                    try:
+                        r = await self.read(id, consume)
+                        last_error = None
+                    except Unavailable as err:  # Redis may be restarting: until the deadline
+                        r, last_error = None, err
+                    if r is not None:
+                        e.delivered = True
+                        return r
+                    now = loop.time()
+                    next_read = now + backoff
+                    backoff = min(backoff * 2, MAX_RECHECK)
+                    if run is not None and resubmit is not None and run.sent \
+                            and now - run.sent_at >= self.timeout and last_error is None:
+                        await resubmit()  # silence: resubmit the same id (pending: duplicate)
+                    continue
+                if deadline is not None and now >= deadline:
+                    if last_error is not None:
+                        raise last_error
+                    raise Timeout("no result for job %r within %g s" % (id, timeout), id=id)
+                fut = self._wheel.sleep_until(next_read if deadline is None
+                                              else min(next_read, deadline))
+                e.waiters.append(fut)
+                await fut
+        finally:
+            e.nwait -= 1
+            if e.nwait == 0 and (e.delivered or not e.ours) and self.entries.get(id) is e:
+                self._erase(id)
+
+    # ---- the result subscription (notify) -------------------------------------------------
+
+    def notify_channel(self):
+        if not self.opts.push_results or len(self.entries) > PUSH_MAX_TRACKED:
+            return None
+        if self._channel is not None:
+            return self._channel
+        if self._subscribing is None and self.loop.time() >= self._sub_retry_at:
+            self._subscribing = self.loop.create_task(self._subscribe())
+        return None
+
+    async def _subscribe(self):
+        channel = "%snotify:%s" % (self.prefix, uuid.uuid4())
+        conn = None
+        try:
+            conn = await _resp.Connection.open(self.endpoint, self.loop, min(self.timeout, 1.0),
+                                               on_push=self._on_push, on_lost=self._on_sub_lost,
+                                               select_db=False)
+            reply = await asyncio.wait_for(conn.call("SUBSCRIBE", channel),
+                                           min(self.timeout, 1.0))
+            if isinstance(reply, _resp.ReplyError):
+                raise Unavailable("SUBSCRIBE: %s" % reply)
+        except (Unavailable, asyncio.TimeoutError, OSError) as e:
+            if conn is not None:
+                conn._on_lost = None
+                conn.close()
+            self._on_error(e, counted=False)
+            self._sub_backoff = min(max(self._sub_backoff * 2, PUSH_RETRY_MIN), PUSH_RETRY_MAX)
+            self._sub_retry_at = self.loop.time() + self._sub_backoff
+            return
+        finally:
+            self._subscribing = None
+        if self.closed:
+            conn._on_lost = None
+            conn.close()
+            return
+        self._sub_backoff = 0.0
+        self._sub = conn
+        self._channel = channel
+        if self._subscribed_before:
+            self._recheck_ours()  # jobs sent to the old channel after it failed
+        self._subscribed_before = True
+
+    def _on_push(self, payload):
+        try:
+            body = msgpack.unpackb(payload, raw=False)
+            self.finished(body.get("ids") or (), body.get("results"))
+        except Exception as e:
+            self._on_error(e)
+
+    def _on_sub_lost(self):
+        self._sub = None
+        self._channel = None
+        self._recheck_ours()  # notices published meanwhile are gone: read Redis now
