@@ -12,7 +12,9 @@
 //   redis GET     the same connections GET them back
 //
 // Each line gives MB/s (10^6 bytes) and messages/s, measured where the bytes arrive (the consumer,
-// or around the Redis commands). The producer sends with zmq_send (one copy into the message, as
+// or around the Redis commands). The Redis lines also give the server's CPU per value (from its
+// INFO cpu, all its threads, user and system): what one SET and one GET of that size cost Redis
+// itself, the floor under the CPU the durable claim check costs it per job. The producer sends with zmq_send (one copy into the message, as
 // any sender that keeps its own buffer does). High-water marks of 16 messages bound memory.
 // Without --redis the Redis lines are skipped.
 #include <arpa/inet.h>
@@ -161,8 +163,30 @@ double ZmqFloor(bool two_hops, bool ipc, size_t bytes, int messages, int* got) {
 
 struct RedisRates {
   double set_mbps = 0, get_mbps = 0;
+  double set_cpu_us = -1, get_cpu_us = -1;  // the server's CPU per value; -1: INFO cpu failed
   bool ok = false;
 };
+
+// The Redis server's CPU time so far, in seconds (INFO cpu: used_cpu_sys + used_cpu_user, every
+// thread of the process), or -1.
+double ServerCpuSeconds(redisContext* ctx) {
+  auto* r = static_cast<redisReply*>(redisCommand(ctx, "INFO cpu"));
+  double total = -1;
+  if (r != nullptr && r->type == REDIS_REPLY_STRING) {
+    const std::string info(r->str, r->len);
+    double sum = 0;
+    int found = 0;
+    for (const char* field : {"used_cpu_sys:", "used_cpu_user:"}) {
+      const size_t at = info.find(std::string("\n") + field);
+      if (at == std::string::npos) continue;
+      sum += std::strtod(info.c_str() + at + 1 + std::strlen(field), nullptr);
+      ++found;
+    }
+    if (found == 2) total = sum;
+  }
+  if (r != nullptr) freeReplyObject(r);
+  return total;
+}
 
 RedisRates RedisFloor(const ferry::protocol::RedisEndpoint& ep, size_t bytes, int messages,
                       int clients) {
@@ -226,8 +250,17 @@ RedisRates RedisFloor(const ferry::protocol::RedisEndpoint& ep, size_t bytes, in
     for (auto& t : threads) t.join();
     return static_cast<double>(bytes) * messages / 1e6 / Seconds(start, Clock::now());
   };
+  // CPU per value, when the server says it (to the microsecond): before and after each run.
+  auto cpu_us = [&](double before, double after) {
+    return before < 0 || after < 0 ? -1.0 : (after - before) * 1e6 / messages;
+  };
+  const double cpu0 = ServerCpuSeconds(conns[0]);
   out.set_mbps = run(true);
+  const double cpu1 = ServerCpuSeconds(conns[0]);
   out.get_mbps = run(false);
+  const double cpu2 = ServerCpuSeconds(conns[0]);
+  out.set_cpu_us = cpu_us(cpu0, cpu1);
+  out.get_cpu_us = cpu_us(cpu1, cpu2);
   for (int c = 0; c < clients; ++c) {
     for (int i = 0; i < 32; ++i) {
       const std::string key = "ferry-floor:" + std::to_string(c) + ":" + std::to_string(i);
@@ -292,10 +325,12 @@ int main(int argc, char** argv) {
     r = RedisFloor(ep, static_cast<size_t>(bytes), static_cast<int>(messages),
                    static_cast<int>(clients));
     if (r.ok) {
-      std::printf("redis SET      %9.1f MB/s  %9.1f values/s  (%lld connection(s))\n", r.set_mbps,
-                  r.set_mbps * 1e6 / static_cast<double>(bytes), static_cast<long long>(clients));
-      std::printf("redis GET      %9.1f MB/s  %9.1f values/s\n", r.get_mbps,
-                  r.get_mbps * 1e6 / static_cast<double>(bytes));
+      std::printf("redis SET      %9.1f MB/s  %9.1f values/s  %6.0f us of Redis CPU a value"
+                  "  (%lld connection(s))\n",
+                  r.set_mbps, r.set_mbps * 1e6 / static_cast<double>(bytes), r.set_cpu_us,
+                  static_cast<long long>(clients));
+      std::printf("redis GET      %9.1f MB/s  %9.1f values/s  %6.0f us of Redis CPU a value\n",
+                  r.get_mbps, r.get_mbps * 1e6 / static_cast<double>(bytes), r.get_cpu_us);
     }
   }
   if (!json.empty()) {
@@ -307,8 +342,10 @@ int main(int argc, char** argv) {
                  static_cast<long long>(bytes), static_cast<long long>(messages),
                  static_cast<long long>(clients), transport.c_str(), two, one);
     if (r.ok)
-      std::fprintf(f, ", \"redis_set_mbps\": %.1f, \"redis_get_mbps\": %.1f", r.set_mbps,
-                   r.get_mbps);
+      std::fprintf(f,
+                   ", \"redis_set_mbps\": %.1f, \"redis_get_mbps\": %.1f, "
+                   "\"redis_set_cpu_us\": %.1f, \"redis_get_cpu_us\": %.1f",
+                   r.set_mbps, r.get_mbps, r.set_cpu_us, r.get_cpu_us);
     std::fprintf(f, "}\n");
     std::fclose(f);
   }

@@ -23,6 +23,15 @@ def raw_of(name):
     return name.replace("_fleet_i2", "_raw").replace("_fleet", "_raw")
 
 
+def redis_cpu(floor):
+    """ "; Redis CPU a SET 250 us, a GET 280 us" when the floor measured it (ferry-floor reads
+    the server's INFO cpu), else ""."""
+    set_us, get_us = floor.get("redis_set_cpu_us", -1), floor.get("redis_get_cpu_us", -1)
+    if set_us < 0 or get_us < 0:
+        return ""
+    return f" (Redis CPU a SET {set_us:.0f} us, a GET {get_us:.0f} us)"
+
+
 def main(out):
     runs = {}
     for f in sorted(os.listdir(out)):
@@ -90,7 +99,7 @@ def main(out):
     for rnd, floor in floors.items():
         print(f"  floor {rnd} ({floor.get('bytes')} bytes, {floor.get('transport', 'tcp')}): zmq two hops"
               f" {floor.get('zmq_two_hops_mbps', 0):.0f}, one hop {floor.get('zmq_one_hop_mbps', 0):.0f}; redis SET"
-              f" {floor.get('redis_set_mbps', 0):.0f}, GET {floor.get('redis_get_mbps', 0):.0f}")
+              f" {floor.get('redis_set_mbps', 0):.0f}, GET {floor.get('redis_get_mbps', 0):.0f}{redis_cpu(floor)}")
     shares = {}
     for n in big:
         r = runs[n]
