@@ -24,8 +24,8 @@ def raw_of(name):
 
 
 def redis_cpu(floor):
-    """ "; Redis CPU a SET 250 us, a GET 280 us" when the floor measured it (ferry-floor reads
-    the server's INFO cpu), else ""."""
+    """' (Redis CPU a SET 250 us, a GET 280 us)' when the floor measured it (ferry-floor reads
+    the server's INFO cpu), else ''."""
     set_us, get_us = floor.get("redis_set_cpu_us", -1), floor.get("redis_get_cpu_us", -1)
     if set_us < 0 or get_us < 0:
         return ""
