@@ -170,6 +170,18 @@ TEST(RedisUrlTest, RedactionAndStripping) {
   EXPECT_EQ(password, "");
 }
 
+TEST(RedisUrl, Parses) {
+  RedisEndpoint ep;
+  ASSERT_TRUE(ParseRedisUrl("redis://10.0.0.1:7000/2", &ep).ok());
+  EXPECT_EQ(ep.host, "10.0.0.1");
+  EXPECT_EQ(ep.port, 7000);
+  EXPECT_EQ(ep.db, 2);
+  RedisEndpoint ep2;
+  ASSERT_TRUE(ParseRedisUrl("localhost:6380", &ep2).ok());
+  EXPECT_EQ(ep2.port, 6380);
+  EXPECT_FALSE(ParseRedisUrl("redis://host:notaport", &ep2).ok());
+}
+
 // ---- ResolveRedisEndpoint -------------------------------------------------------------------
 
 class ResolveTest : public ::testing::Test {

@@ -1,0 +1,129 @@
+// Big inputs through kills on real processes (docs/reliability.md): inputs the producer stored
+// in Redis (a claim check) and inputs attached to the SUBMIT in data frames of their own come
+// through a broker killed while they wait in its queue, attached ones through a worker killed
+// while it holds them too; every output is the job's own input (null model). ctest runs them
+// twice, like every reliability test: as they are, and as curve.* with FERRY_TEST_CURVE=1.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <string>
+#include <vector>
+
+#include "ferry/client.h"
+#include "ferry/protocol/keys.h"
+#include "ferry/protocol/redis.h"
+#include "fleet.h"
+#include "process.h"
+#include "reliability_fixture.h"
+
+namespace ferry::reliability_test {
+namespace {
+
+// Jobs whose big inputs the producer stored in Redis (a claim check: the broker journals only
+// their dtype and shape): a broker killed while they wait in its queue is replaced, the new one
+// restores them from the journal, and the worker reads their inputs from Redis -- every output
+// is the job's own input (null model). A queued one that is cancelled has its input deleted by
+// the broker with the `cancelled` result; no input key is left at the end.
+TEST(Reliability, StoredInputsSurviveABrokerKillAndGoWithTheirJobs) {
+  FleetOptions fo = OneSlowLane();
+  fo.models = {"slow", "null"};
+  fo.broker_args = kFastHeartbeats;
+  fo.worker_args = Concat(kFastHeartbeats, {"--instances", "1"});
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet, 1000);
+  std::vector<Job> jobs = {SlowJob("kill-blocker", 2000)};
+  for (int i = 0; i < 5; ++i) {
+    Job j;
+    j.id = "kill-big-" + std::to_string(i);
+    j.model = "null";
+    j.inputs = {Tensor::From<float>(std::vector<float>(50000, 1.0f + i), {50000},
+                                    DType::kFloat32)};  // 200 KB: stored in Redis
+    jobs.push_back(std::move(j));
+  }
+  SubmitUntilAccepted(*c, jobs);
+  std::string cancelled_id;
+  Job victim = jobs[1];
+  victim.id = "kill-cancelled";
+  ASSERT_TRUE(c->Submit(victim, &cancelled_id).ok());
+  ASSERT_TRUE(c->Cancel(cancelled_id).ok());
+  EXPECT_TRUE(WaitFor([&] {
+    std::string v;
+    bool found = true;
+    auto redis = fleet.redis().Connect();
+    return redis && redis->Get(protocol::Keys().Input(cancelled_id, 0), &v, &found).ok() && !found;
+  })) << "the cancelled job's stored input is still in Redis";
+  fleet.broker().Signal(SIGKILL);
+  fleet.broker().Wait();
+  fleet.StartBroker();
+  std::vector<std::string> ids;
+  for (const auto& j : jobs) ids.push_back(j.id);
+  const auto results = WaitAll(*c, ids, 60000);
+  for (size_t i = 1; i < jobs.size(); ++i) {
+    const Result& r = results.at(jobs[i].id);
+    ASSERT_EQ(r.state, JobState::kDone) << jobs[i].id << " " << r.error.ToString() << fleet.Logs();
+    EXPECT_TRUE(r.outputs.at(0).data == jobs[i].inputs[0].data) << jobs[i].id;
+  }
+  auto redis = fleet.redis().Connect();
+  protocol::RedisReply keys;
+  ASSERT_TRUE(redis->Command({"KEYS", "ferry:input:*"}, &keys).ok());
+  EXPECT_TRUE(keys.elements.empty()) << keys.elements.size() << " input key(s) left";
+}
+
+// Big inputs sent through the broker in data frames of their own (attached: the client stores
+// nothing in Redis). A worker killed while it holds one gets it requeued, and the broker sends
+// its frames again; the broker journals them with their bytes, so one killed while they wait in
+// its queue is replaced, the new one restores them from the journal and sends them to the
+// worker in the ordinary form -- every output is the job's own input (null model).
+TEST(Reliability, AttachedInputsSurviveAWorkerKillAndABrokerKill) {
+  FleetOptions fo = OneSlowLane();
+  fo.models = {"slow", "null"};
+  fo.broker_args = kFastHeartbeats;
+  fo.worker_args = Concat(kFastHeartbeats, {"--instances", "1"});
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet, 1000, /*stored_input_bytes=*/0);
+  std::vector<Job> jobs = {SlowJob("att-kill-blocker", 2000)};
+  for (int i = 0; i < 5; ++i) {
+    Job j;
+    j.id = "att-kill-" + std::to_string(i);
+    j.model = "null";
+    j.inputs = {Tensor::From<float>(std::vector<float>(50000, 2.0f + i), {50000},
+                                    DType::kFloat32)};  // 200 KB: attached
+    jobs.push_back(std::move(j));
+  }
+  SubmitUntilAccepted(*c, jobs);
+  // The worker holds the blocker and the first big job (its frames) when it is killed: the
+  // broker requeues both and sends the big job's frames again, from the same buffers.
+  const pid_t pid = fleet.worker(0).pid();
+  ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, pid) == 2; })) << fleet.Logs();
+  fleet.worker(0).Signal(SIGKILL);
+  fleet.worker(0).Wait();
+  fleet.StartWorker(0);
+  ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, fleet.worker(0).pid()) == 2; })) << fleet.Logs();
+  {
+    auto redis = fleet.redis().Connect();
+    ASSERT_NE(redis, nullptr);
+    protocol::RedisReply keys;
+    ASSERT_TRUE(redis->Command({"KEYS", "ferry:input:*"}, &keys).ok());
+    EXPECT_TRUE(keys.elements.empty()) << "attached inputs were stored in Redis";
+    protocol::RedisReply entry;
+    ASSERT_TRUE(redis->Command({"HSTRLEN", "ferry:journal", "att-kill-4"}, &entry).ok());
+    EXPECT_GT(entry.integer, 200000) << "the journal entry lacks the input's bytes";
+  }
+  fleet.broker().Signal(SIGKILL);
+  fleet.broker().Wait();
+  fleet.StartBroker();
+  std::vector<std::string> ids;
+  for (const auto& j : jobs) ids.push_back(j.id);
+  const auto results = WaitAll(*c, ids, 60000);
+  for (size_t i = 1; i < jobs.size(); ++i) {
+    const Result& r = results.at(jobs[i].id);
+    ASSERT_EQ(r.state, JobState::kDone) << jobs[i].id << " " << r.error.ToString() << fleet.Logs();
+    EXPECT_TRUE(r.outputs.at(0).data == jobs[i].inputs[0].data) << jobs[i].id;
+  }
+  EXPECT_GE(results.at("att-kill-0").attempt, 2) << "the killed worker's job was not requeued";
+}
+
+}  // namespace
+}  // namespace ferry::reliability_test

@@ -1,0 +1,194 @@
+// The broker's queue on real processes (docs/reliability.md): it is bounded (overload is
+// rejected `queue_full` and the broker's memory stays bounded), jobs not started within their
+// timeout expire without running, queued and dispatched jobs can be cancelled, and higher
+// priorities run first, FIFO within one. ctest runs them twice, like every reliability test: as
+// they are, and as curve.* with FERRY_TEST_CURVE=1.
+#include <gtest/gtest.h>
+#include <signal.h>
+
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "ferry/client.h"
+#include "fleet.h"
+#include "process.h"
+#include "reliability_fixture.h"
+
+namespace ferry::reliability_test {
+namespace {
+
+// Resident set size of a process, from /proc.
+int64_t RssBytes(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (f >> key) {
+    if (key == "VmRSS:") {
+      int64_t kb = 0;
+      f >> kb;
+      return kb * 1024;
+    }
+  }
+  return -1;
+}
+
+TEST(Reliability, OverloadIsRejectedWithQueueFullAndBrokerMemoryStaysBounded) {
+  FleetOptions fo;
+  fo.workers = 1;
+  fo.models = {"null"};
+  fo.broker_args = Concat(kFastHeartbeats, {"--max-queue", "200"});
+  fo.worker_args = kFastHeartbeats;
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  // Freeze the only worker: the broker drops it, the model stays known, nothing drains.
+  fleet.worker(0).Signal(SIGSTOP);
+  ASSERT_TRUE(fleet.WaitForWorkers(0)) << fleet.Logs();
+  auto c = MakeClient(fleet);
+  const int64_t rss_before = RssBytes(fleet.broker().pid());
+  // 10x the queue bound, 64 KiB each: 128 MiB offered, 12.5 MiB can be kept.
+  std::vector<float> payload(16384, 0.25f);
+  int accepted = 0, queue_full = 0;
+  std::vector<std::string> accepted_ids;
+  for (int b = 0; b < 20; ++b) {
+    std::vector<Job> jobs;
+    for (int i = 0; i < 100; ++i) {
+      Job j;
+      j.id = "over-" + std::to_string(b * 100 + i);
+      j.model = "null";
+      j.inputs.push_back(Tensor::From<float>(payload, {16384}, DType::kFloat32));
+      jobs.push_back(std::move(j));
+    }
+    std::vector<SubmitOutcome> outcomes;
+    ASSERT_TRUE(c->SubmitMany(jobs, &outcomes).ok());
+    for (const auto& o : outcomes) {
+      if (o.status.ok()) {
+        ++accepted;
+        accepted_ids.push_back(o.id);
+      } else {
+        ASSERT_EQ(o.status.code(), codes::kQueueFull) << o.status.ToString();
+        ASSERT_TRUE(o.status.retryable());
+        ++queue_full;
+      }
+    }
+  }
+  EXPECT_EQ(accepted, 200);
+  EXPECT_EQ(queue_full, 1800);
+  const int64_t rss_after = RssBytes(fleet.broker().pid());
+  ASSERT_GT(rss_before, 0);
+  // What it keeps is 200 x 64 KiB (x2 with the journal's copy in flight); far below 128 MiB.
+  EXPECT_LT(rss_after - rss_before, 48ll << 20) << rss_before << " -> " << rss_after;
+  // Thaw the worker: it reconnects, and every accepted job completes.
+  fleet.worker(0).Signal(SIGCONT);
+  const auto results = WaitAll(*c, accepted_ids, 60000);
+  for (const auto& [id, r] : results) EXPECT_EQ(r.state, JobState::kDone) << id;
+}
+
+TEST(Reliability, JobNotStartedWithinItsTimeoutExpiresAndNeverRuns) {
+  Fleet fleet(OneSlowLane());
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet);
+  std::string id;
+  ASSERT_TRUE(c->Submit(SlowJob("blocker", 3000), &id).ok());  // seconds
+  std::vector<std::string> ids;
+  for (int i = 0; i < 4; ++i) {
+    Job j = SlowJob("short-deadline-" + std::to_string(i), 1);
+    j.timeout_ms = 200;
+    ASSERT_TRUE(c->Submit(j, &id).ok());
+    ids.push_back(id);
+  }
+  Job patient = SlowJob("patient", 1);
+  patient.timeout_ms = 60000;
+  ASSERT_TRUE(c->Submit(patient, &id).ok());
+  for (const auto& [i, r] : WaitAll(*c, ids, 30000)) {
+    EXPECT_EQ(r.state, JobState::kExpired) << i;
+    EXPECT_EQ(r.error.code(), codes::kExpired) << i;
+    EXPECT_EQ(r.timing_us.count("compute_start"), 0u) << i << " never reached the model";
+  }
+  Result r;
+  ASSERT_TRUE(c->Wait("patient", 30000, &r).ok());
+  EXPECT_EQ(r.state, JobState::kDone);
+  ASSERT_TRUE(c->Wait("blocker", 30000, &r).ok());
+  EXPECT_EQ(r.state, JobState::kDone);
+}
+
+TEST(Reliability, CancelQueuedAndDispatchedJobs) {
+  Fleet fleet(OneSlowLane());
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet);
+  std::string id;
+  ASSERT_TRUE(c->Submit(SlowJob("running", 4000), &id).ok());  // seconds on the executor
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(c->Submit(SlowJob("victim-" + std::to_string(i), 1), &id).ok());
+    ids.push_back(id);
+  }
+  const pid_t pid = fleet.worker(0).pid();
+  ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, pid) == 2; })) << "victim-0 is on the worker";
+  client::CancelReport report;
+  std::vector<std::string> to_cancel = ids;
+  to_cancel.push_back("never-submitted");
+  ASSERT_TRUE(c->CancelMany(to_cancel, &report).ok());
+  EXPECT_EQ(report.running, std::vector<std::string>({"victim-0"}));
+  EXPECT_EQ(report.cancelled,
+            std::vector<std::string>({"victim-1", "victim-2", "victim-3", "victim-4"}));
+  EXPECT_EQ(report.not_found, std::vector<std::string>({"never-submitted"}));
+  for (const auto& [i, r] : WaitAll(*c, ids, 30000)) {
+    EXPECT_EQ(r.state, JobState::kCancelled) << i << " " << JobStateName(r.state);
+    EXPECT_EQ(r.timing_us.count("compute_start"), 0u) << i;
+  }
+  Result r;
+  ASSERT_TRUE(c->Wait("running", 30000, &r).ok());
+  EXPECT_EQ(r.state, JobState::kDone) << "a job whose batch started runs to the end";
+  // Finished jobs are not found. (Wait may return from the worker's result notice up to ~2 ms
+  // before the broker has the job's DONE: until then the broker still counts it as running.)
+  EXPECT_TRUE(WaitFor([&] { return c->Cancel("running").code() == codes::kNotFound; }))
+      << fleet.Logs();
+  // The CLI says the same.
+  testutil::TempDir dir;
+  const std::string cmd = testutil::CliBin() + " cancel --frontend " + fleet.frontend() +
+                          fleet.CurveCliFlags() + " --redis " + fleet.redis().url() +
+                          " running > " + dir.path() + "/out.txt 2>&1";
+  EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 1);
+  std::ifstream out(dir.path() + "/out.txt");
+  std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "not_found running\n");
+}
+
+TEST(Reliability, HigherPriorityRunsFirstFifoWithin) {
+  Fleet fleet(OneSlowLane());
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet);
+  std::string id;
+  ASSERT_TRUE(c->Submit(SlowJob("blocker", 3000), &id).ok());  // seconds
+  ASSERT_TRUE(c->Submit(SlowJob("filler", 1), &id).ok());      // the worker's second slot
+  const pid_t pid = fleet.worker(0).pid();
+  ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, pid) == 2; })) << fleet.Logs();
+  // Interleaved low and high: all wait at the broker.
+  std::vector<std::string> ids;
+  for (int i = 0; i < 3; ++i) {
+    for (int64_t p : {0, 5}) {
+      ASSERT_TRUE(
+          c->Submit(SlowJob("p" + std::to_string(p) + "-" + std::to_string(i), 1, p), &id).ok());
+      ids.push_back(id);
+    }
+  }
+  std::vector<std::pair<int64_t, std::string>> by_start;
+  for (const auto& [i, r] : WaitAll(*c, ids, 30000)) {
+    ASSERT_EQ(r.state, JobState::kDone) << i;
+    by_start.emplace_back(r.timing_us.at("compute_start"), i);
+  }
+  std::sort(by_start.begin(), by_start.end());
+  std::vector<std::string> order;
+  for (const auto& [t, i] : by_start) order.push_back(i);
+  EXPECT_EQ(order, std::vector<std::string>({"p5-0", "p5-1", "p5-2", "p0-0", "p0-1", "p0-2"}));
+}
+
+}  // namespace
+}  // namespace ferry::reliability_test

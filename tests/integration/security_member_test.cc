@@ -1,0 +1,221 @@
+// CurveZMQ on a real fleet (docs/security.md, "What a member can do"): members whose keys the
+// broker lists, misbehaving over raw DEALER sockets -- a worker that lies about the jobs it
+// finished or about who it is, a producer cancelling somebody else's job, crafted SUBMITs (absurd
+// TTLs and timeouts, millions of nils), requests whose replies are never read. Each gets a clear
+// refusal and nothing it is not owed, while the fleet keeps serving with bounded memory. Who gets
+// in at all: security_access_test.cc.
+#include <gtest/gtest.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <limits>
+#include <string>
+#include <vector>
+#include <zmq.hpp>
+
+#include "ferry/client.h"
+#include "ferry/metrics/names.h"
+#include "ferry/protocol/codec.h"
+#include "ferry/protocol/messages.h"
+#include "ferry/protocol/redis.h"
+#include "ferry/protocol/wire.h"
+#include "fleet.h"
+#include "process.h"
+#include "security_fixture.h"
+
+namespace ferry::security_test {
+namespace {
+
+// The "code" of an ERROR body ("" when there is none).
+std::string ErrorCode(const protocol::Message& m) {
+  msgpack::object_handle oh;
+  std::string code;
+  if (protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok())
+    (void)protocol::GetString(oh.get(), "code", &code);
+  return code;
+}
+
+// Resident set size of a process, from /proc (0 when unreadable).
+int64_t RssBytes(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (f >> key) {
+    if (key == "VmRSS:") {
+      int64_t kb = 0;
+      f >> kb;
+      return kb * 1024;
+    }
+  }
+  return 0;
+}
+
+TEST_F(Curve, AListedWorkerThatLiesAboutDoneFinishesNothing) {
+  // raw0 serves `head` with room for one job and never answers: the first job runs on it, the
+  // second waits in the queue. raw1 serves another model and holds nothing.
+  zmq::socket_t holder = RawWorker(0, {"head"}, 1);
+  zmq::socket_t liar = RawWorker(1, {"other"}, 4);
+  ASSERT_TRUE(testutil::WaitFor([&] { return Workers() == 3; }, std::chrono::seconds(20)))
+      << fleet_->Logs();
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2; ++i) {
+    client::Job job = TinyJob();
+    job.model = "head";
+    std::string id;
+    Status st = client_->Submit(job, &id);
+    ASSERT_TRUE(st.ok()) << st.ToString();
+    ids.push_back(id);
+  }
+  EXPECT_EQ(RawRecv(holder, 10000), "CHUNK");
+  const int64_t finished = Counter(*client_, "finished");
+  // raw1 claims both done (one running on raw0, one queued); raw0 claims the queued one.
+  RawSend(liar, "DONE", protocol::EncodeDone(ids, 0));
+  RawSend(holder, "DONE", protocol::EncodeDone({ids[1]}, 0));
+  ExpectRuns(*client_);  // the broker reads the DONEs before it dispatches this job
+  ASSERT_TRUE(
+      testutil::WaitFor([&] { return PendingJobs(*client_) == 2; }, std::chrono::seconds(10)));
+  EXPECT_EQ(Counter(*client_, "finished"), finished + 1);  // the `tiny` job just run
+  for (const auto& id : ids) {
+    Result r;
+    ASSERT_TRUE(client_->Poll(id, &r).ok());
+    EXPECT_EQ(r.state, JobState::kPending) << id;
+  }
+  EXPECT_NE(RawRecv(liar, 200), "CHUNK");
+}
+
+TEST_F(Curve, OnlyTheOwnerOrAnOperatorCancelsAJob) {
+  // A job that waits in the queue: raw0 holds the first `head` job and never answers.
+  zmq::socket_t holder = RawWorker(0, {"head"}, 1);
+  ASSERT_TRUE(testutil::WaitFor([&] { return Workers() == 2; }, std::chrono::seconds(20)))
+      << fleet_->Logs();
+  client::Job job = TinyJob();
+  job.model = "head";
+  std::string running, queued;
+  ASSERT_TRUE(client_->Submit(job, &running).ok());
+  ASSERT_TRUE(client_->Submit(job, &queued).ok());
+  auto other = MakeClient("other");
+  ASSERT_TRUE(other);
+  for (const std::string& id : {running, queued})
+    EXPECT_EQ(other->Cancel(id).code(), std::string(codes::kNotFound)) << id;
+  EXPECT_EQ(PendingJobs(*client_), 2);
+  auto op = MakeClient("operator");
+  ASSERT_TRUE(op);
+  Status s = op->Cancel(queued);
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  Result r;
+  ASSERT_TRUE(client_->Wait(queued, 10000, &r).ok());
+  EXPECT_EQ(r.state, JobState::kCancelled);
+  // The owner may cancel its running job (raw0 is asked to stop it).
+  client::CancelReport report;
+  ASSERT_TRUE(client_->CancelMany({running}, &report).ok());
+  EXPECT_EQ(report.running, std::vector<std::string>{running});
+}
+
+TEST_F(Curve, AbsurdTtlIsRefusedAndAnEndlessTimeoutRuns) {
+  zmq::socket_t s = RawProducer();
+  // result_ttl_s 2^62: refused per job, by name, and no worker ever sees it.
+  RawSend(s, "SUBMIT", SubmitBody("ttl-job", "tiny", 0, int64_t{1} << 62));
+  protocol::Message m;
+  ASSERT_EQ(RawRecv(s, 10000, &m), "ACCEPTED");
+  msgpack::object_handle oh;
+  ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+  protocol::Accepted accepted;
+  ASSERT_TRUE(protocol::DecodeAccepted(oh.get(), &accepted).ok());
+  ASSERT_EQ(accepted.rejected.size(), 1u);
+  EXPECT_EQ(accepted.rejected[0].id, "ttl-job");
+  EXPECT_EQ(accepted.rejected[0].code, codes::kInvalidArgument);
+  EXPECT_NE(accepted.rejected[0].message.find("--max-result-ttl-s"), std::string::npos);
+  // timeout_ms INT64_MAX: no deadline (the arithmetic saturates), not "expired at once".
+  RawSend(s, "SUBMIT", SubmitBody("endless-job", "tiny", std::numeric_limits<int64_t>::max()));
+  ASSERT_EQ(RawRecv(s, 10000), "ACCEPTED");
+  Result r;
+  ASSERT_TRUE(client_->Wait("endless-job", 30000, &r).ok()) << fleet_->Logs();
+  EXPECT_EQ(r.state, JobState::kDone) << r.error.ToString();
+  protocol::RedisReply ttl;
+  ASSERT_TRUE(fleet_->redis().Connect()->Command({"TTL", "ferry:result:endless-job"}, &ttl).ok());
+  EXPECT_GT(ttl.integer, 0);
+  ExpectRuns(*client_);
+}
+
+TEST_F(Curve, ALyingReadyIsRefusedAndEvictsNobody) {
+  std::string json;
+  ASSERT_TRUE(client_->Stats(&json).ok());
+  const size_t at = json.find("\"id\":\"");
+  ASSERT_NE(at, std::string::npos) << json;
+  const std::string live = json.substr(at + 6, json.find('"', at + 6) - at - 6);
+  // raw0 takes the live worker's name; raw1 announces 3,005 models; raw1 again with control
+  // characters in its name.
+  zmq::socket_t thief = RawWorker(0, {"tiny"}, 4);
+  std::vector<std::string> junk;
+  for (int i = 0; i < 3005; ++i) junk.push_back("junk-" + std::to_string(i));
+  zmq::socket_t flood =
+      CurveDealer(ctx_, fleet_->backend(), &raw_worker_keys_[1], BrokerPublicKey());
+  RawSend(flood, "READY", HelloBody("raw1:1:cpu", junk, 4));
+  protocol::Message m;
+  EXPECT_EQ(RawRecv(flood, 10000, &m), "ERROR");
+  EXPECT_EQ(ErrorCode(m), codes::kInvalidArgument);
+  RawSend(flood, "READY", HelloBody("raw1\x1b[2J\n:1:cpu", {"tiny"}, 4));
+  EXPECT_EQ(RawRecv(flood, 10000, &m), "ERROR");
+  zmq::socket_t name_thief =
+      CurveDealer(ctx_, fleet_->backend(), &raw_worker_keys_[0], BrokerPublicKey());
+  RawSend(name_thief, "READY", HelloBody(live, {"tiny"}, 4));
+  EXPECT_EQ(RawRecv(name_thief, 10000, &m), "ERROR");
+  // The live worker still serves; no junk model became known.
+  for (int i = 0; i < 5; ++i) ExpectRuns(*client_);
+  ASSERT_TRUE(client_->Stats(&json).ok());
+  EXPECT_NE(json.find(live), std::string::npos);
+  EXPECT_EQ(json.find("junk-"), std::string::npos);
+  EXPECT_EQ(json.find("\x1b"), std::string::npos);
+  EXPECT_GE(Metric(metrics::names::kMessagesRefused), 3);
+}
+
+TEST_F(Curve, AHugeSubmitOrCancelIsRefusedSmallAndCheaply) {
+  zmq::socket_t s = RawProducer();
+  const int64_t rss_before = RssBytes(fleet_->broker().pid());
+  // 2^20 nils in "jobs" (1 MiB), four times: beyond the decoder's limits (malformed, before
+  // anything is built from it). 20,000 nils: beyond the jobs a message may carry (too_large).
+  auto nils = [](int n) {
+    msgpack::sbuffer buf;
+    protocol::Packer pk(buf);
+    pk.pack_map(1);
+    protocol::PackString(pk, "jobs");
+    pk.pack_array(n);
+    for (int i = 0; i < n; ++i) pk.pack_nil();
+    return protocol::ToMessage(std::move(buf));
+  };
+  for (int round = 0; round < 4; ++round) RawSend(s, "SUBMIT", nils(1 << 20));
+  for (int round = 0; round < 4; ++round) {
+    protocol::Message m;
+    ASSERT_EQ(RawRecv(s, 10000, &m), "ERROR");
+    EXPECT_EQ(ErrorCode(m), codes::kMalformed);
+    EXPECT_LT(m.body.size(), 1024u);
+  }
+  protocol::Message m;
+  RawSend(s, "SUBMIT", nils(20000));
+  ASSERT_EQ(RawRecv(s, 10000, &m), "ERROR");
+  EXPECT_EQ(ErrorCode(m), codes::kTooLarge);
+  EXPECT_LT(m.body.size(), 1024u);
+  // CANCEL of 20,000 ids: too_large too.
+  RawSend(s, "CANCEL", protocol::EncodeIds(std::vector<std::string>(20000, "x")));
+  ASSERT_EQ(RawRecv(s, 10000, &m), "ERROR");
+  EXPECT_EQ(ErrorCode(m), codes::kTooLarge);
+  ExpectRuns(*client_);
+  EXPECT_EQ(Workers(), 1);
+  EXPECT_LT(RssBytes(fleet_->broker().pid()) - rss_before, int64_t{64} << 20);
+}
+
+TEST_F(Curve, UnreadRepliesAreDroppedAndCountedNotHoarded) {
+  zmq::socket_t s = RawProducer();
+  s.set(zmq::sockopt::rcvhwm, 1);  // reads nothing: the replies pile up at the broker
+  const int64_t rss_before = RssBytes(fleet_->broker().pid());
+  for (int i = 0; i < 50000; ++i) RawSend(s, "STATS", protocol::EncodeEmpty(0));
+  ASSERT_TRUE(testutil::WaitFor([&] { return Metric(metrics::names::kRepliesDropped) > 0; },
+                                std::chrono::seconds(60)))
+      << fleet_->Logs();
+  ExpectRuns(*client_);
+  EXPECT_EQ(Workers(), 1);
+  EXPECT_LT(RssBytes(fleet_->broker().pid()) - rss_before, int64_t{200} << 20);
+}
+}  // namespace
+}  // namespace ferry::security_test
