@@ -1,7 +1,7 @@
 #pragma once
-// What the SDK's submit, notice and Run tests share (client_submit_test.cc,
-// client_notice_test.cc, client_run_test.cc): the fixture -- a client for a scripted broker
-// (client_scripted_frontend.h) on a free port, key prefix "test:", and a Redis URL where nothing
+// What the SDK's submit, notice, Run and result-tracker tests share (submit_test.cc,
+// notice_test.cc, run_test.cc, result_tracker_test.cc): the fixture -- a client for a scripted
+// broker (scripted_frontend.h) on a free port, key prefix "test:", and a Redis URL where nothing
 // listens unless the test starts a RedisProcess -- plus jobs, result records, and the
 // many-threads echo run.
 
