@@ -26,19 +26,6 @@ namespace ferry::reliability_test {
 namespace {
 
 // Resident set size of a process, from /proc.
-int64_t RssBytes(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  while (f >> key) {
-    if (key == "VmRSS:") {
-      int64_t kb = 0;
-      f >> kb;
-      return kb * 1024;
-    }
-  }
-  return -1;
-}
-
 TEST(Reliability, OverloadIsRejectedWithQueueFullAndBrokerMemoryStaysBounded) {
   FleetOptions fo;
   fo.workers = 1;
@@ -51,7 +38,7 @@ TEST(Reliability, OverloadIsRejectedWithQueueFullAndBrokerMemoryStaysBounded) {
   fleet.worker(0).Signal(SIGSTOP);
   ASSERT_TRUE(fleet.WaitForWorkers(0)) << fleet.Logs();
   auto c = MakeClient(fleet);
-  const int64_t rss_before = RssBytes(fleet.broker().pid());
+  const int64_t rss_before = testutil::RssBytes(fleet.broker().pid());
   // 10x the queue bound, 64 KiB each: 128 MiB offered, 12.5 MiB can be kept.
   std::vector<float> payload(16384, 0.25f);
   int accepted = 0, queue_full = 0;
@@ -80,7 +67,7 @@ TEST(Reliability, OverloadIsRejectedWithQueueFullAndBrokerMemoryStaysBounded) {
   }
   EXPECT_EQ(accepted, 200);
   EXPECT_EQ(queue_full, 1800);
-  const int64_t rss_after = RssBytes(fleet.broker().pid());
+  const int64_t rss_after = testutil::RssBytes(fleet.broker().pid());
   ASSERT_GT(rss_before, 0);
   // What it keeps is 200 x 64 KiB (x2 with the journal's copy in flight); far below 128 MiB.
   EXPECT_LT(rss_after - rss_before, 48ll << 20) << rss_before << " -> " << rss_after;

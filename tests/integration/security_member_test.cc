@@ -9,7 +9,6 @@
 
 #include <chrono>
 #include <cstdint>
-#include <fstream>
 #include <limits>
 #include <string>
 #include <vector>
@@ -38,19 +37,6 @@ std::string ErrorCode(const protocol::Message& m) {
 }
 
 // Resident set size of a process, from /proc (0 when unreadable).
-int64_t RssBytes(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  std::string key;
-  while (f >> key) {
-    if (key == "VmRSS:") {
-      int64_t kb = 0;
-      f >> kb;
-      return kb * 1024;
-    }
-  }
-  return 0;
-}
-
 TEST_F(Curve, AListedWorkerThatLiesAboutDoneFinishesNothing) {
   // raw0 serves `head` with room for one job and never answers: the first job runs on it, the
   // second waits in the queue. raw1 serves another model and holds nothing.
@@ -172,7 +158,8 @@ TEST_F(Curve, ALyingReadyIsRefusedAndEvictsNobody) {
 
 TEST_F(Curve, AHugeSubmitOrCancelIsRefusedSmallAndCheaply) {
   zmq::socket_t s = RawProducer();
-  const int64_t rss_before = RssBytes(fleet_->broker().pid());
+  const int64_t rss_before = testutil::RssBytes(fleet_->broker().pid());
+  ASSERT_GT(rss_before, 0);
   // 2^20 nils in "jobs" (1 MiB), four times: beyond the decoder's limits (malformed, before
   // anything is built from it). 20,000 nils: beyond the jobs a message may carry (too_large).
   auto nils = [](int n) {
@@ -202,20 +189,21 @@ TEST_F(Curve, AHugeSubmitOrCancelIsRefusedSmallAndCheaply) {
   EXPECT_EQ(ErrorCode(m), codes::kTooLarge);
   ExpectRuns(*client_);
   EXPECT_EQ(Workers(), 1);
-  EXPECT_LT(RssBytes(fleet_->broker().pid()) - rss_before, int64_t{64} << 20);
+  EXPECT_LT(testutil::RssBytes(fleet_->broker().pid()) - rss_before, int64_t{64} << 20);
 }
 
 TEST_F(Curve, UnreadRepliesAreDroppedAndCountedNotHoarded) {
   zmq::socket_t s = RawProducer();
   s.set(zmq::sockopt::rcvhwm, 1);  // reads nothing: the replies pile up at the broker
-  const int64_t rss_before = RssBytes(fleet_->broker().pid());
+  const int64_t rss_before = testutil::RssBytes(fleet_->broker().pid());
+  ASSERT_GT(rss_before, 0);
   for (int i = 0; i < 50000; ++i) RawSend(s, "STATS", protocol::EncodeEmpty(0));
   ASSERT_TRUE(testutil::WaitFor([&] { return Metric(metrics::names::kRepliesDropped) > 0; },
                                 std::chrono::seconds(60)))
       << fleet_->Logs();
   ExpectRuns(*client_);
   EXPECT_EQ(Workers(), 1);
-  EXPECT_LT(RssBytes(fleet_->broker().pid()) - rss_before, int64_t{200} << 20);
+  EXPECT_LT(testutil::RssBytes(fleet_->broker().pid()) - rss_before, int64_t{200} << 20);
 }
 }  // namespace
 }  // namespace ferry::security_test

@@ -23,6 +23,19 @@
 
 namespace ferry::testutil {
 
+int64_t RssBytes(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string key;
+  while (f >> key) {
+    if (key == "VmRSS:") {
+      int64_t kb = 0;
+      f >> kb;
+      return kb * 1024;
+    }
+  }
+  return -1;
+}
+
 bool NextPubSubMessage(protocol::RedisSubscriber* sub, std::string* payload) {
   payload->clear();
   bool got = false;

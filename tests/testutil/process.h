@@ -27,6 +27,9 @@ bool WaitFor(const std::function<bool()>& condition,
 // connection failed).
 bool NextPubSubMessage(protocol::RedisSubscriber* sub, std::string* payload);
 
+// A process's resident memory (VmRSS in /proc/PID/status) in bytes; -1 when it cannot be read.
+int64_t RssBytes(pid_t pid);
+
 // A fresh directory under $TMPDIR, removed (recursively) on destruction.
 class TempDir {
  public:
