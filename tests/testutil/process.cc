@@ -203,7 +203,9 @@ std::unique_ptr<protocol::RedisClient> RedisServer::Connect() const {
 }
 
 void RedisServer::Start() {
-  std::vector<std::string> argv = {"/usr/bin/redis-server",
+  // FERRY_TEST_REDIS_SERVER: another server to test against (a Valkey build, say).
+  const char* server = std::getenv("FERRY_TEST_REDIS_SERVER");
+  std::vector<std::string> argv = {server != nullptr && *server ? server : "/usr/bin/redis-server",
                                    "--port",
                                    options_.tls ? "0" : std::to_string(port_),
                                    "--bind",
