@@ -400,9 +400,11 @@ TEST_F(RedisSecurity, EachUserIsHeldToItsOwnCommandsAndKeys) {
   auto refused = [](protocol::RedisClient* c, const std::vector<std::string_view>& argv) {
     protocol::RedisReply reply;
     const Status s = c->Command(argv, &reply);
-    // NOPERM; inside a script: "The user executing the script can't access ...".
+    // NOPERM; inside a script: "The user executing the script can't access ..." (Redis 7),
+    // "ACL failure in script: ..." (Valkey 9).
     return !s.ok() &&
-           (Contains(s.message(), "NOPERM") || Contains(s.message(), "user executing the script"));
+           (Contains(s.message(), "NOPERM") || Contains(s.message(), "user executing the script") ||
+            Contains(s.message(), "ACL failure in script"));
   };
   auto allowed = [](protocol::RedisClient* c, const std::vector<std::string_view>& argv) {
     protocol::RedisReply reply;

@@ -93,12 +93,12 @@ TEST(RedisUnixSocket, TheWholeJobPathGoesThroughTheSocket) {
   }
 
   // The broker, the worker and the SDK: all on the socket (Redis names it as their address:
-  // "PATH:0", or "[PATH]:0" in Valkey 9), none over TCP.
+  // "PATH:0", or "[PATH:0]:0" in Valkey 9), none over TCP.
   const std::vector<std::string> addresses = OtherClientAddresses(fleet);
   EXPECT_GE(addresses.size(), 3u);
   const std::string path = fleet.redis().socket_path();
   for (const std::string& a : addresses)
-    EXPECT_TRUE(a.rfind(path, 0) == 0 || a.rfind("[" + path + "]", 0) == 0)
+    EXPECT_TRUE(a.rfind(path + ":", 0) == 0 || a.rfind("[" + path + ":", 0) == 0)
         << "a client over TCP: " << a;
 }
 

@@ -188,8 +188,9 @@ def test_redis_over_its_unix_socket(fleet):
         assert_tiny(c.run("tiny", small, timeout=30), small)
         i = c.submit("null", x)
         np.testing.assert_array_equal(c.wait(i, timeout=30).outputs[0], x)
+        # A Unix client's addr: "PATH:0" (Redis 7), "[PATH:0]:0" (Valkey 9).
         on_socket = [cl for cl in fleet.redis().client_list()
-                     if cl["addr"].startswith(fleet.redis_socket)]
+                     if cl["addr"].lstrip("[").startswith(fleet.redis_socket + ":")]
         assert on_socket, fleet.redis().client_list()
     assert fleet.redis().keys("ferry:input:*") == []
     # Nobody on the socket: a stored input cannot be written, and the error says where.
