@@ -67,7 +67,7 @@ lifetime measured "$JOBS"
 # Exclusive instructions per function of a callgrind file: "IR<TAB>function<TAB>object" lines
 # (callgrind_annotate leaves the object out on some lines).
 functions() {
-  callgrind_annotate --threshold=100 "$1" 2>/dev/null |
+  callgrind_annotate --threshold=100 --auto=no "$1" 2>/dev/null |
     awk '/PROGRAM TOTALS/ { next }
       match($0, /^ *[0-9,]+ +\( *[0-9.]+%\) +/) {
         ir = $1; gsub(",", "", ir); fn = substr($0, RLENGTH + 1); obj = ""
