@@ -4,7 +4,6 @@
 // ready or its port is taken, and (exit 2) on usage errors and missing model files.
 #include <dirent.h>
 #include <signal.h>
-#include <sys/stat.h>
 
 #include <gtest/gtest.h>
 
@@ -12,7 +11,6 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
-#include <iterator>
 #include <map>
 #include <sstream>
 #include <string>
@@ -80,17 +78,6 @@ bool Exited(pid_t pid) {
          stat[close + 2] == 'X';
 }
 
-// The mode bits of a file (-1 when it is missing).
-int Mode(const std::string& path) {
-  struct stat st {};
-  return stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // `ferry up` finds ferry-broker/ferry-worker next to itself (the build tree), starts redis, the
 // broker and a CPU worker; a job runs through it; SIGTERM drains everything -- the worker, then
 // the broker, then redis, each on its SIGTERM -- and it exits 0.
@@ -121,7 +108,7 @@ TEST(FerryUp, StartsRunsAJobAndDrainsOnSigterm) {
   for (const auto& name : stop_order) ASSERT_EQ(children.count(name), 1u) << name << up.Log();
   // The broker and the worker reach the Redis up started over its socket; producers get TCP.
   for (const char* member : {"ferry-broker", "ferry-worker"}) {
-    std::string cmdline = ReadAll("/proc/" + std::to_string(children.at(member)) + "/cmdline");
+    std::string cmdline = ReadFile("/proc/" + std::to_string(children.at(member)) + "/cmdline");
     std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
     EXPECT_NE(cmdline.find("--redis unix://" + dir.path() + "/logs/redis.sock"), std::string::npos)
         << member << ": " << cmdline;
@@ -193,22 +180,22 @@ TEST(FerryUp, BindingBeyondLoopbackUsesCurve) {
   const std::string secret = env["FERRY_CURVE_SECRET"];
   EXPECT_EQ(server_public, logs + "/keys/broker.key");
   EXPECT_EQ(secret, logs + "/keys/producer.key_secret");
-  EXPECT_EQ(Mode(secret), 0600);
-  EXPECT_EQ(Mode(logs + "/keys/broker.key_secret"), 0600);
-  EXPECT_EQ(Mode(logs + "/keys/worker0.key_secret"), 0600);
-  EXPECT_EQ(Mode(logs + "/keys"), 0700);
-  EXPECT_EQ(Mode(logs + "/keys/allow-producers/producer.key"), 0644);
-  EXPECT_EQ(Mode(logs + "/keys/allow-workers/worker0.key"), 0644);
-  EXPECT_EQ(Mode(logs + "/keys/allow-workers/worker0.key_secret"), -1)
+  EXPECT_EQ(FileMode(secret), 0600);
+  EXPECT_EQ(FileMode(logs + "/keys/broker.key_secret"), 0600);
+  EXPECT_EQ(FileMode(logs + "/keys/worker0.key_secret"), 0600);
+  EXPECT_EQ(FileMode(logs + "/keys"), 0700);
+  EXPECT_EQ(FileMode(logs + "/keys/allow-producers/producer.key"), 0644);
+  EXPECT_EQ(FileMode(logs + "/keys/allow-workers/worker0.key"), 0644);
+  EXPECT_EQ(FileMode(logs + "/keys/allow-workers/worker0.key_secret"), -1)
       << "no secrets in allow dirs";
   // The env file holds paths: no line of a secret certificate is in it.
-  const std::string env_text = ReadAll(env_file), secret_text = ReadAll(secret);
+  const std::string env_text = ReadFile(env_file), secret_text = ReadFile(secret);
   const size_t at = secret_text.find("secret-key = \"");
   ASSERT_NE(at, std::string::npos) << secret_text;
   EXPECT_EQ(env_text.find(secret_text.substr(at + 14, 40)), std::string::npos) << env_text;
   // No key material on any child's command line either (ps shows argv).
   for (const auto& [name, pid] : ChildrenOf(up.pid())) {
-    const std::string cmdline = ReadAll("/proc/" + std::to_string(pid) + "/cmdline");
+    const std::string cmdline = ReadFile("/proc/" + std::to_string(pid) + "/cmdline");
     EXPECT_EQ(cmdline.find(secret_text.substr(at + 14, 40)), std::string::npos) << name;
   }
 

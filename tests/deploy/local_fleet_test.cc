@@ -3,7 +3,6 @@
 // it started), the CURVE keys it makes, and the log lines it shows when a child dies.
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -17,7 +16,9 @@
 namespace ferry::cli {
 namespace {
 
+using testutil::FileMode;
 using testutil::FreePort;
+using testutil::ReadFile;
 using testutil::TempDir;
 
 // A listening TCP socket on 127.0.0.1:port, closed on destruction.
@@ -40,16 +41,6 @@ class Listener {
   int fd_ = -1;
   bool ok_ = false;
 };
-
-int Mode(const std::string& path) {
-  struct stat st {};
-  return stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
-}
-
-std::string ReadAll(const std::string& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
 
 TEST(LocalFleet, PortFreeSeesAListenerOnTheAddressAndOnAllInterfaces) {
   const int port = FreePort();
@@ -89,22 +80,22 @@ TEST(LocalFleet, FleetKeysAreMadeOnceWithSecretsReadableByTheOwnerOnly) {
   const std::string keys_dir = dir.path() + "/keys";
   FleetKeys k;
   ASSERT_TRUE(PrepareFleetKeys(keys_dir, 2, &k).ok());
-  EXPECT_EQ(Mode(keys_dir), 0700);
+  EXPECT_EQ(FileMode(keys_dir), 0700);
   for (const std::string& secret :
        {k.broker_secret, k.producer_secret, k.worker_secrets.at(0), k.worker_secrets.at(1)})
-    EXPECT_EQ(Mode(secret), 0600) << secret;
+    EXPECT_EQ(FileMode(secret), 0600) << secret;
   EXPECT_EQ(k.worker_secrets.size(), 2u);
-  EXPECT_EQ(ReadAll(k.allow_producers + "/producer.key"), ReadAll(k.producer_public));
-  EXPECT_EQ(ReadAll(k.allow_workers + "/worker1.key"), ReadAll(keys_dir + "/worker1.key"));
-  EXPECT_EQ(Mode(k.allow_workers + "/worker1.key_secret"), -1);
-  EXPECT_EQ(Mode(k.allow_producers + "/broker.key"), -1) << "the broker is no producer";
+  EXPECT_EQ(ReadFile(k.allow_producers + "/producer.key"), ReadFile(k.producer_public));
+  EXPECT_EQ(ReadFile(k.allow_workers + "/worker1.key"), ReadFile(keys_dir + "/worker1.key"));
+  EXPECT_EQ(FileMode(k.allow_workers + "/worker1.key_secret"), -1);
+  EXPECT_EQ(FileMode(k.allow_producers + "/broker.key"), -1) << "the broker is no producer";
 
   // Again, with a third worker: the pairs that exist are kept, the new one is made.
-  const std::string broker_secret = ReadAll(k.broker_secret);
+  const std::string broker_secret = ReadFile(k.broker_secret);
   FleetKeys again;
   ASSERT_TRUE(PrepareFleetKeys(keys_dir, 3, &again).ok());
-  EXPECT_EQ(ReadAll(again.broker_secret), broker_secret);
-  EXPECT_EQ(Mode(again.worker_secrets.at(2)), 0600);
+  EXPECT_EQ(ReadFile(again.broker_secret), broker_secret);
+  EXPECT_EQ(FileMode(again.worker_secrets.at(2)), 0600);
 
   // A broken kept secret is an error naming the file, not silently replaced.
   std::ofstream(k.producer_secret, std::ios::trunc) << "junk\n";

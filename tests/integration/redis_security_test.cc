@@ -16,10 +16,8 @@
 
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <memory>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -39,6 +37,7 @@ using client::ClientOptions;
 using client::Job;
 using client::SubmitOutcome;
 using testutil::Process;
+using testutil::ReadFile;
 using testutil::WaitFor;
 
 // Passwords distinct enough that a leak is found by a plain substring search.
@@ -50,13 +49,6 @@ constexpr char kWrongPassword[] = "not-the-pw-913b7c55";
 
 bool Contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
-}
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 // The command line of a running process, as `ps` shows it.

@@ -11,8 +11,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
 #include <string>
 #include <utility>
 #include <vector>
@@ -143,9 +141,7 @@ TEST(Reliability, CancelQueuedAndDispatchedJobs) {
                           fleet.CurveCliFlags() + " --redis " + fleet.redis().url() +
                           " running > " + dir.path() + "/out.txt 2>&1";
   EXPECT_EQ(WEXITSTATUS(std::system(cmd.c_str())), 1);
-  std::ifstream out(dir.path() + "/out.txt");
-  std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(text, "not_found running\n");
+  EXPECT_EQ(testutil::ReadFile(dir.path() + "/out.txt"), "not_found running\n");
 }
 
 TEST(Reliability, HigherPriorityRunsFirstFifoWithin) {

@@ -6,6 +6,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -34,6 +35,18 @@ int64_t RssBytes(pid_t pid) {
     }
   }
   return -1;
+}
+
+std::string ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int FileMode(const std::string& path) {
+  struct stat st {};
+  return stat(path.c_str(), &st) == 0 ? static_cast<int>(st.st_mode & 07777) : -1;
 }
 
 bool NextPubSubMessage(protocol::RedisSubscriber* sub, std::string* payload) {
@@ -170,12 +183,7 @@ int Process::Wait(std::chrono::milliseconds timeout) {
   return -1;
 }
 
-std::string Process::Log() const {
-  std::ifstream in(log_path_);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
+std::string Process::Log() const { return ReadFile(log_path_); }
 
 RedisServer::RedisServer(Options options)
     : options_(std::move(options)), port_(options_.port != 0 ? options_.port : FreePort()) {

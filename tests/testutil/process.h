@@ -30,6 +30,12 @@ bool NextPubSubMessage(protocol::RedisSubscriber* sub, std::string* payload);
 // A process's resident memory (VmRSS in /proc/PID/status) in bytes; -1 when it cannot be read.
 int64_t RssBytes(pid_t pid);
 
+// A file's whole contents ("" when it cannot be read).
+std::string ReadFile(const std::string& path);
+
+// A file's permission bits (st_mode & 07777); -1 when it is missing.
+int FileMode(const std::string& path);
+
 // A fresh directory under $TMPDIR, removed (recursively) on destruction.
 class TempDir {
  public:

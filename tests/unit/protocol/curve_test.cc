@@ -33,10 +33,8 @@ std::string Python(const std::string& code, bool* ok) {
   std::ofstream(script) << code;
   const std::string out = dir.path() + "/out.txt";
   const int rc = std::system(("/usr/bin/python3 " + script + " > " + out + " 2>&1").c_str());
-  std::ifstream in(out);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   *ok = rc == 0;
-  return text;
+  return testutil::ReadFile(out);
 }
 
 bool HavePyzmq() {
