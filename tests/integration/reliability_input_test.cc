@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <map>
 #include <string>
 #include <vector>
 
@@ -18,6 +19,23 @@
 
 namespace ferry::reliability_test {
 namespace {
+
+// Kills the broker, starts a new one and waits for every job: each after the blocker (jobs[0])
+// must end done with its own input as its output (the null model). The results go to *results.
+void KillBrokerAndExpectInputsBack(Client& c, Fleet& fleet, const std::vector<Job>& jobs,
+                                   std::map<std::string, Result>* results) {
+  fleet.broker().Signal(SIGKILL);
+  fleet.broker().Wait();
+  fleet.StartBroker();
+  std::vector<std::string> ids;
+  for (const auto& j : jobs) ids.push_back(j.id);
+  *results = WaitAll(c, ids, 60000);
+  for (size_t i = 1; i < jobs.size(); ++i) {
+    const Result& r = results->at(jobs[i].id);
+    ASSERT_EQ(r.state, JobState::kDone) << jobs[i].id << " " << r.error.ToString() << fleet.Logs();
+    EXPECT_TRUE(r.outputs.at(0).data == jobs[i].inputs[0].data) << jobs[i].id;
+  }
+}
 
 // Jobs whose big inputs the producer stored in Redis (a claim check: the broker journals only
 // their dtype and shape): a broker killed while they wait in its queue is replaced, the new one
@@ -53,17 +71,8 @@ TEST(Reliability, StoredInputsSurviveABrokerKillAndGoWithTheirJobs) {
     auto redis = fleet.redis().Connect();
     return redis && redis->Get(protocol::Keys().Input(cancelled_id, 0), &v, &found).ok() && !found;
   })) << "the cancelled job's stored input is still in Redis";
-  fleet.broker().Signal(SIGKILL);
-  fleet.broker().Wait();
-  fleet.StartBroker();
-  std::vector<std::string> ids;
-  for (const auto& j : jobs) ids.push_back(j.id);
-  const auto results = WaitAll(*c, ids, 60000);
-  for (size_t i = 1; i < jobs.size(); ++i) {
-    const Result& r = results.at(jobs[i].id);
-    ASSERT_EQ(r.state, JobState::kDone) << jobs[i].id << " " << r.error.ToString() << fleet.Logs();
-    EXPECT_TRUE(r.outputs.at(0).data == jobs[i].inputs[0].data) << jobs[i].id;
-  }
+  std::map<std::string, Result> results;
+  ASSERT_NO_FATAL_FAILURE(KillBrokerAndExpectInputsBack(*c, fleet, jobs, &results));
   auto redis = fleet.redis().Connect();
   protocol::RedisReply keys;
   ASSERT_TRUE(redis->Command({"KEYS", "ferry:input:*"}, &keys).ok());
@@ -111,17 +120,8 @@ TEST(Reliability, AttachedInputsSurviveAWorkerKillAndABrokerKill) {
     ASSERT_TRUE(redis->Command({"HSTRLEN", "ferry:journal", "att-kill-4"}, &entry).ok());
     EXPECT_GT(entry.integer, 200000) << "the journal entry lacks the input's bytes";
   }
-  fleet.broker().Signal(SIGKILL);
-  fleet.broker().Wait();
-  fleet.StartBroker();
-  std::vector<std::string> ids;
-  for (const auto& j : jobs) ids.push_back(j.id);
-  const auto results = WaitAll(*c, ids, 60000);
-  for (size_t i = 1; i < jobs.size(); ++i) {
-    const Result& r = results.at(jobs[i].id);
-    ASSERT_EQ(r.state, JobState::kDone) << jobs[i].id << " " << r.error.ToString() << fleet.Logs();
-    EXPECT_TRUE(r.outputs.at(0).data == jobs[i].inputs[0].data) << jobs[i].id;
-  }
+  std::map<std::string, Result> results;
+  ASSERT_NO_FATAL_FAILURE(KillBrokerAndExpectInputsBack(*c, fleet, jobs, &results));
   EXPECT_GE(results.at("att-kill-0").attempt, 2) << "the killed worker's job was not requeued";
 }
 
