@@ -49,9 +49,12 @@ class _Entry:
         self.touched = now
 
 
-def _wake_future(fut):
-    if not fut.done():
-        fut.set_result(None)
+def _wake_waiters(e):
+    if e.waiters:
+        ws, e.waiters = e.waiters, []
+        for f in ws:
+            if not f.done():
+                f.set_result(None)
 
 
 class Results:
@@ -91,10 +94,8 @@ class Results:
     def wake(self, id):
         """Wakes id's waiters without a change (a run's rejection: they raise it)."""
         e = self.entries.get(id)
-        if e is not None and e.waiters:
-            ws, e.waiters = e.waiters, []
-            for f in ws:
-                _wake_future(f)
+        if e is not None:
+            _wake_waiters(e)
 
     def close(self):
         """Waits in progress raise Unavailable; the subscription closes."""
@@ -118,11 +119,7 @@ class Results:
     def _changed(self, e):
         e.version += 1
         e.touched = self.loop.time()
-        if e.waiters:
-            ws, e.waiters = e.waiters, []
-            for f in ws:
-                if not f.done():
-                    f.set_result(None)
+        _wake_waiters(e)
 
     def finished(self, ids, records):
         """A FINISHED body (or a worker's notice): these ids' results are in Redis."""
