@@ -17,6 +17,9 @@
 # keeps the callgrind.out files in $CALLGRIND_OUT (${TMPDIR:-/tmp}/ferry-bench-results/callgrind-<date>).
 # Everything runs ~50x slower under valgrind: latencies mean nothing here, counts do. Use a
 # Release build with ferry-bench-sdk, ferry-broker, ferry-worker and ferry-make-models.
+# BENCH_FLAGS: ferry-bench-sdk flags used instead of --run (e.g. "--loaders 4 --submit-batch 64
+# --stored-input-bytes 1", the claim-check shape; the SDK table then counts nothing, as it counts
+# only inside `Run`); MAX_BATCH: the worker's --max-batch (256).
 set -uo pipefail
 [ $# -ge 1 ] || { sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 command -v valgrind >/dev/null || { echo "callgrind.sh: needs valgrind (apt-get install valgrind)" >&2; exit 2; }
@@ -45,11 +48,11 @@ lifetime() {
     "$B/broker/ferry-broker" --frontend "tcp://127.0.0.1:$F" --backend "tcp://127.0.0.1:$K" \
     --redis "redis://127.0.0.1:$R" --log-level warn >"$W/broker-$name.log" 2>&1 &
   BP=$!
-  "$B/gpu-worker/ferry-worker" --model "tiny=$W/models/tiny.pt" --device cpu --max-batch 256 \
+  "$B/gpu-worker/ferry-worker" --model "tiny=$W/models/tiny.pt" --device cpu --max-batch "${MAX_BATCH:-256}" \
     --instances 1 --threads 1 --broker "tcp://127.0.0.1:$K" --redis "redis://127.0.0.1:$R" \
     --log-level warn >"$W/worker-$name.log" 2>&1 & PIDS+=($!)
   local args=(--frontend "tcp://127.0.0.1:$F" --redis "redis://127.0.0.1:$R" --model tiny
-              --shape 8 --run --concurrency "$CONC" --timeout-ms 60000)
+              --shape 8 --concurrency "$CONC" --timeout-ms 60000 ${BENCH_FLAGS:---run})
   "$B/bench/ferry-bench-sdk" "${args[@]}" --wait-workers 1 --jobs "$WARMUP" >"$W/warmup-$name.log" 2>&1 ||
     { echo "callgrind.sh: warm-up failed (logs in $W)" >&2; trap - EXIT; stop_all; exit 1; }
   if [ "$jobs" -gt 0 ]; then
@@ -103,6 +106,8 @@ def group(fn):
     return "other"
 def show(title, per_fn):
     total = sum(per_fn.values())
+    if total <= 0:
+        print(f"== {title}: nothing counted"); return
     print(f"== {title}: {total / jobs:,.0f} instructions per job")
     groups = {}
     for fn, ir in per_fn.items(): groups[group(fn)] = groups.get(group(fn), 0) + ir
