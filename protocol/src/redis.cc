@@ -225,6 +225,20 @@ class SocketReader {
 Status RedisClient::GetMany(const std::vector<std::string_view>& keys,
                             std::vector<std::optional<std::string>>* values, bool consume) {
   values->assign(keys.size(), std::nullopt);
+  std::vector<bool> found;
+  return GetManyInto(
+      keys,
+      [values](size_t i, size_t size) {
+        std::string& v = (*values)[i].emplace();
+        v.resize(size);
+        return v.data();
+      },
+      &found, consume);
+}
+
+Status RedisClient::GetManyInto(const std::vector<std::string_view>& keys, const Destination& into,
+                                std::vector<bool>* found, bool consume) {
+  found->assign(keys.size(), false);
   if (keys.empty()) return Status::Ok();
   FERRY_RETURN_IF_ERROR(EnsureConnected());
   // Everything queued before goes first; its replies would be read here: not allowed.
@@ -236,7 +250,11 @@ Status RedisClient::GetMany(const std::vector<std::string_view>& keys,
     for (size_t i = 0; i < keys.size(); ++i) {
       if (replies[i].type == RedisReply::Type::kError)
         return Status::Internal("redis: " + replies[i].str);
-      if (replies[i].type == RedisReply::Type::kString) (*values)[i] = std::move(replies[i].str);
+      if (replies[i].type != RedisReply::Type::kString) continue;
+      const std::string& v = replies[i].str;
+      char* dst = into(i, v.size());
+      if (!v.empty()) std::memcpy(dst, v.data(), v.size());
+      (*found)[i] = true;
     }
     return Status::Ok();
   }
@@ -260,10 +278,11 @@ Status RedisClient::GetMany(const std::vector<std::string_view>& keys,
         std::from_chars(line.data() + 1, line.data() + line.size(), len).ec != std::errc())
       s = Status(codes::kMalformed, "bad bulk length " + line);
     if (s.ok() && len >= 0) {
-      std::string& v = (*values)[i].emplace();
-      v.resize(static_cast<size_t>(len));
+      const size_t size = static_cast<size_t>(len);
+      char* dst = into(i, size);
+      (*found)[i] = true;
       char crlf[2];
-      s = reader.Exact(v.data(), v.size());
+      s = reader.Exact(dst, size);
       if (s.ok()) s = reader.Exact(crlf, 2);
     }
     if (!s.ok()) {

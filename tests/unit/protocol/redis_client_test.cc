@@ -7,6 +7,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "ferry/protocol/redis.h"
@@ -109,6 +110,45 @@ TEST_F(RedisClientTest, ARefusedSelectFailsEveryTryInsteadOfUsingDatabaseZero) {
   RedisReply reply;
   ASSERT_TRUE(client_->Command({"EXISTS", "k:db"}, &reply).ok());
   EXPECT_EQ(reply.integer, 0) << "the SET went to database 0";
+}
+
+// GetManyInto: each value lands where the caller's function says (here: back to back in one
+// buffer), nothing is asked for a missing key, and an error reply fails the call without
+// leaving the connection out of step.
+TEST_F(RedisClientTest, GetManyIntoReadsEachValueWhereTheCallerSays) {
+  const std::string big = Pattern((size_t{1} << 20) + 5);
+  client_->Append({"SET", "k:big", big});
+  client_->Append({"SET", "k:small", "abc"});
+  client_->Append({"SET", "k:empty", ""});
+  client_->Append({"LPUSH", "k:list", "x"});
+  ASSERT_TRUE(client_->Flush(nullptr).ok());
+  std::vector<char> buffer(big.size() + 3 + 64, '#');
+  std::vector<std::pair<size_t, size_t>> asked;  // (index, size)
+  size_t used = 0;
+  auto into = [&](size_t i, size_t size) {
+    asked.emplace_back(i, size);
+    char* at = buffer.data() + used;
+    used += size;
+    return at;
+  };
+  std::vector<bool> found;
+  Status s = client_->GetManyInto({"k:small", "k:missing", "k:big", "k:empty"}, into, &found);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(found, std::vector<bool>({true, false, true, true}));
+  EXPECT_EQ(asked, (std::vector<std::pair<size_t, size_t>>{{0, 3}, {2, big.size()}, {3, 0}}));
+  EXPECT_EQ(std::string(buffer.data(), 3), "abc");
+  EXPECT_TRUE(std::string(buffer.data() + 3, big.size()) == big) << "the big value changed";
+  EXPECT_EQ(buffer[3 + big.size()], '#');  // nothing written past what was asked for
+
+  used = 0;
+  s = client_->GetManyInto({"k:small", "k:list"}, into, &found);
+  EXPECT_EQ(s.code(), codes::kInternal);
+  EXPECT_NE(s.message().find("WRONGTYPE"), std::string::npos) << s.message();
+  std::string value;
+  bool there = false;
+  ASSERT_TRUE(client_->Get("k:small", &value, &there).ok());
+  EXPECT_TRUE(there);
+  EXPECT_EQ(value, "abc");
 }
 
 // unix:///PATH?db=N: the same commands over Redis's Unix-domain socket, on that database; a

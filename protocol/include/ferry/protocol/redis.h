@@ -70,6 +70,13 @@ class RedisClient {
   // read (Redis >= 6.2).
   Status GetMany(const std::vector<std::string_view>& keys,
                  std::vector<std::optional<std::string>>* values, bool consume = false);
+  // The same, each value read into memory the caller gives instead of a string (which would
+  // be zero-filled first: for a 960 KB value that costs half as much as reading it):
+  // `into(i, size)` returns where keys[i]'s `size` bytes go (never null), and is not called for
+  // a key that does not exist. (*found)[i]: whether keys[i] existed.
+  using Destination = std::function<char*(size_t index, size_t size)>;
+  Status GetManyInto(const std::vector<std::string_view>& keys, const Destination& into,
+                     std::vector<bool>* found, bool consume = false);
 
  private:
   explicit RedisClient(const RedisEndpoint& endpoint, int timeout_ms);
