@@ -5,7 +5,10 @@
 // Run() is the batched call of the configured method (default `forward`):
 //  1. stacks the inputs of B jobs into [B, ...] tensors with one allocation and one copy per
 //     job -- in pinned host memory when the model is on CUDA -- padding the dimension named by
-//     the padding policy to the batch's target length with the pad value;
+//     the padding policy to the batch's target length with the pad value; on the CPU, an input
+//     whose bytes already lie back to back for the batch (stored inputs fetched together:
+//     input_fetcher.h) is read where it is, unless the model has been seen writing into its
+//     inputs (then it gets copies from that batch on, and that batch is not retried);
 //  2. copies them to the device (non-blocking from pinned memory, on the caller's stream);
 //  3. converts dtypes on the device (e.g. uint8 pixels -> float, scale, mean/std), casts
 //     floating inputs to float16 for half-precision models, appends the true lengths [B] int64

@@ -1,9 +1,11 @@
 // The worker's batch path, in-process, on real TorchScript models defined here: stacking,
-// sub-batches by shape, failing jobs isolated by halving, tuple/list outputs, every dtype.
+// sub-batches by shape, inputs read in place, failing jobs isolated by halving, tuple/list
+// outputs, every dtype.
 #include <gtest/gtest.h>
 #include <torch/script.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -190,6 +192,94 @@ TEST_F(BatcherTest, JobThatMakesTheModelThrowIsIsolatedByHalving) {
       EXPECT_GE(results[j].batch_size, 1);
     }
   }
+}
+
+// `values.size() / 2` jobs of one [2] float32 input each, their bytes back to back in one
+// buffer, as the input fetcher lays out stored inputs fetched together; the jobs share it (as
+// Job::chunk) and so does *buffer, for the test to look at afterwards.
+std::vector<Job> BackToBackJobs(const std::string& model, const std::vector<float>& values,
+                                std::shared_ptr<std::vector<float>>* buffer) {
+  *buffer = std::make_shared<std::vector<float>>(values);
+  std::vector<Job> jobs;
+  for (size_t j = 0; j < values.size() / 2; ++j) {
+    Job job;
+    job.entry.id = "b" + std::to_string(j);
+    job.entry.model = model;
+    job.entry.inputs.push_back({DType::kFloat32,
+                                {2},
+                                reinterpret_cast<const char*>((*buffer)->data() + 2 * j),
+                                2 * sizeof(float)});
+    job.chunk = *buffer;
+    jobs.push_back(std::move(job));
+  }
+  return jobs;
+}
+
+// On the CPU a batch whose inputs lie back to back is read where it is; an output that is the
+// input itself is copied out, so it outlives the jobs' bytes.
+TEST_F(BatcherTest, BackToBackInputsAreReadInPlaceAndOutputsDoNotShareThem) {
+  auto model = Load("same", "def forward(self, x):\n    return x\n");
+  std::shared_ptr<std::vector<float>> buffer;
+  Batcher batcher;
+  auto results = batcher.Run(*model, BackToBackJobs("same", {1, 2, 3, 4, 5, 6}, &buffer));
+  EXPECT_EQ(batcher.forward_calls(), 1);
+  std::fill(buffer->begin(), buffer->end(), -7.0f);  // the jobs' bytes, gone
+  ASSERT_EQ(results.size(), 3u);
+  for (size_t j = 0; j < 3; ++j) {
+    ASSERT_TRUE(results[j].status.ok()) << results[j].status.ToString();
+    EXPECT_EQ(results[j].batch_size, 3);
+    EXPECT_EQ(AsFloats(results[j].outputs.at(0)), std::vector<float>({2.0f * j + 1, 2.0f * j + 2}));
+  }
+}
+
+// A model that writes into its inputs: its first such batch shows it (the bytes changed, so
+// they were read in place, and the results are right); from then on it gets copies.
+TEST_F(BatcherTest, AModelThatWritesIntoItsInputsGetsCopiesAfterItsFirstBatch) {
+  auto model = Load("scale", "def forward(self, x):\n    x.mul_(2.0)\n    return x + 1.0\n");
+  Batcher batcher;
+  for (int round = 0; round < 2; ++round) {
+    std::shared_ptr<std::vector<float>> buffer;
+    auto results = batcher.Run(*model, BackToBackJobs("scale", {1, 2, 3, 4}, &buffer));
+    for (size_t j = 0; j < 2; ++j) {
+      ASSERT_TRUE(results[j].status.ok()) << results[j].status.ToString();
+      EXPECT_EQ(AsFloats(results[j].outputs.at(0)),
+                std::vector<float>({4.0f * j + 3, 4.0f * j + 5}));
+    }
+    if (round == 0) {
+      EXPECT_EQ(*buffer, std::vector<float>({2, 4, 6, 8})) << "read in place";
+    } else {
+      EXPECT_EQ(*buffer, std::vector<float>({1, 2, 3, 4})) << "copied";
+    }
+  }
+}
+
+// If that first batch also fails, halving it would run the jobs on bytes the model already
+// changed: the batch fails as a whole and says why. Later batches are copies, and halved.
+TEST_F(BatcherTest, AFailedBatchThatWroteIntoItsInputsIsNotRetriedOnTheChangedBytes) {
+  auto model = Load("scale_picky",
+                    "def forward(self, x):\n"
+                    "    x.mul_(2.0)\n"
+                    "    assert bool((x >= 0.0).all()), 'negative input'\n"
+                    "    return x + 1.0\n");
+  std::shared_ptr<std::vector<float>> buffer;
+  Batcher first;
+  auto results = first.Run(*model, BackToBackJobs("scale_picky", {1, 1, -1, -1, 3, 3}, &buffer));
+  EXPECT_EQ(first.forward_calls(), 1);
+  for (const JobResult& r : results) {
+    EXPECT_EQ(r.status.code(), codes::kModelError);
+    EXPECT_NE(r.status.message().find("negative input"), std::string::npos) << r.status.message();
+    EXPECT_NE(r.status.message().find("writes into its inputs"), std::string::npos)
+        << r.status.message();
+  }
+  Batcher second;
+  results = second.Run(*model, BackToBackJobs("scale_picky", {1, 1, -1, -1, 3, 3}, &buffer));
+  EXPECT_GT(second.forward_calls(), 1);
+  EXPECT_EQ(*buffer, std::vector<float>({1, 1, -1, -1, 3, 3}));
+  EXPECT_EQ(results[1].status.code(), codes::kModelError);
+  ASSERT_TRUE(results[0].status.ok()) << results[0].status.ToString();
+  ASSERT_TRUE(results[2].status.ok()) << results[2].status.ToString();
+  EXPECT_EQ(AsFloats(results[0].outputs.at(0)), std::vector<float>({3, 3}));
+  EXPECT_EQ(AsFloats(results[2].outputs.at(0)), std::vector<float>({7, 7}));
 }
 
 // A model_error carries the library's first meaningful line, not the TorchScript traceback

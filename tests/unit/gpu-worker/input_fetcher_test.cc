@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstddef>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -113,25 +115,67 @@ TEST_F(InputFetcherTest, StoredInputsReachTheQueueWithTheirBytes) {
   EXPECT_TRUE(testutil::WaitFor([&] { return fetcher_->pending() == 0; }));
 }
 
+// Jobs fetched together get their stored inputs in one buffer, input by input: every job's
+// input 0 back to back, then every job's input 1, each run aligned -- a batch of them is
+// already stacked (the model reads it in place on the CPU: batcher_test.cc).
+TEST_F(InputFetcherTest, InputsOfJobsFetchedTogetherLieBackToBack) {
+  const std::vector<std::string> ids = {"b-1", "b-2", "b-3"};
+  for (size_t j = 0; j < ids.size(); ++j) {
+    Put(keys_.Input(ids[j], 0), std::string(8, static_cast<char>('a' + j)));
+    Put(keys_.Input(ids[j], 2), std::string(8, static_cast<char>('A' + j)));
+  }
+  std::vector<Job> jobs;
+  for (const auto& id : ids) jobs.push_back(MakeJob(id, 3, {0, 2}));
+  fetcher_->Submit(std::move(jobs));  // one Submit: one fetch
+  std::vector<Job> got;
+  while (got.size() < ids.size()) {
+    std::vector<Job> more;
+    ASSERT_TRUE(queue_.TakeBatch(8, &more));
+    for (auto& j : more) got.push_back(std::move(j));
+  }
+  const char* input0 = got[0].entry.inputs[0].data;
+  const char* input2 = got[0].entry.inputs[2].data;
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(input0) % alignof(std::max_align_t), 0u);
+  EXPECT_EQ((input2 - input0) % 64, 0);
+  for (size_t j = 0; j < ids.size(); ++j) {
+    ASSERT_EQ(got[j].entry.id, ids[j]);
+    const auto& in = got[j].entry.inputs;
+    EXPECT_EQ(in[0].data, input0 + 8 * j) << j;
+    EXPECT_EQ(in[2].data, input2 + 8 * j) << j;
+    EXPECT_EQ(std::string(in[0].data, 8), std::string(8, static_cast<char>('a' + j)));
+    EXPECT_EQ(std::string(in[1].data, 8), small_);  // carried in the CHUNK: left where it is
+    EXPECT_EQ(std::string(in[2].data, 8), std::string(8, static_cast<char>('A' + j)));
+  }
+}
+
 // A stored input not in Redis, or of the wrong size, fails that job alone, with a code.
 TEST_F(InputFetcherTest, MissingOrMisSizedInputsFailTheirJobOnly) {
   Put(keys_.Input("ok-1", 0), "abcdefgh");
   Put(keys_.Input("short-1", 0), "abc");
+  Put(keys_.Input("long-1", 0), "abcdefghijkl");
   std::vector<Job> jobs;
   jobs.push_back(MakeJob("gone-1", 1, {0}));
   jobs.push_back(MakeJob("short-1", 1, {0}));
+  jobs.push_back(MakeJob("long-1", 1, {0}));
   jobs.push_back(MakeJob("ok-1", 1, {0}));
   fetcher_->Submit(std::move(jobs));
   std::vector<Job> got;
   ASSERT_TRUE(queue_.TakeBatch(8, &got));
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].entry.id, "ok-1");
+  EXPECT_EQ(std::string(got[0].entry.inputs[0].data, 8), "abcdefgh");
   ASSERT_TRUE(testutil::WaitFor([&] {
     return Stored("gone-1").state != JobState::kPending &&
-           Stored("short-1").state != JobState::kPending;
+           Stored("short-1").state != JobState::kPending &&
+           Stored("long-1").state != JobState::kPending;
   }));
   EXPECT_EQ(Stored("gone-1").error.code(), codes::kNotFound);
   EXPECT_EQ(Stored("short-1").error.code(), codes::kInvalidArgument);
+  EXPECT_NE(Stored("short-1").error.message().find("has 3 bytes"), std::string::npos)
+      << Stored("short-1").error.message();
+  EXPECT_EQ(Stored("long-1").error.code(), codes::kInvalidArgument);
+  EXPECT_NE(Stored("long-1").error.message().find("has 12 bytes"), std::string::npos)
+      << Stored("long-1").error.message();
   // Their stored inputs went with the failed results.
   std::string value;
   bool found = true;
