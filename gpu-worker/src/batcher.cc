@@ -48,12 +48,16 @@ void Batcher::RunGroup(const Model& model, const std::vector<Job>& jobs,
                        const std::vector<size_t>& indices, BatchLimit* limit,
                        std::vector<JobResult>* results) const {
   std::vector<const std::vector<protocol::TensorRef>*> inputs;
+  std::vector<std::shared_ptr<const void>> chunks;  // a batch read in place holds them
   inputs.reserve(indices.size());
-  for (size_t i : indices) inputs.push_back(&jobs[i].entry.inputs);
+  for (size_t i : indices) {
+    inputs.push_back(&jobs[i].entry.inputs);
+    chunks.push_back(jobs[i].chunk);
+  }
 
   BatchOutput out;
   const int64_t start = protocol::NowMicros();
-  Status s = model.Run(inputs, &out, stream_);
+  Status s = model.Run(inputs, &out, stream_, &chunks);
   const int64_t end = protocol::NowMicros();
   forward_calls_.fetch_add(1);
 

@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <chrono>
+#include <map>
 #include <optional>
 #include <thread>
 
 #include "ferry/runtime/thread_name.h"
+#include "ferry/tensor.h"
 
 namespace ferry::worker {
 namespace {
@@ -19,13 +21,14 @@ struct FetchedInputs {
   std::shared_ptr<char[]> buffer;
 };
 
-// Where each stored input goes in one fetch's buffer: input-major (every job's input 0, then
-// every job's input 1, ...), each input's run starting at a multiple of 64 bytes (the buffer
-// itself is aligned for any dtype). So the inputs a batch stacks lie back to back, aligned,
-// and a model on the CPU reads them where they are instead of a copy (model.cc, Stack).
-// `sizes[n]`, `index[n]`: key n's byte count and input index. Returns the buffer's size.
+// Where each stored input goes in one buffer: input-major (every job's input 0, then every
+// job's input 1, ...), each input's run starting at a multiple of 64 bytes from the buffer's
+// start (which is aligned for any dtype) and each value at a multiple of its item size. So the
+// inputs a batch stacks lie back to back, aligned, and a model on the CPU reads them where they
+// are instead of a copy (model.cc, Stack). `sizes[n]`, `index[n]`, `item[n]`: value n's byte
+// count, input index and item size. Returns the buffer's size.
 size_t Layout(const std::vector<size_t>& sizes, const std::vector<int32_t>& index,
-              std::vector<size_t>* offsets) {
+              const std::vector<size_t>& item, std::vector<size_t>* offsets) {
   std::vector<size_t> order(sizes.size());
   for (size_t n = 0; n < order.size(); ++n) order[n] = n;
   std::stable_sort(order.begin(), order.end(),
@@ -33,9 +36,11 @@ size_t Layout(const std::vector<size_t>& sizes, const std::vector<int32_t>& inde
   offsets->assign(sizes.size(), 0);
   size_t end = 0;
   for (size_t n = 0; n < order.size(); ++n) {
-    if (n == 0 || index[order[n]] != index[order[n - 1]]) end = (end + 63) / 64 * 64;
-    (*offsets)[order[n]] = end;
-    end += sizes[order[n]];
+    const size_t v = order[n];
+    const size_t align = n == 0 || index[v] != index[order[n - 1]] ? 64 : item[v];
+    end = (end + align - 1) / align * align;
+    (*offsets)[v] = end;
+    end += sizes[v];
   }
   return end;
 }
@@ -129,22 +134,43 @@ bool InputFetcher::FetchOnce(std::vector<Job>* jobs) {
   std::vector<std::string> keys;
   std::vector<size_t> sizes;   // what each value must hold (its dtype and shape)
   std::vector<int32_t> index;  // its input index
+  std::vector<size_t> item;    // its dtype's item size
+  std::map<std::string, std::vector<size_t>> of_model;  // the values of each model's jobs
   for (const Job& job : *jobs) {
     for (int32_t i : job.entry.stored_inputs) {
+      const protocol::TensorRef& t = job.entry.inputs.at(static_cast<size_t>(i));
+      of_model[job.entry.model].push_back(keys.size());
       keys.push_back(keys_.Input(job.entry.id, i));
-      sizes.push_back(job.entry.inputs.at(static_cast<size_t>(i)).size);
+      sizes.push_back(t.size);
       index.push_back(i);
+      item.push_back(ItemSize(t.dtype));
     }
   }
-  std::vector<size_t> offsets;
-  // new char[]: not zero-filled (a std::string would be: half the cost of reading it).
-  std::shared_ptr<char[]> buffer(new char[std::max<size_t>(Layout(sizes, index, &offsets), 1)]);
+  // One buffer per model (so that a job waiting for its model to load holds only its own
+  // model's), laid out by Layout; new char[]: not zero-filled (a std::string would be, at half
+  // the cost of reading it).
+  std::vector<std::shared_ptr<char[]>> buffer(keys.size());  // value n's buffer
+  std::vector<char*> where(keys.size());                     // and its place in it
+  for (const auto& [model, values] : of_model) {
+    std::vector<size_t> s, it, offsets;
+    std::vector<int32_t> ix;
+    for (size_t n : values) {
+      s.push_back(sizes[n]);
+      ix.push_back(index[n]);
+      it.push_back(item[n]);
+    }
+    std::shared_ptr<char[]> b(new char[std::max<size_t>(Layout(s, ix, it, &offsets), 1)]);
+    for (size_t v = 0; v < values.size(); ++v) {
+      buffer[values[v]] = b;
+      where[values[v]] = b.get() + offsets[v];
+    }
+  }
   // A value of another size than its input needs is read aside, to fail its job.
   std::vector<size_t> got(keys.size());
   std::string aside;
   auto into = [&](size_t n, size_t size) -> char* {
     got[n] = size;
-    if (size == sizes[n]) return buffer.get() + offsets[n];
+    if (size == sizes[n]) return where[n];
     aside.resize(size);
     return aside.data();
   };
@@ -162,10 +188,10 @@ bool InputFetcher::FetchOnce(std::vector<Job>* jobs) {
   for (Job& job : *jobs) {
     auto fetched = std::make_shared<FetchedInputs>();
     fetched->chunk = job.chunk;
-    fetched->buffer = buffer;
     Status bad;
     for (int32_t i : job.entry.stored_inputs) {
       const size_t n = next++;
+      fetched->buffer = buffer[n];  // one per model: the same for all of the job's
       protocol::TensorRef& t = job.entry.inputs.at(static_cast<size_t>(i));
       if (!bad.ok()) continue;
       if (!found[n]) {
@@ -177,7 +203,7 @@ bool InputFetcher::FetchOnce(std::vector<Job>* jobs) {
                                       std::to_string(got[n]) + " bytes; its dtype and shape need " +
                                       std::to_string(t.size));
       } else {
-        t.data = buffer.get() + offsets[n];
+        t.data = where[n];
       }
     }
     if (!bad.ok()) {

@@ -3,11 +3,12 @@
 // the producer put in Redis (protocol "stored" tensors, Keys::Input) comes in its CHUNK without
 // their bytes; the I/O thread hands such jobs here instead of to the JobQueue. Each turn the
 // thread takes every job waiting, reads all their stored inputs with one pipelined round trip
-// (one GET per input) into one buffer, every job's input 0 back to back, then every job's
-// input 1, ..., points each job's inputs at their bytes (the job's `chunk` then shares the
-// buffer, beside the received message) and pushes the jobs to the JobQueue, so the executors
-// find them ready while they compute the batch before. A batch of jobs fetched together thus
-// finds its inputs already stacked, which a model on the CPU reads in place (model.cc).
+// (one GET per input) into one buffer per model, every job's input 0 back to back, then every
+// job's input 1, ..., points each job's inputs at their bytes (the job's `chunk` then shares
+// its model's buffer, beside the received message) and pushes the jobs to the JobQueue, so the
+// executors find them ready while they compute the batch before. A batch of jobs fetched
+// together thus finds its inputs already stacked, which a model on the CPU reads in place
+// (model.cc). A buffer lives until the last job of its model and fetch is computed.
 //
 // A stored input that is not in Redis (it expired before the job ran, or an earlier attempt of
 // the job finished and deleted it) or whose size is not what its dtype and shape say fails that

@@ -143,10 +143,12 @@ struct Model::Impl {
 
   // Stacks input k of every job into one [B, ...] host tensor (pinned when the model is on
   // CUDA), padding to `target` when input k is padded, and moves it to the device. On the CPU,
-  // inputs that lie back to back are wrapped instead of copied, and added to `in_place`.
+  // with `keep_alive`, inputs that lie back to back are wrapped instead of copied (the tensor
+  // holding `keep_alive`), and added to `in_place`.
   at::Tensor Stack(const Padding& padding, size_t k,
                    const std::vector<const std::vector<protocol::TensorRef>*>& inputs,
                    const std::vector<int64_t>& lengths, int64_t target,
+                   const std::vector<std::shared_ptr<const void>>* keep_alive,
                    std::vector<at::Tensor>* in_place);
   // Whether the model wrote into one of the inputs it was given in place (their version
   // counters moved). Then it gets copies from now on (logged once): its next batches, and a
@@ -159,6 +161,7 @@ struct Model::Impl {
 at::Tensor Model::Impl::Stack(const Padding& padding, size_t k,
                               const std::vector<const std::vector<protocol::TensorRef>*>& inputs,
                               const std::vector<int64_t>& lengths, int64_t target,
+                              const std::vector<std::shared_ptr<const void>>* keep_alive,
                               std::vector<at::Tensor>* in_place) {
   const protocol::TensorRef& first = (*inputs[0])[k];
   const int64_t batch = static_cast<int64_t>(inputs.size());
@@ -171,11 +174,15 @@ at::Tensor Model::Impl::Stack(const Padding& padding, size_t k,
   shape.insert(shape.end(), first.shape.begin(), first.shape.end());
   const int64_t dim = padding.IsPadded(k) ? padding.DimOf(first) : -1;
   at::Tensor stacked;
-  if (dim < 0 && !pin && read_in_place.load(std::memory_order_relaxed) && BackToBack(inputs, k)) {
-    // The batch is there already: no copy (for 960 KB clips, ~120 us a job on a CPU). A normal
-    // tensor, not an inference one, so that its version counter shows writes (WroteInputs).
+  if (dim < 0 && !pin && keep_alive != nullptr && read_in_place.load(std::memory_order_relaxed) &&
+      BackToBack(inputs, k)) {
+    // The batch is there already: no copy (for 960 KB clips, ~120 us a job on a CPU). Its
+    // storage holds the jobs' bytes alive (an output may be a view of it). A normal tensor, not
+    // an inference one, so that its version counter shows writes (WroteInputs).
     c10::InferenceMode normal(false);
-    stacked = at::from_blob(const_cast<char*>(first.data), shape, at::TensorOptions().dtype(st));
+    stacked = at::from_blob(
+        const_cast<char*>(first.data), shape, [hold = *keep_alive](void*) {},
+        at::TensorOptions().dtype(st));
     in_place->push_back(stacked);
   } else if (dim < 0) {
     stacked = at::empty(shape, options);
@@ -303,7 +310,8 @@ Status Model::Create(const ModelConfig& config, std::unique_ptr<Model>* out) {
 }
 
 Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& inputs,
-                  BatchOutput* out, const cuda::Stream* stream) const {
+                  BatchOutput* out, const cuda::Stream* stream,
+                  const std::vector<std::shared_ptr<const void>>* keep_alive) const {
   out->per_job.clear();
   out->owner.reset();
   out->retry_smaller = false;
@@ -330,12 +338,13 @@ Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& in
     std::vector<c10::IValue> args;
     args.reserve(inputs[0]->size() + 1);
     for (size_t k = 0; k < inputs[0]->size(); ++k)
-      args.emplace_back(impl_->Stack(padding_, k, inputs, lengths, target, &in_place));
+      args.emplace_back(impl_->Stack(padding_, k, inputs, lengths, target, keep_alive, &in_place));
     impl_->Convert(config_.half, &args);
     if (padding_.policy().pass_lengths)
       args.emplace_back(
           at::tensor(lengths, at::TensorOptions().dtype(c10::kLong)).to(impl_->device));
     c10::IValue result = impl_->module.get_method(config_.method)(std::move(args));
+    impl_->WroteInputs(in_place, config_.name);
 
     if (!CollectOutputs(result, &outputs)) {
       return ModelError(config_.method + " returned " + result.tagKind() +
@@ -355,16 +364,7 @@ Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& in
                           ", which Ferry cannot encode");
       }
       t = t.to(c10::kCPU).contiguous();
-      // An output sharing an input's bytes read in place would outlive them (they go with
-      // the jobs, before the results are written): copied.
-      for (const at::Tensor& input : in_place) {
-        if (t.is_alias_of(input)) {
-          t = t.clone();
-          break;
-        }
-      }
     }
-    impl_->WroteInputs(in_place, config_.name);
   } catch (const c10::Error& e) {
     return CallFailed(e.what_without_backtrace(), impl_->WroteInputs(in_place, config_.name), out);
   } catch (const std::exception& e) {

@@ -7,8 +7,9 @@
 //     job -- in pinned host memory when the model is on CUDA -- padding the dimension named by
 //     the padding policy to the batch's target length with the pad value; on the CPU, an input
 //     whose bytes already lie back to back for the batch (stored inputs fetched together:
-//     input_fetcher.h) is read where it is, unless the model has been seen writing into its
-//     inputs (then it gets copies from that batch on, and that batch is not retried);
+//     input_fetcher.h; any batch of one job) is read where it is, unless the model has been
+//     seen writing into its inputs (then it gets copies from that batch on, and that batch is
+//     not retried);
 //  2. copies them to the device (non-blocking from pinned memory, on the caller's stream);
 //  3. converts dtypes on the device (e.g. uint8 pixels -> float, scale, mean/std), casts
 //     floating inputs to float16 for half-precision models, appends the true lengths [B] int64
@@ -83,9 +84,13 @@ class Model {
   // Runs the method on a batch of B = inputs.size() jobs; inputs[j] are job j's positional
   // arguments. Every job must have the same signature up to the padded dimension (checked;
   // kInvalidArgument otherwise). `stream` (may be null) is made current for the whole call.
-  // On success out->per_job has B entries.
+  // `keep_alive` (may be null): what keeps the inputs' bytes alive (the jobs' Job::chunk); when
+  // given, on the CPU an input whose bytes already lie back to back for the batch is read where
+  // it is, and the tensor holds `keep_alive` for as long as it or a view of it (an output,
+  // something the module keeps) lives. On success out->per_job has B entries.
   Status Run(const std::vector<const std::vector<protocol::TensorRef>*>& inputs, BatchOutput* out,
-             const cuda::Stream* stream = nullptr) const;
+             const cuda::Stream* stream = nullptr,
+             const std::vector<std::shared_ptr<const void>>* keep_alive = nullptr) const;
 
  private:
   struct Impl;

@@ -222,6 +222,20 @@ class SocketReader {
 
 }  // namespace
 
+namespace {
+// Where value i's `size` bytes go; an exception from `into` (no memory for a huge value) as
+// a Status, so that the caller drops the connection instead of leaving it out of step.
+Status Destine(const RedisClient::Destination& into, size_t i, size_t size, char** dst) {
+  try {
+    *dst = into(i, size);
+    return Status::Ok();
+  } catch (const std::exception& e) {
+    return Status::Internal("no room for a value of " + std::to_string(size) +
+                            " bytes: " + e.what());
+  }
+}
+}  // namespace
+
 Status RedisClient::GetMany(const std::vector<std::string_view>& keys,
                             std::vector<std::optional<std::string>>* values, bool consume) {
   values->assign(keys.size(), std::nullopt);
@@ -252,7 +266,8 @@ Status RedisClient::GetManyInto(const std::vector<std::string_view>& keys, const
         return Status::Internal("redis: " + replies[i].str);
       if (replies[i].type != RedisReply::Type::kString) continue;
       const std::string& v = replies[i].str;
-      char* dst = into(i, v.size());
+      char* dst = nullptr;
+      FERRY_RETURN_IF_ERROR(Destine(into, i, v.size(), &dst));
       if (!v.empty()) std::memcpy(dst, v.data(), v.size());
       (*found)[i] = true;
     }
@@ -279,10 +294,11 @@ Status RedisClient::GetManyInto(const std::vector<std::string_view>& keys, const
       s = Status(codes::kMalformed, "bad bulk length " + line);
     if (s.ok() && len >= 0) {
       const size_t size = static_cast<size_t>(len);
-      char* dst = into(i, size);
+      char* dst = nullptr;
+      s = Destine(into, i, size, &dst);
       (*found)[i] = true;
       char crlf[2];
-      s = reader.Exact(dst, size);
+      if (s.ok()) s = reader.Exact(dst, size);
       if (s.ok()) s = reader.Exact(crlf, 2);
     }
     if (!s.ok()) {

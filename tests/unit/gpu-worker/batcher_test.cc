@@ -215,20 +215,49 @@ std::vector<Job> BackToBackJobs(const std::string& model, const std::vector<floa
   return jobs;
 }
 
-// On the CPU a batch whose inputs lie back to back is read where it is; an output that is the
-// input itself is copied out, so it outlives the jobs' bytes.
-TEST_F(BatcherTest, BackToBackInputsAreReadInPlaceAndOutputsDoNotShareThem) {
+// On the CPU a batch whose inputs lie back to back is read where it is: an output that is the
+// input itself points into the jobs' buffer, which it keeps alive after the jobs are gone.
+TEST_F(BatcherTest, BackToBackInputsAreReadInPlaceAndOutputsKeepThemAlive) {
   auto model = Load("same", "def forward(self, x):\n    return x\n");
   std::shared_ptr<std::vector<float>> buffer;
+  auto jobs = BackToBackJobs("same", {1, 2, 3, 4, 5, 6}, &buffer);
+  const char* begin = reinterpret_cast<const char*>(buffer->data());
+  const char* end = begin + buffer->size() * sizeof(float);
+  std::weak_ptr<std::vector<float>> watch = buffer;
+  buffer.reset();  // the jobs hold it now
   Batcher batcher;
-  auto results = batcher.Run(*model, BackToBackJobs("same", {1, 2, 3, 4, 5, 6}, &buffer));
+  auto results = batcher.Run(*model, std::move(jobs));
   EXPECT_EQ(batcher.forward_calls(), 1);
-  std::fill(buffer->begin(), buffer->end(), -7.0f);  // the jobs' bytes, gone
   ASSERT_EQ(results.size(), 3u);
   for (size_t j = 0; j < 3; ++j) {
     ASSERT_TRUE(results[j].status.ok()) << results[j].status.ToString();
     EXPECT_EQ(results[j].batch_size, 3);
-    EXPECT_EQ(AsFloats(results[j].outputs.at(0)), std::vector<float>({2.0f * j + 1, 2.0f * j + 2}));
+    EXPECT_FALSE(results[j].job.chunk) << "the job let go of its bytes";
+    const char* data = results[j].outputs.at(0).data;
+    EXPECT_TRUE(data >= begin && data < end) << "not read in place";
+    EXPECT_EQ(AsFloats(results[j].outputs[0]), std::vector<float>({2.0f * j + 1, 2.0f * j + 2}));
+  }
+  EXPECT_FALSE(watch.expired()) << "the outputs point into the buffer: it must live";
+  results.clear();
+  EXPECT_TRUE(watch.expired()) << "nothing else may hold it";
+}
+
+// A batch read in place that fails is halved as any other: the halves read their part in place.
+TEST_F(BatcherTest, AFailedBatchReadInPlaceIsHalved) {
+  auto model = Load("picky_in_place",
+                    "def forward(self, x):\n"
+                    "    assert bool((x >= 0.0).all()), 'negative input'\n"
+                    "    return x + 1.0\n");
+  std::shared_ptr<std::vector<float>> buffer;
+  Batcher batcher;
+  auto results =
+      batcher.Run(*model, BackToBackJobs("picky_in_place", {0, 0, 1, 1, -1, -1, 3, 3}, &buffer));
+  EXPECT_GT(batcher.forward_calls(), 1);
+  EXPECT_EQ(results[2].status.code(), codes::kModelError);
+  EXPECT_EQ(results[2].status.message().find("writes into its inputs"), std::string::npos);
+  for (size_t j : {0, 1, 3}) {
+    ASSERT_TRUE(results[j].status.ok()) << j << " " << results[j].status.ToString();
+    EXPECT_EQ(AsFloats(results[j].outputs.at(0)), std::vector<float>(2, (*buffer)[2 * j] + 1));
   }
 }
 

@@ -115,17 +115,19 @@ TEST_F(InputFetcherTest, StoredInputsReachTheQueueWithTheirBytes) {
   EXPECT_TRUE(testutil::WaitFor([&] { return fetcher_->pending() == 0; }));
 }
 
-// Jobs fetched together get their stored inputs in one buffer, input by input: every job's
-// input 0 back to back, then every job's input 1, each run aligned -- a batch of them is
-// already stacked (the model reads it in place on the CPU: batcher_test.cc).
-TEST_F(InputFetcherTest, InputsOfJobsFetchedTogetherLieBackToBack) {
-  const std::vector<std::string> ids = {"b-1", "b-2", "b-3"};
+// Jobs fetched together get their stored inputs in one buffer per model, input by input: every
+// job's input 0 back to back, then every job's input 1, each run aligned -- a batch of them is
+// already stacked (the model reads it in place on the CPU: batcher_test.cc). A job of another
+// model among them does not sit in between.
+TEST_F(InputFetcherTest, InputsOfJobsFetchedTogetherLieBackToBackPerModel) {
+  const std::vector<std::string> ids = {"b-1", "other-1", "b-2", "b-3"};
   for (size_t j = 0; j < ids.size(); ++j) {
     Put(keys_.Input(ids[j], 0), std::string(8, static_cast<char>('a' + j)));
     Put(keys_.Input(ids[j], 2), std::string(8, static_cast<char>('A' + j)));
   }
   std::vector<Job> jobs;
   for (const auto& id : ids) jobs.push_back(MakeJob(id, 3, {0, 2}));
+  jobs[1].entry.model = "other";
   fetcher_->Submit(std::move(jobs));  // one Submit: one fetch
   std::vector<Job> got;
   while (got.size() < ids.size()) {
@@ -133,19 +135,25 @@ TEST_F(InputFetcherTest, InputsOfJobsFetchedTogetherLieBackToBack) {
     ASSERT_TRUE(queue_.TakeBatch(8, &more));
     for (auto& j : more) got.push_back(std::move(j));
   }
+  std::sort(got.begin(), got.end(),
+            [&](const Job& a, const Job& b) { return a.entry.id < b.entry.id; });
+  const std::vector<size_t> of_m = {0, 1, 2};  // b-1, b-2, b-3 (sorted); other-1 is got[3]
   const char* input0 = got[0].entry.inputs[0].data;
   const char* input2 = got[0].entry.inputs[2].data;
   EXPECT_EQ(reinterpret_cast<uintptr_t>(input0) % alignof(std::max_align_t), 0u);
   EXPECT_EQ((input2 - input0) % 64, 0);
-  for (size_t j = 0; j < ids.size(); ++j) {
-    ASSERT_EQ(got[j].entry.id, ids[j]);
-    const auto& in = got[j].entry.inputs;
-    EXPECT_EQ(in[0].data, input0 + 8 * j) << j;
-    EXPECT_EQ(in[2].data, input2 + 8 * j) << j;
-    EXPECT_EQ(std::string(in[0].data, 8), std::string(8, static_cast<char>('a' + j)));
+  for (size_t n = 0; n < of_m.size(); ++n) {
+    const auto& in = got[of_m[n]].entry.inputs;
+    const char tag = static_cast<char>('a' + (n == 0 ? 0 : n + 1));  // b-2 was put third
+    EXPECT_EQ(in[0].data, input0 + 8 * n) << n;
+    EXPECT_EQ(in[2].data, input2 + 8 * n) << n;
+    EXPECT_EQ(std::string(in[0].data, 8), std::string(8, tag));
     EXPECT_EQ(std::string(in[1].data, 8), small_);  // carried in the CHUNK: left where it is
-    EXPECT_EQ(std::string(in[2].data, 8), std::string(8, static_cast<char>('A' + j)));
+    EXPECT_EQ(std::string(in[2].data, 8), std::string(8, static_cast<char>(tag - 'a' + 'A')));
   }
+  ASSERT_EQ(got[3].entry.id, "other-1");
+  EXPECT_EQ(std::string(got[3].entry.inputs[0].data, 8), "bbbbbbbb");
+  EXPECT_EQ(std::string(got[3].entry.inputs[2].data, 8), "BBBBBBBB");
 }
 
 // A stored input not in Redis, or of the wrong size, fails that job alone, with a code.
