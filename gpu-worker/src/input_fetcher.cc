@@ -15,7 +15,7 @@ namespace ferry::worker {
 namespace {
 
 // What a job with fetched inputs keeps alive: the received CHUNK (its other inputs point into
-// it) and the buffer its stored inputs were read into, shared by the jobs of one fetch.
+// it) and the buffer its stored inputs were read into, shared by its model's jobs of one fetch.
 struct FetchedInputs {
   std::shared_ptr<const void> chunk;
   std::shared_ptr<char[]> buffer;

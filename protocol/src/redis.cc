@@ -220,9 +220,6 @@ class SocketReader {
   size_t pos_ = 0;
 };
 
-}  // namespace
-
-namespace {
 // Where value i's `size` bytes go; an exception from `into` (no memory for a huge value) as
 // a Status, so that the caller drops the connection instead of leaving it out of step.
 Status Destine(const RedisClient::Destination& into, size_t i, size_t size, char** dst) {
@@ -234,6 +231,7 @@ Status Destine(const RedisClient::Destination& into, size_t i, size_t size, char
                             " bytes: " + e.what());
   }
 }
+
 }  // namespace
 
 Status RedisClient::GetMany(const std::vector<std::string_view>& keys,
