@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cstring>
 
 #include "ferry/protocol/codec.h"
 #include "ferry/protocol/curve.h"
@@ -72,21 +71,7 @@ Status BrokerLink::Connect(std::unique_ptr<zmq::socket_t>* out) {
 
 std::string BrokerLink::HandshakeFailure() {
   if (!monitor_) return "";
-  for (int i = 0; i < 64; ++i) {
-    zmq::message_t head, endpoint;
-    try {
-      if (!monitor_->recv(head, zmq::recv_flags::dontwait)) break;
-      if (head.more()) (void)monitor_->recv(endpoint, zmq::recv_flags::none);
-    } catch (const zmq::error_t&) {
-      break;
-    }
-    if (head.size() < 6) continue;
-    uint16_t event;
-    uint32_t value;
-    std::memcpy(&event, head.data(), sizeof(event));
-    std::memcpy(&value, static_cast<const char*>(head.data()) + 2, sizeof(value));
-    handshake_watch_.OnEvent(event, static_cast<int>(value));
-  }
+  handshake_watch_.ReadEvents(*monitor_);
   return handshake_watch_.error();
 }
 

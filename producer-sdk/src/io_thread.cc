@@ -348,24 +348,9 @@ void IoThread::DeliverFinished(const msgpack::object& body) {
 }
 
 void IoThread::ReadMonitor() {
-  // Each event: a frame of uint16 event + uint32 value, then a frame with the endpoint.
-  for (int i = 0; i < 64; ++i) {
-    zmq::message_t head, endpoint;
-    try {
-      if (!monitor_.recv(head, zmq::recv_flags::dontwait)) return;
-      if (head.more()) (void)monitor_.recv(endpoint, zmq::recv_flags::none);
-    } catch (const zmq::error_t&) {
-      return;
-    }
-    if (head.size() < 6) continue;
-    uint16_t event;
-    uint32_t value;
-    std::memcpy(&event, head.data(), sizeof(event));
-    std::memcpy(&value, static_cast<const char*>(head.data()) + 2, sizeof(value));
-    handshake_watch_.OnEvent(event, static_cast<int>(value));
-    std::lock_guard<std::mutex> lock(handshake_mu_);
-    handshake_error_ = handshake_watch_.error();
-  }
+  handshake_watch_.ReadEvents(monitor_);
+  std::lock_guard<std::mutex> lock(handshake_mu_);
+  handshake_error_ = handshake_watch_.error();
 }
 
 void IoThread::SweepPending(Clock::time_point now) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <ctime>
 #include <fstream>
@@ -217,6 +218,25 @@ std::string DescribeHandshakeFailure(int event, int value, bool curve_configured
                               "that address"
                             : "the handshake with the broker failed";
   return "";
+}
+
+void HandshakeWatch::ReadEvents(zmq::socket_t& monitor, int at_most) {
+  // Each event: a frame of uint16 event + uint32 value, then a frame with the endpoint.
+  for (int i = 0; i < at_most; ++i) {
+    zmq::message_t head, endpoint;
+    try {
+      if (!monitor.recv(head, zmq::recv_flags::dontwait)) return;
+      if (head.more()) (void)monitor.recv(endpoint, zmq::recv_flags::none);
+    } catch (const zmq::error_t&) {
+      return;
+    }
+    if (head.size() < 6) continue;
+    uint16_t event;
+    uint32_t value;
+    std::memcpy(&event, head.data(), sizeof(event));
+    std::memcpy(&value, static_cast<const char*>(head.data()) + 2, sizeof(value));
+    OnEvent(event, static_cast<int>(value));
+  }
 }
 
 void HandshakeWatch::OnEvent(int event, int value) {

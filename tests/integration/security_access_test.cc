@@ -154,6 +154,21 @@ TEST_F(Curve, ARevokedWorkerIsDroppedAndItsJobsRunElsewhere) {
   }
 }
 
+// A worker whose key the broker does not list says so in its log (from its socket's handshake
+// events), instead of only that the broker is silent, and never joins.
+TEST_F(Curve, AnUnlistedWorkerSaysInItsLogThatItsKeyWasRefused) {
+  keys_.Make("stray");  // not listed
+  std::unique_ptr<testutil::Process> stray =
+      StartWorker("stray", {"--heartbeat-ms", "100", "--liveness", "3"});
+  ASSERT_TRUE(testutil::WaitFor(
+      [&] { return stray->Log().find("cannot join broker") != std::string::npos; },
+      std::chrono::seconds(60)))
+      << stray->Log();
+  EXPECT_NE(stray->Log().find("refused this client's CURVE key"), std::string::npos)
+      << stray->Log();
+  EXPECT_EQ(Workers(), 1);
+}
+
 // Without CURVE, the broker binds only loopback: another address needs --curve-secret or, said
 // out loud, --insecure.
 TEST(CurveStartup, ANonLoopbackBindWithoutCurveIsRefused) {

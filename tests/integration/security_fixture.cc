@@ -198,7 +198,8 @@ void Curve::ExpectRuns(client::Client& c) {
   EXPECT_EQ(r.state, JobState::kDone) << r.error.ToString();
 }
 
-std::unique_ptr<testutil::Process> Curve::StartWorker(const std::string& name) {
+std::unique_ptr<testutil::Process> Curve::StartWorker(const std::string& name,
+                                                      const std::vector<std::string>& extra) {
   std::vector<std::string> argv = {testutil::WorkerBin(),
                                    "--broker",
                                    fleet_->backend(),
@@ -209,6 +210,7 @@ std::unique_ptr<testutil::Process> Curve::StartWorker(const std::string& name) {
                                    "--model",
                                    "tiny=" + testutil::ModelPath("tiny")};
   for (const auto& a : keys_.WorkerArgs(name)) argv.push_back(a);
+  argv.insert(argv.end(), extra.begin(), extra.end());
   return std::make_unique<testutil::Process>(argv, log_dir_.path() + "/" + name + ".log");
 }
 

@@ -83,8 +83,9 @@ class Curve : public ::testing::Test {
 
   void ExpectRuns(client::Client& c);
 
-  // A ferry-worker serving `tiny` with NAME's key.
-  std::unique_ptr<testutil::Process> StartWorker(const std::string& name);
+  // A ferry-worker serving `tiny` with NAME's key, and `extra` flags.
+  std::unique_ptr<testutil::Process> StartWorker(const std::string& name,
+                                                 const std::vector<std::string>& extra = {});
 
   std::string BrokerPublicKey();
 

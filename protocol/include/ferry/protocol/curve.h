@@ -70,6 +70,9 @@ class HandshakeWatch {
  public:
   explicit HandshakeWatch(bool curve_configured) : curve_(curve_configured) {}
   void OnEvent(int zmq_event, int value);
+  // Takes the events waiting on `monitor` (the PAIR socket connected to zmq_socket_monitor's
+  // endpoint), at most `at_most`, without blocking; stops at the first receive error.
+  void ReadEvents(zmq::socket_t& monitor, int at_most = 64);
   const std::string& error() const { return error_; }
 
  private:
