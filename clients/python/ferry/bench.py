@@ -61,6 +61,15 @@ class Recorder:
             if self.failed <= 5:
                 print("job %s: %s" % (id, err), file=sys.stderr)
 
+    def rejected(self, err, n):
+        """A submit_many of `n` jobs raised `err`: counts the jobs it did not accept as failed
+        and returns the ids it did."""
+        accepted = getattr(err, "accepted", [])
+        for i in getattr(err, "ids", [None] * n):
+            if i not in accepted:
+                self.fail(i, err)
+        return accepted
+
     def record(self, id, start, start_wall, result, error=None):
         end, end_wall = time.perf_counter(), wall_us()
         if error is not None or result is None or result.status != "done":
@@ -133,10 +142,7 @@ async def async_closed(client, args, pool, rec):
                 try:
                     ids = await client.submit_many(window)
                 except FerryError as e:
-                    for i in getattr(e, "ids", [None] * n):
-                        if i not in getattr(e, "accepted", ()):
-                            rec.fail(i, e)
-                    ids = getattr(e, "accepted", [])
+                    ids = rec.rejected(e, n)
                 pending.extend((i, start, start_wall) for i in ids)
                 continue
             if not pending:
@@ -270,10 +276,7 @@ def sync_closed(client, args, pool, rec):
                     ids = client.submit_many([{"model": args.model, "inputs": [slots[i]]}
                                               for i in range(n)])
                 except FerryError as e:
-                    for i in getattr(e, "ids", [None] * n):
-                        if i not in getattr(e, "accepted", ()):
-                            rec.fail(i, e)
-                    ids = getattr(e, "accepted", [])
+                    ids = rec.rejected(e, n)
                 pending.extend((i, start, start_wall) for i in ids)
                 continue
             if not pending:
