@@ -276,6 +276,7 @@ Status Model::Create(const ModelConfig& config, std::unique_ptr<Model>* out) {
     }
     const int64_t before = index >= 0 ? cuda::AllocatedBytes(index) : -1;
     auto impl = std::make_unique<Impl>(dev);
+    impl->read_in_place = !config.copy_inputs;
     impl->module = torch::jit::load(config.path, dev);
     if (config.half) ToHalfPrecision(&impl->module);
     impl->module.eval();

@@ -9,7 +9,7 @@
 //     whose bytes already lie back to back for the batch (stored inputs fetched together:
 //     input_fetcher.h; any batch of one job) is read where it is, unless the model has been
 //     seen writing into its inputs (then it gets copies from that batch on, and that batch is
-//     not retried);
+//     not retried) or its config says copy_inputs;
 //  2. copies them to the device (non-blocking from pinned memory, on the caller's stream);
 //  3. converts dtypes on the device (e.g. uint8 pixels -> float, scale, mean/std), casts
 //     floating inputs to float16 for half-precision models, appends the true lengths [B] int64

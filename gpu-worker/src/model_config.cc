@@ -175,6 +175,7 @@ Status ReadModel(TableReader& r, ModelConfig* m) {
   FERRY_RETURN_IF_ERROR(r.String("method", &m->method));
   FERRY_RETURN_IF_ERROR(r.Bool("half", &m->half));
   FERRY_RETURN_IF_ERROR(r.Bool("pinned", &m->pinned));
+  FERRY_RETURN_IF_ERROR(r.Bool("copy_inputs", &m->copy_inputs));
   std::string load = "eager";
   FERRY_RETURN_IF_ERROR(r.String("load", &load));
   if (load == "eager")

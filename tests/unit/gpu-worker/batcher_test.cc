@@ -242,6 +242,33 @@ TEST_F(BatcherTest, BackToBackInputsAreReadInPlaceAndOutputsKeepThemAlive) {
   EXPECT_TRUE(watch.expired()) << "nothing else may hold it";
 }
 
+// copy_inputs: the model always gets a copy, even of a batch that lies back to back.
+TEST_F(BatcherTest, CopyInputsModelsGetACopyOfABackToBackBatch) {
+  const auto dir = BatcherDir();
+  std::filesystem::create_directories(dir);
+  torch::jit::Module m("Test_same_copied");
+  m.define("def forward(self, x):\n    return x\n");
+  ModelConfig config;
+  config.name = "same_copied";
+  config.path = (dir / "same_copied.pt").string();
+  config.device = "cpu";
+  config.copy_inputs = true;
+  m.save(config.path);
+  std::unique_ptr<Model> model;
+  ASSERT_TRUE(Model::Create(config, &model).ok());
+  std::shared_ptr<std::vector<float>> buffer;
+  Batcher batcher;
+  auto results = batcher.Run(*model, BackToBackJobs("same_copied", {1, 2, 3, 4}, &buffer));
+  const char* begin = reinterpret_cast<const char*>(buffer->data());
+  const char* end = begin + buffer->size() * sizeof(float);
+  for (size_t j = 0; j < 2; ++j) {
+    ASSERT_TRUE(results[j].status.ok()) << results[j].status.ToString();
+    const char* data = results[j].outputs.at(0).data;
+    EXPECT_FALSE(data >= begin && data < end) << "read in place";
+    EXPECT_EQ(AsFloats(results[j].outputs[0]), std::vector<float>({2.0f * j + 1, 2.0f * j + 2}));
+  }
+}
+
 // A batch read in place that fails is halved as any other: the halves read their part in place.
 TEST_F(BatcherTest, AFailedBatchReadInPlaceIsHalved) {
   auto model = Load("picky_in_place",

@@ -21,6 +21,7 @@ device = "cuda:0"
 max_batch = 64
 half = true
 pinned = true
+copy_inputs = true
 load = "eager"
 [[models.resnet50.convert]]
 input = 0
@@ -60,6 +61,8 @@ TEST(RepositoryTest, ParsesEveryField) {
   EXPECT_EQ(r.method, "forward");
   EXPECT_TRUE(r.half);
   EXPECT_TRUE(r.pinned);
+  EXPECT_TRUE(r.copy_inputs);
+  EXPECT_FALSE(w.copy_inputs);
   EXPECT_EQ(r.load, LoadPolicy::kEager);
   ASSERT_EQ(r.convert.size(), 1u);
   EXPECT_EQ(r.convert[0].to, DType::kFloat32);

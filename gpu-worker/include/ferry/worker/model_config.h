@@ -82,6 +82,9 @@ struct ModelConfig {
   PaddingPolicy padding;
   WarmupSpec warmup;
   bool pinned = false;  // never evicted under --memory-budget
+  // Every batch copied into tensors of the worker's own, never read where the jobs' bytes are
+  // (model.h): for a model that writes into its inputs where PyTorch cannot see it.
+  bool copy_inputs = false;
   LoadPolicy load = LoadPolicy::kEager;
   // `inputs`: the job inputs the model takes, as sent on the wire (before `convert`, without the
   // batch dimension and without the lengths input padding adds); -1 in a shape matches any size.
