@@ -21,19 +21,18 @@ struct FetchedInputs {
   std::shared_ptr<char[]> buffer;
 };
 
-// Where each stored input goes in one buffer: input-major (every job's input 0, then every
+// Where the values `order` names go in one buffer: input-major (every job's input 0, then every
 // job's input 1, ...), each input's run starting at a multiple of 64 bytes from the buffer's
 // start (which is aligned for any dtype) and each value at a multiple of its item size. So the
 // inputs a batch stacks lie back to back, aligned, and a model on the CPU reads them where they
 // are instead of a copy (model.cc, Stack). `sizes[n]`, `index[n]`, `item[n]`: value n's byte
-// count, input index and item size. Returns the buffer's size.
-size_t Layout(const std::vector<size_t>& sizes, const std::vector<int32_t>& index,
-              const std::vector<size_t>& item, std::vector<size_t>* offsets) {
-  std::vector<size_t> order(sizes.size());
-  for (size_t n = 0; n < order.size(); ++n) order[n] = n;
+// count, input index and item size; sets (*offsets)[n] for each n in `order`. Returns the
+// buffer's size.
+size_t Layout(std::vector<size_t> order, const std::vector<size_t>& sizes,
+              const std::vector<int32_t>& index, const std::vector<size_t>& item,
+              std::vector<size_t>* offsets) {
   std::stable_sort(order.begin(), order.end(),
                    [&](size_t a, size_t b) { return index[a] < index[b]; });
-  offsets->assign(sizes.size(), 0);
   size_t end = 0;
   for (size_t n = 0; n < order.size(); ++n) {
     const size_t v = order[n];
@@ -149,21 +148,14 @@ bool InputFetcher::FetchOnce(std::vector<Job>* jobs) {
   // One buffer per model (so that a job waiting for its model to load holds only its own
   // model's), laid out by Layout; new char[]: not zero-filled (a std::string would be, at half
   // the cost of reading it).
-  std::vector<std::shared_ptr<char[]>> buffer(keys.size());  // value n's buffer
-  std::vector<char*> where(keys.size());                     // and its place in it
+  std::map<std::string, std::shared_ptr<char[]>> buffer_of;  // model -> its buffer
+  std::vector<size_t> offsets(keys.size());
+  std::vector<char*> where(keys.size());  // value n's place
   for (const auto& [model, values] : of_model) {
-    std::vector<size_t> s, it, offsets;
-    std::vector<int32_t> ix;
-    for (size_t n : values) {
-      s.push_back(sizes[n]);
-      ix.push_back(index[n]);
-      it.push_back(item[n]);
-    }
-    std::shared_ptr<char[]> b(new char[std::max<size_t>(Layout(s, ix, it, &offsets), 1)]);
-    for (size_t v = 0; v < values.size(); ++v) {
-      buffer[values[v]] = b;
-      where[values[v]] = b.get() + offsets[v];
-    }
+    const size_t bytes = Layout(values, sizes, index, item, &offsets);
+    std::shared_ptr<char[]> buffer(new char[std::max<size_t>(bytes, 1)]);
+    for (size_t n : values) where[n] = buffer.get() + offsets[n];
+    buffer_of[model] = std::move(buffer);
   }
   // A value of another size than its input needs is read aside, to fail its job.
   std::vector<size_t> got(keys.size());
@@ -188,10 +180,10 @@ bool InputFetcher::FetchOnce(std::vector<Job>* jobs) {
   for (Job& job : *jobs) {
     auto fetched = std::make_shared<FetchedInputs>();
     fetched->chunk = job.chunk;
+    fetched->buffer = buffer_of[job.entry.model];
     Status bad;
     for (int32_t i : job.entry.stored_inputs) {
       const size_t n = next++;
-      fetched->buffer = buffer[n];  // one per model: the same for all of the job's
       protocol::TensorRef& t = job.entry.inputs.at(static_cast<size_t>(i));
       if (!bad.ok()) continue;
       if (!found[n]) {
