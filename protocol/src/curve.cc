@@ -220,9 +220,9 @@ std::string DescribeHandshakeFailure(int event, int value, bool curve_configured
   return "";
 }
 
-void HandshakeWatch::ReadEvents(zmq::socket_t& monitor, int at_most) {
+void HandshakeWatch::ReadEvents(zmq::socket_t& monitor) {
   // Each event: a frame of uint16 event + uint32 value, then a frame with the endpoint.
-  for (int i = 0; i < at_most; ++i) {
+  for (int i = 0; i < 64; ++i) {
     zmq::message_t head, endpoint;
     try {
       if (!monitor.recv(head, zmq::recv_flags::dontwait)) return;

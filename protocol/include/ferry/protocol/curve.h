@@ -71,8 +71,8 @@ class HandshakeWatch {
   explicit HandshakeWatch(bool curve_configured) : curve_(curve_configured) {}
   void OnEvent(int zmq_event, int value);
   // Takes the events waiting on `monitor` (the PAIR socket connected to zmq_socket_monitor's
-  // endpoint), at most `at_most`, without blocking; stops at the first receive error.
-  void ReadEvents(zmq::socket_t& monitor, int at_most = 64);
+  // endpoint), at most 64 a call, without blocking; stops at the first receive error.
+  void ReadEvents(zmq::socket_t& monitor);
   const std::string& error() const { return error_; }
 
  private:
