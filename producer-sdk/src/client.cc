@@ -28,6 +28,14 @@ using Clock = std::chrono::steady_clock;
 constexpr size_t kMaxTensorBytes = (size_t{1} << 31) - 1;  // one msgpack bin
 constexpr size_t kMaxMessageBytes = size_t{32} << 20;      // per SUBMIT message
 
+// Whether the stored inputs of a job the broker rejected with `rejection` may still be read, so
+// that the producer must leave them (they expire): a duplicate's keys are the pending job's (the
+// same id), and a job rejected `unavailable` may already be on a worker (the broker dispatches
+// before its journal write, whose failure rejects the job; protocol.md, "Stored inputs").
+bool InputsMayBeRead(const Status& rejection) {
+  return rejection.code() == codes::kDuplicate || rejection.code() == codes::kUnavailable;
+}
+
 // `id` is the job's id after defaulting (Job::id may be empty).
 Status ValidateJob(const Job& job, const std::string& id) {
   if (!protocol::IsValidJobId(id))
@@ -209,12 +217,13 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
   }
   if (sent.empty()) return Status::Ok();
 
-  // One SUBMIT per kMaxMessageBytes of tensor data (a single bigger job goes alone): brokers
-  // cap message sizes and drop peers that exceed them.
+  // One SUBMIT per kMaxMessageBytes of tensor data (a single bigger job goes alone) and per
+  // kMaxJobsPerMessage jobs: brokers refuse bigger messages (and drop peers that exceed the size).
+  const size_t max_jobs = static_cast<size_t>(protocol::kMaxJobsPerMessage);
   size_t begin = 0;
   while (begin < sent.size()) {
     size_t end = begin, bytes = 0;
-    while (end < sent.size()) {
+    while (end < sent.size() && end - begin < max_jobs) {
       size_t job_bytes = 256;  // ids, model, framing
       for (const Tensor& t : jobs[sent[end]]->inputs)
         job_bytes += (Stored(t) ? 0 : t.data.size()) + 64;
@@ -327,8 +336,8 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs, const std::v
     const Status& v = (*outcomes)[i].status;
     if (v.ok()) continue;
     not_accepted.push_back((*outcomes)[i].id);
-    // A duplicate's keys are the pending job's (same id): those stay.
-    if (v.code() != codes::kDuplicate) AppendInputKeys(*jobs[i], (*outcomes)[i].id, &unused_inputs);
+    if (InputsMayBeRead(v)) continue;
+    AppendInputKeys(*jobs[i], (*outcomes)[i].id, &unused_inputs);
   }
   if (!not_accepted.empty()) tracker_.Untrack(not_accepted);
   if (!unused_inputs.empty()) (void)store_.Delete(unused_inputs);  // else they expire
@@ -405,7 +414,7 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
     if (!unsent || s.ok()) return s;  // a timeout with the job sent: the caller may Run again
   }
   tracker_.Untrack({id});  // no result of ours to expect: not sent, rejected, or no Redis
-  if (unsent || tracker_.Rejected(*verdict)) {  // nobody will read its stored inputs
+  if (unsent || (tracker_.Rejected(*verdict) && !InputsMayBeRead(s))) {  // nobody will read them
     std::vector<std::string> keys;
     AppendInputKeys(job, id, &keys);
     if (!keys.empty()) (void)store_.Delete(keys);  // else they expire
@@ -447,18 +456,27 @@ Status Client::Impl::Cancel(const std::vector<std::string>& ids, CancelReport* r
     if (!protocol::IsValidJobId(id))
       return Status::InvalidArgument("job id \"" + id + "\" is not a valid Ferry id");
   }
-  if (ids.empty()) return Status::Ok();
-  int64_t rid = io_->NextRid();
-  IoThread::Reply reply;
-  FERRY_RETURN_IF_ERROR(io_->Call(rid, protocol::kCancel, protocol::EncodeIds(ids, rid),
-                                  options_.request_timeout_ms, &reply));
-  msgpack::object_handle body;
-  FERRY_RETURN_IF_ERROR(CheckReply(reply, protocol::kCancelled, &body));
-  protocol::Cancelled c;
-  FERRY_RETURN_IF_ERROR(protocol::DecodeCancelled(body.get(), &c));
-  report->cancelled = std::move(c.ids);
-  report->running = std::move(c.running);
-  report->not_found = std::move(c.not_found);
+  // One CANCEL per kMaxJobsPerMessage ids: the broker refuses a bigger one whole.
+  const size_t max_ids = static_cast<size_t>(protocol::kMaxJobsPerMessage);
+  for (size_t begin = 0; begin < ids.size(); begin += max_ids) {
+    std::vector<std::string> part(ids.begin() + begin,
+                                  ids.begin() + std::min(ids.size(), begin + max_ids));
+    int64_t rid = io_->NextRid();
+    IoThread::Reply reply;
+    FERRY_RETURN_IF_ERROR(io_->Call(rid, protocol::kCancel, protocol::EncodeIds(part, rid),
+                                    options_.request_timeout_ms, &reply));
+    msgpack::object_handle body;
+    FERRY_RETURN_IF_ERROR(CheckReply(reply, protocol::kCancelled, &body));
+    protocol::Cancelled c;
+    FERRY_RETURN_IF_ERROR(protocol::DecodeCancelled(body.get(), &c));
+    auto append = [](std::vector<std::string>* to, std::vector<std::string>* from) {
+      to->insert(to->end(), std::make_move_iterator(from->begin()),
+                 std::make_move_iterator(from->end()));
+    };
+    append(&report->cancelled, &c.ids);
+    append(&report->running, &c.running);
+    append(&report->not_found, &c.not_found);
+  }
   return Status::Ok();
 }
 

@@ -17,6 +17,7 @@
 
 #include "end_to_end_fixture.h"
 #include "ferry/client.h"
+#include "ferry/protocol/wire.h"
 #include "fleet.h"
 #include "process.h"
 #include "reference.h"
@@ -264,6 +265,32 @@ TEST_F(EndToEnd, ManyProducerThreadsShareOneClient) {
   for (auto& th : threads) th.join();
   EXPECT_EQ(done.load(), 200);
   EXPECT_EQ(bad.load(), 0);
+}
+
+// The broker refuses a SUBMIT of more jobs, or a CANCEL of more ids, than its
+// --max-jobs-per-message (10,000 by default) as a whole: SubmitMany and CancelMany split theirs.
+TEST_F(EndToEnd, SubmitManyAndCancelManySplitPastTenThousandJobs) {
+  StartFleet(FleetOptions{1});
+  const size_t n = protocol::kMaxJobsPerMessage + 1;
+  std::vector<Job> jobs;
+  for (size_t i = 0; i < n; ++i) {
+    jobs.push_back(TinyJob(static_cast<uint32_t>(i % 7)));
+    jobs.back().id = "split-" + std::to_string(i);
+  }
+  std::vector<SubmitOutcome> outcomes;
+  ASSERT_TRUE(client_->SubmitMany(jobs, &outcomes).ok());
+  ASSERT_EQ(outcomes.size(), n);
+  std::vector<std::string> ids;
+  for (const auto& o : outcomes) {
+    EXPECT_TRUE(o.status.ok()) << o.id << ": " << o.status.ToString();
+    ids.push_back(o.id);
+  }
+  client::CancelReport report;
+  ASSERT_TRUE(client_->CancelMany(ids, &report).ok());
+  EXPECT_EQ(report.cancelled.size() + report.running.size() + report.not_found.size(), n);
+  Result last;
+  ASSERT_TRUE(client_->Wait(ids.back(), 60000, &last).ok()) << fleet_->Logs();
+  EXPECT_NE(last.state, JobState::kPending);
 }
 
 }  // namespace

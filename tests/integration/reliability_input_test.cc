@@ -125,5 +125,42 @@ TEST(Reliability, AttachedInputsSurviveAWorkerKillAndABrokerKill) {
   EXPECT_GE(results.at("att-kill-0").attempt, 2) << "the killed worker's job was not requeued";
 }
 
+// The broker sends a turn's jobs to workers before that turn's journal write; when the write
+// fails it rejects them `unavailable`, yet a job already on a worker still runs. So the producer
+// leaves a job's stored inputs when the rejection is `unavailable` (they expire), and the job
+// ends `done`, not `failed`/`not_found` for inputs its producer deleted. Here the journal write
+// fails because Redis refuses HSET (an ACL rule), and the worker is stopped (SIGSTOP) while the
+// rejection reaches the producer, so that it reads the inputs only after that.
+TEST(Reliability, AJobRejectedUnavailableAfterItsDispatchStillFindsItsStoredInputs) {
+  FleetOptions fo;
+  fo.models = {"null"};
+  fo.worker_args = {"--instances", "1"};
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet, 5000);
+  auto admin = fleet.redis().Connect();
+  ASSERT_TRUE(admin);
+  protocol::RedisReply r;
+  ASSERT_TRUE(admin->Command({"ACL", "SETUSER", "default", "-hset"}, &r).ok());  // no journal
+  Job j;
+  j.id = "rejected-but-dispatched";
+  j.model = "null";
+  j.inputs = {Tensor::From<float>(std::vector<float>(50000, 3.5f), {50000}, DType::kFloat32)};
+  fleet.worker(0).Signal(SIGSTOP);  // the CHUNK waits in its socket
+  std::string id;
+  Status s = c->Submit(j, &id);
+  ASSERT_TRUE(admin->Command({"ACL", "SETUSER", "default", "+hset"}, &r).ok());
+  fleet.worker(0).Signal(SIGCONT);
+  ASSERT_EQ(s.code(), codes::kUnavailable) << s.ToString() << fleet.Logs();
+  Result result;
+  ASSERT_TRUE(c->Wait(id, 30000, &result).ok()) << fleet.Logs();
+  ASSERT_EQ(result.state, JobState::kDone) << result.error.ToString() << fleet.Logs();
+  EXPECT_TRUE(result.outputs.at(0).data == j.inputs[0].data);
+  EXPECT_TRUE(WaitFor([&] {
+    protocol::RedisReply keys;
+    return admin->Command({"KEYS", "ferry:input:*"}, &keys).ok() && keys.elements.empty();
+  })) << "the worker did not delete the input with the result";
+}
+
 }  // namespace
 }  // namespace ferry::reliability_test

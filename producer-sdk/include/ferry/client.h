@@ -109,8 +109,10 @@ struct ClientOptions {
   // this many bytes is written by the client itself to <prefix>input:<id>:<index> -- one
   // pipelined round trip per SUBMIT, on the calling thread, before the SUBMIT -- and the SUBMIT
   // carries only its dtype and shape. The worker reads it from Redis and deletes it with the
-  // job's result; the client deletes the inputs of jobs the broker rejects. So the broker never
-  // touches those bytes, and its journal stays small. 0: every input travels in the SUBMIT.
+  // job's result; the client deletes the inputs of jobs the broker rejects (but `duplicate`,
+  // whose keys are the pending job's, and `unavailable`: such a job may already be on a worker;
+  // those expire after input_ttl_s). So the broker never touches those bytes, and its journal
+  // stays small. 0: every input travels in the SUBMIT.
   int64_t stored_input_bytes = 64 * 1024;
   // Inputs that are not stored but have at least this many bytes travel through the broker in
   // ZeroMQ frames of their own after the SUBMIT's body (docs/protocol.md, "Attached inputs"):
@@ -178,7 +180,8 @@ class Client {
   // same id). The job is copied; the caller keeps ownership.
   Status Submit(const Job& job, std::string* id);
 
-  // Submits many jobs in one SUBMIT message -- one round trip -- per 32 MiB of tensor data.
+  // Submits many jobs in one SUBMIT message -- one round trip -- per 32 MiB of tensor data and
+  // per 10,000 jobs (the broker's default --max-jobs-per-message).
   // *outcomes gets one entry per job, in order. Jobs that fail local validation get
   // invalid_argument and are not sent; two jobs with the same id in one call: the later ones
   // get duplicate. Returns ok when the broker answered (look at each outcome); otherwise the
@@ -222,7 +225,8 @@ class Client {
   // The job is copied; the caller keeps ownership.
   Status Run(const Job& job, int timeout_ms, Result* out, std::string* id = nullptr);
 
-  // Cancels jobs (one CANCEL message, one round trip) and says what happened to each id.
+  // Cancels jobs (one CANCEL message, one round trip, per 10,000 ids) and says what happened
+  // to each id.
   // Errors: invalid_argument (a bad id; nothing is sent), unavailable (no answer in time).
   Status CancelMany(const std::vector<std::string>& ids, CancelReport* report);
   // Cancels one job: ok when it was queued or running (see CancelReport), not_found when the

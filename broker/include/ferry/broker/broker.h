@@ -62,7 +62,8 @@ struct BrokerOptions {
 
   // Bounds on what one message may ask for (a member can misbehave too).
   int64_t max_result_ttl_s = 7 * 24 * 3600;  // SUBMIT result_ttl_s above it: invalid_argument
-  int64_t max_jobs_per_message = 10000;      // jobs per SUBMIT, ids per CANCEL
+  int64_t max_jobs_per_message = 10000;      // jobs per SUBMIT, ids per CANCEL (protocol's
+                                             // kMaxJobsPerMessage: the clients split at it)
 
   // Queued jobs of a model that no connected worker serves fail `unavailable` once the model
   // has had no worker for this long (SUBMITs for it are still accepted: a worker may come

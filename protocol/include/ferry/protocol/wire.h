@@ -35,6 +35,10 @@ inline constexpr std::string_view kBye = "BYE";                // worker leaves 
 inline constexpr std::string_view kReannounce = "REANNOUNCE";  // broker -> unknown worker
 // CANCEL also goes broker -> worker, for jobs already dispatched.
 
+// Jobs per SUBMIT and ids per CANCEL: the broker's default limit (--max-jobs-per-message); a
+// bigger message is refused whole (too_large), so the clients split at this many.
+inline constexpr int64_t kMaxJobsPerMessage = 10000;
+
 // One received message, split into its parts.
 struct Message {
   std::vector<zmq::message_t> envelope;  // frames before the tag (ROUTER side only)
