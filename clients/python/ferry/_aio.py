@@ -28,6 +28,14 @@ class CancelReport(tuple):
         return "CancelReport(cancelled=%r, running=%r, not_found=%r)" % self
 
 
+def owns_inputs(rejection):
+    """Whether a rejected job's stored inputs are nobody's once it is rejected, so the client
+    deletes them: not for `duplicate` (they are the pending job's, same id, same keys) nor for
+    `unavailable` (the broker may have dispatched the job before its journal write failed: the
+    worker still reads them). Those expire (input_ttl_s) or the worker deletes them."""
+    return rejection.code not in ("duplicate", "unavailable")
+
+
 class AsyncClient:
     """Submits jobs to a Ferry broker and reads their results, on asyncio.
 
@@ -36,8 +44,9 @@ class AsyncClient:
 
     Every coroutine runs on the event loop the client first ran on (it binds to it then):
     thousands of concurrent ``await client.run(...)`` share one socket, and the runs started
-    in one turn of the loop travel to the broker as one SUBMIT. Not thread-safe: use it from
-    its loop only (ferry.Client is the thread-safe, blocking client).
+    in one turn of the loop travel to the broker as one SUBMIT (per 10,000 jobs or 32 MiB).
+    Not thread-safe: use it from its loop only (ferry.Client is the thread-safe, blocking
+    client).
 
     Options (keywords; the C++ SDK's ClientOptions, same names and defaults): redis_prefix,
     request_timeout_ms, push_results, stored_input_bytes, attached_input_bytes, input_ttl_s,
@@ -97,9 +106,10 @@ class AsyncClient:
         return (await self._submit_prepared([prep]))[0]
 
     async def submit_many(self, jobs):
-        """Submits jobs (ferry.Job or dicts) in one SUBMIT per 32 MiB; returns their ids in
-        order. If any is rejected, raises the first rejection's error with .ids (every id, in
-        order), .accepted (the accepted ids: wait for these) and .errors ({id: FerryError})."""
+        """Submits jobs (ferry.Job or dicts) in one SUBMIT per 32 MiB or 10,000 jobs; returns
+        their ids in order. If any is rejected, raises the first rejection's error with .ids
+        (every id, in order), .accepted (the accepted ids: wait for these) and .errors
+        ({id: FerryError})."""
         preps = self._prepare_many(jobs)
         if not preps:
             return []
@@ -126,20 +136,24 @@ class AsyncClient:
             verdicts = await asyncio.wait_for(call.future, engine.timeout)
         except asyncio.TimeoutError:
             engine.results.untrack(ids)  # maybe accepted: a wait then reads Redis before sleeping
+            # The jobs that never went out (no broker connected) will not now: their stored
+            # inputs are nobody's. Those sent may be accepted: theirs stay (input_ttl_s).
+            engine.delete_inputs(engine.unsent_preps(call))
             err = Unavailable(engine.silence_message("SUBMIT", self.options.request_timeout_ms),
                               id=ids[0])
             err.ids, err.accepted, err.errors = ids, [], {i: err for i in ids}
             raise err
-        except BaseException:
+        except BaseException:  # cancelled, or the client closed (Engine.close deletes then)
             engine.results.untrack(ids)
+            if not engine.closed:
+                engine.delete_inputs(engine.unsent_preps(call))
             raise
         errors = {i: v for i, v in verdicts.items() if v is not None}
         if not errors:
             return ids
         engine.results.untrack(list(errors))
-        # Stored inputs of rejected jobs are nobody's (a duplicate's belong to the pending job).
-        engine.delete_inputs([p for p in preps if p.id in errors
-                              and errors[p.id].code != "duplicate"])
+        engine.delete_inputs([p for p in preps
+                              if p.id in errors and owns_inputs(errors[p.id])])
         first = next(errors[i] for i in ids if i in errors)
         first.ids = ids
         first.accepted = [i for i in ids if i not in errors]
@@ -220,6 +234,8 @@ class AsyncClient:
                     return r
                 except Unavailable as err:
                     if err is not job.error:
+                        if engine.closed:
+                            raise
                         if not job.ever_sent:
                             raise Unavailable(engine.unsent_message(timeout), id=id) from err
                         raise
@@ -238,20 +254,25 @@ class AsyncClient:
             job.cancelled = True
             if not ok:
                 engine.results.untrack((id,))
-                if prep.stored and (not job.ever_sent or job.error is not None):
+                if prep.stored and (not job.ever_sent
+                                    or job.error is not None and owns_inputs(job.error)):
                     engine.delete_inputs([prep])  # nobody will read them
 
     async def cancel(self, *ids):
-        """Cancels jobs (one CANCEL); returns a CancelReport (cancelled, running, not_found)."""
+        """Cancels jobs (one CANCEL per 10,000 ids); returns a CancelReport (cancelled,
+        running, not_found)."""
         if len(ids) == 1 and isinstance(ids[0], (list, tuple)):
             ids = tuple(ids[0])
         for i in ids:
             _protocol.check_id(i)
-        if not ids:
-            return CancelReport([], [], [])
-        body = await self._get_engine().request(b"CANCEL", {"ids": list(ids)}, "CANCELLED")
-        return CancelReport(body.get("ids") or [], body.get("running") or [],
-                            body.get("not_found") or [])
+        report = CancelReport([], [], [])
+        step = _protocol.MAX_JOBS_PER_MESSAGE  # the broker refuses a bigger CANCEL whole
+        for k in range(0, len(ids), step):
+            body = await self._get_engine().request(b"CANCEL", {"ids": list(ids[k:k + step])},
+                                                    "CANCELLED")
+            for into, key in zip(report, ("ids", "running", "not_found")):
+                into.extend(body.get(key) or ())
+        return report
 
     async def stats(self):
         """The broker's statistics: workers, queues, pending, counters (docs/protocol.md)."""
@@ -260,7 +281,9 @@ class AsyncClient:
         return body
 
     async def close(self):
-        """Closes the socket and Redis connections; waits in progress raise Unavailable."""
+        """Closes the socket and Redis connections; calls in progress (waits, runs, submits
+        waiting for the broker's answer, requests) raise Unavailable. The stored inputs of jobs
+        that never went out are deleted first."""
         self._closed = True
         if self._engine is not None:
             await self._engine.close()

@@ -3,8 +3,9 @@
 One I/O task owns the DEALER socket (an actor, like the C++ SDK's I/O thread): callers queue
 jobs and requests and kick it; each turn it builds messages from everything queued -- the jobs
 of all the `run` calls made since its last turn go out as ONE ``SUBMIT`` (``"ack": false``), the
-jobs of all `submit` calls as another, each with its jobs' attached inputs as data frames after
-the body, in job order -- sends what the socket takes, then reads every message that has
+jobs of all `submit` calls as another (each split at 10,000 jobs or 32 MiB: _take), each with
+its jobs' attached inputs as data frames after the body, in job order -- sends what the socket
+takes (a submit call's jobs are marked sent then), then reads every message that has
 arrived (replies matched by ``rid``; ``FINISHED`` notices) and sleeps until a caller or the
 socket wakes it. The socket's file descriptor is watched with ``loop.add_reader``.
 
@@ -188,12 +189,13 @@ class Engine:
     def _writable(self):
         return self.sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT
 
-    def _send(self, command, body, frames=()):
+    def _send(self, command, body, frames=(), batch=None):
         """Sends one message: tag, command, body, then `frames` (attached inputs' data frames).
         copy=False: pyzmq sends a frame of at least zmq.COPY_THRESHOLD (64 KiB) from its
         buffer (a memoryview of the caller's array), holding it until libzmq is done with it;
         smaller ones it copies. The socket takes all of a message or, at its first frame,
-        none (zmq.Again)."""
+        none (zmq.Again): it is then kept (`_stalled`) and sent first at the next turn.
+        `batch`, a SubmitBatch: its calls are marked sent once the socket took it."""
         try:
             if frames:
                 self.sock.send_multipart([_protocol.TAG, command, body, *frames], zmq.NOBLOCK,
@@ -201,10 +203,12 @@ class Engine:
             else:
                 self.sock.send_multipart((_protocol.TAG, command, body), zmq.NOBLOCK, copy=False)
             self.messages_sent += 1
-            return True
         except zmq.Again:
-            self._stalled = (command, body, frames)
+            self._stalled = (command, body, frames, batch)
             return False
+        if batch is not None:
+            batch.mark_sent()
+        return True
 
     def _retry_later(self):
         if self._retry_timer is None:
@@ -219,9 +223,11 @@ class Engine:
                 self._retry_later()
                 return
             if self._stalled is not None:
-                command, body, frames = self._stalled
+                command, body, frames, batch = self._stalled
                 self._stalled = None
-                if not self._send(command, body, frames):
+                if batch is not None and not batch.alive():
+                    continue  # its callers gave up (unsent_preps) before it went out
+                if not self._send(command, body, frames, batch):
                     self._retry_later()
                     return
                 continue
@@ -239,8 +245,9 @@ class Engine:
                 self._send_runs()
 
     def _take(self, queue, prep_of):
-        """The head of `queue` that fits one message: unique ids, <= 32 MiB of body and data
-        frames (one job more)."""
+        """The head of `queue` that fits one message: unique ids, at most MAX_JOBS_PER_MESSAGE
+        jobs (the broker refuses a bigger SUBMIT as a whole), <= 32 MiB of body and data frames
+        (one job more)."""
         taken, ids, size = [], set(), 0
         n = 0
         for item in queue:
@@ -248,7 +255,8 @@ class Engine:
             if p is None:
                 n += 1
                 continue
-            if taken and (p.id in ids or size + p.size > _protocol.MAX_MESSAGE_BYTES):
+            if taken and (p.id in ids or size + p.size > _protocol.MAX_MESSAGE_BYTES
+                          or len(taken) >= _protocol.MAX_JOBS_PER_MESSAGE):
                 break
             taken.append(item)
             ids.add(p.id)
@@ -308,8 +316,8 @@ class Engine:
                 frames.extend(p.frames)
             if not calls or calls[-1] is not call:
                 calls.append(call)
-        self._awaiting[rid] = SubmitBatch(calls, ids)
-        self._send(b"SUBMIT", b"".join(parts), frames)
+        batch = self._awaiting[rid] = SubmitBatch(calls, ids, items)
+        self._send(b"SUBMIT", b"".join(parts), frames, batch)
 
     def _drain(self):
         sock = self.sock
@@ -351,6 +359,8 @@ class Engine:
     def queue_run(self, job):
         job.error = None
         job.sent = False
+        if self.closed:
+            return  # its wait raises Unavailable (the client is closed)
         job.queued = True
         self._runs.append(job)
         self.kick()
@@ -362,12 +372,31 @@ class Engine:
 
     def queue_submit(self, preps):
         call = SubmitCall(preps, self.loop.create_future())
+        if self.closed:
+            call.future.set_exception(Unavailable("the client is closed"))
+            return call
         for p in preps:
             self._submits.append((p, call))
         self.kick()
         return call
 
+    def unsent_preps(self, call):
+        """The jobs of a submit call that gave up (its future is done) that never went out and
+        now never will: queued ones are skipped, and a stalled SUBMIT whose callers all gave up
+        is dropped here. A stalled SUBMIT another call still waits on goes out: its jobs count
+        as sent."""
+        going = ()
+        st = self._stalled
+        if st is not None and st[3] is not None and call in st[3].calls:
+            if st[3].alive():
+                going = st[3].ids
+            else:
+                self._stalled = None
+        return [p for p in call.preps if p.id not in call.sent and p.id not in going]
+
     async def request(self, command, body, expected):
+        if self.closed:
+            raise Unavailable("the client is closed")
         fut = self.loop.create_future()
         handler = Request(fut, expected)
         self._requests.append((command, body, handler))
@@ -434,15 +463,35 @@ class Engine:
             self._retry_timer.cancel()
         self.results.close()
         self._task.cancel()
+        # Every call waiting for a reply ends now: requests, submits queued or sent (runs raise
+        # from their wait: Results.close).
+        def closed():
+            return Unavailable("the client is closed")
         for _, _, h in self._requests:
             if not h.future.done():
-                h.future.set_exception(Unavailable("the client is closed"))
+                h.future.set_exception(closed())
         for h in self._awaiting.values():
-            if isinstance(h, Request) and not h.future.done():
-                h.future.set_exception(Unavailable("the client is closed"))
+            if isinstance(h, Request):
+                if not h.future.done():
+                    h.future.set_exception(closed())
+            elif isinstance(h, SubmitBatch):
+                h.fail(closed)
+        unsent = [p for p, call in self._submits if p.id not in call.sent]
+        unsent += [j.prep for j in self._runs if not j.ever_sent]
+        if self._stalled is not None and self._stalled[3] is not None:
+            unsent += [p for p, call in self._stalled[3].items if p.id not in call.sent]
         for _, call in self._submits:
             if not call.future.done():
-                call.future.set_exception(Unavailable("the client is closed"))
+                call.future.set_exception(closed())
+        self._requests, self._submits, self._runs, self._stalled = [], [], [], None
+        # The stored inputs of jobs that never went out are nobody's: deleted now, on the
+        # connection Redis has open (none is opened for it; else they expire, input_ttl_s).
+        keys = [key for p in unsent if p.stored for key, _ in p.stored]
+        if keys and self.redis.connected():
+            try:
+                await asyncio.wait_for(self.redis.execute("DEL", *keys), min(self.timeout, 1.0))
+            except Exception:
+                pass
         self.redis.close()
         try:
             await self._task

@@ -14,6 +14,7 @@ TAG = b"FERRY1"
 MAX_MODEL_NAME = 128
 MAX_INPUTS = 64
 MAX_MESSAGE_BYTES = 32 << 20  # tensor data per SUBMIT message, as the C++ SDK
+MAX_JOBS_PER_MESSAGE = 10000  # jobs per SUBMIT message: the broker's --max-jobs-per-message
 INT64_MAX = (1 << 63) - 1
 
 _ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")

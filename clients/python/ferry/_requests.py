@@ -20,15 +20,17 @@ class RunJob:
 
 
 class SubmitCall:
-    """One submit()/submit_many() call: its jobs' verdicts (None = accepted) by id."""
+    """One submit()/submit_many() call: its jobs' verdicts (None = accepted) by id, and the ids
+    of its jobs in a SUBMIT the socket took (`sent`)."""
 
-    __slots__ = ("preps", "verdicts", "left", "future")
+    __slots__ = ("preps", "verdicts", "left", "future", "sent")
 
     def __init__(self, preps, future):
         self.preps = preps
         self.verdicts = {}
         self.left = len(preps)
         self.future = future
+        self.sent = set()
 
     def settle(self, id, verdict):
         if id in self.verdicts or self.future.done():
@@ -74,14 +76,29 @@ class RunBatch:
 
 
 class SubmitBatch:
-    __slots__ = ("calls", "ids")
+    """Reply handler of one SUBMIT of submit() calls: `items` its (Prepared, SubmitCall) pairs,
+    `calls` those calls, `ids` its job ids."""
 
-    def __init__(self, calls, ids):
+    __slots__ = ("calls", "ids", "items")
+
+    def __init__(self, calls, ids, items=()):
         self.calls = calls
         self.ids = ids
+        self.items = items
 
     def alive(self):
         return any(not c.future.done() for c in self.calls)
+
+    def mark_sent(self):
+        """The socket took this SUBMIT: its jobs are sent."""
+        for p, c in self.items:
+            c.sent.add(p.id)
+
+    def fail(self, error):
+        """Ends every call still waiting with error() (the client closed)."""
+        for c in self.calls:
+            if not c.future.done():
+                c.future.set_exception(error())
 
     def reply(self, command, body):
         if command == "ACCEPTED":

@@ -416,7 +416,8 @@ class Connection(asyncio.BufferedProtocol):
 class Commands:
     """Lazily connected command connection, reconnected after a failure. execute() bounds each
     command by `timeout` seconds: a reply that is late closes the connection (every command on
-    it fails with Unavailable), so a late reply can never be read as another command's."""
+    it fails with Unavailable), so a late reply can never be read as another command's. After
+    close() every command fails with Unavailable: nothing reconnects."""
 
     def __init__(self, endpoint, loop, timeout):
         self._endpoint = endpoint
@@ -424,8 +425,15 @@ class Commands:
         self._timeout = timeout
         self._conn = None
         self._connecting = None
+        self.closed = False
+
+    def connected(self):
+        """Whether a connection is open now (a command then opens none)."""
+        return not self.closed and self._conn is not None and not self._conn.closed
 
     async def _connection(self):
+        if self.closed:
+            raise Unavailable("the client is closed")
         conn = self._conn
         if conn is not None and not conn.closed:
             return conn
@@ -435,9 +443,16 @@ class Commands:
         task = self._connecting
         try:
             conn = await asyncio.shield(task)
+        except asyncio.CancelledError:
+            if self.closed and task.cancelled():  # close() stopped it, not our caller
+                raise Unavailable("the client is closed")
+            raise
         finally:
             if task.done() and self._connecting is task:
                 self._connecting = None
+        if self.closed:  # closed while it connected
+            conn.close()
+            raise Unavailable("the client is closed")
         self._conn = conn
         return conn
 
@@ -464,6 +479,7 @@ class Commands:
             timer.cancel()
 
     def close(self):
+        self.closed = True
         if self._conn is not None:
             self._conn.close()
         if self._connecting is not None:

@@ -19,7 +19,7 @@ import uuid
 import msgpack
 
 from . import _protocol, _resp
-from ._errors import Timeout, Unavailable
+from ._errors import FerryError, Timeout, Unavailable
 from ._wheel import TimerWheel
 
 PUSH_MAX_TRACKED = 64           # notices straight from workers while fewer jobs are tracked
@@ -27,7 +27,13 @@ FIRST_RECHECK = 0.05            # s: first Redis re-check of a waiter, doubling 
 MAX_RECHECK = 1.0               # ... to this
 MAX_HELD_BYTES = 64 << 20       # inline records kept for ids nobody waits on yet
 TRACK_TTL = 60.0                # s: entries nobody waits on are dropped after this
+MAX_TO_CONSUME = 100000         # result keys queued for deletion (beyond: they expire)
 PUSH_RETRY_MIN, PUSH_RETRY_MAX = 1.0, 30.0
+# Error replies a read waits out as Unavailable (as the C++ SDK): ones that go away by themselves
+# (protocol/redis_errors.h), and a missing or wrong password (the C++ SDK's connect says those).
+# Any other (NOPERM, GETDEL unknown before Redis 6.2, ...) fails the read at once: internal.
+RETRIED_REPLY_ERRORS = ("LOADING", "BUSY", "READONLY", "OOM", "MASTERDOWN", "TRYAGAIN",
+                        "CLUSTERDOWN", "NOREPLICAS", "MISCONF", "NOAUTH", "WRONGPASS")
 
 
 class _Entry:
@@ -35,7 +41,7 @@ class _Entry:
     (a notice said the result is in Redis), the inline record, waiters to wake."""
 
     __slots__ = ("ours", "has_result", "record", "recheck", "version", "waiters", "nwait",
-                 "delivered", "touched")
+                 "delivered", "touched", "consumed")
 
     def __init__(self, now):
         self.ours = False
@@ -47,6 +53,7 @@ class _Entry:
         self.nwait = 0
         self.delivered = False
         self.touched = now
+        self.consumed = False   # the record was GETDEL'ed here: Redis no longer holds it
 
 
 def _wake_waiters(e):
@@ -171,20 +178,34 @@ class Results:
         e = self.entries.get(id)
         return e is not None and e.has_result
 
-    async def read(self, id, consume):
-        """The result of `id` in Redis, or None. Unavailable when Redis does not answer."""
+    async def _read_raw(self, id, consume):
+        """The result record of `id` in Redis (bytes or bytearray), or None. Unavailable when
+        Redis does not answer (or is loading, busy, wants a password: RETRIED_REPLY_ERRORS);
+        FerryError(internal) when it answers with another error (NOPERM: the ACL user may not
+        read results; GETDEL unknown: Redis < 6.2): waiting would not change that."""
         key = self.prefix + "result:" + id
+        command = "GETDEL" if consume else "GET"
         try:
-            raw = await self.redis.execute("GETDEL" if consume else "GET", key)
+            return await self.redis.execute(command, key)
         except _resp.ReplyError as e:
-            raise Unavailable("Redis GET %s: %s" % (key, e), id=id)
+            if str(e).startswith(RETRIED_REPLY_ERRORS):
+                raise Unavailable("Redis %s %s: %s" % (command, key, e), id=id)
+            raise FerryError("Redis refused %s %s: %s" % (command, key, e), code="internal",
+                             id=id)
+
+    async def read(self, id, consume):
+        """The result of `id` in Redis, or None (see _read_raw for the errors)."""
+        raw = await self._read_raw(id, consume)
         if raw is None:
             return None
         return _protocol.decode_result(raw, id)
 
     def _consume_later(self, id):
         """Deletes id's result in the background, batched with the others of this loop turn
-        (pipelined GETDELs: the producer ACL user may GETDEL results but not DEL them)."""
+        (pipelined GETDELs: the producer ACL user may GETDEL results but not DEL them). At most
+        MAX_TO_CONSUME wait (as the C++ SDK's ResultDeleter): beyond, they expire."""
+        if len(self._to_consume) >= MAX_TO_CONSUME:
+            return
         self._to_consume.append(self.prefix + "result:" + id)
         if self._consumer is None or self._consumer.done():
             self._consumer = self.loop.create_task(self._consume_pending())
@@ -225,7 +246,8 @@ class Results:
                         self.held_bytes -= len(rec)
                     r = _protocol.decode_result(rec, id)
                     e.delivered = True
-                    if consume:  # it came inline, so Redis still holds it: delete it too
+                    if consume and not e.consumed:  # it came inline: Redis holds it still
+                        e.consumed = True
                         self._consume_later(id)
                     return r
                 if run is not None and run.error is not None:
@@ -243,13 +265,20 @@ class Results:
                 if now >= next_read:
                     e.recheck = False
                     try:
-                        r = await self.read(id, consume)
+                        raw = await self._read_raw(id, consume)
                         last_error = None
                     except Unavailable as err:  # Redis may be restarting: until the deadline
-                        r, last_error = None, err
-                    if r is not None:
+                        raw, last_error = None, err
+                    if raw is not None:
+                        if consume and e.nwait > 1 and e.record is None:
+                            # GETDEL gave it to this waiter alone: the others of this id take
+                            # it from here, as an inline record (a copy: decoding consumes raw).
+                            e.record = bytes(raw)
+                            self.held_bytes += len(e.record)
+                            e.consumed = e.has_result = True
+                            self._changed(e)
                         e.delivered = True
-                        return r
+                        return _protocol.decode_result(raw, id)
                     now = loop.time()
                     next_read = now + backoff
                     backoff = min(backoff * 2, MAX_RECHECK)

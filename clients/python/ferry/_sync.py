@@ -30,6 +30,8 @@ class Client:
         self.options = self._aio.options
         self._closed = False
         self._close_lock = threading.Lock()
+        self._lock = threading.Lock()  # guards _closed and _pending
+        self._pending = set()  # the futures of calls in progress (close fails those left)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="ferry-client-io",
                                         daemon=True)
@@ -41,18 +43,23 @@ class Client:
             raise
 
     def _call(self, coro):
-        if self._closed:
-            coro.close()
-            raise Unavailable("the client is closed")
         if threading.current_thread() is self._thread:
             coro.close()
             raise InvalidArgument("ferry.Client called from its own I/O thread")
-        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        with self._lock:
+            if self._closed:
+                coro.close()
+                raise Unavailable("the client is closed")
+            fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            self._pending.add(fut)
         try:
             return fut.result()
         except BaseException:
             fut.cancel()  # e.g. KeyboardInterrupt: the coroutine stops where it waits
             raise
+        finally:
+            with self._lock:
+                self._pending.discard(fut)
 
     def submit(self, model, *inputs, id=None, priority=0, timeout_ms=0, result_ttl_s=0):
         """See AsyncClient.submit."""
@@ -90,16 +97,36 @@ class Client:
         return self._call(self._aio.stats())
 
     def close(self):
-        """Closes the client: waits in progress raise Unavailable; idempotent."""
+        """Closes the client: calls in progress in other threads (waits, runs, submits waiting
+        for the broker's answer, requests) raise Unavailable; idempotent."""
         with self._close_lock:
-            if self._closed:
-                return
+            with self._lock:
+                if self._closed:
+                    return
+                self._closed = True  # calls from now on raise Unavailable at once
             try:
-                asyncio.run_coroutine_threadsafe(self._aio.close(), self._loop).result(10)
+                asyncio.run_coroutine_threadsafe(self._close_on_loop(), self._loop).result(10)
             except Exception:
                 pass
-            self._closed = True
             self._stop_loop()
+            # A call whose coroutine did not end (the loop is stopped now) must not wait forever.
+            with self._lock:
+                left, self._pending = self._pending, set()
+            for fut in left:
+                if not fut.done():
+                    try:
+                        fut.set_exception(Unavailable("the client is closed"))
+                    except Exception:  # it ended meanwhile
+                        pass
+
+    async def _close_on_loop(self):
+        await self._aio.close()
+        # The calls in progress end with Unavailable now; let them, briefly, before the loop
+        # stops (close() fails those that did not).
+        me = asyncio.current_task()
+        tasks = [t for t in asyncio.all_tasks() if t is not me]
+        if tasks:
+            await asyncio.wait(tasks, timeout=1.0)
 
     def _stop_loop(self):
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -472,3 +472,30 @@ def test_the_issue_27_contract_names_exist_exactly():
         assert isinstance(e, ferry.FerryError)
         assert (e.code, e.message, e.retryable) == (code, "why", retryable)
         assert type(ferry.error_for(code, "m")) is cls
+
+
+def test_the_queue_of_results_to_consume_is_capped():
+    """Results got inline under consume_results wait to be GETDEL'ed: at most 100,000 (as the
+    C++ SDK's ResultDeleter); beyond, they are dropped (they expire with their result_ttl_s)."""
+    import asyncio
+    from ferry import _results
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        class Stuck:  # a Redis that never answers
+            async def execute_many(self, commands):
+                await loop.create_future()
+
+        res = _results.Results(_protocol.Options(), loop, Stuck(), None, 1.0, lambda: None,
+                               lambda *a, **k: None)
+        for k in range(100050):
+            res._consume_later("job-%d" % k)
+        assert len(res._to_consume) == 100000
+        await asyncio.sleep(0)  # the deleter takes its first round trip's worth
+        for k in range(10):
+            res._consume_later("more-%d" % k)
+        assert len(res._to_consume) < 100000
+        res.close()
+        res._consumer.cancel()
+    asyncio.run(main())
