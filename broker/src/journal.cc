@@ -4,6 +4,7 @@
 
 #include "ferry/protocol/codec.h"
 #include "ferry/protocol/messages.h"
+#include "ferry/protocol/util.h"
 
 namespace ferry::broker {
 namespace {
@@ -107,10 +108,13 @@ Status Journal::Decode(const std::string& bytes, Job* out) {
   return Status::Ok();
 }
 
-void Journal::Stage(const Job& job) { staged_.emplace_back(job.id, Encode(job)); }
+void Journal::Stage(const Job& job) {
+  forgotten_.erase(job.id);
+  staged_.emplace_back(job.id, Encode(job));
+}
 void Journal::Forget(const std::string& id, int64_t now_mono_us) {
   if (forgotten_.empty()) oldest_forget_us_ = now_mono_us;
-  forgotten_.push_back(id);
+  forgotten_.insert(id);
 }
 void Journal::NoteModel(const std::string& model) { models_.push_back(model); }
 
@@ -138,12 +142,16 @@ Status Journal::Commit() {
     redis_->Append({"EXPIRE", key, ttl});
   }
   Status s = redis_->Flush(nullptr);
-  staged_.clear();
   if (s.ok()) {
     forgotten_.clear();
     oldest_forget_us_ = 0;
     models_.clear();
+  } else if (!staged_.empty()) {
+    // Rejected: a write that timed out may land later all the same. Remove them then.
+    if (forgotten_.empty()) oldest_forget_us_ = protocol::MonotonicMicros();
+    for (const auto& [id, record] : staged_) forgotten_.insert(id);
   }
+  staged_.clear();
   return s;
 }
 

@@ -16,6 +16,7 @@
 
 #include <memory>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #include "ferry/protocol/keys.h"
@@ -31,7 +32,9 @@ class Journal {
   Journal(protocol::RedisClient* redis, protocol::Keys keys)
       : redis_(redis), keys_(std::move(keys)) {}
 
-  void Stage(const Job& job);                               // HSET on the next Commit
+  // HSET on the next Commit. A removal of the same id still waiting (a finished job whose id
+  // was accepted again) is dropped: it would delete the new record.
+  void Stage(const Job& job);
   void Forget(const std::string& id, int64_t now_mono_us);  // HDEL, with the next write
   void NoteModel(const std::string& model);                 // SADD + EXPIRE on the next Commit
   bool has_staged() const { return !staged_.empty(); }
@@ -43,7 +46,9 @@ class Journal {
   int64_t oldest_removal_us() const { return oldest_forget_us_; }
 
   // Writes everything in one round trip. On failure the staged records are discarded (the
-  // caller rejects those jobs with `unavailable`); removals and models are kept for the next try.
+  // caller rejects those jobs with `unavailable`) and their removals queued: a write that timed
+  // out may still land, and its jobs must not come back after a restart. Removals and models
+  // are kept for the next try.
   Status Commit();
 
   // Reads every journaled job (in acceptance order) and the known models. Jobs whose result is
@@ -59,7 +64,7 @@ class Journal {
   protocol::RedisClient* redis_;
   protocol::Keys keys_;
   std::vector<std::pair<std::string, std::string>> staged_;  // id -> record
-  std::vector<std::string> forgotten_;
+  std::unordered_set<std::string> forgotten_;
   int64_t oldest_forget_us_ = 0;
   std::vector<std::string> models_;
 };

@@ -248,6 +248,8 @@ bool RedisServer::Ping() {
   return c->Command({"PING"}, &r).ok();
 }
 
+void RedisServer::Signal(int sig) { process_->Signal(sig); }
+
 void RedisServer::Stop() {
   if (!process_) return;
   process_->Signal(SIGTERM);

@@ -103,8 +103,9 @@ class RedisServer {
   protocol::RedisEndpoint endpoint() const;
   // A fresh connection for the test's own reads and writes; null when Redis does not answer.
   std::unique_ptr<protocol::RedisClient> Connect() const;
-  void Stop();     // SIGTERM and wait
-  void Restart();  // on the same port and dir
+  void Stop();           // SIGTERM and wait
+  void Restart();        // on the same port and dir
+  void Signal(int sig);  // e.g. SIGSTOP and SIGCONT: a server that is slow, not gone
   bool Ping();
 
  private:

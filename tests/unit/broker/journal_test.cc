@@ -4,6 +4,7 @@
 #include "journal.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -459,8 +460,40 @@ TEST_F(JournalRedisTest, AFailedCommitDropsStagedJobsAndKeepsRemovals) {
   Status s = journal_->Commit();
   EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
   EXPECT_FALSE(journal_->has_staged());  // the caller rejects j1
-  EXPECT_EQ(journal_->removals(), 1u);   // j0's removal waits for the next Commit
+  EXPECT_EQ(journal_->removals(), 2u);   // j0's removal waits for the next Commit, and j1's
   EXPECT_EQ(journal_->oldest_removal_us(), 5);
+}
+
+// A write that timed out may land all the same (Redis was slow, not gone): the job the broker
+// then rejected `unavailable` must not stay journaled, or the next broker would restore and run
+// it. The next Commit removes it.
+TEST_F(JournalRedisTest, AJobOfAFailedCommitIsRemovedEvenWhenItsWriteLandsLate) {
+  std::unique_ptr<protocol::RedisClient> impatient;
+  ASSERT_TRUE(protocol::RedisClient::Connect(server_.endpoint(), 300, &impatient).ok());
+  Journal journal(impatient.get(), keys_);
+  auto late = MakeJob("late", 1);
+  journal.Stage(*late);
+  server_.Signal(SIGSTOP);  // the HSET waits in the server's socket
+  Status s = journal.Commit();
+  server_.Signal(SIGCONT);
+  EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
+  ASSERT_TRUE(testutil::WaitFor([&] {
+    return Integer({"HEXISTS", keys_.Journal(), "late"}) == 1;
+  })) << "the timed-out write did not land (what this test is about)";
+  EXPECT_EQ(journal.removals(), 1u);
+  ASSERT_TRUE(journal.Commit().ok());
+  EXPECT_EQ(Integer({"HEXISTS", keys_.Journal(), "late"}), 0) << "a rejected job stays journaled";
+}
+
+// A job that finished (its removal waiting) and whose id is accepted again keeps its new record.
+TEST_F(JournalRedisTest, AnIdAcceptedAgainAfterItsJobFinishedStaysJournaled) {
+  auto j = MakeJob("again", 1);
+  journal_->Stage(*j);
+  ASSERT_TRUE(journal_->Commit().ok());
+  journal_->Forget("again", 10);  // finished
+  journal_->Stage(*j);            // and accepted again, before the removal went out
+  ASSERT_TRUE(journal_->Commit().ok());
+  EXPECT_EQ(Ids(Load()), (std::vector<std::string>{"again"}));
 }
 
 }  // namespace
