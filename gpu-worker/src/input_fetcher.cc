@@ -4,10 +4,14 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
+#include <iterator>
 #include <map>
+#include <new>
 #include <optional>
 #include <thread>
 
+#include "ferry/protocol/redis_errors.h"
 #include "ferry/runtime/thread_name.h"
 #include "ferry/tensor.h"
 
@@ -42,6 +46,14 @@ size_t Layout(std::vector<size_t> order, const std::vector<size_t>& sizes,
     end += sizes[v];
   }
   return end;
+}
+
+// The bytes `job`'s stored inputs declare (at most 2^62: the codec checks a job's total).
+uint64_t StoredBytes(const Job& job) {
+  uint64_t bytes = 0;
+  for (int32_t i : job.entry.stored_inputs)
+    bytes += job.entry.inputs.at(static_cast<size_t>(i)).size;
+  return bytes;
 }
 
 }  // namespace
@@ -80,12 +92,21 @@ void InputFetcher::Submit(std::vector<Job> jobs) {
 }
 
 void InputFetcher::Stop() {
+  if (!thread_.joinable()) return;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    std::unique_lock<std::mutex> lock(mu_);
     stopping_ = true;
+    cv_.notify_all();
+    // Redis down for good must not hold the process: past the timeout the retries end.
+    if (!finished_cv_.wait_for(lock, std::chrono::milliseconds(options_.stop_timeout_ms),
+                               [this] { return finished_; })) {
+      spdlog::error("input fetcher: Redis still unreachable {} ms after Stop; giving up",
+                    options_.stop_timeout_ms);
+      aborted_ = true;
+      cv_.notify_all();
+    }
   }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
+  thread_.join();
 }
 
 size_t InputFetcher::pending() const {
@@ -101,15 +122,31 @@ void InputFetcher::Loop() {
       std::unique_lock<std::mutex> lock(mu_);
       cv_.wait(lock, [this] { return stopping_ || !waiting_.empty(); });
       if (aborted_ || waiting_.empty()) break;  // stopping, nothing left
-      jobs.swap(waiting_);
+      // The jobs in order up to kMaxTurnBytes of declared inputs (the first one always), so
+      // that the turn's buffers stay bounded; the rest wait for the next turn.
+      size_t take = 0;
+      for (uint64_t bytes = 0; take < waiting_.size(); ++take) {
+        const uint64_t more = StoredBytes(waiting_[take]);
+        if (take > 0 && bytes + more > kMaxTurnBytes) break;
+        bytes += more;
+      }
+      jobs.assign(std::make_move_iterator(waiting_.begin()),
+                  std::make_move_iterator(waiting_.begin() + static_cast<ptrdiff_t>(take)));
+      waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<ptrdiff_t>(take));
       in_flight_ = jobs.size();
     }
     int backoff_ms = options_.backoff_initial_ms;
     bool aborted = false;
-    for (int attempt = 1; !FetchOnce(&jobs); ++attempt) {
+    for (int attempt = 1;; ++attempt) {
+      const Status s = FetchOrFail(&jobs);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        in_flight_ = jobs.size();
+      }
+      if (jobs.empty()) break;
       if ((attempt & (attempt - 1)) == 0)
-        spdlog::warn("input fetcher: {} job(s) wait for their stored inputs (attempt {})",
-                     jobs.size(), attempt);
+        spdlog::warn("input fetcher: {} job(s) wait for their stored inputs (attempt {}): {}",
+                     jobs.size(), attempt, s.ToString());
       if (!Backoff(backoff_ms)) {
         aborted = true;
         break;
@@ -119,17 +156,44 @@ void InputFetcher::Loop() {
     std::lock_guard<std::mutex> lock(mu_);
     in_flight_ = 0;
     if (aborted) {
-      spdlog::error("input fetcher: aborted with {} job(s) unfetched", jobs.size());
+      spdlog::error("input fetcher: aborted with {} job(s) unfetched",
+                    jobs.size() + waiting_.size());
       break;
     }
   }
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    finished_ = true;
+  }
+  finished_cv_.notify_all();
 }
 
-bool InputFetcher::FetchOnce(std::vector<Job>* jobs) {
-  if (!client_) {
-    Status s = protocol::RedisClient::Connect(options_.redis, options_.redis_timeout_ms, &client_);
-    if (!s.ok()) return false;
+Status InputFetcher::FetchOrFail(std::vector<Job>* jobs) {
+  std::string why;
+  try {
+    return FetchOnce(jobs);
+  } catch (const std::exception& e) {
+    why = e.what();
+  } catch (...) {
+    why = "an unknown exception";
   }
+  // The connection may be out of step: the next turn reconnects.
+  client_.reset();
+  std::vector<JobResult> failed;
+  for (Job& job : *jobs)
+    failed.push_back(
+        FailedResult(std::move(job), Status::Internal("reading the stored inputs failed: " + why)));
+  jobs->clear();
+  spdlog::error("input fetcher: {} job(s) failed: reading their stored inputs threw {}",
+                failed.size(), why);
+  writer_->Submit(std::move(failed));
+  return Status::Ok();
+}
+
+Status InputFetcher::FetchOnce(std::vector<Job>* jobs) {
+  if (!client_)
+    FERRY_RETURN_IF_ERROR(
+        protocol::RedisClient::Connect(options_.redis, options_.redis_timeout_ms, &client_));
   std::vector<std::string> keys;
   std::vector<size_t> sizes;   // what each value must hold (its dtype and shape)
   std::vector<int32_t> index;  // its input index
@@ -147,72 +211,99 @@ bool InputFetcher::FetchOnce(std::vector<Job>* jobs) {
   }
   // One buffer per model (so that a job waiting for its model to load holds only its own
   // model's), laid out by Layout; new char[]: not zero-filled (a std::string would be, at half
-  // the cost of reading it).
+  // the cost of reading it). A buffer that cannot be allocated fails its model's jobs; their
+  // values are skipped (where[n] stays null).
   std::map<std::string, std::shared_ptr<char[]>> buffer_of;  // model -> its buffer
+  std::map<std::string, size_t> no_room;                     // model -> the bytes refused
   std::vector<size_t> offsets(keys.size());
-  std::vector<char*> where(keys.size());  // value n's place
+  std::vector<char*> where(keys.size(), nullptr);  // value n's place
   for (const auto& [model, values] : of_model) {
     const size_t bytes = Layout(values, sizes, index, item, &offsets);
-    std::shared_ptr<char[]> buffer(new char[std::max<size_t>(bytes, 1)]);
+    std::shared_ptr<char[]> buffer;
+    try {
+      buffer.reset(new char[std::max<size_t>(bytes, 1)]);
+    } catch (const std::bad_alloc&) {
+      no_room[model] = bytes;
+      continue;
+    }
     for (size_t n : values) where[n] = buffer.get() + offsets[n];
     buffer_of[model] = std::move(buffer);
   }
-  // A value of another size than its input needs is read aside, to fail its job.
+  // A value of another size than its input needs is skipped on its way from the socket (null):
+  // only its size is kept, to fail its job.
   std::vector<size_t> got(keys.size());
-  std::string aside;
   auto into = [&](size_t n, size_t size) -> char* {
     got[n] = size;
-    if (size == sizes[n]) return where[n];
-    aside.resize(size);
-    return aside.data();
+    return size == sizes[n] ? where[n] : nullptr;
   };
   // Each value goes from the socket straight into its place: one copy, by the kernel.
   std::vector<std::string_view> views(keys.begin(), keys.end());
   std::vector<bool> found;
-  Status s = client_->GetManyInto(views, into, &found);
-  if (!s.ok()) {
-    spdlog::warn("input fetcher: reading {} stored input(s): {}", keys.size(), s.ToString());
-    return false;
-  }
-  std::vector<Job> ready;
+  std::vector<std::string> errors;  // per key: Redis's error reply, "" if none
+  FERRY_RETURN_IF_ERROR(client_->GetManyInto(views, into, &found, /*consume=*/false, &errors));
+
+  std::vector<Job> ready, retry;
   std::vector<JobResult> failed;
+  ready.reserve(jobs->size());
+  failed.reserve(jobs->size());
+  Status transient;  // the first error reply worth retrying
   size_t next = 0;
   for (Job& job : *jobs) {
-    auto fetched = std::make_shared<FetchedInputs>();
-    fetched->chunk = job.chunk;
-    fetched->buffer = buffer_of[job.entry.model];
+    const size_t first = next;
+    next += job.entry.stored_inputs.size();
+    const auto room = no_room.find(job.entry.model);
     Status bad;
-    for (int32_t i : job.entry.stored_inputs) {
-      const size_t n = next++;
-      protocol::TensorRef& t = job.entry.inputs.at(static_cast<size_t>(i));
-      if (!bad.ok()) continue;
-      if (!found[n]) {
-        bad = Status::NotFound("stored input " + std::to_string(i) + " of job " + job.entry.id +
+    bool again = false;
+    for (size_t k = 0; k < job.entry.stored_inputs.size() && bad.ok(); ++k) {
+      const size_t n = first + k;
+      const int32_t i = job.entry.stored_inputs[k];
+      const protocol::TensorRef& t = job.entry.inputs.at(static_cast<size_t>(i));
+      const std::string input = "stored input " + std::to_string(i);
+      if (!errors[n].empty()) {
+        if (protocol::IsTransientRedisError(errors[n])) {
+          again = true;
+          if (transient.ok()) transient = Status::Unavailable("redis: " + errors[n]);
+        } else {
+          bad = Status::InvalidArgument(input + " (" + keys[n] + ") cannot be read: " + errors[n]);
+        }
+      } else if (!found[n]) {
+        bad = Status::NotFound(input + " of job " + job.entry.id +
                                " is not in Redis (it expired, or an earlier attempt of the job "
                                "finished and removed it)");
       } else if (got[n] != t.size) {
-        bad = Status::InvalidArgument("stored input " + std::to_string(i) + " has " +
-                                      std::to_string(got[n]) + " bytes; its dtype and shape need " +
-                                      std::to_string(t.size));
-      } else {
-        t.data = where[n];
+        bad = Status::InvalidArgument(input + " has " + std::to_string(got[n]) +
+                                      " bytes; its dtype and shape need " + std::to_string(t.size));
+      } else if (room != no_room.end()) {
+        bad = Status::Internal(input + " (" + std::to_string(t.size) +
+                               " bytes) finds no memory: the " + std::to_string(room->second) +
+                               " bytes of its model's stored inputs in this fetch could not be "
+                               "allocated");
       }
     }
     if (!bad.ok()) {
       failed.push_back(FailedResult(std::move(job), bad));
-      continue;
+    } else if (again) {
+      retry.push_back(std::move(job));
+    } else {
+      for (size_t k = 0; k < job.entry.stored_inputs.size(); ++k) {
+        const size_t i = static_cast<size_t>(job.entry.stored_inputs[k]);
+        job.entry.inputs.at(i).data = where[first + k];
+      }
+      auto fetched = std::make_shared<FetchedInputs>();
+      fetched->chunk = std::move(job.chunk);
+      fetched->buffer = buffer_of[job.entry.model];
+      job.chunk = std::move(fetched);
+      ready.push_back(std::move(job));
     }
-    job.chunk = std::move(fetched);
-    ready.push_back(std::move(job));
   }
-  jobs->clear();
+  *jobs = std::move(retry);
   if (!failed.empty()) {
     spdlog::warn("input fetcher: {} job(s) failed (first: {}: {})", failed.size(),
                  failed.front().job.entry.id, failed.front().status.message());
     writer_->Submit(std::move(failed));
   }
   if (!ready.empty()) queue_->Push(std::move(ready));
-  return true;
+  return transient;
 }
 
 }  // namespace ferry::worker

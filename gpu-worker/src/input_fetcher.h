@@ -2,18 +2,24 @@
 // InputFetcher: the worker's thread that reads stored job inputs from Redis. A job whose inputs
 // the producer put in Redis (protocol "stored" tensors, Keys::Input) comes in its CHUNK without
 // their bytes; the I/O thread hands such jobs here instead of to the JobQueue. Each turn the
-// thread takes every job waiting, reads all their stored inputs with one pipelined round trip
-// (one GET per input) into one buffer per model, every job's input 0 back to back, then every
-// job's input 1, ..., points each job's inputs at their bytes (the job's `chunk` then shares
-// its model's buffer, beside the received message) and pushes the jobs to the JobQueue, so the
-// executors find them ready while they compute the batch before. A batch of jobs fetched
-// together thus finds its inputs already stacked, which a model on the CPU reads in place
-// (model.cc). A buffer lives until the last job of its model and fetch is computed.
+// thread takes the jobs waiting, in order, up to kMaxTurnBytes of declared stored inputs (a
+// bigger job alone), reads all their stored inputs with one pipelined round trip (one GET per
+// input) into one buffer per model, every job's input 0 back to back, then every job's input 1,
+// ..., points each job's inputs at their bytes (the job's `chunk` then shares its model's
+// buffer, beside the received message) and pushes the jobs to the JobQueue, so the executors
+// find them ready while they compute the batch before. A batch of jobs fetched together thus
+// finds its inputs already stacked, which a model on the CPU reads in place (model.cc). A
+// buffer lives until the last job of its model and fetch is computed.
 //
 // A stored input that is not in Redis (it expired before the job ran, or an earlier attempt of
-// the job finished and deleted it) or whose size is not what its dtype and shape say fails that
-// job (not_found / invalid_argument, through the ResultWriter); the others go on. While Redis is
-// unreachable the jobs wait and the read is retried with backoff (50 ms doubling to 2 s).
+// the job finished and deleted it), whose size is not what its dtype and shape say (the value
+// is then skipped on its way from the socket, never held), or that Redis refuses to read
+// (WRONGTYPE, NOPERM: invalid_argument, quoting Redis) fails that job (not_found /
+// invalid_argument, through the ResultWriter); so does a buffer that cannot be allocated
+// (internal), and any exception in a turn fails that turn's jobs (internal): none leaves the
+// thread. The others go on. While Redis is unreachable, or answers with an error that goes away
+// by itself (LOADING, BUSY, ...: IsTransientRedisError), the jobs wait and the read is retried
+// with backoff (50 ms doubling to 2 s); jobs submitted later wait behind them.
 //
 // Thread-safety: Submit and pending from any thread; Start/Stop from one owner.
 
@@ -42,7 +48,13 @@ class InputFetcher {
     int redis_timeout_ms = 2000;
     int backoff_initial_ms = 50;
     int backoff_max_ms = 2000;
+    // How long Stop keeps retrying while Redis is unreachable before it gives up.
+    int stop_timeout_ms = 10000;
   };
+
+  // The declared stored bytes one turn takes at most (a single bigger job goes alone): bounds
+  // what a turn allocates before any value is read.
+  static constexpr uint64_t kMaxTurnBytes = uint64_t{256} << 20;
 
   // `queue` and `writer` must outlive the fetcher.
   InputFetcher(Options options, JobQueue* queue, ResultWriter* writer);
@@ -54,7 +66,8 @@ class InputFetcher {
   void Start();
   // Queues jobs with stored inputs. Never blocks on Redis.
   void Submit(std::vector<Job> jobs);
-  // Fetches what is queued (retrying while Redis is down), then joins.
+  // Fetches what is queued (retrying while Redis is down), then joins. Redis still unreachable
+  // after Options::stop_timeout_ms: what is not fetched yet is abandoned (logged). Idempotent.
   void Stop();
 
   // Jobs handed in and not yet passed on (to the queue, or failed to the writer).
@@ -62,9 +75,12 @@ class InputFetcher {
 
  private:
   void Loop();
-  // One pipelined round trip for every stored input of `jobs`; passes each job on. Returns
-  // false on a transport failure (nothing passed on: the caller retries).
-  bool FetchOnce(std::vector<Job>* jobs);
+  // One pipelined round trip for every stored input of `jobs`; passes on each job it can settle
+  // (to the queue, or failed to the writer) and leaves in *jobs those to retry: all of them on a
+  // transport failure, those with a transient error reply. Returns why they are left (ok: none).
+  Status FetchOnce(std::vector<Job>* jobs);
+  // FetchOnce, with an exception failing every job in *jobs (internal) instead of escaping.
+  Status FetchOrFail(std::vector<Job>* jobs);
   // Sleeps up to `ms` or until aborted; returns false when aborted.
   bool Backoff(int ms);
 
@@ -79,6 +95,8 @@ class InputFetcher {
   size_t in_flight_ = 0;                           // guarded by mu_
   bool stopping_ = false;                          // guarded by mu_
   bool aborted_ = false;                           // guarded by mu_
+  bool finished_ = false;                          // guarded by mu_: Loop has ended
+  std::condition_variable finished_cv_;            // notified when finished_ is set
   std::unique_ptr<protocol::RedisClient> client_;  // the thread's own
   std::thread thread_;
 };

@@ -200,6 +200,20 @@ class SocketReader {
     return Status::Ok();
   }
 
+  // Exactly `n` bytes read and dropped: what is staged first, the rest from the socket through
+  // a small buffer (a value nobody wants costs no memory).
+  Status Skip(size_t n) {
+    const size_t have = std::min(n, staged_.size() - pos_);
+    pos_ += have;
+    char scratch[16 * 1024];
+    for (size_t left = n - have; left > 0;) {
+      size_t r = 0;
+      FERRY_RETURN_IF_ERROR(transport_->Read(scratch, std::min(left, sizeof(scratch)), &r));
+      left -= r;
+    }
+    return Status::Ok();
+  }
+
   bool drained() const { return pos_ == staged_.size(); }
 
  private:
@@ -249,40 +263,51 @@ Status RedisClient::GetMany(const std::vector<std::string_view>& keys,
 }
 
 Status RedisClient::GetManyInto(const std::vector<std::string_view>& keys, const Destination& into,
-                                std::vector<bool>* found, bool consume) {
+                                std::vector<bool>* found, bool consume,
+                                std::vector<std::string>* errors) {
   found->assign(keys.size(), false);
+  if (errors) errors->assign(keys.size(), std::string());
   if (keys.empty()) return Status::Ok();
   FERRY_RETURN_IF_ERROR(EnsureConnected());
   // Everything queued before goes first; its replies would be read here: not allowed.
   if (pending_ != 0) return Status::Internal("GetMany with commands queued");
+  // Key i's error reply: kept for the caller, or the first one fails the call.
+  Status error;
+  auto refused = [&](size_t i, std::string text) {
+    if (errors)
+      (*errors)[i] = std::move(text);
+    else if (error.ok())
+      error = Status::Internal("redis: " + text);
+  };
   for (auto key : keys) Append({consume ? "GETDEL" : "GET", key});
   if (conn_->buffered()) {  // the parser holds unread bytes: read through it
     std::vector<RedisReply> replies;
     FERRY_RETURN_IF_ERROR(Flush(&replies));
     for (size_t i = 0; i < keys.size(); ++i) {
-      if (replies[i].type == RedisReply::Type::kError)
-        return Status::Internal("redis: " + replies[i].str);
+      if (replies[i].type == RedisReply::Type::kError) {
+        refused(i, std::move(replies[i].str));
+        continue;
+      }
       if (replies[i].type != RedisReply::Type::kString) continue;
       const std::string& v = replies[i].str;
       char* dst = nullptr;
       FERRY_RETURN_IF_ERROR(Destine(into, i, v.size(), &dst));
-      if (!v.empty()) std::memcpy(dst, v.data(), v.size());
+      if (dst != nullptr && !v.empty()) std::memcpy(dst, v.data(), v.size());
       (*found)[i] = true;
     }
-    return Status::Ok();
+    return error;
   }
   std::string commands;
   commands.swap(queued_);
   pending_ = 0;
   FERRY_RETURN_IF_ERROR(WriteQueued(commands, {}));
   SocketReader reader(&conn_->transport());
-  Status error;
   std::string line;
   for (size_t i = 0; i < keys.size(); ++i) {
     Status s = reader.Line(&line);
     if (s.ok() && line.empty()) s = Status(codes::kMalformed, "empty reply line");
     if (s.ok() && line[0] == '-') {
-      if (error.ok()) error = Status::Internal("redis: " + line.substr(1));
+      refused(i, line.substr(1));
       continue;
     }
     if (s.ok() && line[0] != '$') s = Status(codes::kMalformed, "GET answered " + line);
@@ -296,7 +321,7 @@ Status RedisClient::GetManyInto(const std::vector<std::string_view>& keys, const
       s = Destine(into, i, size, &dst);
       (*found)[i] = true;
       char crlf[2];
-      if (s.ok()) s = reader.Exact(dst, size);
+      if (s.ok()) s = dst != nullptr ? reader.Exact(dst, size) : reader.Skip(size);
       if (s.ok()) s = reader.Exact(crlf, 2);
     }
     if (!s.ok()) {

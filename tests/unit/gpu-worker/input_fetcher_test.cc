@@ -1,16 +1,22 @@
 // The worker's InputFetcher (gpu-worker/src) against a real redis-server: jobs whose inputs the
 // producer stored in Redis reach the JobQueue with their bytes in place; a missing or wrongly
-// sized input fails its job (through the ResultWriter, to Redis); Redis down: the jobs wait.
+// sized input fails its job (through the ResultWriter, to Redis); so does a key Redis refuses
+// to read (WRONGTYPE) or an input too big to hold, and the fetcher goes on with the next jobs;
+// Redis down or busy: the jobs wait, and Stop gives up after its timeout.
 #include "input_fetcher.h"
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
+#include <future>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/protocol/keys.h"
@@ -38,6 +44,7 @@ class InputFetcherTest : public ::testing::Test {
     fo.redis = redis_.endpoint();
     fo.backoff_initial_ms = 20;
     fo.backoff_max_ms = 100;
+    fo.stop_timeout_ms = 500;
     fetcher_ = std::make_unique<InputFetcher>(fo, &queue_, writer_.get());
     fetcher_->Start();
   }
@@ -63,6 +70,24 @@ class InputFetcherTest : public ::testing::Test {
     }
     job.entry.stored_inputs = stored;
     return job;
+  }
+  // The jobs the queue holds, waiting up to 10 s for `n` of them (fewer when they do not come).
+  std::vector<Job> Take(size_t n) {
+    std::vector<Job> got;
+    while (got.size() < n &&
+           testutil::WaitFor([&] { return queue_.size() > 0; }, std::chrono::seconds(10))) {
+      std::vector<Job> more;
+      if (!queue_.TakeBatch(64, &more)) break;
+      for (auto& j : more) got.push_back(std::move(j));
+    }
+    return got;
+  }
+  // Waits until `id` has a result record in Redis and returns it.
+  Result Finished(const std::string& id) {
+    EXPECT_TRUE(testutil::WaitFor([&] { return Stored(id).state != JobState::kPending; },
+                                  std::chrono::seconds(10)))
+        << id << " has no result";
+    return Stored(id);
   }
   void Put(const std::string& key, const std::string& value) {
     protocol::RedisReply r;
@@ -205,6 +230,139 @@ TEST_F(InputFetcherTest, RedisDownTheJobsWaitAndGoOn) {
   ASSERT_TRUE(queue_.TakeBatch(8, &got));
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(std::string(got[0].entry.inputs[0].data, 8), "waitwait");
+}
+
+// A key Redis refuses to read (here WRONGTYPE: it holds a list) fails its job alone, with
+// Redis's error; the jobs fetched with it and those after it go on (no retry: it would fail the
+// same way every time, and every job behind it would wait).
+TEST_F(InputFetcherTest, AKeyRedisRefusesToReadFailsItsJobOnly) {
+  protocol::RedisReply r;
+  ASSERT_TRUE(client_->Command({"RPUSH", keys_.Input("list-1", 0), "x"}, &r).ok());
+  Put(keys_.Input("ok-1", 0), "abcdefgh");
+  Put(keys_.Input("ok-2", 0), "ABCDEFGH");
+  std::vector<Job> jobs;
+  jobs.push_back(MakeJob("list-1", 1, {0}));
+  jobs.push_back(MakeJob("ok-1", 1, {0}));
+  fetcher_->Submit(std::move(jobs));
+  std::vector<Job> later;
+  later.push_back(MakeJob("ok-2", 1, {0}));
+  fetcher_->Submit(std::move(later));
+  std::vector<Job> got = Take(2);
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].entry.id, "ok-1");
+  EXPECT_EQ(std::string(got[0].entry.inputs[0].data, 8), "abcdefgh");
+  EXPECT_EQ(got[1].entry.id, "ok-2");
+  EXPECT_EQ(std::string(got[1].entry.inputs[0].data, 8), "ABCDEFGH");
+  const Result failed = Finished("list-1");
+  EXPECT_EQ(failed.error.code(), codes::kInvalidArgument);
+  const std::string want =
+      "stored input 0 (" + keys_.Input("list-1", 0) + ") cannot be read: WRONGTYPE";
+  EXPECT_EQ(failed.error.message().rfind(want, 0), 0u) << failed.error.message();
+  EXPECT_TRUE(testutil::WaitFor([&] { return fetcher_->pending() == 0; }));
+}
+
+// An error reply that goes away by itself (BUSY: a script runs) is retried with backoff, like
+// Redis down: the job waits instead of failing, and goes on once Redis answers again.
+TEST_F(InputFetcherTest, ATransientErrorReplyIsRetried) {
+  Put(keys_.Input("busy-1", 0), "busybusy");
+  protocol::RedisReply r;
+  ASSERT_TRUE(client_->Command({"CONFIG", "SET", "lua-time-limit", "50"}, &r).ok());
+  std::thread script([this] {
+    auto busy = redis_.Connect();
+    protocol::RedisReply reply;
+    if (busy) busy->Command({"EVAL", "while true do end", "0"}, &reply);  // until SCRIPT KILL
+  });
+  ASSERT_TRUE(testutil::WaitFor([&] {
+    protocol::RedisReply pong;
+    return client_->Command({"PING"}, &pong).message().find("BUSY") != std::string::npos;
+  }));
+  std::vector<Job> jobs;
+  jobs.push_back(MakeJob("busy-1", 1, {0}));
+  fetcher_->Submit(std::move(jobs));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a few tries
+  EXPECT_EQ(fetcher_->pending(), 1u);
+  EXPECT_EQ(queue_.size(), 0u);
+  ASSERT_TRUE(client_->Command({"SCRIPT", "KILL"}, &r).ok());
+  script.join();
+  std::vector<Job> got = Take(1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(std::string(got[0].entry.inputs[0].data, 8), "busybusy");
+  EXPECT_EQ(Stored("busy-1").state, JobState::kPending);  // not failed
+}
+
+// An input whose declared size cannot be held (1 PiB: no allocation can succeed) fails its job
+// instead of ending the worker (here for its size: the value Redis holds is 8 bytes; a value
+// of the declared size would fail it with internal, "no memory"); the job submitted with it is
+// fetched in a turn of its own (a turn takes jobs up to kMaxTurnBytes of declared inputs) and
+// goes on.
+TEST_F(InputFetcherTest, AnInputTooBigToHoldFailsItsJobAndTheNextGoesOn) {
+  Put(keys_.Input("huge-1", 0), "abcdefgh");
+  Put(keys_.Input("ok-1", 0), "12345678");
+  std::vector<Job> jobs;
+  jobs.push_back(MakeJob("huge-1", 1, {0}));
+  protocol::TensorRef& t = jobs.back().entry.inputs[0];
+  t.dtype = DType::kFloat32;
+  t.shape = {int64_t{1} << 40, int64_t{1} << 8};
+  t.size = size_t{1} << 50;
+  jobs.push_back(MakeJob("ok-1", 1, {0}));
+  fetcher_->Submit(std::move(jobs));
+  std::vector<Job> got = Take(1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].entry.id, "ok-1");
+  EXPECT_EQ(std::string(got[0].entry.inputs[0].data, 8), "12345678");
+  const Result failed = Finished("huge-1");
+  EXPECT_EQ(failed.error.code(), codes::kInvalidArgument);
+  EXPECT_NE(failed.error.message().find("has 8 bytes"), std::string::npos)
+      << failed.error.message();
+  EXPECT_TRUE(testutil::WaitFor([&] { return fetcher_->pending() == 0; }));
+}
+
+// A stored value longer than its input needs fails the job with its byte count, and is skipped
+// on its way from the socket instead of being read into memory: the process's peak memory does
+// not grow by the value's size.
+TEST_F(InputFetcherTest, ALongValueFailsItsJobWithoutBeingHeldInMemory) {
+  constexpr size_t kLong = size_t{128} << 20;
+  protocol::RedisReply r;  // made by Redis itself: this process never holds it
+  ASSERT_TRUE(
+      client_->Command({"SETRANGE", keys_.Input("long-1", 0), std::to_string(kLong - 1), "x"}, &r)
+          .ok());
+  Put(keys_.Input("ok-1", 0), "abcdefgh");
+  auto peak_kib = [] {
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    return static_cast<int64_t>(u.ru_maxrss);
+  };
+  const int64_t before = peak_kib();
+  std::vector<Job> jobs;
+  jobs.push_back(MakeJob("long-1", 1, {0}));
+  jobs.push_back(MakeJob("ok-1", 1, {0}));
+  fetcher_->Submit(std::move(jobs));
+  std::vector<Job> got = Take(1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(std::string(got[0].entry.inputs[0].data, 8), "abcdefgh");
+  const Result failed = Finished("long-1");
+  EXPECT_EQ(failed.error.code(), codes::kInvalidArgument);
+  EXPECT_NE(failed.error.message().find("has " + std::to_string(kLong) + " bytes"),
+            std::string::npos)
+      << failed.error.message();
+  EXPECT_LT(peak_kib() - before, int64_t{32} << 10) << "KiB more at the peak";
+}
+
+// Stop while Redis is down does not wait for it for good: the reads are retried until
+// Options::stop_timeout_ms, then what is left is abandoned (logged) and the thread ends.
+TEST_F(InputFetcherTest, StopGivesUpWhenRedisStaysDown) {
+  redis_.Stop();
+  std::vector<Job> jobs;
+  jobs.push_back(MakeJob("down-1", 1, {0}));
+  fetcher_->Submit(std::move(jobs));
+  ASSERT_TRUE(testutil::WaitFor([&] { return fetcher_->pending() == 1; }));
+  auto stopped = std::async(std::launch::async, [this] { fetcher_->Stop(); });
+  const bool finished = stopped.wait_for(std::chrono::seconds(10)) == std::future_status::ready;
+  if (!finished) redis_.Restart();  // lets the old Stop finish
+  EXPECT_TRUE(finished) << "Stop waited for Redis";
+  stopped.wait();
+  EXPECT_EQ(queue_.size(), 0u);
+  if (finished) redis_.Restart();  // for TearDown's writer
 }
 
 }  // namespace

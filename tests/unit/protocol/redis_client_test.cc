@@ -151,6 +151,66 @@ TEST_F(RedisClientTest, GetManyIntoReadsEachValueWhereTheCallerSays) {
   EXPECT_EQ(value, "abc");
 }
 
+// With `errors`, an error reply (WRONGTYPE) is that key's alone: the call succeeds, the other
+// values land where they should, and the connection stays in step.
+TEST_F(RedisClientTest, GetManyIntoReportsAnErrorReplyPerKey) {
+  const std::string big = Pattern((size_t{1} << 20) + 5);
+  client_->Append({"SET", "k:big", big});
+  client_->Append({"SET", "k:small", "abc"});
+  client_->Append({"LPUSH", "k:list", "x"});
+  ASSERT_TRUE(client_->Flush(nullptr).ok());
+  std::vector<std::string> values(4);
+  auto into = [&](size_t i, size_t size) {
+    values[i].resize(size);
+    return values[i].data();
+  };
+  std::vector<bool> found;
+  std::vector<std::string> errors;
+  Status s = client_->GetManyInto({"k:small", "k:list", "k:big", "k:missing"}, into, &found,
+                                  /*consume=*/false, &errors);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(found, std::vector<bool>({true, false, true, false}));
+  ASSERT_EQ(errors.size(), 4u);
+  EXPECT_EQ(errors[0], "");
+  EXPECT_EQ(errors[1].rfind("WRONGTYPE", 0), 0u) << errors[1];
+  EXPECT_EQ(errors[2], "");
+  EXPECT_EQ(errors[3], "");
+  EXPECT_EQ(values[0], "abc");
+  EXPECT_TRUE(values[2] == big) << "the big value changed";
+  std::string value;
+  bool there = false;
+  ASSERT_TRUE(client_->Get("k:small", &value, &there).ok());
+  EXPECT_EQ(value, "abc");
+}
+
+// A Destination that returns null has that value skipped: read through a small buffer and
+// dropped, never written anywhere; the values after it still land, and the connection stays
+// in step (a value longer than the caller expected costs no memory).
+TEST_F(RedisClientTest, GetManyIntoSkipsAValueItsDestinationDiscards) {
+  const std::string big = Pattern((size_t{3} << 20) + 11);  // more than the reader stages
+  client_->Append({"SET", "k:big", big});
+  client_->Append({"SET", "k:small", "abc"});
+  client_->Append({"SET", "k:tiny", "xy"});
+  ASSERT_TRUE(client_->Flush(nullptr).ok());
+  std::string small(3, '#');
+  std::vector<std::pair<size_t, size_t>> asked;  // (index, size)
+  auto into = [&](size_t i, size_t size) -> char* {
+    asked.emplace_back(i, size);
+    return i == 1 ? small.data() : nullptr;  // k:big and k:tiny (staged whole) are skipped
+  };
+  std::vector<bool> found;
+  Status s = client_->GetManyInto({"k:big", "k:small", "k:tiny"}, into, &found);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(found, std::vector<bool>({true, true, true}));
+  EXPECT_EQ(asked, (std::vector<std::pair<size_t, size_t>>{{0, big.size()}, {1, 3}, {2, 2}}));
+  EXPECT_EQ(small, "abc");
+  std::vector<std::optional<std::string>> values;
+  ASSERT_TRUE(client_->GetMany({"k:tiny", "k:big"}, &values).ok());
+  ASSERT_TRUE(values.at(0).has_value() && values.at(1).has_value());
+  EXPECT_EQ(*values[0], "xy");
+  EXPECT_TRUE(*values[1] == big) << "the big value came back changed";
+}
+
 // unix:///PATH?db=N: the same commands over Redis's Unix-domain socket, on that database; a
 // big value goes out and comes back whole (GetMany reads it straight from the socket).
 TEST(RedisUnixSocketTest, BigValuesRoundTripOnTheNamedDatabase) {

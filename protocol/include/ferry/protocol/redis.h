@@ -65,18 +65,25 @@ class RedisClient {
   // One GET per key, pipelined in one round trip, each value read from the socket straight
   // into its string (one copy, by the kernel -- or by OpenSSL's decryption under TLS: for big
   // values, no staging buffer and no extra copy). (*values)[i] is keys[i]'s value; nullopt when the
-  // key does not exist. An error reply (e.g. WRONGTYPE) fails the call with internal; transport
-  // failures with unavailable. `consume`: GETDEL instead of GET -- each key is deleted as it is
-  // read (Redis >= 6.2).
+  // key does not exist. An error reply (e.g. WRONGTYPE) fails the call with internal (after every
+  // reply is read: the connection stays usable); transport failures with unavailable.
+  // `consume`: GETDEL instead of GET -- each key is deleted as it is read (Redis >= 6.2).
   Status GetMany(const std::vector<std::string_view>& keys,
                  std::vector<std::optional<std::string>>* values, bool consume = false);
   // The same, each value read into memory the caller gives instead of a string (which would
   // be zero-filled first: for a 960 KB value that costs half as much as reading it):
-  // `into(i, size)` returns where keys[i]'s `size` bytes go (never null), and is not called for
-  // a key that does not exist. (*found)[i]: whether keys[i] existed.
+  // `into(i, size)` returns where keys[i]'s `size` bytes go, or null to have them skipped (read
+  // from the socket through a small buffer and dropped: a value the caller cannot use costs no
+  // memory); it is not called for a key that does not exist or whose reply is an error.
+  // (*found)[i]: whether keys[i] existed (also when its value was skipped). With `errors`,
+  // (*errors)[i] is keys[i]'s error reply (e.g. "WRONGTYPE ..."; empty: none) and error replies
+  // do not fail the call; without, the first fails it with internal. Either way every reply is
+  // read: the connection stays in step. Transport failures: unavailable (and the connection is
+  // dropped, the next call reconnects). An exception from `into` fails the call with internal.
   using Destination = std::function<char*(size_t index, size_t size)>;
   Status GetManyInto(const std::vector<std::string_view>& keys, const Destination& into,
-                     std::vector<bool>* found, bool consume = false);
+                     std::vector<bool>* found, bool consume = false,
+                     std::vector<std::string>* errors = nullptr);
 
  private:
   explicit RedisClient(const RedisEndpoint& endpoint, int timeout_ms);
