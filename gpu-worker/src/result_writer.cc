@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <memory>
+#include <new>
 
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/redis_errors.h"
@@ -24,6 +25,11 @@ constexpr std::string_view kSetAndPublish =
     "return ok";
 
 bool IsPowerOfTwo(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
+
+// The biggest result record written: Redis refuses a bigger value (its default
+// proto-max-bulk-len, 512 MiB) by dropping the connection, which would look like Redis down and
+// hold every other result behind a retry that never succeeds. The job fails too_large instead.
+constexpr size_t kMaxRecordBytes = size_t{512} << 20;
 
 // The result's "status" for a job's final Status.
 std::string_view ResultStatus(const Status& s) {
@@ -128,6 +134,16 @@ std::vector<ResultWriter::PackedResult> ResultWriter::Pack(std::vector<JobResult
   const int64_t finished = protocol::NowMicros();
   for (JobResult& r : *results) {
     const protocol::ChunkJob& e = r.job.entry;
+    if (r.status.ok()) {
+      size_t bytes = 0;
+      for (const auto& t : r.outputs) bytes += t.size;
+      if (bytes > kMaxRecordBytes - (size_t{1} << 20))
+        r.status =
+            Status(codes::kTooLarge, "the model's outputs are " + std::to_string(bytes) +
+                                         " bytes; a result record holds at most " +
+                                         std::to_string(kMaxRecordBytes - (size_t{1} << 20)) +
+                                         " (Redis's largest value is 512 MiB)");
+    }
     protocol::ResultRecord rec;
     rec.id = e.id;
     rec.status = ResultStatus(r.status);
@@ -151,9 +167,22 @@ std::vector<ResultWriter::PackedResult> ResultWriter::Pack(std::vector<JobResult
     }
     size_t size = 512 + rec.id.size() + rec.model.size() + rec.worker.size();
     for (const auto& t : rec.outputs) size += t.size + 16 * t.shape.size() + 64;
-    msgpack::sbuffer buf(size);  // sized up front: no regrowth copies of the output bytes
-    protocol::Packer pk(buf);
-    protocol::PackResult(pk, rec);
+    msgpack::sbuffer buf;
+    try {
+      msgpack::sbuffer sized(size);  // sized up front: no regrowth copies of the output bytes
+      protocol::Packer pk(sized);
+      protocol::PackResult(pk, rec);
+      buf = std::move(sized);
+    } catch (const std::bad_alloc&) {  // the job fails; the writer goes on
+      r.status =
+          Status::Internal("no memory for the result record (" + std::to_string(size) + " bytes)");
+      rec.status = ResultStatus(r.status);
+      rec.outputs.clear();
+      rec.error_code = r.status.code();
+      rec.error_message = r.status.message();
+      protocol::Packer pk(buf);
+      protocol::PackResult(pk, rec);
+    }
     const int64_t ttl = std::min(e.result_ttl_s > 0 ? e.result_ttl_s : options_.default_ttl_s,
                                  protocol::kMaxExpirySeconds);
     PackedResult p;

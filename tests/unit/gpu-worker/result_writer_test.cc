@@ -127,6 +127,31 @@ TEST_F(ResultWriterTest, WritesThenReportsTheStoredBytes) {
   EXPECT_EQ(writer_->written(), 1);
 }
 
+// Redis drops the connection on a value over 512 MiB (proto-max-bulk-len): written, such a
+// record would look like Redis down forever and hold every result behind it. The job fails
+// too_large instead, without its outputs' bytes ever being read, and the next result is written.
+TEST_F(ResultWriterTest, OutputsTooBigForARedisValueFailTheJobAndTheNextIsWritten) {
+  std::vector<JobResult> results = One("huge");
+  const size_t bytes = size_t{600} << 20;
+  static const char kOneByte = 0;  // never read: the size alone decides
+  results[0].outputs.push_back(
+      {DType::kUInt8, {static_cast<int64_t>(bytes)}, &kOneByte, bytes, false, false});
+  results.push_back(MakeResult("after"));
+  writer_->Submit(std::move(results));
+  DoneReport d = NextDone();
+  EXPECT_EQ(d.ids, (std::vector<std::string>{"huge", "after"}));
+  ASSERT_EQ(d.not_done.size(), 1u);
+  EXPECT_EQ(d.not_done[0].first, "huge");
+  Result decoded;
+  const std::string record = Stored("huge");
+  ASSERT_TRUE(protocol::DecodeResult(record.data(), record.size(), &decoded).ok());
+  EXPECT_EQ(decoded.state, JobState::kFailed);
+  EXPECT_EQ(decoded.error.code(), codes::kTooLarge) << decoded.error.ToString();
+  EXPECT_NE(decoded.error.message().find("629145600 bytes"), std::string::npos)
+      << decoded.error.message();
+  EXPECT_FALSE(Stored("after").empty());
+}
+
 TEST_F(ResultWriterTest, KeepsTheFirstResultAndReportsTheDuplicate) {
   protocol::RedisReply reply;
   ASSERT_TRUE(client_->Command({"SET", keys_.Result("job-2"), "earlier"}, &reply).ok());
