@@ -191,6 +191,10 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out,
   uint64_t seen = e->version;
   Status last;
   while (true) {
+    if (e->read) {  // another Wait read it from Redis
+      *out = *e->read;
+      return Status::Ok();
+    }
     if (e->has_result && !e->record.empty()) {
       // An inline record: decoded here, outside the lock. Others waiting on the id get a copy.
       std::string record = e->waiters > 1 ? e->record : TakeRecord(e);
@@ -225,6 +229,11 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out,
       lock.lock();
       if (s.ok() && r.state != JobState::kPending) {
         e->delivered = true;
+        if (e->waiters > 1) {  // theirs too: under consume_results Redis no longer has it
+          e->read = std::make_shared<const Result>(r);
+          ++e->version;
+          e->cv.notify_all();
+        }
         *out = std::move(r);
         return s;
       }

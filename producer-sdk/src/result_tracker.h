@@ -22,7 +22,8 @@
 // first GET); inline records kept for nobody are capped at kMaxHeldBytes in all (beyond that the
 // id's Wait reads Redis); entries nobody waits on are dropped kTrackTtl after their last change.
 // A record is delivered once: the Wait that returns it (and any Waits on the same id at that
-// moment) take it, and the entry goes. A later Wait on the id reads Redis.
+// moment) take it, and the entry goes. A later Wait on the id reads Redis. Likewise a result
+// one Wait read from Redis goes to the Waits on the id at that moment.
 //
 // Thread-safety: every method may be called from any thread. One mutex guards all entries; no
 // Redis call is made and no callback is run while it is held. Waiters sleep on their entry's
@@ -102,10 +103,13 @@ class ResultTracker {
 
  private:
   struct Entry {
-    bool ours = false;           // submitted through this client: a notice will come
-    bool has_result = false;     // a notice said the result is in Redis
-    bool recheck = false;        // read Redis now: a notice for it may have been lost
-    std::string record;          // the notice's inline record ("" = read Redis)
+    bool ours = false;        // submitted through this client: a notice will come
+    bool has_result = false;  // a notice said the result is in Redis
+    bool recheck = false;     // read Redis now: a notice for it may have been lost
+    std::string record;       // the notice's inline record ("" = read Redis)
+    // A result one Wait read from Redis while others waited on the id too: theirs (a read
+    // under consume_results deletes it from Redis).
+    std::shared_ptr<const Result> read;
     uint64_t version = 0;        // +1 on every change a waiter must look at
     int waiters = 0;             // Wait calls in progress
     bool delivered = false;      // a Wait returned its result: drop the entry when waiters leave

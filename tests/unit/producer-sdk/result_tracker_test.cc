@@ -78,6 +78,37 @@ TEST_F(ResultTrackerTest, ARecordIsDeliveredOnceThenRedisIsRead) {
   EXPECT_EQ(reads_, 1);
 }
 
+// Under consume_results a Wait reads with GETDEL, so one Wait gets the record from Redis: the
+// others waiting on the id at that moment get the result from it, instead of waiting for a
+// record that is gone until their timeout.
+TEST_F(ResultTrackerTest, WaitsOnOneIdShareTheResultOneOfThemReadAndDeleted) {
+  ResultTracker* self = nullptr;
+  std::atomic<int> reads{0};
+  std::atomic<bool> first_read{false};
+  ResultTracker consuming([&](const std::string& id, Result* out) {
+    if (reads++ > 0) {  // a later read: after the first one took the record
+      EXPECT_TRUE(testutil::WaitFor([&] { return first_read.load(); }));
+      return store_.Read(id, out, /*consume=*/true);
+    }
+    EXPECT_TRUE(testutil::WaitFor([&] { return self->Waiters(id) == 2; }));  // both wait
+    Status s = store_.Read(id, out, /*consume=*/true);
+    first_read = true;
+    return s;
+  });
+  self = &consuming;
+  WriteDone(redis_, "shared", 5);
+  Result a, b;
+  Status sa, sb;
+  std::thread other([&] { sb = consuming.Wait("shared", 3000, &b); });
+  sa = consuming.Wait("shared", 3000, &a);
+  other.join();
+  ASSERT_TRUE(sa.ok()) << sa.ToString();
+  ASSERT_TRUE(sb.ok()) << sb.ToString();
+  EXPECT_EQ(a.batch_size, 5);
+  EXPECT_EQ(b.batch_size, 5);
+  EXPECT_EQ(consuming.Entries(), 0u);
+}
+
 // An id of ours with no notice yet: Wait does not read at once (the notice will say when); a
 // notice without a record makes it read exactly once. An id not ours is read at once.
 TEST_F(ResultTrackerTest, OursWaitsForTheNoticeOthersReadAtOnce) {
