@@ -291,7 +291,10 @@ void Broker::Impl::DropWorker(const std::string& routing_id, const char* why) {
     spdlog::warn("worker {} removed ({}); {} job(s) requeued", name, why, requeued.size());
   telemetry.OnRequeued(requeued);
   for (Job* job : requeued) {
-    if (job->attempt <= options.max_attempts) continue;
+    if (job->attempt <= options.max_attempts) {
+      if (options.journal) journal.Restage(*job);  // its attempt, for a restarted broker
+      continue;
+    }
     std::string message = "the workers running this job died " + std::to_string(job->attempt - 1) +
                           " times; giving up after " + std::to_string(options.max_attempts) +
                           " attempts";

@@ -110,8 +110,10 @@ Status Journal::Decode(const std::string& bytes, Job* out) {
 
 void Journal::Stage(const Job& job) {
   forgotten_.erase(job.id);
+  updates_.erase(job.id);  // an earlier job's of the same id
   staged_.emplace_back(job.id, Encode(job));
 }
+void Journal::Restage(const Job& job) { updates_[job.id] = Encode(job); }
 void Journal::Forget(const std::string& id, int64_t now_mono_us) {
   if (forgotten_.empty()) oldest_forget_us_ = now_mono_us;
   forgotten_.insert(id);
@@ -121,9 +123,13 @@ void Journal::NoteModel(const std::string& model) { models_.push_back(model); }
 Status Journal::Commit() {
   if (idle()) return Status::Ok();
   const std::string journal = keys_.Journal();
-  if (!staged_.empty()) {
+  if (!staged_.empty() || !updates_.empty()) {
     std::vector<std::string_view> argv = {"HSET", journal};
     for (const auto& [id, record] : staged_) {
+      argv.push_back(id);
+      argv.push_back(record);
+    }
+    for (const auto& [id, record] : updates_) {
       argv.push_back(id);
       argv.push_back(record);
     }
@@ -145,6 +151,7 @@ Status Journal::Commit() {
   if (s.ok()) {
     forgotten_.clear();
     oldest_forget_us_ = 0;
+    updates_.clear();
     models_.clear();
   } else if (!staged_.empty()) {
     // Rejected: a write that timed out may land later all the same. Remove them then.

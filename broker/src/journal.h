@@ -14,6 +14,7 @@
 // have waited a few milliseconds, pile up, or the loop is idle. At light load that saves one
 // Redis round trip per job. Owned by the broker thread; not thread-safe.
 
+#include <map>
 #include <memory>
 #include <string>
 #include <unordered_set>
@@ -36,19 +37,22 @@ class Journal {
   // was accepted again) is dropped: it would delete the new record.
   void Stage(const Job& job);
   void Forget(const std::string& id, int64_t now_mono_us);  // HDEL, with the next write
-  void NoteModel(const std::string& model);                 // SADD + EXPIRE on the next Commit
+  // A journaled job changed (requeued: its attempt): HSET again on the next Commit, retried
+  // until one succeeds, so that a restarted broker counts the attempts already made.
+  void Restage(const Job& job);
+  void NoteModel(const std::string& model);  // SADD + EXPIRE on the next Commit
   bool has_staged() const { return !staged_.empty(); }
   // Something other than removals waits to be written.
-  bool has_writes() const { return !staged_.empty() || !models_.empty(); }
-  bool idle() const { return staged_.empty() && forgotten_.empty() && models_.empty(); }
+  bool has_writes() const { return !staged_.empty() || !updates_.empty() || !models_.empty(); }
+  bool idle() const { return !has_writes() && forgotten_.empty(); }
   // Removals waiting, and when the oldest of them was queued (monotonic; 0 when none).
   size_t removals() const { return forgotten_.size(); }
   int64_t oldest_removal_us() const { return oldest_forget_us_; }
 
   // Writes everything in one round trip. On failure the staged records are discarded (the
   // caller rejects those jobs with `unavailable`) and their removals queued: a write that timed
-  // out may still land, and its jobs must not come back after a restart. Removals and models
-  // are kept for the next try.
+  // out may still land, and its jobs must not come back after a restart. Removals, updates and
+  // models are kept for the next try.
   Status Commit();
 
   // Reads every journaled job (in acceptance order) and the known models. Jobs whose result is
@@ -64,6 +68,7 @@ class Journal {
   protocol::RedisClient* redis_;
   protocol::Keys keys_;
   std::vector<std::pair<std::string, std::string>> staged_;  // id -> record
+  std::map<std::string, std::string> updates_;               // id -> record (Restage)
   std::unordered_set<std::string> forgotten_;
   int64_t oldest_forget_us_ = 0;
   std::vector<std::string> models_;

@@ -218,7 +218,7 @@ TEST(Reliability, ChaosKillsWorkersEverySecondAndTheBrokerOnceNoJobIsLost) {
               static_cast<long long>(rerun));
 }
 
-TEST(Reliability, PoisonJobFailsAfterMaxAttemptsAndTheFleetKeepsServing) {
+TEST(Reliability, PoisonJobFailsAfterMaxAttemptsEvenAcrossABrokerRestartAndTheFleetKeepsServing) {
   FleetOptions fo;
   fo.workers = 1;
   fo.models = {"slow"};
@@ -230,12 +230,21 @@ TEST(Reliability, PoisonJobFailsAfterMaxAttemptsAndTheFleetKeepsServing) {
   auto c = MakeClient(fleet);
   std::string id;
   ASSERT_TRUE(c->Submit(SlowJob("poison", 1e6f), &id).ok());  // would run for many minutes
-  // Each time the job runs, its worker dies (as a job that crashes the process would do).
+  // Each time the job runs, its worker dies (as a job that crashes the process would do). Before
+  // the last time the broker is killed too: its successor goes on counting from the journal.
   for (int attempt = 1; attempt <= 3; ++attempt) {
     const pid_t pid = fleet.worker(0).pid();
     ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, pid) == 1; }, std::chrono::seconds(60)))
         << "attempt " << attempt << ": the job never reached worker " << pid << "\n"
         << fleet.Logs();
+    if (attempt == 3) {
+      fleet.broker().Signal(SIGKILL);
+      fleet.broker().Wait();
+      fleet.StartBroker();
+      ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, pid) == 1; }, std::chrono::seconds(60)))
+          << "the restored job never reached worker " << pid << "\n"
+          << fleet.Logs();
+    }
     fleet.worker(0).Signal(SIGKILL);
     fleet.worker(0).Wait();
     fleet.StartWorker(0);

@@ -485,6 +485,26 @@ TEST_F(JournalRedisTest, AJobOfAFailedCommitIsRemovedEvenWhenItsWriteLandsLate) 
   EXPECT_EQ(Integer({"HEXISTS", keys_.Journal(), "late"}), 0) << "a rejected job stays journaled";
 }
 
+// A requeued job's attempt is journaled again, so that a restarted broker goes on counting
+// (--max-attempts) instead of starting over; a failed write keeps the update for the next.
+TEST_F(JournalRedisTest, ARestagedJobLoadsWithItsNewAttemptEvenAfterAFailedWrite) {
+  auto j = MakeJob("requeued", 1);
+  journal_->Stage(*j);
+  ASSERT_TRUE(journal_->Commit().ok());
+  j->attempt = 2;
+  journal_->Restage(*j);
+  EXPECT_TRUE(journal_->has_writes());
+  server_.Stop();
+  EXPECT_FALSE(journal_->Commit().ok());
+  EXPECT_TRUE(journal_->has_writes()) << "the update was dropped with the failed write";
+  server_.Restart();
+  ASSERT_TRUE(journal_->Commit().ok());
+  EXPECT_TRUE(journal_->idle());
+  auto loaded = Load();
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_EQ(loaded[0]->attempt, 2);
+}
+
 // A job that finished (its removal waiting) and whose id is accepted again keeps its new record.
 TEST_F(JournalRedisTest, AnIdAcceptedAgainAfterItsJobFinishedStaysJournaled) {
   auto j = MakeJob("again", 1);
