@@ -314,13 +314,19 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs, const std::v
   IoThread::Reply reply;
   msgpack::object_handle body;
   protocol::Accepted accepted;
+  bool unsent = false;
   Status s = io_->Call(rid, protocol::kSubmit, std::move(message), options_.request_timeout_ms,
-                       &reply, std::move(frames));
+                       &reply, std::move(frames), &unsent);
   if (s.ok()) s = CheckReply(reply, protocol::kAccepted, &body);
   if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
   if (!s.ok()) {
     for (size_t i : part) (*outcomes)[i].status = s;
     tracker_.Untrack(ids);  // maybe accepted: Wait then reads before sleeping
+    if (unsent) {           // never sent (and never will be): nobody reads its stored inputs
+      std::vector<std::string> keys;
+      for (size_t i : part) AppendInputKeys(*jobs[i], (*outcomes)[i].id, &keys);
+      if (!keys.empty()) (void)store_.Delete(keys);  // else they expire
+    }
     return s;
   }
   std::unordered_map<std::string_view, Status> verdicts;

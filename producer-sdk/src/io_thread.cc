@@ -159,18 +159,21 @@ struct Completion {
 }  // namespace
 
 Status IoThread::Call(int64_t rid, std::string_view command, zmq::message_t body, int timeout_ms,
-                      Reply* reply, std::vector<zmq::message_t> frames) {
+                      Reply* reply, std::vector<zmq::message_t> frames, bool* unsent) {
+  if (unsent) *unsent = false;
   auto completion = std::make_shared<Completion>();
   const Clock::time_point deadline = Clock::now() + milliseconds(std::max(timeout_ms, 0));
   auto request =
       Post(rid, command, std::move(body), completion->Setter(completion), std::move(frames));
   if (!completion->WaitUntil(deadline)) {
-    Forget(request);
+    const bool never_sent = Forget(request);
+    if (unsent) *unsent = never_sent;
     const std::string why = handshake_error();
-    return Status::Unavailable(
-        "broker at " + options_.frontend + " did not answer " + std::string(command) + " within " +
-        std::to_string(timeout_ms) + " ms (" +
-        (why.empty() ? "is ferry-broker running and reachable?" : why) + ")");
+    return Status::Unavailable("broker at " + options_.frontend + " did not answer " +
+                               std::string(command) + " within " + std::to_string(timeout_ms) +
+                               " ms (" +
+                               (why.empty() ? "is ferry-broker running and reachable?" : why) +
+                               ")" + (never_sent ? "; it was not sent" : ""));
   }
   std::lock_guard<std::mutex> lock(completion->mu);
   *reply = std::move(completion->reply);

@@ -103,9 +103,12 @@ class IoThread {
   bool Forget(const std::shared_ptr<Request>& request);
 
   // Post, then wait up to timeout_ms for the reply. unavailable when none came in time (the
-  // broker is down, unreachable or overloaded; the request may or may not have been handled).
+  // broker is down, unreachable or overloaded): then *unsent (when given) says whether the
+  // request was never sent (no broker connected; it is dropped and never will be, and the
+  // message says so) or was sent and may or may not have been handled. *unsent is false
+  // whenever a reply came.
   Status Call(int64_t rid, std::string_view command, zmq::message_t body, int timeout_ms,
-              Reply* reply, std::vector<zmq::message_t> frames = {});
+              Reply* reply, std::vector<zmq::message_t> frames = {}, bool* unsent = nullptr);
 
   // The current notify channel; empty while there is no working subscription.
   std::string push_channel() const;

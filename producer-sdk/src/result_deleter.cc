@@ -23,9 +23,13 @@ void ResultDeleter::Add(const std::string& id) {
 
 void ResultDeleter::Loop() {
   std::unique_lock<std::mutex> lock(mu_);
+  Status last;  // of the latest round trip
   while (true) {
     cv_.wait(lock, [this] { return stop_ || !queued_.empty(); });
-    if (queued_.empty()) return;  // stopping, nothing left
+    // Stopping: one last round trip at most, none if the latest one failed (Redis is then
+    // likely unreachable, and each attempt could take request_timeout_ms); the rest expire.
+    const bool last_round = stop_;
+    if (queued_.empty() || (last_round && !last.ok())) return;
     std::vector<std::string> ids;
     if (queued_.size() <= kMaxPerRoundTrip) {
       ids.swap(queued_);
@@ -34,8 +38,9 @@ void ResultDeleter::Loop() {
       queued_.erase(queued_.begin(), queued_.begin() + kMaxPerRoundTrip);
     }
     lock.unlock();
-    (void)store_->DeleteResults(ids);  // best effort (header)
+    last = store_->DeleteResults(ids);  // best effort (header)
     lock.lock();
+    if (last_round) return;
   }
 }
 

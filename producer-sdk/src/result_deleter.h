@@ -7,7 +7,10 @@
 //
 // Best effort, bounded: at most kMaxQueued ids wait (beyond that new ones are dropped and expire
 // with their result_ttl_s), and a failed round trip is not retried (the same). The destructor
-// makes one last round trip for what is queued, then joins.
+// waits for a round trip in progress, then makes at most one more (kMaxPerRoundTrip ids, none
+// if the one before failed), then joins; whatever is still queued is dropped and expires. So
+// with Redis unreachable it blocks for about two round trips (each bounded by the store's
+// timeout, request_timeout_ms) at most, however much is queued.
 //
 // Thread-safety: Add from any thread.
 

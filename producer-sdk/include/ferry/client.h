@@ -111,8 +111,9 @@ struct ClientOptions {
   // carries only its dtype and shape. The worker reads it from Redis and deletes it with the
   // job's result; the client deletes the inputs of jobs the broker rejects (but `duplicate`,
   // whose keys are the pending job's, and `unavailable`: such a job may already be on a worker;
-  // those expire after input_ttl_s). So the broker never touches those bytes, and its journal
-  // stays small. 0: every input travels in the SUBMIT.
+  // those expire after input_ttl_s) and of a SUBMIT it never sent (no broker connected). So the
+  // broker never touches those bytes, and its journal stays small. 0: every input travels in
+  // the SUBMIT.
   int64_t stored_input_bytes = 64 * 1024;
   // Inputs that are not stored but have at least this many bytes travel through the broker in
   // ZeroMQ frames of their own after the SUBMIT's body (docs/protocol.md, "Attached inputs"):
@@ -129,8 +130,9 @@ struct ClientOptions {
   // result (kPending). Small results that arrive inside notices (no Redis read needed) are
   // deleted too, by a background thread that batches them (one pipelined round trip for all
   // those returned since its last one; best effort: ones it cannot delete -- Redis unreachable,
-  // over 100,000 queued -- expire with their result_ttl_s). Poll never deletes. Covers Wait and
-  // Run; docs/operations.md ("Result retention and Redis sizing") says when to use it.
+  // over 100,000 queued, still queued when ~Client has made its one last round trip -- expire
+  // with their result_ttl_s). Poll never deletes. Covers Wait and Run; docs/operations.md
+  // ("Result retention and Redis sizing") says when to use it.
   bool consume_results = false;
 };
 

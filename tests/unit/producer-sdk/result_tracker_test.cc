@@ -7,6 +7,7 @@
 #include "result_tracker.h"  // producer-sdk/src
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <atomic>
 #include <chrono>
@@ -17,11 +18,13 @@
 #include "ferry/protocol/keys.h"
 #include "process.h"  // testutil: RedisServer
 #include "redis_store.h"
+#include "result_deleter.h"
 #include "submit_fixture.h"  // DoneRecord, CommandCalls, WriteDone
 
 namespace ferry::client {
 namespace {
 
+using client_test::CommandCalls;
 using client_test::DoneRecord;
 using client_test::WriteDone;
 
@@ -182,6 +185,24 @@ TEST_F(ResultTrackerTest, RecordsKeptForNobodyAreCapped) {
   Result r;
   ASSERT_TRUE(tracker_.Wait(last, 1000, &r).ok());
   EXPECT_EQ(r.batch_size, 8) << "came from Redis, not from the dropped record";
+}
+
+// The ResultDeleter (consume_results: results that came inline are deleted in the background)
+// with Redis unreachable -- stopped by SIGSTOP, so that connections hang instead of being
+// refused -- and 5,000 deletions queued: its destructor lets the round trip in progress fail
+// and makes no other, instead of one round trip (one request timeout) per 1,000 ids. Counted
+// by what Redis runs once it goes on: the GETDELs of that one round trip at most.
+TEST(ResultDeleterTest, ItsDestructorGivesUpAfterAFailedRoundTrip) {
+  testutil::RedisServer redis;
+  RedisStore store(redis.endpoint(), "test:", 1000);
+  {
+    ResultDeleter deleter(&store);
+    redis.Signal(SIGSTOP);
+    for (int i = 0; i < 5000; ++i) deleter.Add("r" + std::to_string(i));
+  }
+  redis.Signal(SIGCONT);
+  EXPECT_TRUE(testutil::WaitFor([&] { return CommandCalls(redis, "getdel") > 0; }));
+  EXPECT_LE(CommandCalls(redis, "getdel"), static_cast<int64_t>(ResultDeleter::kMaxPerRoundTrip));
 }
 
 }  // namespace

@@ -56,6 +56,30 @@ TEST_F(ClientSubmitTest, NoBrokerIsUnavailableAfterRequestTimeout) {
   EXPECT_EQ(client->Stats(&json).code(), codes::kUnavailable);
 }
 
+// No broker: the big input Submit stored in Redis before its SUBMIT is deleted again once the
+// SUBMIT times out unsent (nobody will read it), rather than left for input_ttl_s.
+TEST_F(ClientSubmitTest, StoredInputsOfASubmitNeverSentAreDeleted) {
+  testutil::RedisServer redis;
+  options_.redis = redis.url();
+  options_.push_results = false;
+  options_.request_timeout_ms = 300;
+  auto client = MakeClient();  // options_.frontend: a free port, nothing listening
+  Job job = MakeJob("m", "unsent-1");
+  job.inputs.push_back(
+      Tensor::From<float>(std::vector<float>(25000), {25000}, DType::kFloat32));  // 100 KB
+  std::string id;
+  Status s = client->Submit(job, &id);
+  EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("not sent"), std::string::npos) << s.message();
+  EXPECT_EQ(id, "unsent-1");
+  EXPECT_EQ(client_test::CommandCalls(redis, "set"), 1) << "the big input was not stored";
+  auto c = redis.Connect();
+  ASSERT_NE(c, nullptr);
+  protocol::RedisReply keys;
+  ASSERT_TRUE(c->Command({"KEYS", "test:input:*"}, &keys).ok());
+  EXPECT_EQ(keys.elements.size(), 0u) << "the input of a SUBMIT never sent was left in Redis";
+}
+
 TEST_F(ClientSubmitTest, InvalidJobsFailLocallyWithoutTheNetwork) {
   auto client = MakeClient();
   std::string id;
