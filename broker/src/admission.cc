@@ -87,6 +87,18 @@ Status Admit(const protocol::SubmitJob& in, const Scheduler& scheduler,
     return Status(codes::kTooLarge, "job inputs are " + std::to_string(bytes) +
                                         " bytes; the limit is " +
                                         std::to_string(options.max_job_bytes));
+  if (options.journal) {
+    // The journal record holds the bytes of every input that is not stored, and Redis refuses
+    // a value over 512 MiB (proto-max-bulk-len): such a job could never be journaled.
+    size_t journaled = 0;
+    for (const auto& t : in.inputs) journaled += t.stored ? 0 : t.size;
+    if (journaled > kMaxJournaledBytes)
+      return Status(codes::kTooLarge,
+                    "job inputs sent through the broker are " + std::to_string(journaled) +
+                        " bytes; the journal holds at most " + std::to_string(kMaxJournaledBytes) +
+                        " (Redis's largest value is 512 MiB): store them in Redis (the claim "
+                        "check) or run the broker with --no-journal");
+  }
   if (scheduler.IsPending(in.id)) return Status(codes::kDuplicate, "a job with this id is pending");
   if (static_cast<int64_t>(scheduler.QueueDepth(in.model)) >= options.max_queue)
     return Status(codes::kQueueFull, "the queue of model \"" + in.model + "\" holds " +

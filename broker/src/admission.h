@@ -5,7 +5,9 @@
 // `unknown_model`; the inputs match one of the model's announced input specs (count, dtype,
 // rank, every size the spec fixes; stored inputs by their declared dtype and shape) else
 // `invalid_argument` naming the input, the expected and the received form; the inputs' tensor
-// bytes are at most max_job_bytes else `too_large`; the id is not pending already else
+// bytes are at most max_job_bytes else `too_large`; with the journal on, the bytes of the inputs
+// that are not stored (the journal record holds them) are at most kMaxJournaledBytes else
+// `too_large`; the id is not pending already else
 // `duplicate`; the model's queue holds fewer than max_queue jobs
 // else `queue_full`; the pending input bytes plus this job's stay within max_pending_bytes else
 // `queue_full` (both queue_full rejections are retryable). The message names the model or the
@@ -14,6 +16,7 @@
 // SubmitJob is only forward-declared here, so that this header pulls in neither msgpack nor
 // ZeroMQ; callers that build one include "ferry/protocol/messages.h".
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -28,6 +31,10 @@ namespace ferry::broker {
 
 class Scheduler;
 struct BrokerOptions;
+
+// What one journal record may hold of a job's input bytes: Redis refuses a value over 512 MiB
+// (its default proto-max-bulk-len), and the record has a head besides.
+inline constexpr size_t kMaxJournaledBytes = (size_t{512} << 20) - (size_t{1} << 20);
 
 // OK when `inputs` match one of `specs` (or `specs` is empty); otherwise kInvalidArgument with
 // a message about the first spec: the count, or the first input that differs ("model \"m\"

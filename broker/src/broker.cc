@@ -156,8 +156,21 @@ Status Broker::Impl::Init() {
 Status Broker::Impl::Restore() {
   std::vector<std::unique_ptr<Job>> jobs;
   std::vector<std::string> models;
-  Status s = journal.Load(&jobs, &models);
+  std::vector<std::pair<std::string, std::string>> unreadable;  // job id, why
+  Status s = journal.Load(&jobs, &models, &unreadable);
   if (!s.ok()) return Status::Unavailable("cannot read the journal: " + s.message());
+  // An accepted job whose record cannot be read is not lost silently: it fails, and its
+  // producer's Wait finds why (its stored inputs, unknown now, expire).
+  for (auto& [id, why] : unreadable) {
+    spdlog::error("journal record of job {} cannot be read ({}); the job fails", id, why);
+    auto job = std::make_unique<Job>();
+    job->id = id;
+    job->result_ttl_s = options.default_result_ttl_s;
+    job->submitted_us = protocol::NowMicros();
+    final_results.Add(std::move(job), "failed", codes::kInternal,
+                      "the broker could not read this job's journal record after a restart (" +
+                          why + "); the job did not run: submit it again");
+  }
   for (const auto& m : models) scheduler.AddKnownModel(m);
   size_t n = jobs.size();
   for (auto& job : jobs) scheduler.Add(std::move(job));

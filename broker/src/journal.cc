@@ -162,9 +162,11 @@ Status Journal::Commit() {
   return s;
 }
 
-Status Journal::Load(std::vector<std::unique_ptr<Job>>* jobs, std::vector<std::string>* models) {
+Status Journal::Load(std::vector<std::unique_ptr<Job>>* jobs, std::vector<std::string>* models,
+                     std::vector<std::pair<std::string, std::string>>* unreadable) {
   jobs->clear();
   models->clear();
+  unreadable->clear();
   protocol::RedisReply reply;
   FERRY_RETURN_IF_ERROR(redis_->Command({"SMEMBERS", keys_.Models()}, &reply));
   for (const auto& e : reply.elements) models->push_back(e.str);
@@ -180,7 +182,10 @@ Status Journal::Load(std::vector<std::unique_ptr<Job>>* jobs, std::vector<std::s
       auto job = std::make_unique<Job>();
       Status s = Decode(kv[i + 1].str, job.get());
       if (!s.ok()) {
-        redis_->Append({"HDEL", journal, kv[i].str});  // unreadable: nothing to restore
+        if (protocol::IsValidJobId(kv[i].str))  // an accepted job: it gets a failed result
+          unreadable->emplace_back(kv[i].str, s.message());
+        else
+          redis_->Append({"HDEL", journal, kv[i].str});  // not a job's: nothing to tell
         continue;
       }
       batch.push_back(std::move(job));

@@ -18,6 +18,7 @@
 #include <memory>
 #include <string>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "ferry/protocol/keys.h"
@@ -57,8 +58,11 @@ class Journal {
 
   // Reads every journaled job (in acceptance order) and the known models. Jobs whose result is
   // already in Redis (the broker died between the result and the removal) are dropped from the
-  // journal instead of returned.
-  Status Load(std::vector<std::unique_ptr<Job>>* jobs, std::vector<std::string>* models);
+  // journal instead of returned. A record that does not decode (damaged, or written by a newer
+  // broker) goes to *unreadable as (job id, why), for the caller to fail the job (its record is
+  // removed with Forget then, as a finished job's); one whose field is not a job id is dropped.
+  Status Load(std::vector<std::unique_ptr<Job>>* jobs, std::vector<std::string>* models,
+              std::vector<std::pair<std::string, std::string>>* unreadable);
 
   // The record's encoding, public for tests.
   static std::string Encode(const Job& job);

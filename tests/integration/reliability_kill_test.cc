@@ -323,6 +323,35 @@ TEST(Reliability, BrokerSigtermKeepsQueuedJobsForTheNextBroker) {
   EXPECT_EQ(CountResultKeys(fleet), 6);
 }
 
+// A journal record the next broker cannot read (damaged, or written by a newer broker) is an
+// accepted job all the same: it fails with a result that says why, instead of vanishing, and its
+// record goes. The record here is put in place of a real one while the broker is down.
+TEST(Reliability, AJobWhoseJournalRecordCannotBeReadFailsAfterARestart) {
+  FleetOptions fo;
+  fo.workers = 0;
+  fo.models = {"slow"};
+  Fleet fleet(fo);
+  fleet.broker().Signal(SIGKILL);
+  fleet.broker().Wait();
+  auto redis = fleet.redis().Connect();
+  ASSERT_TRUE(redis);
+  protocol::RedisReply r;
+  ASSERT_TRUE(
+      redis->Command({"HSET", protocol::Keys().Journal(), "unreadable-1", "not msgpack"}, &r).ok());
+  fleet.StartBroker();
+  auto c = MakeClient(fleet);
+  Result result;
+  ASSERT_TRUE(c->Wait("unreadable-1", 30000, &result).ok()) << fleet.Logs();
+  EXPECT_EQ(result.state, JobState::kFailed);
+  EXPECT_EQ(result.error.code(), codes::kInternal) << result.error.ToString();
+  EXPECT_NE(result.error.message().find("journal record"), std::string::npos)
+      << result.error.message();
+  EXPECT_TRUE(WaitFor([&] {
+    protocol::RedisReply n;
+    return redis->Command({"HLEN", protocol::Keys().Journal()}, &n).ok() && n.integer == 0;
+  })) << "the record stayed in the journal";
+}
+
 TEST(Reliability, RedisStoppedAndRestartedWithAofLosesNothing) {
   const int metrics_port = testutil::FreePort();
   FleetOptions fo;

@@ -107,6 +107,25 @@ TEST_F(AdmissionTest, InputsExactlyAtMaxJobBytesAreAdmitted) {
   EXPECT_TRUE(s.ok()) << s.ToString();
 }
 
+// With the journal on, the inputs that travel through the broker are journaled with their bytes,
+// and Redis refuses a value over 512 MiB: such a job is too_large whatever --max-job-bytes says.
+// Stored inputs (the journal names them only) and --no-journal are not limited by it.
+TEST_F(AdmissionTest, InputsTooBigToJournalAreTooLargeUnlessStoredOrNotJournaled) {
+  options_.max_job_bytes = int64_t{1} << 40;
+  options_.max_pending_bytes = int64_t{1} << 40;
+  protocol::SubmitJob big = Submit("big", "m", {10});
+  big.inputs[0].shape = {static_cast<int64_t>(kMaxJournaledBytes) + 1};
+  big.inputs[0].size = kMaxJournaledBytes + 1;  // never read: admission looks at sizes
+  Status s = AdmitJob(big);
+  EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
+  EXPECT_TRUE(Contains(s.message(), "--no-journal")) << s.message();
+  big.inputs[0].stored = true;
+  EXPECT_TRUE(AdmitJob(big).ok());
+  big.inputs[0].stored = false;
+  options_.journal = false;
+  EXPECT_TRUE(AdmitJob(big).ok());
+}
+
 TEST_F(AdmissionTest, AnIdAlreadyPendingIsADuplicate) {
   Queue("a", "m");
   Status s = AdmitJob(Submit("a", "m"));

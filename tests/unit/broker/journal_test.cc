@@ -308,11 +308,14 @@ class JournalRedisTest : public ::testing::Test {
   }
 
   // Loads with a fresh Journal, as a restarted broker does.
-  std::vector<std::unique_ptr<Job>> Load(std::vector<std::string>* models = nullptr) {
+  std::vector<std::unique_ptr<Job>> Load(
+      std::vector<std::string>* models = nullptr,
+      std::vector<std::pair<std::string, std::string>>* unreadable = nullptr) {
     Journal fresh(client_.get(), keys_);
     std::vector<std::unique_ptr<Job>> jobs;
     std::vector<std::string> m;
-    Status s = fresh.Load(&jobs, models ? models : &m);
+    std::vector<std::pair<std::string, std::string>> u;
+    Status s = fresh.Load(&jobs, models ? models : &m, unreadable ? unreadable : &u);
     EXPECT_TRUE(s.ok()) << s.ToString();
     return jobs;
   }
@@ -429,7 +432,10 @@ TEST_F(JournalRedisTest, AJobWhoseResultExistsIsDroppedByLoad) {
   EXPECT_EQ(Integer({"HLEN", keys_.Journal()}), 2);
 }
 
-TEST_F(JournalRedisTest, AnUnreadableRecordIsDroppedByLoad) {
+// A record that does not decode is an accepted job all the same: Load names it (the broker
+// fails the job, then removes the record as a finished job's). A field that is no job id is
+// dropped.
+TEST_F(JournalRedisTest, AnUnreadableRecordIsNamedByLoadAndAFieldThatIsNoIdDropped) {
   auto j0 = MakeJob("j0", 0);
   auto j1 = MakeJob("j1", 1);
   auto j2 = MakeJob("j2", 2);
@@ -439,14 +445,20 @@ TEST_F(JournalRedisTest, AnUnreadableRecordIsDroppedByLoad) {
   ASSERT_TRUE(journal_->Commit().ok());
   protocol::RedisReply reply;
   ASSERT_TRUE(client_->Command({"HSET", keys_.Journal(), "bad", "garbage"}, &reply).ok());
-  // In the same scan batch: a job whose result exists, so the removal of "bad" and the result
-  // checks share one pipeline.
+  ASSERT_TRUE(client_->Command({"HSET", keys_.Journal(), "no id!", "garbage"}, &reply).ok());
+  // In the same scan batch: a job whose result exists, so the removal of "no id!" and the
+  // result checks share one pipeline.
   ASSERT_TRUE(client_->Command({"SET", keys_.Result("j2"), "result"}, &reply).ok());
 
-  EXPECT_EQ(Ids(Load()), (std::vector<std::string>{"j0", "j1"}));
-  EXPECT_EQ(Integer({"HEXISTS", keys_.Journal(), "bad"}), 0);
+  std::vector<std::pair<std::string, std::string>> unreadable;
+  EXPECT_EQ(Ids(Load(nullptr, &unreadable)), (std::vector<std::string>{"j0", "j1"}));
+  ASSERT_EQ(unreadable.size(), 1u);
+  EXPECT_EQ(unreadable[0].first, "bad");
+  EXPECT_FALSE(unreadable[0].second.empty());
+  EXPECT_EQ(Integer({"HEXISTS", keys_.Journal(), "bad"}), 1) << "removed before its result";
+  EXPECT_EQ(Integer({"HEXISTS", keys_.Journal(), "no id!"}), 0);
   EXPECT_EQ(Integer({"HEXISTS", keys_.Journal(), "j2"}), 0);
-  EXPECT_EQ(Integer({"HLEN", keys_.Journal()}), 2);
+  EXPECT_EQ(Integer({"HLEN", keys_.Journal()}), 3);
 }
 
 TEST_F(JournalRedisTest, AFailedCommitDropsStagedJobsAndKeepsRemovals) {
