@@ -393,10 +393,26 @@ void Broker::Impl::NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs,
     if (auto it = record_of.find(j->id); it != record_of.end())
       n.results.emplace_back(j->id, it->second);
   }
+  // One FINISHED per kMaxMapEntries ids at most: its "results" map must decode (codec limits).
   std::vector<zmq::message_t> envelope(1);
   for (auto& [producer, n] : by_producer) {
-    envelope[0] = zmq::message_t(producer.data(), producer.size());
-    Reply(envelope, protocol::kFinished, protocol::EncodeFinished(n.ids, n.results));
+    if (n.ids.size() <= protocol::kMaxMapEntries) {  // the usual case: one notice
+      envelope[0] = zmq::message_t(producer.data(), producer.size());
+      Reply(envelope, protocol::kFinished, protocol::EncodeFinished(n.ids, n.results));
+      continue;
+    }
+    for (size_t begin = 0; begin < n.ids.size(); begin += protocol::kMaxMapEntries) {
+      const size_t end = std::min(n.ids.size(), begin + protocol::kMaxMapEntries);
+      std::vector<std::string> ids(n.ids.begin() + begin, n.ids.begin() + end);
+      protocol::InlineResults results;
+      if (!n.results.empty()) {
+        std::unordered_set<std::string_view> part(ids.begin(), ids.end());
+        for (const auto& r : n.results)
+          if (part.count(r.first) > 0) results.push_back(r);
+      }
+      envelope[0] = zmq::message_t(producer.data(), producer.size());
+      Reply(envelope, protocol::kFinished, protocol::EncodeFinished(ids, results));
+    }
   }
 }
 

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <string_view>
+#include <unordered_map>
 
 #include "ferry/protocol/codec.h"
 #include "ferry/protocol/curve.h"
@@ -376,9 +378,29 @@ void BrokerLink::SendHeld(bool bye) {
 }
 
 void BrokerLink::SendDone(const DoneReport& report, bool bye) {
-  protocol::InlineResults results(report.inline_results.begin(), report.inline_results.end());
-  Send(protocol::kDone, protocol::EncodeDone(report.ids, report.duplicates, report.not_done,
-                                             results, report.notified, bye));
+  const size_t max_ids = protocol::kMaxMapEntries;
+  if (report.ids.size() <= max_ids) {
+    protocol::InlineResults results(report.inline_results.begin(), report.inline_results.end());
+    Send(protocol::kDone, protocol::EncodeDone(report.ids, report.duplicates, report.not_done,
+                                               results, report.notified, bye));
+    return;
+  }
+  // More ids than a body's map may hold (a big batch, or results that piled up while Redis was
+  // slow): one DONE per kMaxMapEntries ids, each with its ids' statuses, records and notices.
+  std::unordered_map<std::string_view, size_t> part_of;
+  for (size_t i = 0; i < report.ids.size(); ++i) part_of.emplace(report.ids[i], i / max_ids);
+  const size_t parts = (report.ids.size() + max_ids - 1) / max_ids;
+  std::vector<DoneReport> split(parts);
+  for (size_t i = 0; i < report.ids.size(); ++i) split[i / max_ids].ids.push_back(report.ids[i]);
+  split[0].duplicates = report.duplicates;
+  auto part = [&](const std::string& id) -> DoneReport& {
+    auto it = part_of.find(id);
+    return split[it != part_of.end() ? it->second : 0];
+  };
+  for (const auto& entry : report.not_done) part(entry.first).not_done.push_back(entry);
+  for (const auto& entry : report.inline_results) part(entry.first).inline_results.push_back(entry);
+  for (const auto& id : report.notified) part(id).notified.push_back(id);
+  for (size_t p = 0; p < parts; ++p) SendDone(split[p], bye && p + 1 == parts);
 }
 
 }  // namespace ferry::worker

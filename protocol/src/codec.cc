@@ -3,6 +3,8 @@
 #include <cstdio>
 #include <cstdlib>
 
+#include "ferry/protocol/wire.h"
+
 namespace ferry::protocol {
 namespace {
 
@@ -12,7 +14,7 @@ bool ReferenceAll(msgpack::type::object_type, size_t, void*) { return true; }
 // costs the unpacker a 24-byte object, so an array of 2^20 nils (1 MiB on the wire) cost 24 MiB
 // and a 55 MiB ACCEPTED. No Ferry array needs more than 2^16 entries (jobs per SUBMIT and ids per
 // CANCEL are capped below that; a worker's capacity is at most 2^16); Ferry sends no ext.
-const msgpack::unpack_limit kLimits(/*array=*/1 << 16, /*map=*/4096, /*str=*/1 << 20,
+const msgpack::unpack_limit kLimits(/*array=*/1 << 16, /*map=*/kMaxMapEntries, /*str=*/1 << 20,
                                     /*bin=*/1u << 31, /*ext=*/0, /*depth=*/16);
 
 }  // namespace

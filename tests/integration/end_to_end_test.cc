@@ -293,5 +293,42 @@ TEST_F(EndToEnd, SubmitManyAndCancelManySplitPastTenThousandJobs) {
   EXPECT_NE(last.state, JobState::kPending);
 }
 
+// A batch of more jobs than a body's map may hold (4,096: the decoders' limit) is reported in
+// several DONE messages, each with its ids' inline results: the broker hears of every job
+// (pending back to 0) and every result is right. One undecodable DONE used to leave thousands
+// of jobs running at the broker for good.
+TEST_F(EndToEnd, ABatchOfMoreThan4096JobsIsReportedWhole) {
+  FleetOptions o{1};
+  o.max_batch = 8192;
+  o.worker_args = {"--instances", "1"};
+  StartFleet(o);
+  auto c = Connect(*fleet_, /*push_results=*/false);  // records inline in DONE, not notices
+  std::vector<Job> jobs;
+  for (uint32_t i = 0; i < 8192; ++i) jobs.push_back(TinyJob(i % 11));
+  std::vector<SubmitOutcome> outcomes;
+  ASSERT_TRUE(c->SubmitMany(jobs, &outcomes).ok());
+  EXPECT_TRUE(testutil::WaitFor(
+      [&] {
+        std::string stats;
+        return c->Stats(&stats).ok() && stats.find("\"pending\":0,") != std::string::npos;
+      },
+      std::chrono::seconds(60)))
+      << "the broker still counts jobs as running\n"
+      << fleet_->Logs();
+  size_t biggest = 0;
+  for (size_t i = 0; i < outcomes.size(); ++i) {
+    ASSERT_TRUE(outcomes[i].status.ok()) << outcomes[i].status.ToString();
+    Result r;
+    ASSERT_TRUE(c->Poll(outcomes[i].id, &r).ok());
+    ASSERT_EQ(r.state, JobState::kDone) << i << " " << r.error.ToString();
+    biggest = std::max(biggest, static_cast<size_t>(r.batch_size));
+    if (i < 11) {
+      auto expected = testutil::RunReference(testutil::ModelPath("tiny"), jobs[i].inputs);
+      EXPECT_LT(testutil::MaxAbsDiff(r.outputs.at(0), expected[0]), 1e-5) << i;
+    }
+  }
+  EXPECT_GT(biggest, protocol::kMaxMapEntries) << "no batch was big enough to test this";
+}
+
 }  // namespace
 }  // namespace ferry::end_to_end_test

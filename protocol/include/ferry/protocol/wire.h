@@ -38,6 +38,9 @@ inline constexpr std::string_view kReannounce = "REANNOUNCE";  // broker -> unkn
 // Jobs per SUBMIT and ids per CANCEL: the broker's default limit (--max-jobs-per-message); a
 // bigger message is refused whole (too_large), so the clients split at this many.
 inline constexpr int64_t kMaxJobsPerMessage = 10000;
+// Entries of one msgpack map in a body: what the decoders take (codec.cc). DONE and FINISHED
+// carry maps keyed by job id (inline results, not_done), so their senders split at this many ids.
+inline constexpr size_t kMaxMapEntries = 4096;
 
 // One received message, split into its parts.
 struct Message {
