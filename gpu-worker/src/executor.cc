@@ -10,6 +10,21 @@
 #include "worker_metrics.h"
 
 namespace ferry::worker {
+namespace {
+
+// A copy of `job` without its inputs and their bytes (`job` is left as it was): every field the
+// result writer reads (id, model, attempt, ttl, timings, notify channel, stored inputs), so that
+// a job failed from it is written and announced like any other.
+Job Skeleton(Job* job) {
+  std::vector<protocol::TensorRef> inputs = std::move(job->entry.inputs);
+  Job s;
+  s.entry = job->entry;
+  s.received_us = job->received_us;
+  job->entry.inputs = std::move(inputs);
+  return s;
+}
+
+}  // namespace
 
 int Executor::CudaIndex(const std::string& device) {
   if (device == "cuda") return 0;
@@ -131,21 +146,11 @@ void Executor::Loop() {
       writer_->Submit(std::move(expired));
       if (jobs.empty()) continue;
     }
-    // Keep the ids: if something unexpected throws, the jobs may be gone with the exception.
+    // Keep the jobs but their inputs: if something unexpected throws, the jobs may be gone with
+    // the exception, and their results still need their ids, notify channels, timings.
     std::vector<Job> skeletons;
     skeletons.reserve(jobs.size());
-    for (const auto& j : jobs) {
-      Job s;
-      s.entry.id = j.entry.id;
-      s.entry.model = j.entry.model;
-      s.entry.attempt = j.entry.attempt;
-      s.entry.result_ttl_s = j.entry.result_ttl_s;
-      s.entry.submitted_us = j.entry.submitted_us;
-      s.entry.dispatched_us = j.entry.dispatched_us;
-      s.entry.stored_inputs = j.entry.stored_inputs;
-      s.received_us = j.received_us;
-      skeletons.push_back(std::move(s));
-    }
+    for (auto& j : jobs) skeletons.push_back(Skeleton(&j));
     try {
       results = RunBatch(std::move(jobs));
     } catch (const std::exception& e) {

@@ -140,6 +140,8 @@ struct Model::Impl {
   // Whether a batch whose inputs lie back to back is read where it is (on the CPU); false
   // for good once the model is seen writing into such an input (WroteInputs).
   std::atomic<bool> read_in_place{true};
+  // Whether the model is known to write into its inputs (WroteInputs, or Create was told).
+  std::atomic<bool> writes_inputs{false};
 
   // Stacks input k of every job into one [B, ...] host tensor (pinned when the model is on
   // CUDA), padding to `target` when input k is padded, and moves it to the device. On the CPU,
@@ -209,6 +211,7 @@ at::Tensor Model::Impl::Stack(const Padding& padding, size_t k,
 bool Model::Impl::WroteInputs(const std::vector<at::Tensor>& in_place, const std::string& name) {
   for (const at::Tensor& t : in_place) {
     if (t._version() == 0) continue;
+    writes_inputs.store(true);
     if (read_in_place.exchange(false)) {
       spdlog::warn("model {} writes into its inputs: its batches are copied from now on", name);
     }
@@ -252,7 +255,8 @@ Status Model::Create(std::string name, const std::string& path, const std::strin
   return Create(config, out);
 }
 
-Status Model::Create(const ModelConfig& config, std::unique_ptr<Model>* out) {
+Status Model::Create(const ModelConfig& config, std::unique_ptr<Model>* out,
+                     bool writes_into_inputs) {
   const std::string& device = config.device;
   if (device != "cpu" && device != "cuda" && device.rfind("cuda:", 0) != 0)
     return Status::InvalidArgument("device must be cpu, cuda or cuda:N, got \"" + device + "\"");
@@ -276,7 +280,8 @@ Status Model::Create(const ModelConfig& config, std::unique_ptr<Model>* out) {
     }
     const int64_t before = index >= 0 ? cuda::AllocatedBytes(index) : -1;
     auto impl = std::make_unique<Impl>(dev);
-    impl->read_in_place = !config.copy_inputs;
+    impl->read_in_place = !config.copy_inputs && !writes_into_inputs;
+    impl->writes_inputs = writes_into_inputs;
     impl->module = torch::jit::load(config.path, dev);
     if (config.half) ToHalfPrecision(&impl->module);
     impl->module.eval();
@@ -309,6 +314,8 @@ Status Model::Create(const ModelConfig& config, std::unique_ptr<Model>* out) {
     return Status::Internal(what + e.what());
   }
 }
+
+bool Model::writes_into_inputs() const { return impl_->writes_inputs.load(); }
 
 Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& inputs,
                   BatchOutput* out, const cuda::Stream* stream,

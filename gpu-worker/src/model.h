@@ -9,7 +9,8 @@
 //     whose bytes already lie back to back for the batch (stored inputs fetched together:
 //     input_fetcher.h; any batch of one job) is read where it is, unless the model has been
 //     seen writing into its inputs (then it gets copies from that batch on, and that batch is
-//     not retried) or its config says copy_inputs;
+//     not retried; writes_into_inputs() says so, for Create to be told again when the model is
+//     loaded anew) or its config says copy_inputs;
 //  2. copies them to the device (non-blocking from pinned memory, on the caller's stream);
 //  3. converts dtypes on the device (e.g. uint8 pixels -> float, scale, mean/std), casts
 //     floating inputs to float16 for half-precision models, appends the true lengths [B] int64
@@ -62,8 +63,11 @@ class Model {
   // be set), casts it to float16 when config.half (ferry/worker/half_precision.h), and puts it
   // in eval mode. Measures its memory (memory_bytes()). Fails with kInvalidArgument for a bad
   // device string, a CUDA device without CUDA, half on CPU or a missing method, and kInternal
-  // when the file cannot be loaded.
-  static Status Create(const ModelConfig& config, std::unique_ptr<Model>* out);
+  // when the file cannot be loaded. `writes_into_inputs`: the model was seen writing into its
+  // inputs before (writes_into_inputs() of an earlier load of it): it gets copies from its first
+  // batch on, as if copy_inputs.
+  static Status Create(const ModelConfig& config, std::unique_ptr<Model>* out,
+                       bool writes_into_inputs = false);
   // Shorthand: a default config with name, path and device.
   static Status Create(std::string name, const std::string& path, const std::string& device,
                        std::unique_ptr<Model>* out);
@@ -80,6 +84,9 @@ class Model {
   int64_t memory_bytes() const { return memory_bytes_; }
   // The sum of parameter and buffer bytes.
   int64_t parameter_bytes() const { return parameter_bytes_; }
+  // Whether the model has been seen writing into inputs it was given in place (from then on it
+  // gets copies), or was created knowing it does (Create's `writes_into_inputs`).
+  bool writes_into_inputs() const;
 
   // Runs the method on a batch of B = inputs.size() jobs; inputs[j] are job j's positional
   // arguments. Every job must have the same signature up to the padded dimension (checked;

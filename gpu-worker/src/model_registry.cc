@@ -103,6 +103,8 @@ ModelRegistry::Room ModelRegistry::MakeRoom(const std::string& for_model, int64_
     if (victim == nullptr) return Room::kWait;
     spdlog::info("model {}: unloaded ({}) to make room for {} under the {} budget",
                  victim->config.name, Mib(victim->bytes), for_model, Mib(budget));
+    // No batch runs (in_use == 0): what the model showed of itself is final.
+    victim->writes_inputs = victim->writes_inputs || victim->model->writes_into_inputs();
     dropped->push_back(std::move(victim->model));
     used_ -= victim->bytes;
     victim->bytes = 0;
@@ -163,6 +165,7 @@ Status ModelRegistry::Acquire(const std::string& name, Lease* out, const cuda::S
 Status ModelRegistry::Load(Entry* e, const cuda::Stream* stream,
                            std::unique_lock<std::mutex>* lock) {
   const int64_t reserved = Estimate(*e);
+  const bool writes_inputs = e->writes_inputs;
   e->state = State::kLoading;
   e->bytes = reserved;
   used_ += reserved;
@@ -174,7 +177,7 @@ Status ModelRegistry::Load(Entry* e, const cuda::Stream* stream,
   int64_t warm_batches = 0;
   {
     std::lock_guard<std::mutex> one_load(load_mu_);
-    s = Model::Create(e->config, &model);
+    s = Model::Create(e->config, &model, writes_inputs);
     if (s.ok()) s = WarmUp(*model, e->config.max_batch, stream, &warm_batches);
   }
   if (!s.ok()) model.reset();  // free the memory before anyone else counts on it

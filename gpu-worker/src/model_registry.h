@@ -12,7 +12,8 @@
 // a batch running (a live Lease) is never unloaded; a pinned model never. A model that cannot
 // fit even with every unpinned model gone fails its jobs with `too_large`. The size of a model
 // that never loaded is estimated from its file (halved for half precision) and corrected once
-// measured.
+// measured. A model seen writing into its inputs (Model::writes_into_inputs) is remembered as
+// such when it is unloaded: loaded again, it gets copies from its first batch on.
 //
 // Every change of the resident set calls the listener (outside the registry's lock), so the
 // worker can re-announce itself and the broker can prefer workers that have a model warm.
@@ -102,6 +103,7 @@ class ModelRegistry {
     uint64_t last_used = 0;              // LRU clock
     int64_t bytes = 0;                   // measured, or the estimate while loading
     int64_t measured = 0;                // from the last load; 0: never loaded
+    bool writes_inputs = false;          // an earlier load wrote into its inputs
     std::unique_ptr<BatchLimit> limit;   // survives unloads
   };
   enum class Room { kFits, kWait, kNever };

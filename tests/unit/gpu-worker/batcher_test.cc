@@ -338,6 +338,63 @@ TEST_F(BatcherTest, AFailedBatchThatWroteIntoItsInputsIsNotRetriedOnTheChangedBy
   EXPECT_EQ(AsFloats(results[2].outputs.at(0)), std::vector<float>({7, 7}));
 }
 
+// The registry remembers a model seen writing into its inputs: unloaded to make room and
+// loaded again, it still gets copies (its first batch after the reload leaves the jobs' bytes
+// as they were), and a failing batch of it is halved, so its good jobs still succeed.
+TEST_F(BatcherTest, AReloadedModelThatWritesIntoItsInputsStillGetsCopies) {
+  // 1 MiB of parameters, like big_a: a budget of 1.5 MiB holds one of the two.
+  ASSERT_TRUE(Load("scale_reloaded",
+                   "def forward(self, x):\n"
+                   "    x.mul_(2.0)\n"
+                   "    assert bool((x >= 0.0).all()), 'negative input'\n"
+                   "    return x + 1.0\n",
+                   [](torch::jit::Module& m) {
+                     m.register_parameter(
+                         "w", torch::zeros({testmodels::kBigBytes / 4}, torch::kFloat32), false);
+                   }));
+  ModelConfig writer;
+  writer.name = "scale_reloaded";
+  writer.path = (BatcherDir() / "scale_reloaded.pt").string();
+  writer.device = "cpu";
+  writer.max_batch = 8;
+  ModelConfig other = writer;
+  other.name = "big_a";
+  other.path = testmodels::Path("big_a");
+  ModelRegistry::Options budget;
+  budget.memory_budget = testmodels::kBigBytes + testmodels::kBigBytes / 2;
+  ModelRegistry registry(budget, {writer, other});
+  Batcher batcher;
+  auto run = [&](const std::vector<float>& values, std::shared_ptr<std::vector<float>>* buffer) {
+    ModelRegistry::Lease lease;
+    Status s = registry.Acquire("scale_reloaded", &lease);
+    EXPECT_TRUE(s.ok()) << s.ToString();
+    return s.ok() ? batcher.Run(lease.model(), BackToBackJobs("scale_reloaded", values, buffer))
+                  : std::vector<JobResult>();
+  };
+
+  std::shared_ptr<std::vector<float>> buffer;
+  auto results = run({1, 1, 3, 3}, &buffer);
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_TRUE(results[0].status.ok()) << results[0].status.ToString();
+  EXPECT_EQ(*buffer, std::vector<float>({2, 2, 6, 6})) << "read in place: the write was seen";
+
+  ModelRegistry::Lease lease;
+  ASSERT_TRUE(registry.Acquire("big_a", &lease).ok());  // unloads scale_reloaded
+  lease.Reset();
+  ASSERT_FALSE(registry.IsResident("scale_reloaded"));
+  EXPECT_EQ(registry.evictions(), 1);
+
+  results = run({1, 1, -1, -1, 3, 3}, &buffer);
+  EXPECT_EQ(registry.loads(), 3);
+  ASSERT_EQ(results.size(), 3u);
+  EXPECT_EQ(*buffer, std::vector<float>({1, 1, -1, -1, 3, 3})) << "read in place after a reload";
+  EXPECT_EQ(results[1].status.code(), codes::kModelError);
+  ASSERT_TRUE(results[0].status.ok()) << results[0].status.ToString();
+  ASSERT_TRUE(results[2].status.ok()) << results[2].status.ToString();
+  EXPECT_EQ(AsFloats(results[0].outputs.at(0)), std::vector<float>({3, 3}));
+  EXPECT_EQ(AsFloats(results[2].outputs.at(0)), std::vector<float>({7, 7}));
+}
+
 // A model_error carries the library's first meaningful line, not the TorchScript traceback
 // with its source paths; the whole text is in BatchOutput::error_detail, which the batcher logs.
 TEST_F(BatcherTest, ModelErrorsCarryTheLibrarysLineNotTheTraceback) {
