@@ -213,6 +213,10 @@ void Broker::Impl::HandleDone(protocol::Message& m, const msgpack::object& body)
                  duplicates);
   }
   const msgpack::object* bye = protocol::Find(body, "bye");
+  const bool leaving = bye != nullptr && bye->type == msgpack::type::BOOLEAN && bye->via.boolean;
+  // A draining worker's DONE: it gets no more work, before this turn's dispatch could spend the
+  // credit these jobs return. Its report may come in several DONEs (at most 4,096 ids each).
+  if (leaving) scheduler.MarkLeaving(worker);
   // Only the jobs this connection holds are finished on its word (and only their inline records
   // are forwarded); the others once their result is seen in Redis.
   std::vector<std::string> not_held;
@@ -220,10 +224,9 @@ void Broker::Impl::HandleDone(protocol::Message& m, const msgpack::object& body)
   telemetry.OnDone(finished, not_done, duplicates, protocol::NowMicros());
   Finish(std::move(finished), results, notified);
   if (!not_held.empty()) FinishIfStored(not_held, worker);
-  // A draining worker's last DONE: remove it now, before this turn's dispatch could spend the
-  // credit those jobs returned. (Its BYE, which follows, then finds it gone.)
-  if (bye != nullptr && bye->type == msgpack::type::BOOLEAN && bye->via.boolean &&
-      scheduler.HasWorker(worker))
+  // Once it holds nothing, it goes. (Else its BYE, which follows, or its silence removes it and
+  // requeues what it still held. Its BYE then finds it gone.)
+  if (leaving && scheduler.HasWorker(worker) && scheduler.MarkLeaving(worker) == 0)
     DropWorker(worker, "said bye with its last DONE");
 }
 

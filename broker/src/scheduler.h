@@ -42,7 +42,10 @@ struct WorkerState {
   std::map<std::string, int64_t> max_batch;  // model -> max batch
   std::set<std::string> in_flight;           // job ids
   int64_t last_seen_us = 0;                  // monotonic
-  int64_t credit() const { return hello.capacity - static_cast<int64_t>(in_flight.size()); }
+  bool leaving = false;  // said bye (draining): no more work, while its last DONEs come in
+  int64_t credit() const {
+    return leaving ? 0 : hello.capacity - static_cast<int64_t>(in_flight.size());
+  }
   // True when the worker has the model loaded and warm (a READY without "resident": all).
   bool IsWarm(const std::string& model) const;
 };
@@ -94,6 +97,9 @@ class Scheduler {
   void AddWorker(const std::string& routing_id, protocol::WorkerHello hello, int64_t now_us,
                  const std::string& key = "");
   bool HasWorker(const std::string& routing_id) const { return workers_.count(routing_id) != 0; }
+  // A draining worker (a DONE with "bye"): it gets no more chunks. Returns how many jobs it
+  // still holds (0 when unknown).
+  size_t MarkLeaving(const std::string& routing_id);
   void Touch(const std::string& routing_id, int64_t now_us);
   // Removes a worker; its in-flight jobs go back to the front of their queues with attempt+1.
   // Returns the requeued jobs.

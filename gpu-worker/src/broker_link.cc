@@ -400,7 +400,7 @@ void BrokerLink::SendDone(const DoneReport& report, bool bye) {
   for (const auto& entry : report.not_done) part(entry.first).not_done.push_back(entry);
   for (const auto& entry : report.inline_results) part(entry.first).inline_results.push_back(entry);
   for (const auto& id : report.notified) part(id).notified.push_back(id);
-  for (size_t p = 0; p < parts; ++p) SendDone(split[p], bye && p + 1 == parts);
+  for (auto& part_report : split) SendDone(part_report, bye);  // each says bye: no credit back
 }
 
 }  // namespace ferry::worker

@@ -63,6 +63,24 @@ TEST(Scheduler, ChunksRespectMaxBatchAndCredit) {
   EXPECT_EQ(Ids(c), (std::vector<std::string>{"j6", "j7", "j8"}));
 }
 
+// A draining worker reports its jobs in DONEs that say bye, maybe several: the credit the first
+// ones return must not buy it new work, or its last BYE would requeue that work.
+TEST(Scheduler, ALeavingWorkerGetsNoChunkForTheCreditItsDonesReturn) {
+  Scheduler s;
+  s.AddWorker("w1", Hello("w1", 4, {{"m", 4}}), 0);
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(s.Add(MakeJob("j" + std::to_string(i), "m")).ok());
+  Chunk c;
+  ASSERT_TRUE(s.NextChunk(&c));
+  EXPECT_EQ(s.MarkLeaving("w1"), 4u);
+  std::vector<std::string> not_held;
+  EXPECT_EQ(s.Complete("w1", {"j0", "j1"}, &not_held).size(), 2u);
+  EXPECT_FALSE(s.NextChunk(&c)) << "the leaving worker got " << c.jobs.size() << " more";
+  EXPECT_EQ(s.Complete("w1", {"j2", "j3"}, &not_held).size(), 2u);
+  EXPECT_EQ(s.MarkLeaving("w1"), 0u);  // holds nothing: the broker removes it
+  EXPECT_FALSE(s.NextChunk(&c));
+  EXPECT_EQ(s.QueueDepth("m"), 4u);
+}
+
 TEST(Scheduler, LeastRecentlyServedWorkerFirst) {
   Scheduler s;
   s.AddWorker("w1", Hello("w1", 100, {{"m", 1}}), 0);
