@@ -27,6 +27,9 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxTensorBytes = (size_t{1} << 31) - 1;  // one msgpack bin
 constexpr size_t kMaxMessageBytes = size_t{32} << 20;      // per SUBMIT message
+// A stored input is one Redis value, and Redis refuses one over 512 MiB (its default
+// proto-max-bulk-len) by dropping the connection.
+constexpr size_t kMaxStoredBytes = (size_t{512} << 20) - (size_t{1} << 20);
 
 // Whether the stored inputs of a job the broker rejected with `rejection` may still be read, so
 // that the producer must leave them (they expire): a duplicate's keys are the pending job's (the
@@ -36,8 +39,9 @@ bool InputsMayBeRead(const Status& rejection) {
   return rejection.code() == codes::kDuplicate || rejection.code() == codes::kUnavailable;
 }
 
-// `id` is the job's id after defaulting (Job::id may be empty).
-Status ValidateJob(const Job& job, const std::string& id) {
+// `id` is the job's id after defaulting (Job::id may be empty); inputs of at least
+// `stored_input_bytes` (when > 0) are stored in Redis.
+Status ValidateJob(const Job& job, const std::string& id, int64_t stored_input_bytes) {
   if (!protocol::IsValidJobId(id))
     return Status::InvalidArgument("job id \"" + id +
                                    "\" must be 1-128 characters of [A-Za-z0-9._:-]");
@@ -62,6 +66,11 @@ Status ValidateJob(const Job& job, const std::string& id) {
     }
     if (t.data.size() > kMaxTensorBytes)
       return Status(codes::kTooLarge, where + "over 2 GiB of data");
+    if (stored_input_bytes > 0 && t.data.size() >= static_cast<size_t>(stored_input_bytes) &&
+        t.data.size() > kMaxStoredBytes)
+      return Status(codes::kTooLarge, where + std::to_string(t.data.size()) +
+                                          " bytes; a stored input is one Redis value, at most " +
+                                          std::to_string(kMaxStoredBytes) + " bytes");
   }
   return Status::Ok();
 }
@@ -210,7 +219,7 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
   for (size_t i = 0; i < jobs.size(); ++i) {
     SubmitOutcome& o = (*outcomes)[i];
     o.id = jobs[i]->id.empty() ? protocol::NewUuid() : jobs[i]->id;
-    o.status = ValidateJob(*jobs[i], o.id);
+    o.status = ValidateJob(*jobs[i], o.id, options_.stored_input_bytes);
     if (o.status.ok() && !seen.insert(o.id).second)
       o.status = Status(codes::kDuplicate, "id \"" + o.id + "\" appears twice in one call");
     if (o.status.ok()) sent.push_back(i);
@@ -381,7 +390,7 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
   const std::string id = outcome[0].id;
   *out = Result();
   out->id = id;
-  FERRY_RETURN_IF_ERROR(ValidateJob(job, id));
+  FERRY_RETURN_IF_ERROR(ValidateJob(job, id, options_.stored_input_bytes));
   if (timeout_ms == 0)
     return Status::InvalidArgument("Run needs a timeout (or -1: none); to check once, use Poll");
   // A Run again after a timeout whose result has come since: nothing to send.
@@ -420,7 +429,8 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
     if (!unsent || s.ok()) return s;  // a timeout with the job sent: the caller may Run again
   }
   tracker_.Untrack({id});  // no result of ours to expect: not sent, rejected, or no Redis
-  if (unsent || (tracker_.Rejected(*verdict) && !InputsMayBeRead(s))) {  // nobody will read them
+  Status rejection;
+  if (unsent || (tracker_.Rejected(*verdict, &rejection) && !InputsMayBeRead(rejection))) {
     std::vector<std::string> keys;
     AppendInputKeys(job, id, &keys);
     if (!keys.empty()) (void)store_.Delete(keys);  // else they expire

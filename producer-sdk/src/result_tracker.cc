@@ -141,8 +141,9 @@ void ResultTracker::Reject(const std::string& id, Verdict* verdict, const Status
   Wake(wake);
 }
 
-bool ResultTracker::Rejected(const Verdict& verdict) const {
+bool ResultTracker::Rejected(const Verdict& verdict, Status* why) const {
   std::lock_guard<std::mutex> lock(mu_);
+  if (verdict.rejected && why != nullptr) *why = verdict.why;
   return verdict.rejected;
 }
 

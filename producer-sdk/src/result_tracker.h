@@ -86,8 +86,8 @@ class ResultTracker {
   };
   // Records `why` in *verdict and wakes `id`'s waiters (the one it concerns returns it).
   void Reject(const std::string& id, Verdict* verdict, const Status& why);
-  // Whether Reject was called on `verdict`.
-  bool Rejected(const Verdict& verdict) const;
+  // Whether Reject was called on `verdict`; then *why (when given) is the rejection.
+  bool Rejected(const Verdict& verdict, Status* why = nullptr) const;
   // Whether a notice said `id` has a result (a Wait will get it without the broker).
   bool Finished(const std::string& id) const;
 

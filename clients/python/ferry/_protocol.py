@@ -8,12 +8,14 @@ import uuid
 import msgpack
 
 from . import _record, _tensor
-from ._errors import FerryError, InvalidArgument, error_for
+from ._errors import FerryError, InvalidArgument, TooLarge, error_for
 
 TAG = b"FERRY1"
 MAX_MODEL_NAME = 128
 MAX_INPUTS = 64
 MAX_MESSAGE_BYTES = 32 << 20  # tensor data per SUBMIT message, as the C++ SDK
+# A stored input is one Redis value: Redis refuses one over 512 MiB (proto-max-bulk-len).
+MAX_STORED_BYTES = (512 << 20) - (1 << 20)
 MAX_JOBS_PER_MESSAGE = 10000  # jobs per SUBMIT message: the broker's --max-jobs-per-message
 INT64_MAX = (1 << 63) - 1
 
@@ -181,6 +183,9 @@ def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes,
         for i, x in enumerate(inputs):
             name, shape, data, nbytes = _tensor.encode(x, "input %d" % i, view_bytes)
             if stored_bytes and nbytes >= stored_bytes:
+                if nbytes > MAX_STORED_BYTES:
+                    raise TooLarge("input %d: %d bytes; a stored input is one Redis value, at "
+                                   "most %d bytes" % (i, nbytes, MAX_STORED_BYTES))
                 if stored is None:
                     stored = []
                 stored.append(("%sinput:%s:%d" % (prefix, id, i), data))

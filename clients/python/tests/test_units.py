@@ -36,6 +36,14 @@ def test_every_dtype_round_trips_through_the_wire_form(name):
     np.testing.assert_array_equal(back, x)
 
 
+def test_a_stored_input_too_big_for_one_redis_value_is_too_large():
+    """Redis refuses a value over 512 MiB by dropping the connection: refused before sending."""
+    x = np.zeros(_protocol.MAX_STORED_BYTES + 1, np.uint8)  # zero pages: never touched
+    with pytest.raises(ferry.TooLarge) as e:
+        _protocol.prepare("m", [x], None, 0, 0, 0, 65536, "ferry:")
+    assert "one Redis value" in str(e.value)
+
+
 def test_inputs_are_sent_little_endian_and_contiguous():
     x = np.arange(12, dtype=">i4").reshape(3, 4).T  # big-endian, not contiguous
     dtype, shape, data, _ = _tensor.encode(x, "x")

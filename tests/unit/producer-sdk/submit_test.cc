@@ -95,6 +95,20 @@ TEST_F(ClientSubmitTest, InvalidJobsFailLocallyWithoutTheNetwork) {
   EXPECT_LT(Clock::now() - start, milliseconds(200)) << "nothing should have been sent";
 }
 
+// A stored input is one Redis value, and Redis refuses one over 512 MiB by dropping the
+// connection: such a job is too_large before anything is written or sent.
+TEST_F(ClientSubmitTest, AnInputTooBigForOneRedisValueIsTooLargeWhenStored) {
+  auto client = MakeClient();
+  const size_t bytes = (size_t{512} << 20) - (size_t{1} << 20) + 1;
+  Job big;
+  big.model = "m";
+  big.inputs.push_back(Tensor{DType::kUInt8, {static_cast<int64_t>(bytes)}, std::string(bytes, 0)});
+  std::string id;
+  Status s = client->Submit(big, &id);
+  EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
+  EXPECT_NE(s.message().find("one Redis value"), std::string::npos) << s.message();
+}
+
 TEST_F(ClientSubmitTest, SubmitManyIsOneMessageWithPerJobOutcomes) {
   ScriptedFrontend broker(port_);
   auto client = MakeClient();
