@@ -796,7 +796,9 @@ def test_a_redis_error_reply_fails_the_wait_at_once(fleet):
     try:
         for consume in (False, True):
             with ferry.Client(fleet.frontend, url, consume_results=consume) as c:
-                for timeout in (3, None):
+                # Retried as an outage, the first wait would raise Unavailable at its timeout
+                # and the second never end (the join's bound is a liveness check only).
+                for timeout in (60, None):
                     out = {}
 
                     def wait():
@@ -804,12 +806,10 @@ def test_a_redis_error_reply_fails_the_wait_at_once(fleet):
                             c.wait(uid("denied"), timeout=timeout)
                         except BaseException as e:  # noqa: B902 (checked below)
                             out["error"] = e
-                    t0 = time.monotonic()
                     t = threading.Thread(target=wait, daemon=True)
                     t.start()
-                    t.join(5)
+                    t.join(120)
                     assert not t.is_alive(), "the wait did not end"
-                    assert time.monotonic() - t0 < 2
                     err = out["error"]
                     assert type(err) is ferry.FerryError and err.code == "internal", err
                     assert "NOPERM" in str(err)

@@ -327,6 +327,9 @@ TEST_F(InputFetcherTest, ALongValueFailsItsJobWithoutBeingHeldInMemory) {
       client_->Command({"SETRANGE", keys_.Input("long-1", 0), std::to_string(kLong - 1), "x"}, &r)
           .ok());
   Put(keys_.Input("ok-1", 0), "abcdefgh");
+  // The process's peak resident size: ctest runs each test in a process of its own
+  // (gtest_discover_tests), so it is this test's. (Run after a test with a higher peak in one
+  // process, this check cannot fail: run it alone.)
   auto peak_kib = [] {
     rusage u{};
     getrusage(RUSAGE_SELF, &u);
