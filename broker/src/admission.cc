@@ -6,6 +6,7 @@
 
 #include "ferry/broker/broker.h"
 #include "ferry/protocol/messages.h"
+#include "ferry/protocol/redis_errors.h"
 #include "ferry/protocol/util.h"
 #include "scheduler.h"
 
@@ -92,10 +93,11 @@ Status Admit(const protocol::SubmitJob& in, const Scheduler& scheduler,
     // a value over 512 MiB (proto-max-bulk-len): such a job could never be journaled.
     size_t journaled = 0;
     for (const auto& t : in.inputs) journaled += t.stored ? 0 : t.size;
-    if (journaled > kMaxJournaledBytes)
+    if (journaled > protocol::kMaxValueDataBytes)
       return Status(codes::kTooLarge,
                     "job inputs sent through the broker are " + std::to_string(journaled) +
-                        " bytes; the journal holds at most " + std::to_string(kMaxJournaledBytes) +
+                        " bytes; the journal holds at most " +
+                        std::to_string(protocol::kMaxValueDataBytes) +
                         " (Redis's largest value is 512 MiB): store them in Redis (the claim "
                         "check) or run the broker with --no-journal");
   }

@@ -6,7 +6,7 @@
 // rank, every size the spec fixes; stored inputs by their declared dtype and shape) else
 // `invalid_argument` naming the input, the expected and the received form; the inputs' tensor
 // bytes are at most max_job_bytes else `too_large`; with the journal on, the bytes of the inputs
-// that are not stored (the journal record holds them) are at most kMaxJournaledBytes else
+// that are not stored (the journal record holds them) are at most kMaxValueDataBytes else
 // `too_large`; the id is not pending already else
 // `duplicate`; the model's queue holds fewer than max_queue jobs
 // else `queue_full`; the pending input bytes plus this job's stay within max_pending_bytes else
@@ -16,7 +16,6 @@
 // SubmitJob is only forward-declared here, so that this header pulls in neither msgpack nor
 // ZeroMQ; callers that build one include "ferry/protocol/messages.h".
 
-#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -31,10 +30,6 @@ namespace ferry::broker {
 
 class Scheduler;
 struct BrokerOptions;
-
-// What one journal record may hold of a job's input bytes: Redis refuses a value over 512 MiB
-// (its default proto-max-bulk-len), and the record has a head besides.
-inline constexpr size_t kMaxJournaledBytes = (size_t{512} << 20) - (size_t{1} << 20);
 
 // OK when `inputs` match one of `specs` (or `specs` is empty); otherwise kInvalidArgument with
 // a message about the first spec: the count, or the first input that differs ("model \"m\"

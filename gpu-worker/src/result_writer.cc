@@ -26,11 +26,6 @@ constexpr std::string_view kSetAndPublish =
 
 bool IsPowerOfTwo(int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 
-// The biggest result record written: Redis refuses a bigger value (its default
-// proto-max-bulk-len, 512 MiB) by dropping the connection, which would look like Redis down and
-// hold every other result behind a retry that never succeeds. The job fails too_large instead.
-constexpr size_t kMaxRecordBytes = size_t{512} << 20;
-
 // The result's "status" for a job's final Status.
 std::string_view ResultStatus(const Status& s) {
   if (s.ok()) return "done";
@@ -137,12 +132,13 @@ std::vector<ResultWriter::PackedResult> ResultWriter::Pack(std::vector<JobResult
     if (r.status.ok()) {
       size_t bytes = 0;
       for (const auto& t : r.outputs) bytes += t.size;
-      if (bytes > kMaxRecordBytes - (size_t{1} << 20))
-        r.status =
-            Status(codes::kTooLarge, "the model's outputs are " + std::to_string(bytes) +
-                                         " bytes; a result record holds at most " +
-                                         std::to_string(kMaxRecordBytes - (size_t{1} << 20)) +
-                                         " (Redis's largest value is 512 MiB)");
+      // Redis would drop the connection on such a record, which would look like Redis down and
+      // hold every other result behind a retry that never succeeds.
+      if (bytes > protocol::kMaxValueDataBytes)
+        r.status = Status(codes::kTooLarge, "the model's outputs are " + std::to_string(bytes) +
+                                                " bytes; a result record holds at most " +
+                                                std::to_string(protocol::kMaxValueDataBytes) +
+                                                " (Redis's largest value is 512 MiB)");
     }
     protocol::ResultRecord rec;
     rec.id = e.id;

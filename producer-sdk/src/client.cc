@@ -12,6 +12,7 @@
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/redis.h"
+#include "ferry/protocol/redis_errors.h"
 #include "ferry/protocol/util.h"
 #include "ferry/protocol/wire.h"
 #include "frame_pool.h"
@@ -27,9 +28,6 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxTensorBytes = (size_t{1} << 31) - 1;  // one msgpack bin
 constexpr size_t kMaxMessageBytes = size_t{32} << 20;      // per SUBMIT message
-// A stored input is one Redis value, and Redis refuses one over 512 MiB (its default
-// proto-max-bulk-len) by dropping the connection.
-constexpr size_t kMaxStoredBytes = (size_t{512} << 20) - (size_t{1} << 20);
 
 // Whether the stored inputs of a job the broker rejected with `rejection` may still be read, so
 // that the producer must leave them (they expire): a duplicate's keys are the pending job's (the
@@ -67,10 +65,10 @@ Status ValidateJob(const Job& job, const std::string& id, int64_t stored_input_b
     if (t.data.size() > kMaxTensorBytes)
       return Status(codes::kTooLarge, where + "over 2 GiB of data");
     if (stored_input_bytes > 0 && t.data.size() >= static_cast<size_t>(stored_input_bytes) &&
-        t.data.size() > kMaxStoredBytes)
+        t.data.size() > protocol::kMaxValueDataBytes)
       return Status(codes::kTooLarge, where + std::to_string(t.data.size()) +
                                           " bytes; a stored input is one Redis value, at most " +
-                                          std::to_string(kMaxStoredBytes) + " bytes");
+                                          std::to_string(protocol::kMaxValueDataBytes) + " bytes");
   }
   return Status::Ok();
 }
@@ -474,6 +472,10 @@ Status Client::Impl::Cancel(const std::vector<std::string>& ids, CancelReport* r
   }
   // One CANCEL per kMaxJobsPerMessage ids: the broker refuses a bigger one whole.
   const size_t max_ids = static_cast<size_t>(protocol::kMaxJobsPerMessage);
+  auto append = [](std::vector<std::string>* to, std::vector<std::string>* from) {
+    to->insert(to->end(), std::make_move_iterator(from->begin()),
+               std::make_move_iterator(from->end()));
+  };
   for (size_t begin = 0; begin < ids.size(); begin += max_ids) {
     std::vector<std::string> part(ids.begin() + begin,
                                   ids.begin() + std::min(ids.size(), begin + max_ids));
@@ -485,10 +487,6 @@ Status Client::Impl::Cancel(const std::vector<std::string>& ids, CancelReport* r
     FERRY_RETURN_IF_ERROR(CheckReply(reply, protocol::kCancelled, &body));
     protocol::Cancelled c;
     FERRY_RETURN_IF_ERROR(protocol::DecodeCancelled(body.get(), &c));
-    auto append = [](std::vector<std::string>* to, std::vector<std::string>* from) {
-      to->insert(to->end(), std::make_move_iterator(from->begin()),
-                 std::make_move_iterator(from->end()));
-    };
     append(&report->cancelled, &c.ids);
     append(&report->running, &c.running);
     append(&report->not_found, &c.not_found);

@@ -12,6 +12,7 @@
 
 #include "ferry/broker/broker.h"
 #include "ferry/protocol/messages.h"
+#include "ferry/protocol/redis_errors.h"
 #include "scheduler.h"
 
 namespace ferry::broker {
@@ -114,8 +115,8 @@ TEST_F(AdmissionTest, InputsTooBigToJournalAreTooLargeUnlessStoredOrNotJournaled
   options_.max_job_bytes = int64_t{1} << 40;
   options_.max_pending_bytes = int64_t{1} << 40;
   protocol::SubmitJob big = Submit("big", "m", {10});
-  big.inputs[0].shape = {static_cast<int64_t>(kMaxJournaledBytes) + 1};
-  big.inputs[0].size = kMaxJournaledBytes + 1;  // never read: admission looks at sizes
+  big.inputs[0].shape = {static_cast<int64_t>(protocol::kMaxValueDataBytes) + 1};
+  big.inputs[0].size = protocol::kMaxValueDataBytes + 1;  // never read: admission looks at sizes
   Status s = AdmitJob(big);
   EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
   EXPECT_TRUE(Contains(s.message(), "--no-journal")) << s.message();

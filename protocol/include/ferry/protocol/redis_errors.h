@@ -1,6 +1,8 @@
 #pragma once
-// What a Redis error reply means for a write that got it: try again later, or never.
+// What a Redis error reply means for a write that got it: try again later, or never; and the
+// limits Redis puts on what Ferry writes.
 
+#include <cstddef>
 #include <cstdint>
 #include <string_view>
 
@@ -21,5 +23,10 @@ inline bool IsTransientRedisError(std::string_view error) {
 // The longest expiry Ferry asks Redis for (10 years): Redis refuses an EX whose deadline
 // overflows its millisecond clock (2^62 s did), and no result needs to outlive this.
 inline constexpr int64_t kMaxExpirySeconds = 10ll * 365 * 24 * 3600;
+
+// The most tensor bytes Ferry puts in one Redis value (a stored input, a journal record, a result
+// record): Redis refuses a value over 512 MiB (its default proto-max-bulk-len) by dropping the
+// connection, and a record has a head besides its tensors.
+inline constexpr size_t kMaxValueDataBytes = (size_t{512} << 20) - (size_t{1} << 20);
 
 }  // namespace ferry::protocol
