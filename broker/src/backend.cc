@@ -226,8 +226,11 @@ void Broker::Impl::HandleDone(protocol::Message& m, const msgpack::object& body)
   if (!not_held.empty()) FinishIfStored(not_held, worker);
   // Once it holds nothing, it goes. (Else its BYE, which follows, or its silence removes it and
   // requeues what it still held. Its BYE then finds it gone.)
-  if (leaving && scheduler.HasWorker(worker) && scheduler.MarkLeaving(worker) == 0)
-    DropWorker(worker, "said bye with its last DONE");
+  if (leaving) {
+    auto w = scheduler.workers().find(worker);
+    if (w != scheduler.workers().end() && w->second.in_flight.empty())
+      DropWorker(worker, "said bye with its last DONE");
+  }
 }
 
 void Broker::Impl::FinishIfStored(const std::vector<std::string>& ids, const std::string& from) {

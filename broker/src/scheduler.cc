@@ -98,11 +98,9 @@ void Scheduler::RefreshSpecs(const std::set<std::string>& models, const std::str
   }
 }
 
-size_t Scheduler::MarkLeaving(const std::string& routing_id) {
+void Scheduler::MarkLeaving(const std::string& routing_id) {
   auto it = workers_.find(routing_id);
-  if (it == workers_.end()) return 0;
-  it->second.leaving = true;
-  return it->second.in_flight.size();
+  if (it != workers_.end()) it->second.leaving = true;
 }
 
 void Scheduler::Touch(const std::string& routing_id, int64_t now_us) {

@@ -97,9 +97,8 @@ class Scheduler {
   void AddWorker(const std::string& routing_id, protocol::WorkerHello hello, int64_t now_us,
                  const std::string& key = "");
   bool HasWorker(const std::string& routing_id) const { return workers_.count(routing_id) != 0; }
-  // A draining worker (a DONE with "bye"): it gets no more chunks. Returns how many jobs it
-  // still holds (0 when unknown).
-  size_t MarkLeaving(const std::string& routing_id);
+  // A draining worker (a DONE with "bye"): it gets no more chunks.
+  void MarkLeaving(const std::string& routing_id);
   void Touch(const std::string& routing_id, int64_t now_us);
   // Removes a worker; its in-flight jobs go back to the front of their queues with attempt+1.
   // Returns the requeued jobs.
