@@ -296,6 +296,9 @@ void Broker::Impl::HandleCancel(protocol::Message& m, const msgpack::object& bod
       reply.running.push_back(id);
     }
   }
+  // The queued jobs' `cancelled` results are in Redis before CANCELLED says so: a broker that
+  // dies right after must not restore them from its journal and run them.
+  if (!reply.ids.empty()) FlushFinalResults();
   for (const auto& [worker, list] : by_worker)
     protocol::SendTo(backend, worker, protocol::kCancel, protocol::EncodeIds(list));
   Reply(m.envelope, protocol::kCancelled, protocol::EncodeCancelled(reply));
