@@ -236,17 +236,23 @@ void Broker::Impl::CommitAndReply(bool quiet) {
       // worker (Dispatch runs before the commit so that the worker starts while the journal
       // write is in flight); that worker still runs them and its result lands in Redis, which a
       // retry with the same id then finds (the retry's own result is fenced as a duplicate).
+      // A job that already ended in this turn (cancelled, expired) stays accepted: its result
+      // is written, and a rejection beside it would tell the producer two fates.
       spdlog::warn("journal write failed ({}); rejecting this turn's jobs as unavailable",
                    s.message());
       int64_t n = 0;
       for (auto& reply : pending_replies) {
-        for (const auto& id : reply.accepted.ids) {
-          scheduler.Take(id);
+        std::vector<std::string> ended;
+        for (auto& id : reply.accepted.ids) {
+          if (!scheduler.Take(id)) {
+            ended.push_back(std::move(id));
+            continue;
+          }
           reply.accepted.rejected.push_back(
               {id, codes::kUnavailable, "the broker cannot journal jobs: Redis: " + s.message()});
           ++n;
         }
-        reply.accepted.ids.clear();
+        reply.accepted.ids = std::move(ended);
       }
       scheduler.mutable_counters().accepted -= n;
       scheduler.mutable_counters().rejected += n;

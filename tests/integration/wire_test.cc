@@ -2,6 +2,7 @@
 // ferry-broker and ferry-worker processes (one worker serving `tiny`): what a client in another
 // language sees (docs/protocol.md) -- garbage frames, SUBMIT's "notify" and "ack" fields.
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <memory>
@@ -404,6 +405,53 @@ TEST_F(Wire, RawSubmitWithoutAckIsAnsweredOnlyForRejections) {
   Result stored;
   ASSERT_TRUE(client_->Poll("raw-quiet", &stored).ok());
   EXPECT_EQ(stored.state, JobState::kDone);
+}
+
+// When the journal write of a turn fails, the broker rejects that turn's jobs `unavailable`; a
+// job that already ended within the turn keeps its one fate. Here a CANCEL read right after the
+// SUBMIT cancels the job while it is queued: ACCEPTED names it (no rejection beside it),
+// CANCELLED names it, and its result says cancelled. The write fails because Redis refuses HSET
+// (an ACL rule); the broker is stopped (SIGSTOP) while both messages reach its socket, so that
+// it reads them in one turn.
+TEST_F(Wire, AJobCancelledInTheTurnOfAFailedJournalWriteIsNotAlsoRejected) {
+  zmq::context_t ctx(1);
+  zmq::socket_t s = RawDealer(ctx, fleet_->frontend(), 20000);
+  ASSERT_EQ(RawExchange(s, {"FERRY1", "STATS", ""}), "STATS") << fleet_->Logs();  // connected
+  auto admin = fleet_->redis().Connect();
+  ASSERT_TRUE(admin);
+  protocol::RedisReply r;
+  ASSERT_TRUE(admin->Command({"ACL", "SETUSER", "default", "-hset"}, &r).ok());  // no journal
+  const std::string id = "cancelled-in-a-failed-turn";
+  fleet_->broker().Signal(SIGSTOP);
+  RawSend(s, {"FERRY1", "SUBMIT", RawSubmitBody(id, "tiny", {"", "", 1})});
+  const zmq::message_t cancel = protocol::EncodeIds({id}, 2);
+  RawSend(
+      s, {"FERRY1", "CANCEL", std::string(static_cast<const char*>(cancel.data()), cancel.size())});
+  fleet_->broker().Signal(SIGCONT);
+  protocol::Accepted accepted;
+  protocol::Cancelled cancelled;
+  for (int replies = 0; replies < 2;) {
+    protocol::Message m;
+    ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) << "no reply\n"
+                                                                               << fleet_->Logs();
+    msgpack::object_handle oh;
+    ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+    if (m.command == protocol::kAccepted) {
+      ASSERT_TRUE(protocol::DecodeAccepted(oh.get(), &accepted).ok());
+      ++replies;
+    } else if (m.command == protocol::kCancelled) {
+      ASSERT_TRUE(protocol::DecodeCancelled(oh.get(), &cancelled).ok());
+      ++replies;
+    }
+  }
+  ASSERT_TRUE(admin->Command({"ACL", "SETUSER", "default", "+hset"}, &r).ok());
+  EXPECT_EQ(cancelled.ids, std::vector<std::string>{id}) << fleet_->Logs();
+  EXPECT_EQ(accepted.ids, std::vector<std::string>{id});
+  for (const auto& rejection : accepted.rejected)
+    ADD_FAILURE() << "also rejected: " << rejection.code << " " << rejection.message;
+  Result result;
+  ASSERT_TRUE(client_->Wait(id, 30000, &result).ok()) << fleet_->Logs();
+  EXPECT_EQ(result.state, JobState::kCancelled) << result.error.ToString();
 }
 
 }  // namespace
