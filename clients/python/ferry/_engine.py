@@ -298,7 +298,8 @@ class Engine:
             j.queued = False
             j.sent = j.ever_sent = True
             j.sent_at = now
-        self._awaiting[rid] = RunBatch(self, jobs)
+            j.rid = rid
+        self._awaiting[rid] = RunBatch(self, jobs, rid)
         self._send(b"SUBMIT", b"".join(parts), frames)
 
     def _send_submits(self):

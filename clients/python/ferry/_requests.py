@@ -7,10 +7,11 @@ from ._errors import FerryError, error_for
 class RunJob:
     """One run() submission: queued -> sent (ack false: a reply comes only for a rejection)."""
 
-    __slots__ = ("prep", "sent", "ever_sent", "cancelled", "error", "sent_at", "queued")
+    __slots__ = ("prep", "sent", "ever_sent", "cancelled", "error", "sent_at", "queued", "rid")
 
     def __init__(self, prep):
         self.prep = prep
+        self.rid = None  # the rid of the last SUBMIT that carried it: only its rejection counts
         self.sent = False
         self.ever_sent = False
         self.cancelled = False
@@ -42,33 +43,37 @@ class SubmitCall:
 
 
 class RunBatch:
-    """Reply handler of one ack:false SUBMIT: only rejections come back."""
+    """Reply handler of one ack:false SUBMIT: only rejections come back. A job sent again since
+    (a run resubmits after request_timeout_ms of silence) is judged by its latest SUBMIT alone: a
+    late rejection of this one must not fail a job the later one may have had accepted."""
 
-    __slots__ = ("jobs", "engine")
+    __slots__ = ("jobs", "engine", "rid")
 
-    def __init__(self, engine, jobs):
+    def __init__(self, engine, jobs, rid):
         self.engine = engine
         self.jobs = jobs
+        self.rid = rid
 
     def alive(self):  # a run still waits (run() marks its job cancelled when it returns)
         return any(not j.cancelled for j in self.jobs)
 
     def reply(self, command, body):
+        jobs = [j for j in self.jobs if j.rid == self.rid]
         if command == "ERROR":
             err = error_for(body.get("code", "internal"), body.get("message", ""))
-            for j in self.jobs:
+            for j in jobs:
                 self.engine.reject(j, err)
             return
         if command != "ACCEPTED":
             err = FerryError("broker answered %s to SUBMIT" % command, code="malformed")
-            for j in self.jobs:
+            for j in jobs:
                 self.engine.reject(j, err)
             return
-        by_id = {j.prep.id: j for j in self.jobs}
+        by_id = {j.prep.id: j for j in jobs}
         for r in body.get("rejected") or ():
             j = by_id.get(r.get("id"))
-            if j is None and len(self.jobs) == 1:
-                j = self.jobs[0]  # a rejection without a readable id: the only job's
+            if j is None and len(self.jobs) == 1 and jobs:
+                j = jobs[0]  # a rejection without a readable id: the only job's
             if j is None or r.get("code") == "duplicate":
                 continue  # duplicate: a job with this id is pending; its result is ours
             self.engine.reject(j, error_for(r.get("code", "internal"), r.get("message", ""),

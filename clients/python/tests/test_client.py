@@ -581,6 +581,63 @@ def test_run_resubmits_the_same_id_after_silence_and_takes_the_notice(fleet):
                                                "attached": True}
 
 
+def test_a_late_rejection_of_a_run_resubmitted_since_does_not_fail_it(fleet):
+    """A stub broker keeps the first SUBMIT of a run unanswered past request_timeout_ms, so the
+    client sends the same id again; only then does it reject the first one (queue_full, rid 1),
+    and it takes the second silently (accepted) and serves its result. The run returns that
+    result: a rejection counts only from the job's latest SUBMIT. (Before, it raised QueueFull
+    and deleted the stored input that the accepted job was still to read.)"""
+    import msgpack
+    import zmq
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    seen, stop = [], threading.Event()
+    store = fleet.redis()
+    y = np.array([1.0, 2.0], np.float32)
+    x = np.arange(50000, dtype=np.float32)  # 200,000 bytes: stored in Redis
+    record = msgpack.packb({"status": "done", "model": "tiny", "worker": "stub", "batch_size": 1,
+                            "attempt": 1, "timing": {},
+                            "outputs": [{"dtype": "float32", "shape": [2], "data": y.tobytes()}]})
+
+    def serve():
+        while not stop.is_set():
+            if not router.poll(50):
+                continue
+            peer, tag, command, body, *frames = router.recv_multipart()
+            body = msgpack.unpackb(body)
+            seen.append(body)
+            if len(seen) != 2:
+                continue  # the first: silence, so the client sends it again; later ones: a
+                #           resubmit of an accepted job, which the broker answers duplicate
+            job_id = body["jobs"][0]["id"]
+            late = {"rid": seen[0]["rid"], "ids": [],
+                    "rejected": [{"id": job_id, "code": "queue_full", "message": "full"}]}
+            router.send_multipart([peer, tag, b"ACCEPTED", msgpack.packb(late)])
+            time.sleep(0.5)  # the rejection is read first (a client that took it has raised)
+            store.set("pylate:result:" + job_id, record)
+            notice = msgpack.packb({"ids": [job_id], "results": {job_id: record}})
+            if body.get("notify"):
+                store.publish(body["notify"], notice)
+            else:
+                router.send_multipart([peer, tag, b"FINISHED", notice])
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        with ferry.Client("tcp://127.0.0.1:%d" % port, fleet.redis_url, redis_prefix="pylate:",
+                          request_timeout_ms=300) as c:
+            r = c.run("tiny", x, timeout=30)
+    finally:
+        stop.set()
+        t.join()
+        router.close(0)
+        ctx.term()
+    np.testing.assert_array_equal(r.outputs[0], y)
+    assert len(seen) >= 2 and seen[0]["rid"] != seen[1]["rid"]
+    assert seen[1]["jobs"][0]["inputs"][0]["stored"] is True
+    assert store.exists("pylate:input:%s:0" % r.id), "the accepted job's input was deleted"
+
+
 def test_more_than_max_jobs_per_message_go_in_several_submits(fleet):
     """The broker refuses a SUBMIT of more than --max-jobs-per-message (10,000) jobs, or a
     CANCEL of more ids, as a whole (too_large): submit_many, cancel and runs started in one
