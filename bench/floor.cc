@@ -14,17 +14,22 @@
 // Each line gives MB/s (10^6 bytes) and messages/s, measured where the bytes arrive (the consumer,
 // or around the Redis commands). The Redis lines also give the server's CPU per value (from its
 // INFO cpu, all its threads, user and system): what one SET and one GET of that size cost Redis
-// itself, the floor under the CPU the durable claim check costs it per job. The producer sends
+// itself, the floor under the CPU the durable claim check costs it per job. The zmq lines give
+// each process's CPU per message too (producer, relay, consumer: user and system time, all their
+// threads, the libzmq I/O threads included), the like of ferry-bench's CPU per job of the
+// producer, the broker and the worker. The producer sends
 // with zmq_send (one copy into the message, as any sender that keeps its own buffer does).
 // High-water marks of 16 messages bound memory. Without --redis the Redis lines are skipped.
 #include <arpa/inet.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -131,8 +136,21 @@ double Receive(void* pull, size_t bytes, int messages, int* got) {
   return static_cast<double>(total - bytes) / 1e6 / Seconds(first, last);
 }
 
-// Producer (and relay) in child processes, the consumer here.
-double ZmqFloor(bool two_hops, bool ipc, size_t bytes, int messages, int* got) {
+double CpuSeconds(const rusage& u) {
+  return static_cast<double>(u.ru_utime.tv_sec + u.ru_stime.tv_sec) +
+         static_cast<double>(u.ru_utime.tv_usec + u.ru_stime.tv_usec) / 1e6;
+}
+
+// CPU microseconds per message of each process of a zmq measurement (-1: not measured).
+struct HopCpu {
+  double producer_us = -1, relay_us = -1, consumer_us = -1;
+};
+
+// Producer (and relay) in child processes, the consumer here. Each process's CPU per message
+// goes to *cpu: the children's from wait4, the consumer's (this process's) from getrusage.
+double ZmqFloor(bool two_hops, bool ipc, size_t bytes, int messages, int* got, HopCpu* cpu) {
+  rusage self0{}, self1{}, child{};
+  getrusage(RUSAGE_SELF, &self0);
   void* ctx = zmq_ctx_new();
   const auto [consumer, spare] = FreeEndpoints(ipc);
   const std::string relay_in = two_hops ? spare : consumer;
@@ -150,12 +168,16 @@ double ZmqFloor(bool two_hops, bool ipc, size_t bytes, int messages, int* got) {
   if (producer == 0) Producer(relay_in, bytes, messages);
   const double mbps = Receive(pull, bytes, messages, got);
   zmq_close(pull);
-  waitpid(producer, nullptr, 0);
+  const double per_message = 1e6 / std::max(*got, 1);
+  if (wait4(producer, nullptr, 0, &child) == producer)
+    cpu->producer_us = CpuSeconds(child) * per_message;
   if (relay > 0) {
     kill(relay, SIGKILL);
-    waitpid(relay, nullptr, 0);
+    if (wait4(relay, nullptr, 0, &child) == relay) cpu->relay_us = CpuSeconds(child) * per_message;
   }
   zmq_ctx_term(ctx);
+  getrusage(RUSAGE_SELF, &self1);
+  cpu->consumer_us = (CpuSeconds(self1) - CpuSeconds(self0)) * per_message;
   if (ipc)
     for (const std::string& e : {consumer, spare}) unlink(e.substr(6).c_str());  // "ipc://"
   return mbps;
@@ -301,15 +323,20 @@ int main(int argc, char** argv) {
   std::string malloc_what;
   ferry::runtime::KeepFreedMemory(&malloc_what);
   int got = 0;
+  HopCpu two_cpu, one_cpu;
   const double two =
-      ZmqFloor(true, ipc, static_cast<size_t>(bytes), static_cast<int>(messages), &got);
+      ZmqFloor(true, ipc, static_cast<size_t>(bytes), static_cast<int>(messages), &got, &two_cpu);
   std::printf("zmq two hops   %9.1f MB/s  %9.1f msg/s  (%d messages of %lld bytes, %s)\n", two,
               two * 1e6 / static_cast<double>(bytes), got, static_cast<long long>(bytes),
               transport.c_str());
+  std::printf("               CPU us a message: producer %.0f, relay %.0f, consumer %.0f\n",
+              two_cpu.producer_us, two_cpu.relay_us, two_cpu.consumer_us);
   const double one =
-      ZmqFloor(false, ipc, static_cast<size_t>(bytes), static_cast<int>(messages), &got);
+      ZmqFloor(false, ipc, static_cast<size_t>(bytes), static_cast<int>(messages), &got, &one_cpu);
   std::printf("zmq one hop    %9.1f MB/s  %9.1f msg/s\n", one,
               one * 1e6 / static_cast<double>(bytes));
+  std::printf("               CPU us a message: producer %.0f, consumer %.0f\n",
+              one_cpu.producer_us, one_cpu.consumer_us);
   RedisRates r;
   if (!redis.empty()) {
     ferry::protocol::RedisEndpoint ep;
@@ -346,6 +373,12 @@ int main(int argc, char** argv) {
                  "\"transport\": \"%s\", \"zmq_two_hops_mbps\": %.1f, \"zmq_one_hop_mbps\": %.1f",
                  static_cast<long long>(bytes), static_cast<long long>(messages),
                  static_cast<long long>(clients), transport.c_str(), two, one);
+    std::fprintf(f,
+                 ", \"zmq_two_hops_cpu_us\": {\"producer\": %.1f, \"relay\": %.1f, "
+                 "\"consumer\": %.1f}, \"zmq_one_hop_cpu_us\": {\"producer\": %.1f, "
+                 "\"consumer\": %.1f}",
+                 two_cpu.producer_us, two_cpu.relay_us, two_cpu.consumer_us, one_cpu.producer_us,
+                 one_cpu.consumer_us);
     if (r.ok)
       std::fprintf(f,
                    ", \"redis_set_mbps\": %.1f, \"redis_get_mbps\": %.1f, "

@@ -32,6 +32,15 @@ def redis_cpu(floor):
     return f" (Redis CPU a SET {set_us:.0f} us, a GET {get_us:.0f} us)"
 
 
+def hop_cpu(floor):
+    """'; CPU us a message: producer P, relay R, consumer C' for the two hops, when measured."""
+    cpu = floor.get("zmq_two_hops_cpu_us")
+    if not cpu:
+        return ""
+    return (f"; CPU us a message: producer {cpu['producer']:.0f}, relay {cpu['relay']:.0f},"
+            f" consumer {cpu['consumer']:.0f} ({sum(cpu.values()):.0f})")
+
+
 def main(out):
     runs = {}
     for f in sorted(os.listdir(out)):
@@ -99,7 +108,8 @@ def main(out):
     for rnd, floor in floors.items():
         print(f"  floor {rnd} ({floor.get('bytes')} bytes, {floor.get('transport', 'tcp')}): zmq two hops"
               f" {floor.get('zmq_two_hops_mbps', 0):.0f}, one hop {floor.get('zmq_one_hop_mbps', 0):.0f}; redis SET"
-              f" {floor.get('redis_set_mbps', 0):.0f}, GET {floor.get('redis_get_mbps', 0):.0f}{redis_cpu(floor)}")
+              f" {floor.get('redis_set_mbps', 0):.0f}, GET {floor.get('redis_get_mbps', 0):.0f}{redis_cpu(floor)}"
+              f"{hop_cpu(floor)}")
     shares = {}
     for n in big:
         r = runs[n]
@@ -117,6 +127,9 @@ def main(out):
             ipc = sum(ipc) / len(ipc)
             shares.setdefault("audio_unix (of the ipc floor)", []).append(mbps / ipc)
             vs += f", {100 * mbps / ipc:.0f}% of the ipc one"
+        cpu = r.get("cpu_us_per_job") or {}
+        if cpu:  # beside the floor's CPU per message: the same bytes, Ferry's processes
+            vs += f"; CPU us a job {sum(v for v in cpu.values() if v > 0):.0f} in all"
         print(f"  {n:<20} {mbps:8.0f} MB/s {way}  ({r['throughput']:.0f} jobs/s){vs}")
     for base, xs in shares.items():
         xs = sorted(xs)
