@@ -292,6 +292,10 @@ class Results:
                     raise Timeout("no result for job %r within %g s" % (id, timeout), id=id)
                 fut = self._wheel.sleep_until(next_read if deadline is None
                                               else min(next_read, deadline))
+                if len(e.waiters) > 2 * e.nwait:
+                    # The futures of earlier sleeps that the timer (not a notice) woke: else a
+                    # long wait keeps one more per re-check, for as long as it waits.
+                    e.waiters = [f for f in e.waiters if not f.done()]
                 e.waiters.append(fut)
                 await fut
         finally:

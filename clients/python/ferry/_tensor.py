@@ -64,7 +64,8 @@ class Tensor:
                 raise InvalidArgument("Tensor(x, 'bfloat16') takes the raw bits as a 2-byte "
                                       "integer array; use ferry.bfloat16(x) to convert floats")
             a = a.view(np.dtype("u2").newbyteorder(a.dtype.byteorder))
-        a = np.ascontiguousarray(a, dtype=DTYPES[dtype])
+        # Not np.ascontiguousarray: it makes a scalar (shape []) an array of shape [1].
+        a = np.asarray(a, dtype=DTYPES[dtype], order="C")
         self.dtype = dtype
         self.shape = list(a.shape)
         self.data = a.tobytes()
@@ -75,11 +76,11 @@ class Tensor:
 
 def bfloat16(x):
     """A float array as a bfloat16 input: rounded to nearest even (NaN stays NaN)."""
-    f = np.ascontiguousarray(x, dtype="<f4")
+    f = np.asarray(x, dtype="<f4", order="C")
     bits = f.view("<u4")
-    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype("<u2")
-    rounded[np.isnan(f)] = 0x7FC0
-    return Tensor(rounded, "bfloat16")
+    # np.where, not an assignment: a scalar's arithmetic gives a numpy scalar, not an array.
+    rounded = np.where(np.isnan(f), 0x7FC0, (bits + 0x7FFF + ((bits >> 16) & 1)) >> 16)
+    return Tensor(rounded.astype("<u2"), "bfloat16")
 
 
 def encode(x, where, view_bytes=65536):
@@ -94,7 +95,7 @@ def encode(x, where, view_bytes=65536):
     name = _NAMES.get(a.dtype)
     if name is None:
         if a.dtype.name == "bfloat16":  # ml_dtypes, when the caller has it
-            a = np.ascontiguousarray(a).view("<u2")
+            a = np.asarray(a, order="C").view("<u2")
             name = "bfloat16"
         elif a.dtype.byteorder == ">" and a.dtype.newbyteorder("<") in _NAMES:
             a = a.astype(a.dtype.newbyteorder("<"))

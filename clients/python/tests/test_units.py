@@ -66,6 +66,20 @@ def test_bfloat16_rounds_to_nearest_even():
     assert np.frombuffer(bits, "<u2")[2] == 0x7FC0
 
 
+def test_tensor_and_bfloat16_keep_a_scalar_a_scalar():
+    """ferry.Tensor(x, dtype) and ferry.bfloat16(x) of a scalar send shape [], as a plain numpy
+    scalar does (np.ascontiguousarray made it [1]; bfloat16 of a scalar raised TypeError)."""
+    for x in (np.float32(2.0), 2.0, np.array(2.0)):
+        t = ferry.Tensor(x, "float32")
+        assert (t.shape, t.data) == ([], np.float32(2.0).tobytes())
+        b = ferry.bfloat16(x)
+        assert (b.shape, b.data) == ([], b"\x00\x40")
+        assert _tensor.encode(b, "x")[:2] == ("bfloat16", [])
+    assert ferry.bfloat16(float("nan")).data == b"\xc0\x7f"
+    assert ferry.Tensor(np.int16(5), "bfloat16").shape == []
+    assert ferry.Tensor(np.asfortranarray(np.ones((2, 3), ">f8")), "float32").shape == [2, 3]
+
+
 def record(**fields):
     base = {"id": "j1", "status": "done", "outputs": [], "model": "m", "worker": "w",
             "batch_size": 3, "attempt": 1, "timing": {"submitted": 1}}
@@ -506,4 +520,36 @@ def test_the_queue_of_results_to_consume_is_capped():
         assert len(res._to_consume) < 100000
         res.close()
         res._consumer.cancel()
+    asyncio.run(main())
+
+
+def test_a_long_wait_does_not_keep_a_future_per_recheck(monkeypatch):
+    """A waiter that re-checks Redis (no notice comes: an id submitted elsewhere, or a long job)
+    sleeps on a new future each time; those the timer woke must not pile up on the entry."""
+    import asyncio
+    from ferry import _results
+    monkeypatch.setattr(_results, "FIRST_RECHECK", 0.001)
+    monkeypatch.setattr(_results, "MAX_RECHECK", 0.001)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        reads = 0
+
+        class NoResult:
+            async def execute(self, *args):
+                nonlocal reads
+                reads += 1
+                return None
+
+        res = _results.Results(_protocol.Options(), loop, NoResult(), None, 1.0, lambda: None,
+                               lambda *a, **k: None)
+        waits = [loop.create_task(res.wait("elsewhere", None, False)) for _ in range(2)]
+        while reads < 100:
+            await asyncio.sleep(0.005)
+        # Pruned once over 2 per waiter: at most 2 * 2 + 1 (100 if every one were kept).
+        assert len(res.entries["elsewhere"].waiters) <= 5
+        res.close()
+        for w in waits:
+            with pytest.raises(ferry.Unavailable):
+                await w
     asyncio.run(main())
