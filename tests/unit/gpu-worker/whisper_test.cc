@@ -144,6 +144,25 @@ TEST_F(WhisperTest, LogMelIsWhispersSpectrogram) {
   EXPECT_EQ(tone_mel[0].select(1, 25).argmax().item<int64_t>(), band);
 }
 
+// The filterbank on its own: ReferenceLogMel above takes MelFilters as given. Values of
+// librosa.filters.mel(sr=16000, n_fft=400, n_mels=80) (Slaney), from a numpy transcription of
+// librosa's code; filter 0 by hand: mel edges 0, 37.24 and 74.48 Hz, so bin 1 (40 Hz) weighs
+// (74.48 - 40) / 37.24 * 2 / 74.48 = 0.0248626, and bin 2 (80 Hz) nothing.
+TEST(WhisperMelFiltersTest, AreLibrosasSlaneyFilterbank) {
+  const torch::Tensor f = MelFilters(80);
+  ASSERT_EQ(f.sizes(), (std::vector<int64_t>{80, 201}));
+  EXPECT_NEAR(f[0][1].item<float>(), 0.0248626f, 1e-6);
+  EXPECT_EQ(f[0][2].item<float>(), 0.0f);
+  EXPECT_EQ(f[20].argmax().item<int64_t>(), 20);  // linear below 1 kHz
+  EXPECT_NEAR(f[20].max().item<float>(), 0.0138904f, 1e-6);
+  EXPECT_EQ(f[40].argmax().item<int64_t>(), 43);  // logarithmic above
+  EXPECT_NEAR(f[40].max().item<float>(), 0.0147356f, 1e-6);
+  const torch::Tensor top = f[79].nonzero().flatten();
+  EXPECT_EQ(top[0].item<int64_t>(), 186);
+  EXPECT_EQ(top[-1].item<int64_t>(), 199);
+  EXPECT_NEAR(f[79][199].item<float>(), 0.000448759f, 1e-8);
+}
+
 // `half = true` (the worker's ToHalfPrecision): the weights and the filterbank become float16,
 // the start-of-transcript ids stay int64 (the decoder indexes with them), and the log-mel is
 // still computed in float32 before it is handed over in float16. The float16 forward itself
