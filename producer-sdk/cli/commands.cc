@@ -133,7 +133,7 @@ int RunSubmit(std::vector<char*>& args) {
   flags.String("out-npy", &out_dir,
                "with --wait: write outputs as DIR/<id>.<i>.npy (DIR is created)");
   flags.Bool("consume", &global.consume_results,
-             "with --wait: delete the result from Redis once read (GETDEL)");
+             "with --wait: delete the result from Redis once read");
   global.Register(&flags);
   if (int rc = ParseFlags(&flags, args); rc >= 0) return rc;
   if (model.empty() || inputs.empty() || !flags.positional().empty()) {
@@ -191,7 +191,7 @@ int RunGetOrWait(std::vector<char*>& args, bool wait) {
   if (wait) {
     flags.Int("timeout-ms", &timeout_ms, "give up after this long (-1 = never)");
     flags.Bool("consume", &consume,
-               "delete the result from Redis once read (GETDEL): a later get/wait finds none");
+               "delete the result from Redis once read: a later get/wait finds none");
   }
   flags.String("out-npy", &out_dir, "also write the outputs as DIR/<id>.<i>.npy (DIR is created)");
   global.Register(&flags);

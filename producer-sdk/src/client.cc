@@ -122,13 +122,15 @@ class Client::Impl {
         redis_(std::move(redis)),
         keys_(options.redis_prefix),
         store_(redis_, options.redis_prefix, options.request_timeout_ms),
-        tracker_([this](const std::string& id,
-                        Result* out) { return store_.Read(id, out, options_.consume_results); },
-                 // consume_results: a result that came inline (in a notice) is still in Redis;
-                 // delete it too, in the background (result_deleter.h).
-                 [this](const std::string& id) {
-                   if (options_.consume_results) deleter_.Add(id);
-                 }) {}
+        tracker_(
+            [this](const std::string& id, int timeout_ms, Result* out) {
+              return store_.Read(id, out, options_.consume_results, timeout_ms);
+            },
+            // consume_results: a result that came inline (in a notice) is still in Redis;
+            // delete it too, in the background (result_deleter.h).
+            [this](const std::string& id) {
+              if (options_.consume_results) deleter_.Add(id);
+            }) {}
 
   Status Start() {
     IoThread::Options o;

@@ -9,6 +9,7 @@
 //
 // Thread-safety: every method may be called from any number of threads at once.
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -29,31 +30,38 @@ class RedisStore {
   RedisStore(protocol::RedisEndpoint endpoint, std::string prefix, int timeout_ms)
       : endpoint_(std::move(endpoint)), keys_(std::move(prefix)), timeout_ms_(timeout_ms) {}
 
-  // One GET (GETDEL with `consume`: the record is deleted as it is read). No record: ok with
-  // out->state == kPending. Else the decoded record. Errors: unavailable (Redis unreachable),
+  // One GET. No record: ok with out->state == kPending. Else the decoded record; with
+  // `consume`, deleted once it has come whole (DeleteResults' way; best effort: one it cannot
+  // delete expires), never before: a read cut off (a timeout, a dropped connection) loses
+  // nothing. `timeout_ms` (> 0) bounds this read instead of the store's timeout when it is
+  // shorter. Errors: unavailable (Redis unreachable, or no answer in time),
   // malformed/invalid_argument (not a result record).
-  Status Read(const std::string& id, Result* out, bool consume = false);
+  Status Read(const std::string& id, Result* out, bool consume = false, int timeout_ms = 0);
 
   // Writes values[i] under keys[i], each expiring after ttl_s, in one pipelined round trip.
   // unavailable when Redis cannot be reached; internal when it refuses a write.
   Status PutInputs(const std::vector<std::string>& keys,
                    const std::vector<std::string_view>& values, int64_t ttl_s);
-  // Deletes the results of `ids` in one pipelined round trip (GETDEL, which the producer's ACL
-  // user may run; the values are dropped): results the client got inline under
-  // consume_results (result_deleter.h).
+  // Deletes the results of `ids` in one round trip: DEL, or for an ACL user that may not DEL
+  // results (one set up before this SDK: GETDEL only) GETDEL, whose values are skipped as they
+  // arrive; after one NOPERM, GETDEL from then on.
   Status DeleteResults(const std::vector<std::string>& ids);
   // Deletes `keys` (one round trip).
   Status Delete(const std::vector<std::string>& keys);
 
  private:
-  Status Acquire(std::unique_ptr<protocol::RedisClient>* out);
+  // A pooled connection, or a new one (connecting within `timeout_ms`, or the store's: 0).
+  Status Acquire(std::unique_ptr<protocol::RedisClient>* out, int timeout_ms = 0);
   void Release(std::unique_ptr<protocol::RedisClient> conn);
+  // DEL of result keys on `conn`, or GETDEL (values skipped) once Redis said NOPERM to DEL.
+  Status DeleteResultKeys(protocol::RedisClient* conn, const std::vector<std::string_view>& keys);
 
   const protocol::RedisEndpoint endpoint_;
   const protocol::Keys keys_;
   const int timeout_ms_;
   std::mutex mu_;
   std::vector<std::unique_ptr<protocol::RedisClient>> idle_;  // guarded by mu_
+  std::atomic<bool> del_refused_{false};  // Redis answered NOPERM to DEL on results
 };
 
 }  // namespace ferry::client

@@ -1,9 +1,10 @@
 #pragma once
 // ResultDeleter: deletes, in the background, the results a consuming client (ClientOptions::
-// consume_results) got inline in a notice and so never read from Redis. A thread of its own
-// takes the ids queued since its last round trip and deletes them all in one pipelined round
-// trip (GETDEL: what the producer's ACL user may run), so a Wait never waits on the deletion and
-// busy clients delete hundreds of results per round trip.
+// consume_results) got inline in a notice and so never read from Redis (one it read, it deletes
+// right after: RedisStore::Read). A thread of its own takes the ids queued since its last round
+// trip and deletes them all in one round trip (DEL; GETDEL for an ACL user that may not DEL
+// results: RedisStore::DeleteResults), so a Wait never waits on the deletion and busy clients
+// delete hundreds of results per round trip.
 //
 // Best effort, bounded: at most kMaxQueued ids wait (beyond that new ones are dropped and expire
 // with their result_ttl_s), and a failed round trip is not retried (the same). The destructor

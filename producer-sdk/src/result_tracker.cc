@@ -226,7 +226,14 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out,
       e->recheck = false;
       lock.unlock();
       Result r;
-      const Status s = read_(id, &r);
+      // Bounded by what is left of the timeout (at least 1 ms), so that a stalled Redis does not
+      // hold the Wait for the store's whole timeout; a Wait that checks once gets that.
+      int read_timeout_ms = 0;
+      if (!forever && timeout_ms > 0)
+        read_timeout_ms = static_cast<int>(std::max<int64_t>(
+            1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())
+                   .count()));
+      const Status s = read_(id, read_timeout_ms, &r);
       lock.lock();
       if (s.ok() && r.state != JobState::kPending) {
         e->delivered = true;

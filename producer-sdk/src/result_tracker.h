@@ -55,8 +55,9 @@ class ResultTracker {
   static constexpr std::chrono::seconds kTrackTtl{60};
 
   // Reads one id's result from Redis (RedisStore::Read): ok with state kPending when there is
-  // none yet.
-  using ReadFn = std::function<Status(const std::string& id, Result* out)>;
+  // none yet. `timeout_ms` (> 0) is what is left of the Wait's time: the read should not take
+  // longer (0: no such bound, the store's own timeout).
+  using ReadFn = std::function<Status(const std::string& id, int timeout_ms, Result* out)>;
   // Called on the waiting thread, with no lock held, for each id whose Wait returned a record
   // that came inline (in a notice, not read from Redis): Client uses it to delete that result
   // from Redis too under consume_results. May be empty.

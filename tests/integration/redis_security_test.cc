@@ -4,12 +4,12 @@
 // ferry-broker, the worker as ferry-worker, the C++ SDK as ferry-producer, every password from
 // --redis-password-file / redis_password_file. The whole job path goes through it -- small
 // results with the worker's notices (EVAL: SET + PUBLISH), big inputs by claim check (producer
-// SET, worker GET and DEL), big results read with GETDEL, cancellation (the broker's SET of the
-// final result and its DEL of the inputs; the worker's), a rejected job (the producer's DEL),
-// a broker killed and restarted (its journal read back with HSCAN and EXISTS) -- so a command
-// the ACL leaves out fails a job here. Then each user's limits are checked on raw connections,
-// and the ways of getting in wrong: a wrong password stops the broker and the worker (exit 1,
-// a message naming Redis and the user, never the password) and fails the SDK's Redis reads
+// SET, worker GET and DEL), big results read with GET and deleted with DEL, cancellation (the
+// broker's SET of the final result and its DEL of the inputs; the worker's), a rejected job (the
+// producer's DEL), a broker killed and restarted (its journal read back with HSCAN and EXISTS) --
+// so a command the ACL leaves out fails a job here. Then each user's limits are checked on raw
+// connections, and the ways of getting in wrong: a wrong password stops the broker and the worker
+// (exit 1, a message naming Redis and the user, never the password) and fails the SDK's Redis reads
 // with `unavailable`; a server certificate from another CA stops the broker.
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -237,7 +237,7 @@ TEST_F(RedisSecurity, TheWholeJobPathRunsAsLeastPrivilegeUsersOverTls) {
   // Small results, read as they are written: the worker's notices (EVAL of SET + PUBLISH) on the
   // producer's subscription (SUBSCRIBE), and the broker's FINISHED.
   ClientOptions po = ProducerOptions(frontend, PasswordFile("producer"));
-  po.consume_results = true;  // what Wait reads from Redis, it reads with GETDEL
+  po.consume_results = true;  // what Wait reads from Redis (GET), it then deletes (DEL)
   std::unique_ptr<Client> producer;
   ASSERT_TRUE(Client::Create(po, &producer).ok());
   for (uint32_t i = 0; i < 6; ++i) {
@@ -292,7 +292,7 @@ TEST_F(RedisSecurity, TheWholeJobPathRunsAsLeastPrivilegeUsersOverTls) {
   }
   EXPECT_TRUE(WaitFor([&] { return Keys("ferry:input:*").empty(); })) << "input keys left";
 
-  // Big results (960 KB, not inline): read from Redis with GETDEL, and gone after.
+  // Big results (960 KB, not inline): read from Redis (GET), and deleted right after (DEL).
   for (uint32_t i = 0; i < 2; ++i) {
     std::vector<float> x(16);
     for (size_t k = 0; k < x.size(); ++k) x[k] = static_cast<float>(k + i);
@@ -308,7 +308,7 @@ TEST_F(RedisSecurity, TheWholeJobPathRunsAsLeastPrivilegeUsersOverTls) {
     ASSERT_EQ(y.size(), 240000u);
     EXPECT_EQ(y[0], x[0]);
     EXPECT_EQ(y[239999], x[15]);
-    EXPECT_TRUE(Keys("ferry:result:" + id).empty()) << "GETDEL left the result";
+    EXPECT_TRUE(Keys("ferry:result:" + id).empty()) << "the result was not deleted after its read";
   }
 
   // Cancellation, every input stored in Redis (stored_input_bytes 1): the worker holds A and B
@@ -408,7 +408,8 @@ TEST_F(RedisSecurity, EachUserIsHeldToItsOwnCommandsAndKeys) {
   // No forged results, no reading or changing the journal, no forged notices.
   EXPECT_TRUE(refused(producer.get(), {"SET", "ferry:result:x", "forged"}));
   EXPECT_TRUE(refused(producer.get(), {"SET", "ferry:result:x", "forged", "EX", "60", "NX"}));
-  EXPECT_TRUE(refused(producer.get(), {"DEL", "ferry:result:real"}));
+  // Deleting a result is allowed (consume_results), as GETDEL allowed it before.
+  EXPECT_TRUE(allowed(producer.get(), {"DEL", "ferry:result:consumed"}));
   EXPECT_TRUE(refused(producer.get(), {"HGETALL", "ferry:journal"}));
   EXPECT_TRUE(refused(producer.get(), {"HSCAN", "ferry:journal", "0"}));
   EXPECT_TRUE(refused(producer.get(), {"HGET", "ferry:journal", "job-1"}));

@@ -174,7 +174,7 @@ class AsyncClient:
         """The result of job `id` if it has one now, else None (pending, unknown or expired:
         Redis cannot tell). Never deletes the result (consume_results does not apply)."""
         _protocol.check_id(id)
-        return await self._get_engine().results.read(id, False)
+        return await self._get_engine().results.read(id)
 
     async def run(self, model, *inputs, timeout=None, **job_options):
         """Submits one job and waits for its result (job_options: id, priority, timeout_ms,

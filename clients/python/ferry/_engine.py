@@ -493,6 +493,14 @@ class Engine:
                 await asyncio.wait_for(self.redis.execute("DEL", *keys), min(self.timeout, 1.0))
             except Exception:
                 pass
+        # So are consumed results still waiting for their deletion (the same bound).
+        consumed = self.results.take_to_consume()
+        if consumed and self.redis.connected():
+            try:
+                await asyncio.wait_for(self.results.delete_results(consumed),
+                                       min(self.timeout, 1.0))
+            except Exception:
+                pass
         self.redis.close()
         try:
             await self._task

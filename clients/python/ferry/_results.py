@@ -31,7 +31,8 @@ MAX_TO_CONSUME = 100000         # result keys queued for deletion (beyond: they 
 PUSH_RETRY_MIN, PUSH_RETRY_MAX = 1.0, 30.0
 # Error replies a read waits out as Unavailable (as the C++ SDK): ones that go away by themselves
 # (protocol/redis_errors.h), and a missing or wrong password (the C++ SDK's connect says those).
-# Any other (NOPERM, GETDEL unknown before Redis 6.2, ...) fails the read at once: internal.
+# Any other (NOPERM: an ACL user that may not read results, ...) fails the read at once:
+# internal.
 RETRIED_REPLY_ERRORS = ("LOADING", "BUSY", "READONLY", "OOM", "MASTERDOWN", "TRYAGAIN",
                         "CLUSTERDOWN", "NOREPLICAS", "MISCONF", "NOAUTH", "WRONGPASS")
 
@@ -53,7 +54,7 @@ class _Entry:
         self.nwait = 0
         self.delivered = False
         self.touched = now
-        self.consumed = False   # the record was GETDEL'ed here: Redis no longer holds it
+        self.consumed = False   # queued for deletion here: Redis may no longer hold it
 
 
 def _wake_waiters(e):
@@ -81,7 +82,8 @@ class Results:
         self.closed = False
         self.entries = {}
         self.held_bytes = 0
-        self._to_consume = []    # result keys to GETDEL: consumed results that came inline
+        self._to_consume = []    # result keys to delete: consumed results (read, or inline)
+        self._del_refused = False  # Redis answered NOPERM to DEL on results: GETDEL instead
         self._consumer = None    # the task that deletes them
         self._wheel = TimerWheel(loop)  # waiters' timers
         # The result subscription.
@@ -178,13 +180,14 @@ class Results:
         e = self.entries.get(id)
         return e is not None and e.has_result
 
-    async def _read_raw(self, id, consume):
+    async def _read_raw(self, id):
         """The result record of `id` in Redis (bytes or bytearray), or None. Unavailable when
         Redis does not answer (or is loading, busy, wants a password: RETRIED_REPLY_ERRORS);
         FerryError(internal) when it answers with another error (NOPERM: the ACL user may not
-        read results; GETDEL unknown: Redis < 6.2): waiting would not change that."""
+        read results): waiting would not change that. Never deletes: a consuming waiter has
+        what it read whole deleted afterwards (_consume_later), so a read cut off loses nothing."""
         key = self.prefix + "result:" + id
-        command = "GETDEL" if consume else "GET"
+        command = "GET"
         try:
             return await self.redis.execute(command, key)
         except _resp.ReplyError as e:
@@ -193,17 +196,18 @@ class Results:
             raise FerryError("Redis refused %s %s: %s" % (command, key, e), code="internal",
                              id=id)
 
-    async def read(self, id, consume):
+    async def read(self, id):
         """The result of `id` in Redis, or None (see _read_raw for the errors)."""
-        raw = await self._read_raw(id, consume)
+        raw = await self._read_raw(id)
         if raw is None:
             return None
         return _protocol.decode_result(raw, id)
 
     def _consume_later(self, id):
         """Deletes id's result in the background, batched with the others of this loop turn
-        (pipelined GETDELs: the producer ACL user may GETDEL results but not DEL them). At most
-        MAX_TO_CONSUME wait (as the C++ SDK's ResultDeleter): beyond, they expire."""
+        (one DEL; pipelined GETDELs for an ACL user that may not DEL results, as the one of
+        before deploy/redis/users.acl granted it). At most MAX_TO_CONSUME wait (as the C++
+        SDK's ResultDeleter): beyond, they expire."""
         if len(self._to_consume) >= MAX_TO_CONSUME:
             return
         self._to_consume.append(self.prefix + "result:" + id)
@@ -214,9 +218,27 @@ class Results:
         while self._to_consume and not self.closed:
             keys, self._to_consume = self._to_consume[:1024], self._to_consume[1024:]
             try:
-                await self.redis.execute_many([("GETDEL", k) for k in keys])
+                await self.delete_results(keys)
             except Exception:  # best effort: they expire with their result_ttl_s
                 pass
+
+    async def delete_results(self, keys):
+        """DEL of the result keys `keys`; pipelined GETDELs once Redis said NOPERM to DEL."""
+        if not self._del_refused:
+            try:
+                await self.redis.execute("DEL", *keys)
+                return
+            except _resp.ReplyError as e:
+                if not str(e).startswith("NOPERM"):
+                    raise
+                self._del_refused = True
+        await self.redis.execute_many([("GETDEL", k) for k in keys])
+
+    def take_to_consume(self):
+        """The result keys still waiting for deletion (at most 1,024), taken: for close's last
+        round trip."""
+        keys, self._to_consume = self._to_consume[:1024], []
+        return keys
 
     async def wait(self, id, timeout, consume, run=None, resubmit=None):
         """Waits for id's result (client.h's Wait contract, timeout in seconds, None = none).
@@ -265,17 +287,20 @@ class Results:
                 if now >= next_read:
                     e.recheck = False
                     try:
-                        raw = await self._read_raw(id, consume)
+                        raw = await self._read_raw(id)
                         last_error = None
                     except Unavailable as err:  # Redis may be restarting: until the deadline
                         raw, last_error = None, err
                     if raw is not None:
+                        if consume and not e.consumed:  # read whole: delete it now
+                            e.consumed = True
+                            self._consume_later(id)
                         if consume and e.nwait > 1 and e.record is None:
-                            # GETDEL gave it to this waiter alone: the others of this id take
-                            # it from here, as an inline record (a copy: decoding consumes raw).
+                            # Soon gone from Redis: the others of this id take it from here,
+                            # as an inline record (a copy: decoding consumes raw).
                             e.record = bytes(raw)
                             self.held_bytes += len(e.record)
-                            e.consumed = e.has_result = True
+                            e.has_result = True
                             self._changed(e)
                         e.delivered = True
                         return _protocol.decode_result(raw, id)

@@ -401,7 +401,7 @@ def parse_args(argv):
       help="inputs of at least this size go to Redis, not through the broker (0: none)")
     a("--attached-input-bytes", type=int, default=16 * 1024,
       help="other inputs of at least this size go in data frames of their own (0: none)")
-    a("--consume", action="store_true", help="consume_results: GETDEL what wait/run read")
+    a("--consume", action="store_true", help="consume_results: delete what wait/run return")
     a("--run", action="store_true", help="closed loop through run() (no ACCEPTED): "
                                          "--concurrency coroutines/threads, one job each")
     a("--client", choices=("async", "sync"), default="async",

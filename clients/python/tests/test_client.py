@@ -90,11 +90,11 @@ def test_poll_wait_timeout_and_consume(fleet, client):
     i = client.submit("tiny", x)
     assert_tiny(client.wait(i, timeout=30), x)
     assert_tiny(client.poll(i), x)  # poll reads Redis; the result stays
-    # consume_results: what wait reads from Redis is deleted (GETDEL). An id submitted by
-    # another client gets no notice here, so this wait reads Redis.
+    # consume_results: what wait reads from Redis is deleted right after (DEL). An id submitted
+    # by another client gets no notice here, so this wait reads Redis.
     with ferry.Client(fleet.frontend, fleet.redis_url, consume_results=True) as consumer:
         assert_tiny(consumer.wait(i, timeout=30), x)
-        assert consumer.poll(i) is None
+        assert wait_for(lambda: consumer.poll(i) is None, 10)
     assert fleet.redis().exists("ferry:result:" + i) == 0
     # Results that come inline (notices, FINISHED) are deleted too, in the background.
     with ferry.Client(fleet.frontend, fleet.redis_url, consume_results=True) as consumer:
@@ -700,7 +700,8 @@ def test_an_unavailable_rejection_keeps_the_stored_inputs(fleet):
 
 
 def test_consuming_waiters_share_a_result_too_big_to_come_inline(fleet):
-    """consume_results: the one GETDEL that gets a big record hands it to the other waiters."""
+    """consume_results: the one read that gets a big record (then deleted) hands it to the
+    other waiters; close() makes the deletion's last round trip."""
     x = np.arange(40000, dtype=np.float32)  # 160 KB out: read from Redis, not inline
 
     async def main():
@@ -842,8 +843,62 @@ def test_close_mid_run_opens_no_redis_connection(fleet):
     assert r.keys(prefix + "*") == []
 
 
+def _store_result(r, key, y):
+    """Writes a done result record with output `y` under `key`, as a worker does."""
+    import msgpack
+    r.set(key, msgpack.packb({"status": "done", "model": "m", "worker": "w", "batch_size": 1,
+                              "attempt": 1, "timing": {},
+                              "outputs": [{"dtype": "float32", "shape": list(y.shape),
+                                           "data": y.tobytes()}]}))
+
+
+def test_a_consuming_read_cut_off_keeps_the_result(fleet):
+    """consume_results: a read that Redis cuts off (here its reply is over the client output
+    buffer limit, so it closes the connection) deletes nothing: the next wait gets the result,
+    and only then is it deleted. (With GETDEL as the read, Redis deleted the record before the
+    reply was lost, and it was gone for good.)"""
+    r = fleet.redis()
+    i = uid("cut")
+    y = np.arange(262144, dtype=np.float32)  # 1 MiB
+    _store_result(r, "ferry:result:" + i, y)
+    with ferry.Client(fleet.frontend, fleet.redis_url, consume_results=True) as c:
+        r.config_set("client-output-buffer-limit", "normal 65536 65536 0")
+        try:
+            with pytest.raises(ferry.Unavailable):
+                c.wait(i, timeout=0.5)
+        finally:
+            r.config_set("client-output-buffer-limit", "normal 0 0 0")
+        got = c.wait(i, timeout=30)
+        np.testing.assert_array_equal(got.outputs[0], y)
+        assert wait_for(lambda: r.exists("ferry:result:" + i) == 0, 10)
+
+
+def test_consumed_results_are_deleted_by_a_user_that_may_only_getdel_them(fleet):
+    """A producer ACL user set up before this client (GETDEL on results, not DEL): the DEL of
+    consumed results gets NOPERM, and the client deletes them with GETDEL instead."""
+    r = fleet.redis()
+    user, pw = "py-nodel-" + uuid.uuid4().hex[:6], uuid.uuid4().hex
+    r.execute_command("ACL", "SETUSER", user, "on", ">" + pw, "~*", "&*", "+@all", "-del")
+    url = "redis://%s:%s@127.0.0.1:%d" % (user, pw, fleet.redis_port)
+    ids = [uid("getdel") for _ in range(3)]
+    y = np.ones(4, np.float32)
+    for i in ids:
+        _store_result(r, "ferry:result:" + i, y)
+    def getdels():
+        return r.info("commandstats").get("cmdstat_getdel", {}).get("calls", 0)
+    before = getdels()
+    try:
+        with ferry.Client(fleet.frontend, url, consume_results=True) as c:
+            for i in ids:
+                np.testing.assert_array_equal(c.wait(i, timeout=30).outputs[0], y)
+            assert wait_for(lambda: not any(r.exists("ferry:result:" + i) for i in ids), 10)
+        assert getdels() - before >= len(ids)
+    finally:
+        r.execute_command("ACL", "DELUSER", user)
+
+
 def test_a_redis_error_reply_fails_the_wait_at_once(fleet):
-    """Redis refusing the read (NOPERM here: an ACL user without GET/GETDEL) is no outage to
+    """Redis refusing the read (NOPERM here: an ACL user without GET) is no outage to
     wait out: wait raises FerryError(internal) at once, also with timeout=None."""
     r = fleet.redis()
     user, pw = "py-noread-" + uuid.uuid4().hex[:6], uuid.uuid4().hex

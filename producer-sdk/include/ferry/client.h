@@ -123,16 +123,20 @@ struct ClientOptions {
   int64_t attached_input_bytes = 16 * 1024;
   // Expiry of stored inputs: a job that has not run within it fails (not_found) when it does.
   int64_t input_ttl_s = 3600;
-  // Results that Wait and Run read from Redis are deleted as they are read (GETDEL, Redis 6.2
-  // or later), so Redis does not keep them until their result_ttl_s: for a producer that reads
-  // each result once, and for big results (Redis then reuses their memory instead of growing;
-  // 1 MB results came back 1.5x as fast in audio_out). A later Poll or Wait of the id finds no
-  // result (kPending). Small results that arrive inside notices (no Redis read needed) are
-  // deleted too, by a background thread that batches them (one pipelined round trip for all
-  // those returned since its last one; best effort: ones it cannot delete -- Redis unreachable,
-  // over 100,000 queued, still queued when ~Client has made its one last round trip -- expire
-  // with their result_ttl_s). Poll never deletes. Covers Wait and Run; docs/operations.md
-  // ("Result retention and Redis sizing") says when to use it.
+  // Results that Wait and Run return are deleted from Redis soon after, so Redis does not keep
+  // them until their result_ttl_s: for a producer that reads each result once, and for big
+  // results (Redis then reuses their memory instead of growing; 1 MB results came back 1.5x as
+  // fast in audio_out). One read from Redis is deleted (DEL) right after it came whole, never
+  // before: a read cut off (a timeout, a dropped connection) deletes nothing, and the next Wait
+  // gets the result. Small results that came inside notices (no Redis read needed) are deleted
+  // by a background thread in batches (one DEL for all those returned since its last round
+  // trip; best effort: ones it cannot delete -- Redis unreachable, over 100,000 queued, still
+  // queued when ~Client has made its one last round trip -- expire with their result_ttl_s, and
+  // a Poll right after may still find one). A later Poll or Wait of the id finds no result
+  // (kPending). The producer's ACL user needs DEL on results
+  // (deploy/redis/users.acl); one with GETDEL only works too, with each value sent back once
+  // more. Poll never deletes. Covers Wait and Run; docs/operations.md ("Result retention and
+  // Redis sizing") says when to use it.
   bool consume_results = false;
 };
 

@@ -5,6 +5,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <csignal>
+#include <future>
 #include <thread>
 
 #include "ferry/client.h"
@@ -169,7 +171,64 @@ TEST_F(ClientPollWaitTest, ConsumeResultsDeletesWhatWaitReads) {
   EXPECT_EQ(r.state, JobState::kDone);
   EXPECT_EQ(r.outputs.at(0).As<float>(), std::vector<float>{7.f});
   ASSERT_TRUE(client_->Poll("eaten-1", &r).ok());
-  EXPECT_EQ(r.state, JobState::kPending) << "Wait with consume_results deleted the record";
+  EXPECT_EQ(r.state, JobState::kPending) << "Wait with consume_results did not delete the record";
+}
+
+// A consuming read cut off by the connection (here Redis closes it: the reply is over the
+// output buffer limit) must not have deleted the result: the next Wait gets it, and then it is
+// deleted. With GETDEL as the read, Redis deleted the record before the reply was lost, and it
+// was gone for good.
+TEST_F(ClientPollWaitTest, ConsumeKeepsAResultWhoseReadWasCutOff) {
+  ClientOptions options;
+  options.frontend = "tcp://127.0.0.1:" + std::to_string(testutil::FreePort());
+  options.redis = redis_->url();
+  options.redis_prefix = "test:";
+  options.consume_results = true;
+  std::unique_ptr<Client> consumer;
+  ASSERT_TRUE(Client::Create(options, &consumer).ok());
+  std::vector<float> audio(256 * 1024, 0.5f);  // 1 MiB of output, like a TTS job's
+  WriteResult("cut-1", "done", {Tensor::From<float>(audio, {256 * 1024}, DType::kFloat32)});
+  protocol::RedisReply reply;
+  ASSERT_TRUE(
+      writer_
+          ->Command({"CONFIG", "SET", "client-output-buffer-limit", "normal 65536 65536 0"}, &reply)
+          .ok());
+  Result r;
+  const Status cut = consumer->Wait("cut-1", 300, &r);
+  ASSERT_TRUE(
+      writer_->Command({"CONFIG", "SET", "client-output-buffer-limit", "normal 0 0 0"}, &reply)
+          .ok());
+  EXPECT_FALSE(cut.ok()) << "the reply should have been cut off";
+  ASSERT_TRUE(consumer->Wait("cut-1", 10000, &r).ok());
+  ASSERT_EQ(r.state, JobState::kDone) << "the result was consumed by the read that was cut off";
+  EXPECT_EQ(r.outputs.at(0).As<float>(), audio);
+  ASSERT_TRUE(client_->Poll("cut-1", &r).ok());
+  EXPECT_EQ(r.state, JobState::kPending) << "the read that got it did not delete it";
+}
+
+// A Wait on a Redis that stopped answering (SIGSTOP: slow, not gone) ends by its own timeout,
+// not the much longer request_timeout_ms its reads were bounded by.
+TEST(ClientRedisStalledTest, WaitEndsByItsTimeoutWhileRedisIsStalled) {
+  testutil::RedisServer redis;
+  ClientOptions options;
+  options.frontend = "tcp://127.0.0.1:" + std::to_string(testutil::FreePort());
+  options.redis = redis.url();
+  options.request_timeout_ms = 600000;
+  std::unique_ptr<Client> client;
+  ASSERT_TRUE(Client::Create(options, &client).ok());
+  Result r;
+  ASSERT_TRUE(client->Poll("warm-up", &r).ok());  // a pooled connection, made while Redis runs
+  redis.Signal(SIGSTOP);
+  auto wait = std::async(std::launch::async, [&] {
+    Result w;
+    return client->Wait("stalled-1", 200, &w).code();
+  });
+  // Far below request_timeout_ms, far above the Wait's own 200 ms: a hang, not a slow machine.
+  const bool ended = wait.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  redis.Signal(SIGCONT);
+  ASSERT_TRUE(ended) << "Wait(200 ms) still blocked in a read bounded by request_timeout_ms";
+  const std::string code = wait.get();
+  EXPECT_TRUE(code == codes::kUnavailable || code == codes::kTimeout) << code;
 }
 
 TEST_F(ClientPollWaitTest, WaitTimesOutWhenNeverWritten) {

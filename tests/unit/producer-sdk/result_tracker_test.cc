@@ -32,7 +32,7 @@ class ResultTrackerTest : public ::testing::Test {
  protected:
   ResultTrackerTest()
       : store_(redis_.endpoint(), "test:", 2000),
-        tracker_([this](const std::string& id, Result* out) {
+        tracker_([this](const std::string& id, int, Result* out) {
           ++reads_;
           if (throw_on_read_) throw std::runtime_error("read failed");
           return store_.Read(id, out);
@@ -81,17 +81,17 @@ TEST_F(ResultTrackerTest, ARecordIsDeliveredOnceThenRedisIsRead) {
   EXPECT_EQ(reads_, 1);
 }
 
-// Under consume_results a Wait reads with GETDEL, so one Wait gets the record from Redis: the
-// others waiting on the id at that moment get the result from it, instead of waiting for a
-// record that is gone until their timeout.
+// Under consume_results a record one Wait read is deleted right after: the others waiting on
+// the id at that moment get the result from that Wait, instead of waiting for a record that is
+// gone until their timeout.
 TEST_F(ResultTrackerTest, WaitsOnOneIdShareTheResultOneOfThemReadAndDeleted) {
   ResultTracker* self = nullptr;
   std::atomic<int> reads{0};
   std::atomic<bool> first_read{false};
-  ResultTracker consuming([&](const std::string& id, Result* out) {
+  ResultTracker consuming([&](const std::string& id, int, Result* out) {
     if (reads++ > 0) {  // a later read: after the first one took the record
       EXPECT_TRUE(testutil::WaitFor([&] { return first_read.load(); }));
-      return store_.Read(id, out, /*consume=*/true);
+      return store_.Read(id, out);
     }
     EXPECT_TRUE(testutil::WaitFor([&] { return self->Waiters(id) == 2; }));  // both wait
     Status s = store_.Read(id, out, /*consume=*/true);
@@ -191,7 +191,7 @@ TEST_F(ResultTrackerTest, RecordsKeptForNobodyAreCapped) {
 // with Redis unreachable -- stopped by SIGSTOP, so that connections hang instead of being
 // refused -- and 5,000 deletions queued: its destructor lets the round trip in progress fail
 // and makes no other, instead of one round trip (one request timeout) per 1,000 ids. Counted
-// by what Redis runs once it goes on: the GETDELs of that one round trip at most.
+// by what Redis runs once it goes on: the DEL of that one round trip (1,000 ids) at most.
 TEST(ResultDeleterTest, ItsDestructorGivesUpAfterAFailedRoundTrip) {
   testutil::RedisServer redis;
   RedisStore store(redis.endpoint(), "test:", 1000);
@@ -201,8 +201,27 @@ TEST(ResultDeleterTest, ItsDestructorGivesUpAfterAFailedRoundTrip) {
     for (int i = 0; i < 5000; ++i) deleter.Add("r" + std::to_string(i));
   }
   redis.Signal(SIGCONT);
-  EXPECT_TRUE(testutil::WaitFor([&] { return CommandCalls(redis, "getdel") > 0; }));
-  EXPECT_LE(CommandCalls(redis, "getdel"), static_cast<int64_t>(ResultDeleter::kMaxPerRoundTrip));
+  EXPECT_TRUE(testutil::WaitFor([&] { return CommandCalls(redis, "del") > 0; }));
+  EXPECT_EQ(CommandCalls(redis, "del"), 1);
+}
+
+// An ACL user that may GETDEL results but not DEL them (the producer user of before): the
+// deletions fall back to GETDEL, and the results are gone all the same.
+TEST(RedisStoreTest, DeleteResultsFallsBackToGetdelForAUserThatMayNotDel) {
+  testutil::RedisServer redis;
+  WriteDone(redis, "d-1", 1);
+  WriteDone(redis, "d-2", 2);
+  auto admin = redis.Connect();
+  ASSERT_NE(admin, nullptr);
+  protocol::RedisReply r;
+  ASSERT_TRUE(admin->Command({"ACL", "SETUSER", "default", "-del"}, &r).ok());
+  RedisStore store(redis.endpoint(), "test:", 2000);
+  ASSERT_TRUE(store.DeleteResults({"d-1"}).ok());
+  ASSERT_TRUE(store.DeleteResults({"d-2"}).ok());
+  ASSERT_TRUE(admin->Command({"EXISTS", "test:result:d-1", "test:result:d-2"}, &r).ok());
+  EXPECT_EQ(r.integer, 0) << "results left";
+  EXPECT_EQ(CommandCalls(redis, "getdel"), 2);
+  EXPECT_EQ(CommandCalls(redis, "del"), 0) << "DEL was tried again after its NOPERM";
 }
 
 }  // namespace

@@ -53,6 +53,10 @@ class RedisClient {
   static constexpr size_t kByRefBytes = 16 * 1024;
   void AppendByRef(const std::vector<std::string_view>& argv);
   size_t pending() const { return pending_; }
+  // Bounds each later connect, read and write (and those of the open connection) by
+  // `timeout_ms` (> 0) instead of the one given at Connect: for a caller with a deadline of its
+  // own (a Wait), so that a stalled Redis holds it no longer than that.
+  void SetTimeout(int timeout_ms);
   // Sends every appended command in one round trip and reads all replies in order. Error replies
   // come back as RedisReply::Type::kError (the first also makes the Status kInternal when
   // `replies` is null). Transport failures return kUnavailable.
