@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <tuple>
 #include "broker_impl.h"
 
@@ -128,9 +129,13 @@ Status Broker::Impl::Init() {
   try {
     for (zmq::socket_t* s : {&frontend, &backend}) {
       s->set(zmq::sockopt::linger, 0);
-      s->set(zmq::sockopt::maxmsgsize, options.max_message_bytes);
       s->set(zmq::sockopt::rcvhwm, 100000);
     }
+    frontend.set(zmq::sockopt::maxmsgsize, options.max_message_bytes);
+    // Workers' DONEs carry inline records (at most kMaxDoneInlineBytes each): taken whatever
+    // the producers' limit is (a DONE dropped with its connection leaves its jobs running).
+    backend.set(zmq::sockopt::maxmsgsize,
+                std::max(options.max_message_bytes, protocol::kMinWorkerMessageBytes));
     backend.set(zmq::sockopt::sndhwm, 100000);
     // Replies to producers: at most kFrontendSendHwm queued per producer, never a blocking send
     // (a reply that does not fit is dropped and counted: ferry_broker_replies_dropped_total).

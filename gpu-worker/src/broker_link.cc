@@ -378,20 +378,38 @@ void BrokerLink::SendHeld(bool bye) {
 }
 
 void BrokerLink::SendDone(const DoneReport& report, bool bye) {
-  const size_t max_ids = protocol::kMaxMapEntries;
-  if (report.ids.size() <= max_ids) {
+  const size_t max_ids = protocol::kMaxMapEntries, max_bytes = protocol::kMaxDoneInlineBytes;
+  size_t record_bytes = 0;
+  for (const auto& entry : report.inline_results) record_bytes += entry.second.size();
+  if (report.ids.size() <= max_ids && record_bytes <= max_bytes) {
     protocol::InlineResults results(report.inline_results.begin(), report.inline_results.end());
     Send(protocol::kDone, protocol::EncodeDone(report.ids, report.duplicates, report.not_done,
                                                results, report.notified, bye));
     return;
   }
-  // More ids than a body's map may hold (a big batch, or results that piled up while Redis was
-  // slow): one DONE per kMaxMapEntries ids, each with its ids' statuses, records and notices.
+  // More ids than a body's map may hold, or more inline records than one DONE should carry (a
+  // big batch, or results that piled up while Redis was slow; the broker drops the connection
+  // of a message over its limit, and the DONE with it): the ids in order, a new DONE after
+  // kMaxMapEntries of them or kMaxDoneInlineBytes of their records, each DONE with its ids'
+  // statuses, records and notices.
+  std::unordered_map<std::string_view, size_t> record_of;  // id -> its record's size
+  for (const auto& entry : report.inline_results)
+    record_of.emplace(entry.first, entry.second.size());
   std::unordered_map<std::string_view, size_t> part_of;
-  for (size_t i = 0; i < report.ids.size(); ++i) part_of.emplace(report.ids[i], i / max_ids);
-  const size_t parts = (report.ids.size() + max_ids - 1) / max_ids;
-  std::vector<DoneReport> split(parts);
-  for (size_t i = 0; i < report.ids.size(); ++i) split[i / max_ids].ids.push_back(report.ids[i]);
+  std::vector<DoneReport> split(1);
+  size_t part_bytes = 0;
+  for (const auto& id : report.ids) {
+    auto rec = record_of.find(id);
+    const size_t bytes = rec != record_of.end() ? rec->second : 0;
+    if (!split.back().ids.empty() &&
+        (split.back().ids.size() == max_ids || part_bytes + bytes > max_bytes)) {
+      split.emplace_back();
+      part_bytes = 0;
+    }
+    part_of.emplace(id, split.size() - 1);
+    split.back().ids.push_back(id);
+    part_bytes += bytes;
+  }
   split[0].duplicates = report.duplicates;
   auto part = [&](const std::string& id) -> DoneReport& {
     auto it = part_of.find(id);
@@ -400,7 +418,13 @@ void BrokerLink::SendDone(const DoneReport& report, bool bye) {
   for (const auto& entry : report.not_done) part(entry.first).not_done.push_back(entry);
   for (const auto& entry : report.inline_results) part(entry.first).inline_results.push_back(entry);
   for (const auto& id : report.notified) part(id).notified.push_back(id);
-  for (auto& part_report : split) SendDone(part_report, bye);  // each says bye: no credit back
+  for (auto& part_report : split) {  // each says bye: no credit back
+    protocol::InlineResults results(part_report.inline_results.begin(),
+                                    part_report.inline_results.end());
+    Send(protocol::kDone,
+         protocol::EncodeDone(part_report.ids, part_report.duplicates, part_report.not_done,
+                              results, part_report.notified, bye));
+  }
 }
 
 }  // namespace ferry::worker

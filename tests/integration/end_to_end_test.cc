@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -328,6 +329,60 @@ TEST_F(EndToEnd, ABatchOfMoreThan4096JobsIsReportedWhole) {
     }
   }
   EXPECT_GT(biggest, protocol::kMaxMapEntries) << "no batch was big enough to test this";
+}
+
+// A batch whose inline results outweigh both what the broker takes from producers in one
+// message (--max-message-bytes, 1 MiB here) and what one DONE should carry (8 MiB): the worker
+// splits its DONE by bytes too, and the broker takes workers' messages of at least 72 MiB
+// whatever the producers' limit. A DONE over the limit used to be dropped with the worker's
+// connection: the broker requeued its jobs and they all ran again (their second results fenced
+// as duplicates), each big batch twice.
+TEST_F(EndToEnd, InlineResultsOverTheMessageLimitAreReportedWhole) {
+  constexpr uint32_t kJobs = 96;
+  constexpr int64_t kFloats = 262144;  // 1 MiB in (stored in Redis by the SDK) and out (inline)
+  FleetOptions o{1};
+  o.models = {"null"};
+  o.max_batch = kJobs;
+  o.broker_args = {"--max-message-bytes", "1048576"};
+  o.worker_args = {"--instances", "1", "--inline-result-bytes", "2097152"};
+  StartFleet(o);
+  auto c = Connect(*fleet_, /*push_results=*/false);  // records inline in DONE, not notices
+  std::vector<Job> jobs(kJobs);
+  for (uint32_t i = 0; i < kJobs; ++i) {
+    jobs[i].model = "null";
+    jobs[i].inputs = {Tensor::From<float>(std::vector<float>(kFloats, static_cast<float>(i)),
+                                          {kFloats}, DType::kFloat32)};
+  }
+  std::vector<SubmitOutcome> outcomes;
+  ASSERT_TRUE(c->SubmitMany(jobs, &outcomes).ok());
+  EXPECT_TRUE(testutil::WaitFor(
+      [&] {
+        std::string stats;
+        return c->Stats(&stats).ok() && stats.find("\"pending\":0,") != std::string::npos;
+      },
+      std::chrono::seconds(60)))
+      << "the broker still counts jobs as running\n"
+      << fleet_->Logs();
+  std::string stats;
+  ASSERT_TRUE(c->Stats(&stats).ok());
+  for (const char* counter : {"\"requeued\":", "\"duplicates\":"}) {
+    const size_t at = stats.find(counter);
+    ASSERT_NE(at, std::string::npos) << stats;
+    EXPECT_EQ(std::stoll(stats.substr(at + std::strlen(counter))), 0)
+        << counter << " the jobs ran more than once: " << stats << "\n"
+        << fleet_->Logs();
+  }
+  int64_t biggest = 0;
+  for (uint32_t i = 0; i < kJobs; ++i) {
+    ASSERT_TRUE(outcomes[i].status.ok()) << outcomes[i].status.ToString();
+    Result r;
+    ASSERT_TRUE(c->Wait(outcomes[i].id, 30000, &r).ok()) << fleet_->Logs();
+    ASSERT_EQ(r.state, JobState::kDone) << i << " " << r.error.ToString();
+    EXPECT_TRUE(r.outputs.at(0).data == jobs[i].inputs[0].data) << i;
+    biggest = std::max(biggest, r.batch_size);
+  }
+  EXPECT_GT(biggest * kFloats * 4, protocol::kMinWorkerMessageBytes)
+      << "no batch's records were big enough to test this";
 }
 
 }  // namespace

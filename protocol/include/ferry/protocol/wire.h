@@ -41,6 +41,12 @@ inline constexpr int64_t kMaxJobsPerMessage = 10000;
 // Entries of one msgpack map in a body: what the decoders take (codec.cc). DONE and FINISHED
 // carry maps keyed by job id (inline results, not_done), so their senders split at this many ids.
 inline constexpr size_t kMaxMapEntries = 4096;
+// Bytes of inline result records in one DONE: its sender starts another DONE past this many
+// (a record bigger alone goes in a DONE of its own). The broker takes messages of at least
+// kMinWorkerMessageBytes from workers, whatever --max-message-bytes says for producers, so
+// that a DONE (records, ids, statuses) always fits.
+inline constexpr size_t kMaxDoneInlineBytes = size_t{8} << 20;
+inline constexpr int64_t kMinWorkerMessageBytes = int64_t{72} << 20;
 
 // One received message, split into its parts.
 struct Message {
