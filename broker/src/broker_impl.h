@@ -49,6 +49,7 @@ struct Broker::Impl {
   struct PendingReply {
     std::vector<zmq::message_t> envelope;
     protocol::Accepted accepted;
+    std::vector<int64_t> seqs;  // accepted.ids[i]'s Job::seq: which job of that id it is
     bool ack = true;  // false: SUBMIT "ack": false -- no ACCEPTED unless something was rejected
   };
   std::vector<PendingReply> pending_replies;

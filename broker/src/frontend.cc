@@ -213,8 +213,10 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
     job->stored_inputs = protocol::StoredInputs(in.inputs);
     protocol::PackObjectInto(*in.inputs_obj, hint, &job->inputs_raw);  // one copy
     scheduler.Add(std::move(job));
-    if (options.journal) journal.Stage(*scheduler.Find(in.id));
+    const Job* added = scheduler.Find(in.id);
+    if (options.journal) journal.Stage(*added);
     reply.accepted.ids.push_back(in.id);
+    reply.seqs.push_back(added->seq);
   }
   scheduler.mutable_counters().rejected += static_cast<int64_t>(reply.accepted.rejected.size());
   reply.envelope = std::move(m.envelope);
@@ -243,11 +245,14 @@ void Broker::Impl::CommitAndReply(bool quiet) {
       int64_t n = 0;
       for (auto& reply : pending_replies) {
         std::vector<std::string> ended;
-        for (auto& id : reply.accepted.ids) {
-          if (!scheduler.Take(id)) {
+        for (size_t i = 0; i < reply.accepted.ids.size(); ++i) {
+          std::string& id = reply.accepted.ids[i];
+          const Job* job = scheduler.Find(id);
+          if (job == nullptr || job->seq != reply.seqs[i]) {  // not this SUBMIT's job any more
             ended.push_back(std::move(id));
             continue;
           }
+          scheduler.Take(id);
           reply.accepted.rejected.push_back(
               {id, codes::kUnavailable, "the broker cannot journal jobs: Redis: " + s.message()});
           ++n;

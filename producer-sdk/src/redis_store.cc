@@ -36,11 +36,11 @@ Status RedisStore::Read(const std::string& id, Result* out, bool consume, int ti
   if (shorter) conn->SetTimeout(timeout_ms);
   std::vector<std::optional<std::string>> values;
   Status s = conn->GetMany({key}, &values);
+  if (shorter) conn->SetTimeout(timeout_ms_);  // the store's again: for the DEL and the pool
   // Deleted only now that the whole record is here (a GETDEL whose reply were cut off would have
   // lost it), and at once: Redis reuses the memory for the next result (a deleter thread later,
   // with several results alive at once, cost 1 MB results ~15 % of their rate).
   if (s.ok() && consume && values[0]) (void)DeleteResultKeys(conn.get(), {key});
-  if (shorter) conn->SetTimeout(timeout_ms_);
   Release(std::move(conn));
   FERRY_RETURN_IF_ERROR(s);
   if (!values[0]) return Status::Ok();

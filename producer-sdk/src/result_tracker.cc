@@ -191,6 +191,7 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out,
   }
   uint64_t seen = e->version;
   Status last;
+  bool last_ran_out = false;  // the last read failed at the Wait's own deadline
   while (true) {
     if (e->read) {  // another Wait read it from Redis
       *out = *e->read;
@@ -231,8 +232,7 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out,
       int read_timeout_ms = 0;
       if (!forever && timeout_ms > 0)
         read_timeout_ms = static_cast<int>(std::max<int64_t>(
-            1, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now())
-                   .count()));
+            1, std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()).count()));
       const Status s = read_(id, read_timeout_ms, &r);
       lock.lock();
       if (s.ok() && r.state != JobState::kPending) {
@@ -251,6 +251,8 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out,
         return s;
       }
       last = s;
+      // A read cut off by the Wait's own bound: Redis is slow, not gone, and the Wait timed out.
+      last_ran_out = read_timeout_ms > 0 && Clock::now() + std::chrono::milliseconds(1) >= deadline;
       next_read = Clock::now() + backoff;
       backoff = std::min<Clock::duration>(backoff * 2, kMaxRecheck);
       continue;  // a notice may have come during the read
@@ -258,7 +260,7 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out,
     if (!forever && now >= deadline) {
       *out = Result();
       out->id = id;
-      if (!last.ok()) return last;
+      if (!last.ok() && !last_ran_out) return last;
       return Status::Timeout("no result for job \"" + id + "\" within " +
                              std::to_string(timeout_ms) + " ms");
     }

@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -409,10 +410,11 @@ TEST_F(Wire, RawSubmitWithoutAckIsAnsweredOnlyForRejections) {
 
 // When the journal write of a turn fails, the broker rejects that turn's jobs `unavailable`; a
 // job that already ended within the turn keeps its one fate. Here a CANCEL read right after the
-// SUBMIT cancels the job while it is queued: ACCEPTED names it (no rejection beside it),
-// CANCELLED names it, and its result says cancelled. The write fails because Redis refuses HSET
-// (an ACL rule); the broker is stopped (SIGSTOP) while both messages reach its socket, so that
-// it reads them in one turn.
+// SUBMIT cancels the job while it is queued, and a second SUBMIT of the same id follows: the
+// first ACCEPTED names the job (no rejection beside it), CANCELLED names it, its result says
+// cancelled, and the second SUBMIT -- a job the failed write did not keep -- is the one rejected
+// `unavailable`. The write fails because Redis refuses HSET (an ACL rule); the broker is stopped
+// (SIGSTOP) while the three messages reach its socket, so that it reads them in one turn.
 TEST_F(Wire, AJobCancelledInTheTurnOfAFailedJournalWriteIsNotAlsoRejected) {
   zmq::context_t ctx(1);
   zmq::socket_t s = RawDealer(ctx, fleet_->frontend(), 20000);
@@ -427,17 +429,20 @@ TEST_F(Wire, AJobCancelledInTheTurnOfAFailedJournalWriteIsNotAlsoRejected) {
   const zmq::message_t cancel = protocol::EncodeIds({id}, 2);
   RawSend(
       s, {"FERRY1", "CANCEL", std::string(static_cast<const char*>(cancel.data()), cancel.size())});
+  RawSend(s, {"FERRY1", "SUBMIT", RawSubmitBody(id, "tiny", {"", "", 3})});
   fleet_->broker().Signal(SIGCONT);
-  protocol::Accepted accepted;
+  std::map<int64_t, protocol::Accepted> accepted;  // by rid
   protocol::Cancelled cancelled;
-  for (int replies = 0; replies < 2;) {
+  for (int replies = 0; replies < 3;) {
     protocol::Message m;
     ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) << "no reply\n"
                                                                                << fleet_->Logs();
     msgpack::object_handle oh;
     ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
     if (m.command == protocol::kAccepted) {
-      ASSERT_TRUE(protocol::DecodeAccepted(oh.get(), &accepted).ok());
+      protocol::Accepted a;
+      ASSERT_TRUE(protocol::DecodeAccepted(oh.get(), &a).ok());
+      accepted[a.rid] = a;
       ++replies;
     } else if (m.command == protocol::kCancelled) {
       ASSERT_TRUE(protocol::DecodeCancelled(oh.get(), &cancelled).ok());
@@ -446,9 +451,12 @@ TEST_F(Wire, AJobCancelledInTheTurnOfAFailedJournalWriteIsNotAlsoRejected) {
   }
   ASSERT_TRUE(admin->Command({"ACL", "SETUSER", "default", "+hset"}, &r).ok());
   EXPECT_EQ(cancelled.ids, std::vector<std::string>{id}) << fleet_->Logs();
-  EXPECT_EQ(accepted.ids, std::vector<std::string>{id});
-  for (const auto& rejection : accepted.rejected)
+  EXPECT_EQ(accepted[1].ids, std::vector<std::string>{id});
+  for (const auto& rejection : accepted[1].rejected)
     ADD_FAILURE() << "also rejected: " << rejection.code << " " << rejection.message;
+  EXPECT_TRUE(accepted[3].ids.empty());
+  ASSERT_EQ(accepted[3].rejected.size(), 1u);
+  EXPECT_EQ(accepted[3].rejected[0].code, codes::kUnavailable);
   Result result;
   ASSERT_TRUE(client_->Wait(id, 30000, &result).ok()) << fleet_->Logs();
   EXPECT_EQ(result.state, JobState::kCancelled) << result.error.ToString();

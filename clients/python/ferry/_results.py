@@ -82,7 +82,7 @@ class Results:
         self.closed = False
         self.entries = {}
         self.held_bytes = 0
-        self._to_consume = []    # result keys to delete: consumed results (read, or inline)
+        self._to_consume = []    # result keys to delete: consumed results that came inline
         self._del_refused = False  # Redis answered NOPERM to DEL on results: GETDEL instead
         self._consumer = None    # the task that deletes them
         self._wheel = TimerWheel(loop)  # waiters' timers
@@ -204,10 +204,9 @@ class Results:
         return _protocol.decode_result(raw, id)
 
     def _consume_later(self, id):
-        """Deletes id's result in the background, batched with the others of this loop turn
-        (one DEL; pipelined GETDELs for an ACL user that may not DEL results, as the one of
-        before deploy/redis/users.acl granted it). At most MAX_TO_CONSUME wait (as the C++
-        SDK's ResultDeleter): beyond, they expire."""
+        """Deletes id's result (it came inline) in the background, batched with the others of
+        this loop turn (delete_results). At most MAX_TO_CONSUME wait (as the C++ SDK's
+        ResultDeleter): beyond, they expire."""
         if len(self._to_consume) >= MAX_TO_CONSUME:
             return
         self._to_consume.append(self.prefix + "result:" + id)
@@ -223,7 +222,8 @@ class Results:
                 pass
 
     async def delete_results(self, keys):
-        """DEL of the result keys `keys`; pipelined GETDELs once Redis said NOPERM to DEL."""
+        """DEL of the result keys `keys`; once Redis said NOPERM to DEL, GETDELs instead, 16 a
+        round trip (each brings its value back)."""
         if not self._del_refused:
             try:
                 await self.redis.execute("DEL", *keys)
@@ -232,7 +232,8 @@ class Results:
                 if not str(e).startswith("NOPERM"):
                     raise
                 self._del_refused = True
-        await self.redis.execute_many([("GETDEL", k) for k in keys])
+        for k in range(0, len(keys), 16):
+            await self.redis.execute_many([("GETDEL", key) for key in keys[k:k + 16]])
 
     def take_to_consume(self):
         """The result keys still waiting for deletion (at most 1,024), taken: for close's last
@@ -292,16 +293,21 @@ class Results:
                     except Unavailable as err:  # Redis may be restarting: until the deadline
                         raw, last_error = None, err
                     if raw is not None:
-                        if consume and not e.consumed:  # read whole: delete it now
-                            e.consumed = True
-                            self._consume_later(id)
                         if consume and e.nwait > 1 and e.record is None:
-                            # Soon gone from Redis: the others of this id take it from here,
-                            # as an inline record (a copy: decoding consumes raw).
+                            # Gone from Redis next: the others of this id take it from here, as
+                            # an inline record (a copy: decoding consumes raw).
                             e.record = bytes(raw)
                             self.held_bytes += len(e.record)
                             e.has_result = True
                             self._changed(e)
+                        if consume and not e.consumed:
+                            # Read whole: deleted now (as the C++ SDK does), before the wait
+                            # returns; never before it came, so a read cut off loses nothing.
+                            e.consumed = True
+                            try:
+                                await self.delete_results([self.prefix + "result:" + id])
+                            except Exception:  # best effort: it expires with its result_ttl_s
+                                pass
                         e.delivered = True
                         return _protocol.decode_result(raw, id)
                     now = loop.time()

@@ -90,11 +90,11 @@ def test_poll_wait_timeout_and_consume(fleet, client):
     i = client.submit("tiny", x)
     assert_tiny(client.wait(i, timeout=30), x)
     assert_tiny(client.poll(i), x)  # poll reads Redis; the result stays
-    # consume_results: what wait reads from Redis is deleted right after (DEL). An id submitted
-    # by another client gets no notice here, so this wait reads Redis.
+    # consume_results: what wait reads from Redis is deleted (DEL) before wait returns. An id
+    # submitted by another client gets no notice here, so this wait reads Redis.
     with ferry.Client(fleet.frontend, fleet.redis_url, consume_results=True) as consumer:
         assert_tiny(consumer.wait(i, timeout=30), x)
-        assert wait_for(lambda: consumer.poll(i) is None, 10)
+        assert consumer.poll(i) is None
     assert fleet.redis().exists("ferry:result:" + i) == 0
     # Results that come inline (notices, FINISHED) are deleted too, in the background.
     with ferry.Client(fleet.frontend, fleet.redis_url, consume_results=True) as consumer:
@@ -870,7 +870,7 @@ def test_a_consuming_read_cut_off_keeps_the_result(fleet):
             r.config_set("client-output-buffer-limit", "normal 0 0 0")
         got = c.wait(i, timeout=30)
         np.testing.assert_array_equal(got.outputs[0], y)
-        assert wait_for(lambda: r.exists("ferry:result:" + i) == 0, 10)
+        assert r.exists("ferry:result:" + i) == 0, "the read that got it did not delete it"
 
 
 def test_consumed_results_are_deleted_by_a_user_that_may_only_getdel_them(fleet):

@@ -203,11 +203,13 @@ class Client {
 
   // Waits until `id` has a result and stores it in *out (state kDone, kFailed, kCancelled or
   // kExpired). timeout_ms < 0 waits without limit; 0 checks once. Returns timeout when the time
-  // runs out (out->state is then kPending); unavailable when Redis stayed unreachable until the
-  // deadline; other Poll errors at once. Wakes as soon as the broker's FINISHED notice arrives
-  // for jobs submitted through this client; otherwise re-checks Redis every 50 ms, backing off
-  // to every 1 s. For a job this client submitted whose notice has not come yet the first check
-  // is the 50 ms one (the notice says when to read), except with timeout_ms == 0.
+  // runs out (out->state is then kPending), also while a Redis read is still going at the
+  // deadline (each read is bounded by the time left: a stalled Redis holds a Wait no longer);
+  // unavailable when Redis stayed unreachable until the deadline; other Poll errors at once. Wakes
+  // as soon as the broker's FINISHED notice arrives for jobs submitted through this client;
+  // otherwise re-checks Redis every 50 ms, backing off to every 1 s. For a job this client
+  // submitted whose notice has not come yet the first check is the 50 ms one (the notice says when
+  // to read), except with timeout_ms == 0.
   Status Wait(const std::string& id, int timeout_ms, Result* out);
 
   // Submit + Wait in one call, for a caller that wants the result now (a request handler): the
