@@ -294,6 +294,16 @@ TEST_F(EndToEnd, SubmitManyAndCancelManySplitPastTenThousandJobs) {
   EXPECT_NE(last.state, JobState::kPending);
 }
 
+// Whether the broker's STATS come to count no job pending (within 60 s).
+bool NothingPending(Client& c) {
+  return testutil::WaitFor(
+      [&] {
+        std::string stats;
+        return c.Stats(&stats).ok() && stats.find("\"pending\":0,") != std::string::npos;
+      },
+      std::chrono::seconds(60));
+}
+
 // A batch of more jobs than a body's map may hold (4,096: the decoders' limit) is reported in
 // several DONE messages, each with its ids' inline results: the broker hears of every job
 // (pending back to 0) and every result is right. One undecodable DONE used to leave thousands
@@ -308,14 +318,7 @@ TEST_F(EndToEnd, ABatchOfMoreThan4096JobsIsReportedWhole) {
   for (uint32_t i = 0; i < 8192; ++i) jobs.push_back(TinyJob(i % 11));
   std::vector<SubmitOutcome> outcomes;
   ASSERT_TRUE(c->SubmitMany(jobs, &outcomes).ok());
-  EXPECT_TRUE(testutil::WaitFor(
-      [&] {
-        std::string stats;
-        return c->Stats(&stats).ok() && stats.find("\"pending\":0,") != std::string::npos;
-      },
-      std::chrono::seconds(60)))
-      << "the broker still counts jobs as running\n"
-      << fleet_->Logs();
+  EXPECT_TRUE(NothingPending(*c)) << "the broker still counts jobs as running\n" << fleet_->Logs();
   size_t biggest = 0;
   for (size_t i = 0; i < outcomes.size(); ++i) {
     ASSERT_TRUE(outcomes[i].status.ok()) << outcomes[i].status.ToString();
@@ -355,14 +358,7 @@ TEST_F(EndToEnd, InlineResultsOverTheMessageLimitAreReportedWhole) {
   }
   std::vector<SubmitOutcome> outcomes;
   ASSERT_TRUE(c->SubmitMany(jobs, &outcomes).ok());
-  EXPECT_TRUE(testutil::WaitFor(
-      [&] {
-        std::string stats;
-        return c->Stats(&stats).ok() && stats.find("\"pending\":0,") != std::string::npos;
-      },
-      std::chrono::seconds(60)))
-      << "the broker still counts jobs as running\n"
-      << fleet_->Logs();
+  EXPECT_TRUE(NothingPending(*c)) << "the broker still counts jobs as running\n" << fleet_->Logs();
   std::string stats;
   ASSERT_TRUE(c->Stats(&stats).ok());
   for (const char* counter : {"\"requeued\":", "\"duplicates\":"}) {

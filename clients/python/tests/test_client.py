@@ -522,12 +522,12 @@ def test_no_broker_means_unavailable_not_a_hang():
             c.poll(uid("x"))  # no Redis either
 
 
-def test_run_resubmits_the_same_id_after_silence_and_takes_the_notice(fleet):
-    """A stub broker drops the first SUBMIT (as a broker that crashed before journaling it
-    would): after request_timeout_ms without a result the client GETs the result, finds none
-    and sends the same id again, its attached input's data frame too. By then its notify
-    channel is subscribed, so the stub answers the way a worker does: SET the record, PUBLISH
-    the notice (record inline) on the channel."""
+def _run_against_a_stub_broker(fleet, prefix, x, y, on_submit):
+    """c.run("tiny", x) against a stub broker: a ROUTER on a thread. For each SUBMIT,
+    on_submit(n, body, reply, serve) (n counts from 1): reply(command, body) answers on the
+    socket; serve(job_id) answers as a worker does: SET the record (output y), then PUBLISH
+    the notice (record inline) on the job's notify channel, or send FINISHED without one.
+    Returns (the result, the SUBMIT bodies, their data frames)."""
     import msgpack
     import zmq
     ctx = zmq.Context()
@@ -535,13 +535,12 @@ def test_run_resubmits_the_same_id_after_silence_and_takes_the_notice(fleet):
     port = router.bind_to_random_port("tcp://127.0.0.1")
     seen, seen_frames, stop = [], [], threading.Event()
     store = fleet.redis()
-    y = np.array([4.0, 2.0], np.float32)
-    x = np.arange(5000, dtype=np.float32)  # 20,000 bytes: attached
     record = msgpack.packb({"status": "done", "model": "tiny", "worker": "stub", "batch_size": 1,
                             "attempt": 1, "timing": {},
-                            "outputs": [{"dtype": "float32", "shape": [2], "data": y.tobytes()}]})
+                            "outputs": [{"dtype": "float32", "shape": list(y.shape),
+                                         "data": y.tobytes()}]})
 
-    def serve():
+    def serve_loop():
         while not stop.is_set():
             if not router.poll(50):
                 continue
@@ -549,19 +548,22 @@ def test_run_resubmits_the_same_id_after_silence_and_takes_the_notice(fleet):
             body = msgpack.unpackb(body)
             seen.append(body)
             seen_frames.append(frames)
-            if len(seen) == 1:
-                continue  # silence
-            job_id = body["jobs"][0]["id"]
-            store.set("pystub:result:" + job_id, record)
-            notice = msgpack.packb({"ids": [job_id], "results": {job_id: record}})
-            if body.get("notify"):
-                store.publish(body["notify"], notice)
-            else:
-                router.send_multipart([peer, tag, b"FINISHED", notice])
-    t = threading.Thread(target=serve)
+
+            def reply(command, answer):
+                router.send_multipart([peer, tag, command, msgpack.packb(answer)])
+
+            def serve(job_id):
+                store.set(prefix + "result:" + job_id, record)
+                notice = msgpack.packb({"ids": [job_id], "results": {job_id: record}})
+                if body.get("notify"):
+                    store.publish(body["notify"], notice)
+                else:
+                    router.send_multipart([peer, tag, b"FINISHED", notice])
+            on_submit(len(seen), body, reply, serve)
+    t = threading.Thread(target=serve_loop)
     t.start()
     try:
-        with ferry.Client("tcp://127.0.0.1:%d" % port, fleet.redis_url, redis_prefix="pystub:",
+        with ferry.Client("tcp://127.0.0.1:%d" % port, fleet.redis_url, redis_prefix=prefix,
                           request_timeout_ms=300) as c:
             r = c.run("tiny", x, timeout=30)
     finally:
@@ -569,6 +571,22 @@ def test_run_resubmits_the_same_id_after_silence_and_takes_the_notice(fleet):
         t.join()
         router.close(0)
         ctx.term()
+    return r, seen, seen_frames
+
+
+def test_run_resubmits_the_same_id_after_silence_and_takes_the_notice(fleet):
+    """A stub broker drops the first SUBMIT (as a broker that crashed before journaling it
+    would): after request_timeout_ms without a result the client GETs the result, finds none
+    and sends the same id again, its attached input's data frame too. By then its notify
+    channel is subscribed, so the stub answers the way a worker does: SET the record, PUBLISH
+    the notice (record inline) on the channel."""
+    y = np.array([4.0, 2.0], np.float32)
+    x = np.arange(5000, dtype=np.float32)  # 20,000 bytes: attached
+
+    def on_submit(n, body, reply, serve):
+        if n > 1:  # the first: silence
+            serve(body["jobs"][0]["id"])
+    r, seen, seen_frames = _run_against_a_stub_broker(fleet, "pystub:", x, y, on_submit)
     np.testing.assert_array_equal(r.outputs[0], y)
     assert r.worker == "stub"
     assert len(seen) == 2
@@ -587,51 +605,22 @@ def test_a_late_rejection_of_a_run_resubmitted_since_does_not_fail_it(fleet):
     and it takes the second silently (accepted) and serves its result. The run returns that
     result: a rejection counts only from the job's latest SUBMIT. (Before, it raised QueueFull
     and deleted the stored input that the accepted job was still to read.)"""
-    import msgpack
-    import zmq
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    seen, stop = [], threading.Event()
     store = fleet.redis()
     y = np.array([1.0, 2.0], np.float32)
     x = np.arange(50000, dtype=np.float32)  # 200,000 bytes: stored in Redis
-    record = msgpack.packb({"status": "done", "model": "tiny", "worker": "stub", "batch_size": 1,
-                            "attempt": 1, "timing": {},
-                            "outputs": [{"dtype": "float32", "shape": [2], "data": y.tobytes()}]})
+    first = {}
 
-    def serve():
-        while not stop.is_set():
-            if not router.poll(50):
-                continue
-            peer, tag, command, body, *frames = router.recv_multipart()
-            body = msgpack.unpackb(body)
-            seen.append(body)
-            if len(seen) != 2:
-                continue  # the first: silence, so the client sends it again; later ones: a
-                #           resubmit of an accepted job, which the broker answers duplicate
+    def on_submit(n, body, reply, serve):
+        if n == 1:
+            first["rid"] = body["rid"]  # silence: the client sends it again
+        elif n == 2:
             job_id = body["jobs"][0]["id"]
-            late = {"rid": seen[0]["rid"], "ids": [],
-                    "rejected": [{"id": job_id, "code": "queue_full", "message": "full"}]}
-            router.send_multipart([peer, tag, b"ACCEPTED", msgpack.packb(late)])
+            reply(b"ACCEPTED", {"rid": first["rid"], "ids": [], "rejected": [
+                {"id": job_id, "code": "queue_full", "message": "full"}]})
             time.sleep(0.5)  # the rejection is read first (a client that took it has raised)
-            store.set("pylate:result:" + job_id, record)
-            notice = msgpack.packb({"ids": [job_id], "results": {job_id: record}})
-            if body.get("notify"):
-                store.publish(body["notify"], notice)
-            else:
-                router.send_multipart([peer, tag, b"FINISHED", notice])
-    t = threading.Thread(target=serve)
-    t.start()
-    try:
-        with ferry.Client("tcp://127.0.0.1:%d" % port, fleet.redis_url, redis_prefix="pylate:",
-                          request_timeout_ms=300) as c:
-            r = c.run("tiny", x, timeout=30)
-    finally:
-        stop.set()
-        t.join()
-        router.close(0)
-        ctx.term()
+            serve(job_id)
+        # later ones: a resubmit of an accepted job, which the broker answers duplicate
+    r, seen, _ = _run_against_a_stub_broker(fleet, "pylate:", x, y, on_submit)
     np.testing.assert_array_equal(r.outputs[0], y)
     assert len(seen) >= 2 and seen[0]["rid"] != seen[1]["rid"]
     assert seen[1]["jobs"][0]["inputs"][0]["stored"] is True

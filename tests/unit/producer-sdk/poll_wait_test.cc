@@ -38,6 +38,18 @@ class ClientPollWaitTest : public ::testing::Test {
     ASSERT_NE(writer_, nullptr);
   }
 
+  // A second client on the same Redis, with consume_results (nullptr if it cannot be made).
+  static std::unique_ptr<Client> Consumer() {
+    ClientOptions options;
+    options.frontend = "tcp://127.0.0.1:" + std::to_string(testutil::FreePort());  // no broker
+    options.redis = redis_->url();
+    options.redis_prefix = "test:";
+    options.consume_results = true;
+    std::unique_ptr<Client> consumer;
+    if (!Client::Create(options, &consumer).ok()) return nullptr;
+    return consumer;
+  }
+
   // Writes a result record under test:result:<id>.
   void WriteResult(const std::string& id, std::string_view status,
                    const std::vector<Tensor>& outputs, std::string_view error_code = "",
@@ -157,13 +169,8 @@ TEST_F(ClientPollWaitTest, ConsumeResultsDeletesWhatWaitReads) {
   ASSERT_TRUE(client_->Poll("kept-1", &r).ok());
   EXPECT_EQ(r.state, JobState::kDone) << "read without consume_results: the record stays";
 
-  ClientOptions options;
-  options.frontend = "tcp://127.0.0.1:" + std::to_string(testutil::FreePort());
-  options.redis = redis_->url();
-  options.redis_prefix = "test:";
-  options.consume_results = true;
-  std::unique_ptr<Client> consumer;
-  ASSERT_TRUE(Client::Create(options, &consumer).ok());
+  std::unique_ptr<Client> consumer = Consumer();
+  ASSERT_NE(consumer, nullptr);
   WriteResult("eaten-1", "done", {out});
   ASSERT_TRUE(consumer->Poll("eaten-1", &r).ok());
   EXPECT_EQ(r.state, JobState::kDone) << "Poll never deletes";
@@ -179,13 +186,8 @@ TEST_F(ClientPollWaitTest, ConsumeResultsDeletesWhatWaitReads) {
 // deleted. With GETDEL as the read, Redis deleted the record before the reply was lost, and it
 // was gone for good.
 TEST_F(ClientPollWaitTest, ConsumeKeepsAResultWhoseReadWasCutOff) {
-  ClientOptions options;
-  options.frontend = "tcp://127.0.0.1:" + std::to_string(testutil::FreePort());
-  options.redis = redis_->url();
-  options.redis_prefix = "test:";
-  options.consume_results = true;
-  std::unique_ptr<Client> consumer;
-  ASSERT_TRUE(Client::Create(options, &consumer).ok());
+  std::unique_ptr<Client> consumer = Consumer();
+  ASSERT_NE(consumer, nullptr);
   std::vector<float> audio(256 * 1024, 0.5f);  // 1 MiB of output, like a TTS job's
   WriteResult("cut-1", "done", {Tensor::From<float>(audio, {256 * 1024}, DType::kFloat32)});
   protocol::RedisReply reply;
