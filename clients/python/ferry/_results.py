@@ -184,8 +184,8 @@ class Results:
         """The result record of `id` in Redis (bytes or bytearray), or None. Unavailable when
         Redis does not answer (or is loading, busy, wants a password: RETRIED_REPLY_ERRORS);
         FerryError(internal) when it answers with another error (NOPERM: the ACL user may not
-        read results): waiting would not change that. Never deletes: a consuming waiter has
-        what it read whole deleted afterwards (_consume_later), so a read cut off loses nothing."""
+        read results): waiting would not change that. Never deletes: a consuming wait deletes
+        what it read only once it came whole, so a read cut off loses nothing."""
         key = self.prefix + "result:" + id
         command = "GET"
         try:
