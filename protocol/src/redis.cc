@@ -1,8 +1,6 @@
 #include "ferry/protocol/redis.h"
 
 #include <hiredis/hiredis.h>
-#include <sys/socket.h>
-#include <sys/time.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -69,13 +67,7 @@ void RedisClient::Drop() { conn_.reset(); }
 void RedisClient::SetTimeout(int timeout_ms) {
   if (timeout_ms <= 0 || timeout_ms == timeout_ms_) return;
   timeout_ms_ = timeout_ms;
-  if (!conn_) return;
-  timeval tv{};
-  tv.tv_sec = timeout_ms / 1000;
-  tv.tv_usec = (timeout_ms % 1000) * 1000;
-  const int fd = conn_->transport().fd();
-  if (setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0 ||
-      setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) != 0)
+  if (conn_ && !conn_->transport().SetTimeout(timeout_ms))
     Drop();  // the next call reconnects with the new timeout
 }
 

@@ -38,14 +38,18 @@ bool IsIpAddress(const std::string& host) {
 
 // ---- TCP --------------------------------------------------------------------------------------
 
+// Each blocking read and write on fd bounded by timeout_ms (0: none). False with errno set.
+bool SetTimeouts(int fd, int timeout_ms) {
+  const timeval tv = ToTimeval(timeout_ms > 0 ? timeout_ms : 0);
+  return setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0 &&
+         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) == 0;
+}
+
 // Blocking from now on, each read and write bounded by the timeout (hiredis's behaviour). False
 // with errno set.
 bool MakeBlocking(int fd, int timeout_ms) {
   const int flags = fcntl(fd, F_GETFL);
-  const timeval tv = ToTimeval(timeout_ms > 0 ? timeout_ms : 0);
-  return flags >= 0 && fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) == 0 &&
-         setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) == 0 &&
-         setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv)) == 0;
+  return flags >= 0 && fcntl(fd, F_SETFL, flags & ~O_NONBLOCK) == 0 && SetTimeouts(fd, timeout_ms);
 }
 
 Status ConnectTcp(const RedisEndpoint& ep, int timeout_ms, int* out) {
@@ -164,6 +168,8 @@ Status RedisTransport::Connect(const RedisEndpoint& endpoint, int timeout_ms, bo
   *out = std::move(t);
   return Status::Ok();
 }
+
+bool RedisTransport::SetTimeout(int timeout_ms) { return SetTimeouts(fd_, timeout_ms); }
 
 RedisTransport::~RedisTransport() {
   if (ssl_) SSL_free(ssl_);  // frees our BIO; no close_notify: the socket just closes

@@ -44,6 +44,9 @@ class RedisTransport {
 
   int fd() const { return fd_; }
   bool tls() const { return ssl_ != nullptr; }
+  // Bounds each later blocking read and write by timeout_ms (0: none), as Connect did with its
+  // own. False when the system refuses.
+  bool SetTimeout(int timeout_ms);
   // Every byte of iov[0..count), in order (a gather write on plain TCP). Blocking.
   Status Write(const iovec* iov, size_t count);
   // Blocking: at least one byte (at most n) into buf, or a failure (closed, timed out, error).
