@@ -133,6 +133,7 @@ TEST(Reliability, AttachedInputsSurviveAWorkerKillAndABrokerKill) {
 // rejection reaches the producer, so that it reads the inputs only after that.
 TEST(Reliability, AJobRejectedUnavailableAfterItsDispatchStillFindsItsStoredInputs) {
   FleetOptions fo;
+  fo.workers = 1;  // the one the test stops (a second would take the job, or join in step)
   fo.models = {"null"};
   fo.worker_args = {"--instances", "1"};
   Fleet fleet(fo);
