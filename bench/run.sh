@@ -104,7 +104,7 @@ if [ "$DEVICE" != cpu ]; then  # a GPU machine: its card, and the libtorch of it
   GPU=$({ nvidia-smi -i "${GPU_INDEX:-0}" --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null || true; } | head -1)
   OMP_ENV="device $DEVICE: ${GPU:-?}${OMP_ENV:+; $OMP_ENV}"
 fi
-MACHINE="nproc=$(nproc); $(lscpu | grep 'Model name' | sed 's/  */ /g'); libtorch ${TORCH_VERSION:-?}; BLAS ${BLAS:-?}; $(uname -sr)${OMP_ENV:+; env: $OMP_ENV}"
+MACHINE="nproc=$(nproc); $(lscpu | grep 'Model name' | sed 's/  */ /g'); libtorch ${TORCH_VERSION:-?}; BLAS ${BLAS:-?}; $(uname -sr)${OMP_ENV:+; env: $OMP_ENV}${FERRY_REDIS_FLAGS:+; redis-server $FERRY_REDIS_FLAGS}"
 GIT=$(cd "$HERE/.." && git rev-parse --short HEAD 2>/dev/null || echo ?)$(cd "$HERE/.." && git diff --quiet HEAD 2>/dev/null || echo +dirty)
 python3 - "$OUT/machine.json" "$MACHINE" "$GIT" "$QUICK" <<'PY'
 import json, sys

@@ -15,7 +15,8 @@
 # workload through the environment: MODEL (a ferry-make-models model: tiny, whisper, head, ...),
 # SHAPE, DTYPE, CONCURRENCY, MAX_BATCH, INSTANCES, HALF=1 (float16 weights, CUDA only) and
 # FERRY_BENCH_DEVICE (cpu, cuda:0). STACKS=N: afterwards, a second run while gdb samples the
-# executors' stacks N times (see the end). CPU time is read in nanoseconds (schedstat). 30-s clips into
+# executors' stacks N times (see the end). On a GPU it also prints how busy nvidia-smi saw the
+# device during the measured run. CPU time is read in nanoseconds (schedstat). 30-s clips into
 # the Whisper-shaped pipeline on a GPU, for one:
 #   MODEL=whisper SHAPE=480000 DTYPE=int16 CONCURRENCY=256 MAX_BATCH=128 \
 #     FERRY_BENCH_DEVICE=cuda:0 bash bench/thread_profile.sh build-gpu 2000
@@ -68,27 +69,42 @@ snapshot() {
     done
   done | sort
 }
+# On a GPU, nvidia-smi's utilization.gpu (the share of each sample period in which a kernel ran)
+# every 100 ms through the measured run: whether the device or the host sets the pace.
+GPU_UTIL=0
+if [[ "$DEVICE" == cuda* ]] && command -v nvidia-smi >/dev/null; then
+  nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 >"$W/util" 2>/dev/null &
+  GPU_UTIL=$!
+fi
 snapshot >"$W/before"
 bench "$JOBS" 2>&1 | grep -E 'latency|time share'
 snapshot >"$W/after"
+if [ "$GPU_UTIL" != 0 ]; then
+  kill "$GPU_UTIL" 2>/dev/null; wait "$GPU_UTIL" 2>/dev/null
+  awk '/^[0-9]+$/ { n++; s += $1; if ($1 >= 90) hi++ }
+    END { if (n) printf "GPU busy (nvidia-smi utilization.gpu every 100 ms): mean %.0f%% over %d samples, %d%% of them >= 90%%\n", s / n, n, 100 * hi / n }' "$W/util"
+fi
 echo "process/thread        name            cpu_us/job  wakeups/job"
 join "$W/before" "$W/after" | awk -v jobs="$JOBS" '{
   cpu = ($6 - $3) / 1e3 / jobs; cs = ($7 - $4) / jobs
   if (cpu > 0.5 || cs > 0.05) printf "%-21s %-15s %10.1f  %11.2f\n", $1, $2, cpu, cs }'
-# STACKS=N: then a second run of the same jobs (not measured above) while gdb samples the
-# worker's executor threads N times, spread over it: where an executor's time goes -- on a GPU,
-# launching kernels (libtorch's dispatch, libcuda's launch) or waiting for the device (libcuda
-# spinning, or a futex with blocking sync) -- as the share of samples whose innermost frames
-# are each function, "func@library" for a library without symbols.
+# STACKS=N: then a second run (STACKS_JOBS jobs, 3 x JOBS; not measured above) while gdb samples
+# the worker's executor threads N times, spread over it: where an executor's time goes -- on a
+# GPU, launching kernels (libtorch's dispatch, libcuda's launch) or waiting for the device
+# (libcuda spinning, or a futex with blocking sync) -- as the share of samples whose innermost
+# frames are each function, "func@library" for a library without symbols. gdb (or cuda-gdb, the
+# GPU machine's only debugger) reads the symbols of libc, libcudart and libcuda alone: reading
+# libtorch's would make each attach take many seconds, so its frames read "??@libtorch_*.so".
 [ "${STACKS:-0}" -gt 0 ] || exit 0
-command -v gdb >/dev/null || { echo "STACKS needs gdb" >&2; exit 0; }
-bench "$JOBS" >/dev/null 2>&1 &
+GDB=$(command -v gdb || command -v cuda-gdb || ls /usr/local/cuda/bin/cuda-gdb 2>/dev/null)
+[ -n "$GDB" ] || { echo "STACKS needs gdb" >&2; exit 0; }
+bench "${STACKS_JOBS:-$((3 * JOBS))}" >/dev/null 2>&1 &
 SB=$!
 sleep 1
 for _ in $(seq "$STACKS"); do
   running "$SB" || break
-  timeout 15 gdb -p "$WP" -batch -nx -ex 'set pagination off' -ex 'thread apply all bt 4' \
-    >>"$W/stacks" 2>/dev/null
+  timeout 15 "$GDB" -p "$WP" -batch -nx -iex 'set auto-solib-add off' -ex 'set pagination off' \
+    -ex 'sharedlibrary libc\.so\|libcudart\|libcuda\.so' -ex 'thread apply all bt 4' >>"$W/stacks" 2>/dev/null
   sleep 0.2
 done
 wait "$SB" 2>/dev/null

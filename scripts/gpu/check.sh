@@ -17,7 +17,9 @@
 # thread's CPU per 30-s clip -- float32 with one executor and two, float16 with one; THREADS_JOBS
 # 1024 clips of THREADS_SHAPE 480000 samples; the first run also samples the executor's stacks
 # THREADS_STACKS times with gdb, 6; threads.txt), audio and audio_out (960 KB jobs,
-# beside this host's libzmq floor), tiny (Ferry's own overhead with a GPU worker).
+# beside this host's libzmq floor), tiny (Ferry's own overhead with a GPU worker); not in the
+# default list: audio_io (audio and audio_out again, Redis with I/O threads: IO_REDIS_FLAGS,
+# default "--io-threads 4 --io-threads-do-reads yes").
 # Set SCENARIOS to change the list (none: the build and the GPU tests only).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -101,6 +103,8 @@ for s in ${SCENARIOS:-whisper whisper_half threads audio tiny}; do
                WHISPER_BATCH=best WHISPER_JOBS=${HALF_JOBS:-3072} timeout -k 30 "$t" bash bench/run.sh "$B" --only whisper \
                --out "$RES/whisper_half" ;;
     audio) env ROUNDS=1 AUDIO_JOBS=2000 timeout -k 30 "$t" bash bench/run.sh "$B" --only audio,audio_out --out "$RES/audio" ;;
+    audio_io) env FERRY_REDIS_FLAGS="${IO_REDIS_FLAGS:---io-threads 4 --io-threads-do-reads yes}" ROUNDS=1 \
+               AUDIO_JOBS=2000 timeout -k 30 "$t" bash bench/run.sh "$B" --only audio,audio_out --out "$RES/audio_io" ;;
     threads) trc=0
              for v in "1 0" "1 1" "2 0"; do  # executors, half precision
                read -r inst half <<<"$v"
