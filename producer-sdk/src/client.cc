@@ -190,6 +190,26 @@ class Client::Impl {
     return !Stored(t) && options_.attached_input_bytes > 0 &&
            t.data.size() >= static_cast<size_t>(options_.attached_input_bytes);
   }
+  // What `job` adds to a SUBMIT (body and data frames), a little over: its inputs that are not
+  // stored, plus a bound on its ids, model and framing.
+  size_t SubmitBytes(const Job& job) const {
+    size_t bytes = 256;
+    for (const Tensor& t : job.inputs) bytes += (Stored(t) ? 0 : t.data.size()) + 64;
+    return bytes;
+  }
+  // ValidateJob, and whether `job` fits one SUBMIT (ClientOptions::max_message_bytes).
+  Status Validate(const Job& job, const std::string& id) const {
+    FERRY_RETURN_IF_ERROR(ValidateJob(job, id, options_.stored_input_bytes));
+    const size_t bytes = SubmitBytes(job);
+    if (bytes > static_cast<size_t>(options_.max_message_bytes))
+      return Status(codes::kTooLarge,
+                    "job \"" + id + "\" needs ~" + std::to_string(bytes) +
+                        " bytes in its SUBMIT; the broker takes at most " +
+                        std::to_string(options_.max_message_bytes) +
+                        " (max_message_bytes, the broker's --max-message-bytes): store its big "
+                        "inputs in Redis (stored_input_bytes) or raise both");
+    return Status::Ok();
+  }
   // The Redis keys of `job`'s stored inputs, appended to *keys.
   void AppendInputKeys(const Job& job, const std::string& id, std::vector<std::string>* keys) const;
   // Writes the stored inputs of jobs[i], i in `part` (one round trip), before their SUBMIT.
@@ -219,24 +239,25 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
   for (size_t i = 0; i < jobs.size(); ++i) {
     SubmitOutcome& o = (*outcomes)[i];
     o.id = jobs[i]->id.empty() ? protocol::NewUuid() : jobs[i]->id;
-    o.status = ValidateJob(*jobs[i], o.id, options_.stored_input_bytes);
+    o.status = Validate(*jobs[i], o.id);
     if (o.status.ok() && !seen.insert(o.id).second)
       o.status = Status(codes::kDuplicate, "id \"" + o.id + "\" appears twice in one call");
     if (o.status.ok()) sent.push_back(i);
   }
   if (sent.empty()) return Status::Ok();
 
-  // One SUBMIT per kMaxMessageBytes of tensor data (a single bigger job goes alone) and per
-  // kMaxJobsPerMessage jobs: brokers refuse bigger messages (and drop peers that exceed the size).
+  // One SUBMIT per kMaxMessageBytes of tensor data (or max_message_bytes, if less; a single
+  // bigger job goes alone) and per kMaxJobsPerMessage jobs: brokers refuse bigger messages (and
+  // drop peers that send a bigger frame).
   const size_t max_jobs = static_cast<size_t>(protocol::kMaxJobsPerMessage);
+  const size_t max_bytes =
+      std::min(kMaxMessageBytes, static_cast<size_t>(options_.max_message_bytes));
   size_t begin = 0;
   while (begin < sent.size()) {
     size_t end = begin, bytes = 0;
     while (end < sent.size() && end - begin < max_jobs) {
-      size_t job_bytes = 256;  // ids, model, framing
-      for (const Tensor& t : jobs[sent[end]]->inputs)
-        job_bytes += (Stored(t) ? 0 : t.data.size()) + 64;
-      if (end > begin && bytes + job_bytes > kMaxMessageBytes) break;
+      const size_t job_bytes = SubmitBytes(*jobs[sent[end]]);
+      if (end > begin && bytes + job_bytes > max_bytes) break;
       bytes += job_bytes;
       ++end;
     }
@@ -390,7 +411,7 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
   const std::string id = outcome[0].id;
   *out = Result();
   out->id = id;
-  FERRY_RETURN_IF_ERROR(ValidateJob(job, id, options_.stored_input_bytes));
+  FERRY_RETURN_IF_ERROR(Validate(job, id));
   if (timeout_ms == 0)
     return Status::InvalidArgument("Run needs a timeout (or -1: none); to check once, use Poll");
   // A Run again after a timeout whose result has come since: nothing to send.
@@ -563,6 +584,8 @@ Status Client::Create(const ClientOptions& options, std::unique_ptr<Client>* out
       return Status::InvalidArgument("stored_input_bytes must be >= 0 (0: none)");
     if (options.attached_input_bytes < 0)
       return Status::InvalidArgument("attached_input_bytes must be >= 0 (0: none)");
+    if (options.max_message_bytes < 1024)
+      return Status::InvalidArgument("max_message_bytes must be >= 1024 (the broker's minimum)");
     if (options.input_ttl_s <= 0 || options.input_ttl_s > 30 * 24 * 3600)
       return Status::InvalidArgument("input_ttl_s must be 1 s to 30 days");
     auto impl = std::make_unique<Impl>(options, std::move(redis));

@@ -279,6 +279,60 @@ TEST(WireLimits, AttachedFramesCountAgainstTheMessageLimitAndWorkersSendNone) {
   })) << json;
 }
 
+// A frame over the broker's --max-message-bytes makes libzmq drop the connection unanswered.
+// The SDK knows the limit (ClientOptions::max_message_bytes), so a job whose attached inputs
+// would need more is too_large before anything is sent -- a Run with no timeout would wait for
+// ever otherwise -- and several jobs under it go as SUBMITs the broker takes.
+TEST(WireLimits, TheSdkRejectsAJobOverTheBrokersMessageLimitAndSplitsUnderIt) {
+  constexpr int64_t kLimit = 1 << 20;
+  FleetOptions fo;
+  fo.workers = 1;
+  fo.models = {"null"};
+  fo.broker_args = {"--max-message-bytes", std::to_string(kLimit)};
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  client::ClientOptions o;
+  o.frontend = fleet.frontend();
+  o.redis = fleet.redis().url();
+  o.stored_input_bytes = 0;  // every input through the broker, in frames of their own
+  o.max_message_bytes = kLimit;
+  std::unique_ptr<client::Client> c;
+  ASSERT_TRUE(client::Client::Create(o, &c).ok());
+  auto job = [](const std::string& id, size_t floats) {
+    client::Job j;
+    j.id = id;
+    j.model = "null";
+    std::vector<float> v(floats);
+    for (size_t i = 0; i < floats; ++i) v[i] = static_cast<float>(i % 1000);
+    j.inputs.push_back(Tensor::From<float>(v, {static_cast<int64_t>(floats)}, DType::kFloat32));
+    return j;
+  };
+  const client::Job big = job("over-limit", 2 * kLimit / 4);  // 2 MiB in one frame
+  std::string id;
+  Status s = c->Submit(big, &id);
+  EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
+  EXPECT_NE(s.message().find("max_message_bytes"), std::string::npos) << s.ToString();
+  Result r;
+  s = c->Run(big, 60000, &r);  // without the check: no answer, a timeout after 60 s
+  EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
+
+  // Eight jobs of 320 KB: one message would be 2.5 MiB (ERROR too_large for all eight).
+  std::vector<client::Job> jobs;
+  for (int i = 0; i < 8; ++i) jobs.push_back(job("under-" + std::to_string(i), 80000));
+  std::vector<client::SubmitOutcome> out;
+  ASSERT_TRUE(c->SubmitMany(jobs, &out).ok());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ASSERT_TRUE(out[i].status.ok()) << out[i].status.ToString();
+    ASSERT_TRUE(c->Wait(out[i].id, 60000, &r).ok()) << fleet.Logs();
+    ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
+    EXPECT_EQ(r.outputs.at(0).data, jobs[i].inputs[0].data);
+  }
+  client::ClientOptions bad = o;
+  bad.max_message_bytes = 1000;
+  std::unique_ptr<client::Client> unused;
+  EXPECT_EQ(client::Client::Create(bad, &unused).code(), codes::kInvalidArgument);
+}
+
 // The same on the wire, as a client in another language does it: SUBSCRIBE, then SUBMIT with
 // "notify". The notice (a FINISHED body) arrives on the channel, and the broker sends no FINISHED
 // for that job -- proven by a second job without "notify", whose FINISHED comes and is the only

@@ -49,9 +49,9 @@ class AsyncClient:
     client).
 
     Options (keywords; the C++ SDK's ClientOptions, same names and defaults): redis_prefix,
-    request_timeout_ms, push_results, stored_input_bytes, attached_input_bytes, input_ttl_s,
-    consume_results, curve_server_public, curve_secret, redis_password_file, redis_tls_ca,
-    redis_tls_cert, redis_tls_key. frontend and redis default to $FERRY_FRONTEND and
+    request_timeout_ms, push_results, stored_input_bytes, attached_input_bytes,
+    max_message_bytes, input_ttl_s, consume_results, curve_server_public, curve_secret,
+    redis_password_file, redis_tls_ca, redis_tls_cert, redis_tls_key. frontend and redis default to $FERRY_FRONTEND and
     $FERRY_REDIS, then tcp://127.0.0.1:5555 and redis://127.0.0.1:6379; redis_prefix, the
     CURVE and the Redis file options to $FERRY_REDIS_PREFIX, $FERRY_CURVE_SERVER_PUBLIC,
     $FERRY_CURVE_SECRET, $FERRY_REDIS_PASSWORD_FILE and $FERRY_REDIS_TLS_CA/_CERT/_KEY (what
@@ -85,7 +85,8 @@ class AsyncClient:
     def _prepare(self, model, inputs, id, priority, timeout_ms, result_ttl_s):
         o = self.options
         return _protocol.prepare(model, inputs, id, priority, timeout_ms, result_ttl_s,
-                                 o.stored_input_bytes, o.redis_prefix, o.attached_input_bytes)
+                                 o.stored_input_bytes, o.redis_prefix, o.attached_input_bytes,
+                                 o.max_message_bytes)
 
     @staticmethod
     def _timeout(timeout):

@@ -246,16 +246,17 @@ class Engine:
 
     def _take(self, queue, prep_of):
         """The head of `queue` that fits one message: unique ids, at most MAX_JOBS_PER_MESSAGE
-        jobs (the broker refuses a bigger SUBMIT as a whole), <= 32 MiB of body and data frames
-        (one job more)."""
+        jobs (the broker refuses a bigger SUBMIT as a whole), <= 32 MiB (or max_message_bytes)
+        of body and data frames (one job more)."""
         taken, ids, size = [], set(), 0
+        limit = min(_protocol.MAX_MESSAGE_BYTES, self.opts.max_message_bytes)
         n = 0
         for item in queue:
             p = prep_of(item)
             if p is None:
                 n += 1
                 continue
-            if taken and (p.id in ids or size + p.size > _protocol.MAX_MESSAGE_BYTES
+            if taken and (p.id in ids or size + p.size > limit
                           or len(taken) >= _protocol.MAX_JOBS_PER_MESSAGE):
                 break
             taken.append(item)

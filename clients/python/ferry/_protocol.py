@@ -14,6 +14,9 @@ TAG = b"FERRY1"
 MAX_MODEL_NAME = 128
 MAX_INPUTS = 64
 MAX_MESSAGE_BYTES = 32 << 20  # tensor data per SUBMIT message, as the C++ SDK
+# The broker's default --max-message-bytes (Options.max_message_bytes): a frame over the
+# broker's limit makes it drop the connection without an answer.
+DEFAULT_MAX_MESSAGE_BYTES = (64 << 20) + (1 << 20)
 # A stored input is one Redis value: Redis refuses one over 512 MiB (proto-max-bulk-len).
 MAX_STORED_BYTES = (512 << 20) - (1 << 20)
 MAX_JOBS_PER_MESSAGE = 10000  # jobs per SUBMIT message: the broker's --max-jobs-per-message
@@ -164,10 +167,11 @@ def _int(name, v, low=0):
 
 
 def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes, prefix,
-            attached_bytes=0):
+            attached_bytes=0, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES):
     """Checks one job and encodes it (InvalidArgument / TooLarge when it cannot be sent).
     Inputs of >= stored_bytes are stored, other inputs of >= attached_bytes attached (0: none
-    of either), as the C++ SDK's ClientOptions::stored_input_bytes / attached_input_bytes."""
+    of either), as the C++ SDK's ClientOptions::stored_input_bytes / attached_input_bytes; a
+    job whose other inputs need more than max_message_bytes in its SUBMIT is TooLarge."""
     id = new_id() if id is None else check_id(id)
     if type(model) is not str or not 0 < len(model) <= MAX_MODEL_NAME:
         raise InvalidArgument("model must be a string of 1-128 characters", id=id)
@@ -200,6 +204,11 @@ def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes,
                 encoded.append({"dtype": name, "shape": shape, "data": data})
                 size += nbytes
             size += 64
+        if size > max_message_bytes:
+            raise TooLarge("job %r needs ~%d bytes in its SUBMIT; the broker takes at most %d "
+                           "(max_message_bytes, the broker's --max-message-bytes): store its big "
+                           "inputs in Redis (stored_input_bytes) or raise both"
+                           % (id, size, max_message_bytes))
         job = {"id": id, "model": model, "inputs": encoded}
         if priority:
             job["priority"] = _int("priority", priority, -INT64_MAX - 1)
@@ -228,6 +237,7 @@ class Options:
         "push_results": True,
         "stored_input_bytes": 64 * 1024,
         "attached_input_bytes": 16 * 1024,
+        "max_message_bytes": DEFAULT_MAX_MESSAGE_BYTES,
         "input_ttl_s": 3600,
         "consume_results": False,
         "curve_server_public": None,
@@ -251,6 +261,7 @@ class Options:
         self.request_timeout_ms = _int("request_timeout_ms", self.request_timeout_ms, 1)
         self.stored_input_bytes = _int("stored_input_bytes", self.stored_input_bytes)
         self.attached_input_bytes = _int("attached_input_bytes", self.attached_input_bytes)
+        self.max_message_bytes = _int("max_message_bytes", self.max_message_bytes, 1024)
         self.input_ttl_s = _int("input_ttl_s", self.input_ttl_s, 1)
         if self.input_ttl_s > 30 * 24 * 3600:
             raise InvalidArgument("input_ttl_s must be 1 s to 30 days")

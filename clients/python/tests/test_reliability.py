@@ -39,6 +39,35 @@ def test_queue_full_and_too_large(models_dir):
         f.stop()
 
 
+def test_a_job_over_the_brokers_message_limit_is_too_large_before_it_is_sent(models_dir):
+    # A frame over --max-message-bytes makes the broker's libzmq drop the connection unanswered.
+    # With the limit in max_message_bytes, run(timeout=None) raises TooLarge instead of
+    # resubmitting for ever, and runs under it go in SUBMITs the broker takes.
+    limit = 1 << 20
+    f = Fleet(models_dir, models=("null",), broker_args=["--max-message-bytes", str(limit)])
+    options = dict(stored_input_bytes=0, max_message_bytes=limit)
+
+    async def main():
+        async with ferry.AsyncClient(f.frontend, f.redis_url, **options) as c:
+            with pytest.raises(ferry.TooLarge) as e:  # 2 MiB in one frame
+                await asyncio.wait_for(c.run("null", np.ones(limit // 2, np.float32)), 60)
+            assert "max_message_bytes" in str(e.value) and not e.value.retryable
+            # Eight runs of 320 KB in one turn: one SUBMIT would be 2.5 MiB, refused whole.
+            xs = [np.full(80000, i, np.float32) for i in range(8)]
+            rs = await asyncio.wait_for(
+                asyncio.gather(*(c.run("null", x, timeout=60) for x in xs)), 90)
+            for x, r in zip(xs, rs):
+                np.testing.assert_array_equal(r.outputs[0], x)
+
+    try:
+        f.wait_workers(1)
+        asyncio.run(main())
+        with pytest.raises(ferry.InvalidArgument):
+            ferry.Client(f.frontend, f.redis_url, max_message_bytes=1000)
+    finally:
+        f.stop()
+
+
 def test_broker_killed_and_restarted_mid_run(models_dir):
     f = Fleet(models_dir, models=("slow",), worker_args=["--max-batch", "8"])
     total_runs, total_waits = 240, 40

@@ -121,6 +121,13 @@ struct ClientOptions {
   // the worker without copying or parsing them, and the worker computes from them in place.
   // Smaller ones travel inside the body. 0: every input that is not stored goes in the body.
   int64_t attached_input_bytes = 16 * 1024;
+  // The broker's --max-message-bytes (its default here): the most a SUBMIT may carry in its body
+  // and data frames. A job whose inputs that are not stored need more is too_large here, before
+  // anything is sent: the broker would reject it, or, for a single frame over its limit, drop
+  // the connection without an answer (ZeroMQ's ZMQ_MAXMSGSIZE), and a Run would wait for ever.
+  // Set it to the broker's value where that differs; store big inputs (stored_input_bytes) to
+  // send bigger jobs. At least 1024.
+  int64_t max_message_bytes = (64 << 20) + (1 << 20);
   // Expiry of stored inputs: a job that has not run within it fails (not_found) when it does.
   int64_t input_ttl_s = 3600;
   // Results that Wait and Run return are deleted from Redis soon after, so Redis does not keep
