@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Builds Ferry's Whisper pipeline from an openai-whisper checkpoint (tiny.pt, base.pt, ...).
 
-    scripts/whisper_import.py tiny.pt whisper.pt [--max-tokens 224]
+    scripts/whisper_import.py tiny.pt whisper.pt [--max-tokens 224] [--suppress-tokens IDS]
 
 The result is the module `ferry-make-models` writes as whisper.pt, with the checkpoint's
 weights: forward(pcm: [B, L] int16, 16 kHz) -> [B, max_tokens] int64 token ids (see
@@ -199,6 +199,10 @@ def main(argv=None):
     parser.add_argument("out", help="the TorchScript module to write, e.g. whisper.pt")
     parser.add_argument("--max-tokens", type=int, default=224,
                         help="tokens decoded per clip (default 224; at most n_text_ctx - 4)")
+    parser.add_argument("--suppress-tokens", default="",
+                        help="comma-separated token ids never to decode, besides Whisper's "
+                             "special tokens; openai-whisper's default (\"-1\") is its "
+                             "tokenizer's non_speech_tokens (docs/models.md)")
     parser.add_argument("--make-models", help="path of ferry-make-models")
     args = parser.parse_args(argv)
     try:
@@ -208,8 +212,9 @@ def main(argv=None):
             weights = os.path.join(tmp, "weights.msgpack")
             write_weights(weights, dims, tensors)
             del tensors
+            extra = ["--suppress-tokens", args.suppress_tokens] if args.suppress_tokens else []
             return subprocess.call([make_models, "--whisper-weights", weights,
-                                    "--max-tokens", str(args.max_tokens), args.out])
+                                    "--max-tokens", str(args.max_tokens)] + extra + [args.out])
     except (CheckpointError, OSError) as e:
         print("whisper_import: %s" % e, file=sys.stderr)
         return 1

@@ -39,6 +39,8 @@
 #include <exception>
 #include <filesystem>
 #include <functional>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -258,24 +260,28 @@ constexpr int64_t kWhisperTokens = 24;
 
 constexpr const char* kUsage =
     "usage: ferry-make-models OUTDIR [MODEL...]\n"
-    "       ferry-make-models --whisper-weights WEIGHTS [--max-tokens N] OUT.pt\n"
+    "       ferry-make-models --whisper-weights WEIGHTS [--max-tokens N] [--suppress-tokens IDS]\n"
+    "                         OUT.pt\n"
     "The first form writes tiny.pt, multi.pt, encoder.pt, resnet.pt, resnet_u8.pt, null.pt,\n"
     "head.pt, expand.pt, slow.pt, underflow.pt and whisper.pt (TorchScript, fixed random\n"
     "weights) into OUTDIR; given MODEL names (tiny, whisper, ...), only those.\n"
     "The second builds the Whisper pipeline from real weights: WEIGHTS is what\n"
     "scripts/whisper_import.py (ferry-whisper-import) makes of an openai-whisper checkpoint;\n"
     "it runs this for you.\n"
-    "--max-tokens: tokens decoded per clip (default 224, at most n_text_ctx - 4).\n";
+    "--max-tokens: tokens decoded per clip (default 224, at most n_text_ctx - 4).\n"
+    "--suppress-tokens: comma-separated token ids never to decode, besides Whisper's special\n"
+    "tokens (e.g. its tokenizer's non_speech_tokens, as openai-whisper's default \"-1\").\n";
 
 int Fail(const std::string& what) {
   std::fprintf(stderr, "ferry-make-models: %s\n", what.c_str());
   return 1;
 }
 
-// ferry-make-models --whisper-weights WEIGHTS [--max-tokens N] OUT.pt
+// ferry-make-models --whisper-weights WEIGHTS [--max-tokens N] [--suppress-tokens IDS] OUT.pt
 int ImportWhisper(const std::vector<std::string>& args) {
   std::string weights_path, out;
   int64_t max_tokens = 224;
+  std::vector<int64_t> suppress;
   for (size_t i = 0; i < args.size(); ++i) {
     if (args[i] == "--whisper-weights" && i + 1 < args.size()) {
       weights_path = args[++i];
@@ -283,6 +289,15 @@ int ImportWhisper(const std::vector<std::string>& args) {
       char* end = nullptr;
       max_tokens = std::strtoll(args[++i].c_str(), &end, 10);
       if (*end != '\0' || max_tokens < 1) return Fail("--max-tokens must be a positive integer");
+    } else if (args[i] == "--suppress-tokens" && i + 1 < args.size()) {
+      std::stringstream list(args[++i]);
+      for (std::string item; std::getline(list, item, ',');) {
+        char* end = nullptr;
+        const int64_t id = std::strtoll(item.c_str(), &end, 10);
+        if (item.empty() || *end != '\0' || id < 0)
+          return Fail("--suppress-tokens takes comma-separated token ids, not \"" + item + "\"");
+        suppress.push_back(id);
+      }
     } else if (out.empty() && args[i].rfind("--", 0) != 0) {
       out = args[i];
     } else {
@@ -297,7 +312,11 @@ int ImportWhisper(const std::vector<std::string>& args) {
   ferry::testmodels::WhisperWeights weights;
   std::string error;
   if (!ferry::testmodels::LoadWhisperWeights(weights_path, &weights, &error)) return Fail(error);
-  ferry::testmodels::MakeWhisper(weights, max_tokens).save(out);
+  try {
+    ferry::testmodels::MakeWhisper(weights, max_tokens, suppress).save(out);
+  } catch (const std::invalid_argument& e) {
+    return Fail(e.what());
+  }
   std::printf("%s\n", out.c_str());
   return 0;
 }

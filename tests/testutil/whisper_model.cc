@@ -19,6 +19,11 @@ constexpr int64_t kMultilingualVocab = 51865;
 constexpr int64_t kEndOfText = 50257;
 constexpr int64_t kStartOfTranscript[4] = {50258, 50259, 50359, 50363};  // sot, en, transcribe,
                                                                          // notimestamps
+// Never decoded, as openai-whisper's DecodingTask always suppresses them: sot, translate,
+// transcribe, sot_lm, sot_prev, no_speech.
+constexpr int64_t kSuppressed[6] = {50258, 50358, 50359, 50360, 50361, 50362};
+// Not decoded first (openai-whisper's SuppressBlank): " " (GPT-2's 220) and end-of-text.
+constexpr int64_t kSuppressedFirst[2] = {220, kEndOfText};
 
 // The forward pass, written once with placeholders for the dims.
 constexpr const char* kSource = R"(
@@ -97,6 +102,14 @@ def _logits(self, x):
     x = torch.layer_norm(x, [@TD@], self.dec_ln_w, self.dec_ln_b, 1e-5)
     return torch.matmul(x, self.dec_tok.t())
 
+def _next(self, x, step: int):
+    # The greedy choice from the newest position's logits, with the suppressed ids at -inf.
+    logits = self._logits(x[:, -1:]).squeeze(1)
+    logits = logits.index_fill(1, self.suppress.to(logits.device), float("-inf"))
+    if step == 0:
+        logits = logits.index_fill(1, self.suppress_first.to(logits.device), float("-inf"))
+    return logits.argmax(-1)
+
 def decode(self, audio, max_tokens: int):
     # Greedy, with a KV cache: each step runs the blocks on the new token only.
     B = audio.size(0)
@@ -118,7 +131,7 @@ def decode(self, audio, max_tokens: int):
                 cache_k[i] = torch.cat([cache_k[i], k], 2)
                 cache_v[i] = torch.cat([cache_v[i], v], 2)
             x = self._decoder_block(i, x, cache_k[i], cache_v[i], cross_k[i], cross_v[i])
-        nxt = self._logits(x[:, -1:]).squeeze(1).argmax(-1)
+        nxt = self._next(x, step)
         nxt = torch.where(done, torch.full_like(nxt, @EOT@), nxt)
         out[:, step] = nxt
         done = done | (nxt == @EOT@)
@@ -141,7 +154,7 @@ def decode_without_cache(self, audio, max_tokens: int):
         for i in range(@TL@):
             k, v = self._self_kv(i, x)
             x = self._decoder_block(i, x, k, v, cross_k[i], cross_v[i])
-        nxt = self._logits(x[:, -1:]).squeeze(1).argmax(-1)
+        nxt = self._next(x, step)
         nxt = torch.where(done, torch.full_like(nxt, @EOT@), nxt)
         out[:, step] = nxt
         done = done | (nxt == @EOT@)
@@ -370,7 +383,8 @@ bool LoadWhisperWeights(const std::string& path, WhisperWeights* out, std::strin
   }
 }
 
-torch::jit::Module MakeWhisper(const WhisperWeights& weights, int64_t max_tokens) {
+torch::jit::Module MakeWhisper(const WhisperWeights& weights, int64_t max_tokens,
+                               const std::vector<int64_t>& suppress) {
   const WhisperDims& d = weights.dims;
   torch::jit::Module m("FerryWhisper");
   auto param = [&](const std::string& name, const torch::Tensor& t) {
@@ -443,6 +457,18 @@ torch::jit::Module MakeWhisper(const WhisperWeights& weights, int64_t max_tokens
   m.register_buffer("mel_filters", MelFilters(d.n_mels));
   m.register_buffer("sot", torch::tensor(std::vector<int64_t>(std::begin(kStartOfTranscript),
                                                               std::end(kStartOfTranscript))));
+  for (int64_t id : suppress)
+    if (id < 0 || id >= d.n_vocab)
+      throw std::invalid_argument("token id " + std::to_string(id) + " to suppress is not in the " +
+                                  "vocabulary (0.." + std::to_string(d.n_vocab - 1) + ")");
+  std::vector<int64_t> never(std::begin(kSuppressed), std::end(kSuppressed));
+  never.insert(never.end(), suppress.begin(), suppress.end());
+  std::sort(never.begin(), never.end());
+  never.erase(std::unique(never.begin(), never.end()), never.end());
+  m.register_buffer("suppress", torch::tensor(never));
+  m.register_buffer("suppress_first",
+                    torch::tensor(std::vector<int64_t>(std::begin(kSuppressedFirst),
+                                                       std::end(kSuppressedFirst))));
   const int64_t cap = d.n_text_ctx - static_cast<int64_t>(std::size(kStartOfTranscript));
   m.register_attribute("max_tokens", c10::IntType::get(), std::min(max_tokens, cap));
   m.define(Substitute(kSource, {{"AL", d.n_audio_layer},

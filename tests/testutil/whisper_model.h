@@ -22,6 +22,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include <torch/script.h>
 
@@ -56,8 +57,13 @@ WhisperWeights RandomWhisperWeights(uint64_t seed, const WhisperDims& dims = {})
 // OrderedDict a state_dict is, before PyTorch 2.6.)
 bool LoadWhisperWeights(const std::string& path, WhisperWeights* out, std::string* error);
 
-// The pipeline module. `max_tokens`: tokens decoded per clip (at most n_text_ctx - 4).
-torch::jit::Module MakeWhisper(const WhisperWeights& weights, int64_t max_tokens);
+// The pipeline module. `max_tokens`: tokens decoded per clip (at most n_text_ctx - 4). The
+// decoder never picks sot, translate, transcribe, sot_lm, sot_prev or no_speech, nor the ids in
+// `suppress` (each < n_vocab), and not " " (220) or end-of-text first: openai-whisper's greedy
+// decoding with suppress_tokens="" -- or its default "-1" when `suppress` holds the tokenizer's
+// non_speech_tokens.
+torch::jit::Module MakeWhisper(const WhisperWeights& weights, int64_t max_tokens,
+                               const std::vector<int64_t>& suppress = {});
 
 // The mel filterbank Whisper uses (librosa.filters.mel(sr=16000, n_fft=400, n_mels), Slaney
 // scale and area normalisation): [n_mels, 201] float32.

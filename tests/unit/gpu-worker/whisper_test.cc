@@ -96,6 +96,49 @@ TEST_F(WhisperTest, AClipDecodesTheSameInABatchAsAlone) {
   EXPECT_TRUE(in_vocab.all().item<bool>());
 }
 
+// openai-whisper's greedy decoding never picks its special tokens, nor " " (220) or
+// end-of-text first. Weights that make them win: a row of the token embedding (which is also
+// the output projection) set to 4x the row of a token the model picks, so its logit is 4x that
+// token's (positive, the largest) logit. The same module with nothing suppressed picks them.
+TEST(WhisperSuppressTest, SpecialTokensALeadingBlankAndTheGivenIdsAreNeverDecoded) {
+  torch::NoGradGuard no_grad;
+  const WhisperWeights w = RandomWhisperWeights(2);
+  const torch::Tensor pcm = Clips(3, 16000, 9);
+  const torch::Tensor plain = MakeWhisper(w, 12).forward({pcm}).toTensor();
+  const int64_t first = plain[0][0].item<int64_t>(), later = plain[0][3].item<int64_t>();
+  auto with_row = [&](std::vector<int64_t> rows, int64_t like) {
+    WhisperWeights v = w;
+    torch::Tensor emb = v.state.at("decoder.token_embedding.weight").clone();
+    for (int64_t r : rows) emb[r] = 4 * emb[like];
+    v.state["decoder.token_embedding.weight"] = emb;
+    return v;
+  };
+  // sot_prev and no_speech (not in the start-of-transcript prompt) made to win.
+  torch::jit::Module m = MakeWhisper(with_row({50361, 50362}, later), 12);
+  torch::Tensor got = m.forward({pcm}).toTensor();
+  for (int64_t special : {50258, 50358, 50359, 50360, 50361, 50362})
+    EXPECT_EQ(Distinct(got).count(special), 0u) << special << " in " << got;
+  m.register_buffer("suppress", torch::empty({0}, torch::kInt64));
+  torch::Tensor free = m.forward({pcm}).toTensor();
+  EXPECT_TRUE(Distinct(free).count(50361) || Distinct(free).count(50362)) << free;
+
+  // " " made to win first.
+  m = MakeWhisper(with_row({220}, first), 12);
+  got = m.forward({pcm}).toTensor();
+  for (int64_t i = 0; i < 3; ++i) {
+    EXPECT_NE(got[i][0].item<int64_t>(), 220) << got;
+    EXPECT_NE(got[i][0].item<int64_t>(), 50257) << got;
+  }
+  m.register_buffer("suppress_first", torch::empty({0}, torch::kInt64));
+  free = m.forward({pcm}).toTensor();
+  EXPECT_EQ(free[0][0].item<int64_t>(), 220) << free;
+
+  // Ids given to MakeWhisper (a tokenizer's non_speech_tokens, say) join them.
+  got = MakeWhisper(w, 12, {later, first}).forward({pcm}).toTensor();
+  EXPECT_EQ(Distinct(got).count(later) + Distinct(got).count(first), 0u) << got;
+  EXPECT_THROW(MakeWhisper(w, 12, {51865}), std::invalid_argument);
+}
+
 // Whisper's log-mel, computed here the slow way in float64: reflect-pad 200, periodic Hann
 // window of 400, |DFT|^2 of bins 0..200 every 160 samples (the last frame dropped), Slaney mel
 // filters, log10 clamped at 1e-10, floored at max - 8, then (x + 4) / 4.
@@ -164,18 +207,20 @@ TEST(WhisperMelFiltersTest, AreLibrosasSlaneyFilterbank) {
 }
 
 // `half = true` (the worker's ToHalfPrecision): the weights and the filterbank become float16,
-// the start-of-transcript ids stay int64 (the decoder indexes with them), and the log-mel is
-// still computed in float32 before it is handed over in float16. The float16 forward itself
-// needs a GPU (gpu_test.cc, WhisperRunsInHalfPrecision).
+// the token ids (start of transcript, suppressed) stay int64 (the decoder indexes with them),
+// and the log-mel is still computed in float32 before it is handed over in float16. The float16
+// forward itself needs a GPU (gpu_test.cc, WhisperRunsInHalfPrecision).
 TEST(WhisperHalfTest, HalfPrecisionCastsWeightsNotTokenIds) {
   torch::NoGradGuard no_grad;
   torch::jit::Module m = MakeWhisper(RandomWhisperWeights(5, SmallDims()), 8);
   torch::Tensor clips = Clips(2, 8000, 4);
   torch::Tensor want = m.run_method("log_mel", clips).toTensor();
   worker::ToHalfPrecision(&m);
-  for (const auto& p : m.named_parameters()) EXPECT_EQ(p.value.scalar_type(), torch::kHalf) << p.name;
+  for (const auto& p : m.named_parameters())
+    EXPECT_EQ(p.value.scalar_type(), torch::kHalf) << p.name;
+  const std::set<std::string> ids = {"sot", "suppress", "suppress_first"};
   for (const auto& b : m.named_buffers())
-    EXPECT_EQ(b.value.scalar_type(), b.name == "sot" ? torch::kInt64 : torch::kHalf) << b.name;
+    EXPECT_EQ(b.value.scalar_type(), ids.count(b.name) ? torch::kInt64 : torch::kHalf) << b.name;
   torch::Tensor got = m.run_method("log_mel", clips).toTensor();
   EXPECT_EQ(got.scalar_type(), torch::kHalf);
   EXPECT_LT((got.to(torch::kFloat32) - want).abs().max().item<float>(), 2e-3);
@@ -223,11 +268,14 @@ class WhisperImportTest : public ::testing::Test {
   }
 
   // Runs the import script; its exit code, its output in *output.
-  int Import(const std::string& checkpoint, const std::string& out, std::string* output) {
+  int Import(const std::string& checkpoint, const std::string& out, std::string* output,
+             const std::string& suppress = "") {
     const std::string log = dir_.path() + "/import.log";
-    testutil::Process p({FERRY_PYTHON3, FERRY_WHISPER_IMPORT, "--make-models", FERRY_MAKE_MODELS,
-                         "--max-tokens", "8", checkpoint, out},
-                        log);
+    std::vector<std::string> argv = {FERRY_PYTHON3,     FERRY_WHISPER_IMPORT, "--make-models",
+                                     FERRY_MAKE_MODELS, "--max-tokens",       "8"};
+    if (!suppress.empty()) argv.insert(argv.end(), {"--suppress-tokens", suppress});
+    argv.insert(argv.end(), {checkpoint, out});
+    testutil::Process p(argv, log);
     const int rc = p.Wait(std::chrono::seconds(120));
     *output = p.Log();
     return rc;
@@ -256,6 +304,17 @@ TEST_F(WhisperImportTest, ACheckpointBuildsTheModuleItsWeightsBuild) {
   torch::Tensor got = imported.forward({pcm}).toTensor();
   EXPECT_TRUE(torch::equal(got, expected.forward({pcm}).toTensor())) << got;
   EXPECT_EQ(got.sizes(), (std::vector<int64_t>{2, 8}));
+
+  // --suppress-tokens: ids never decoded, as MakeWhisper's `suppress`.
+  const int64_t id = got[0][1].item<int64_t>();
+  ASSERT_EQ(Import(checkpoint, out, &output, "7," + std::to_string(id)), 0) << output;
+  got = torch::jit::load(out).forward({pcm}).toTensor();
+  EXPECT_EQ(Distinct(got).count(id), 0u) << got;
+  EXPECT_TRUE(torch::equal(got, MakeWhisper(w, 8, {7, id}).forward({pcm}).toTensor())) << got;
+  EXPECT_NE(Import(checkpoint, out, &output, "7,51865"), 0);
+  EXPECT_NE(output.find("not in the vocabulary"), std::string::npos) << output;
+  EXPECT_NE(Import(checkpoint, out, &output, "7,x"), 0);
+  EXPECT_NE(output.find("comma-separated token ids"), std::string::npos) << output;
 }
 
 TEST_F(WhisperImportTest, AMissingWeightIsNamedAndNothingIsWritten) {
