@@ -164,6 +164,12 @@ def decode_without_cache(self, audio, max_tokens: int):
     return out
 
 def forward(self, pcm):
+    # A clip keeps its length (the model repository's buckets pad batches; Whisper pads every
+    # clip to 30 s), but gets at least 400 samples (two frames) and at most the audio positions.
+    L = pcm.size(1)
+    assert L <= @MAXS@, "a clip of " + str(L) + " samples; at most @MAXS@ (30 s at 16 kHz): split longer audio"
+    if L < 400:
+        pcm = torch.constant_pad_nd(pcm, [0, 400 - L], 0)
     return self.decode(self.encode(self.log_mel(pcm)), self.max_tokens)
 )";
 
@@ -477,7 +483,8 @@ torch::jit::Module MakeWhisper(const WhisperWeights& weights, int64_t max_tokens
                                 {"TL", d.n_text_layer},
                                 {"TD", d.n_text_state},
                                 {"TH", d.n_text_head},
-                                {"EOT", kEndOfText}}));
+                                {"EOT", kEndOfText},
+                                {"MAXS", d.n_audio_ctx * 320}}));
   return m;
 }
 

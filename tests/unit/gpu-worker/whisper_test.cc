@@ -96,6 +96,25 @@ TEST_F(WhisperTest, AClipDecodesTheSameInABatchAsAlone) {
   EXPECT_TRUE(in_vocab.all().item<bool>());
 }
 
+// A clip shorter than two frames is padded with silence (the STFT's reflection needs more than
+// 200 samples); one longer than the 1,500 audio positions hold (30 s) fails with a message
+// that says so, not in the encoder's shapes.
+TEST_F(WhisperTest, ATinyClipDecodesAndOneOver30SecondsIsRefusedByName) {
+  for (int64_t samples : {0, 1, 100, 399}) {
+    const torch::Tensor tokens = tiny_->forward({Clips(2, samples, 3)}).toTensor();
+    EXPECT_EQ(tokens.sizes(), (std::vector<int64_t>{2, 12})) << samples;
+  }
+  const torch::Tensor too_long = torch::zeros({1, 480001}, torch::kInt16);
+  try {
+    tiny_->forward({too_long});
+    ADD_FAILURE() << "a clip of 480001 samples decoded";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("a clip of 480001 samples; at most 480000"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 // openai-whisper's greedy decoding never picks its special tokens, nor " " (220) or
 // end-of-text first. Weights that make them win: a row of the token embedding (which is also
 // the output projection) set to 4x the row of a token the model picks, so its logit is 4x that
