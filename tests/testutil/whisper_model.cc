@@ -19,8 +19,8 @@ constexpr int64_t kMultilingualVocab = 51865;
 constexpr int64_t kEndOfText = 50257;
 constexpr int64_t kStartOfTranscript[4] = {50258, 50259, 50359, 50363};  // sot, en, transcribe,
                                                                          // notimestamps
-// Never decoded, as openai-whisper's DecodingTask always suppresses them: sot, translate,
-// transcribe, sot_lm, sot_prev, no_speech.
+// Never decoded, as in openai-whisper's default decoding (suppress_tokens="-1", whose list
+// always holds them): sot, translate, transcribe, sot_lm, sot_prev, no_speech.
 constexpr int64_t kSuppressed[6] = {50258, 50358, 50359, 50360, 50361, 50362};
 // Not decoded first (openai-whisper's SuppressBlank): " " (GPT-2's 220) and end-of-text.
 constexpr int64_t kSuppressedFirst[2] = {220, kEndOfText};

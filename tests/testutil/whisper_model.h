@@ -60,8 +60,8 @@ bool LoadWhisperWeights(const std::string& path, WhisperWeights* out, std::strin
 // The pipeline module. `max_tokens`: tokens decoded per clip (at most n_text_ctx - 4). The
 // decoder never picks sot, translate, transcribe, sot_lm, sot_prev or no_speech, nor the ids in
 // `suppress` (each < n_vocab), and not " " (220) or end-of-text first: openai-whisper's greedy
-// decoding with suppress_tokens="" -- or its default "-1" when `suppress` holds the tokenizer's
-// non_speech_tokens.
+// decoding with its default suppress_tokens="-1" when `suppress` holds the tokenizer's
+// non_speech_tokens; that default minus them otherwise.
 torch::jit::Module MakeWhisper(const WhisperWeights& weights, int64_t max_tokens,
                                const std::vector<int64_t>& suppress = {});
 
