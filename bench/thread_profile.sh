@@ -21,7 +21,7 @@
 #   MODEL=whisper SHAPE=480000 DTYPE=int16 CONCURRENCY=256 MAX_BATCH=128 \
 #     FERRY_BENCH_DEVICE=cuda:0 bash bench/thread_profile.sh build-gpu 2000
 set -uo pipefail
-[ $# -ge 1 ] || { sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2; }
 B=$(cd "$1" && pwd); JOBS=${2:-4000}; shift $(( $# >= 2 ? 2 : 1 )); [ "${1:-}" = "--" ] && shift
 W=$(mktemp -d /tmp/ferry-threads-XXXXXX)
 PIDS=()
@@ -73,8 +73,10 @@ snapshot() {
 # every 100 ms through the measured run: whether the device or the host sets the pace.
 GPU_UTIL=0
 if [[ "$DEVICE" == cuda* ]] && command -v nvidia-smi >/dev/null; then
-  nvidia-smi --query-gpu=utilization.gpu --format=csv,noheader,nounits -lms 100 >"$W/util" 2>/dev/null &
-  GPU_UTIL=$!
+  GPU_INDEX=${DEVICE#cuda}; GPU_INDEX=${GPU_INDEX#:}
+  nvidia-smi -i "${GPU_INDEX:-0}" --query-gpu=utilization.gpu --format=csv,noheader,nounits \
+    -lms 100 >"$W/util" 2>/dev/null &
+  GPU_UTIL=$!; PIDS+=("$GPU_UTIL")
 fi
 snapshot >"$W/before"
 bench "$JOBS" 2>&1 | grep -E 'latency|time share'
