@@ -190,20 +190,25 @@ class Client::Impl {
     return !Stored(t) && options_.attached_input_bytes > 0 &&
            t.data.size() >= static_cast<size_t>(options_.attached_input_bytes);
   }
-  // What `job` adds to a SUBMIT (body and data frames), a little over: its inputs that are not
-  // stored, plus a bound on its ids, model and framing.
-  size_t SubmitBytes(const Job& job) const {
-    size_t bytes = 256;
-    for (const Tensor& t : job.inputs) bytes += (Stored(t) ? 0 : t.data.size()) + 64;
+  // At least what job `id` adds to a SUBMIT's body and data frames: its inputs that are not
+  // stored, each input's dtype and shape (at most 9 bytes a dimension), its id, model and
+  // options (msgpack keys, integers of at most 9 bytes).
+  size_t SubmitBytes(const Job& job, const std::string& id) const {
+    size_t bytes = 128 + id.size() + job.model.size();
+    for (const Tensor& t : job.inputs)
+      bytes += 64 + 9 * t.shape.size() + (Stored(t) ? 0 : t.data.size());
     return bytes;
   }
+  // At least what a SUBMIT's body holds besides its jobs: "rid", "ack", "inline_results",
+  // "notify" (the prefix, "notify:" and a token), the jobs array's header.
+  size_t SubmitHeaderBytes() const { return 1024 + options_.redis_prefix.size(); }
   // ValidateJob, and whether `job` fits one SUBMIT (ClientOptions::max_message_bytes).
   Status Validate(const Job& job, const std::string& id) const {
     FERRY_RETURN_IF_ERROR(ValidateJob(job, id, options_.stored_input_bytes));
-    const size_t bytes = SubmitBytes(job);
+    const size_t bytes = SubmitHeaderBytes() + SubmitBytes(job, id);
     if (bytes > static_cast<size_t>(options_.max_message_bytes))
       return Status(codes::kTooLarge,
-                    "job \"" + id + "\" needs ~" + std::to_string(bytes) +
+                    "job \"" + id + "\" needs up to " + std::to_string(bytes) +
                         " bytes in its SUBMIT; the broker takes at most " +
                         std::to_string(options_.max_message_bytes) +
                         " (max_message_bytes, the broker's --max-message-bytes): store its big "
@@ -254,9 +259,9 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
       std::min(kMaxMessageBytes, static_cast<size_t>(options_.max_message_bytes));
   size_t begin = 0;
   while (begin < sent.size()) {
-    size_t end = begin, bytes = 0;
+    size_t end = begin, bytes = SubmitHeaderBytes();
     while (end < sent.size() && end - begin < max_jobs) {
-      const size_t job_bytes = SubmitBytes(*jobs[sent[end]]);
+      const size_t job_bytes = SubmitBytes(*jobs[sent[end]], (*outcomes)[sent[end]].id);
       if (end > begin && bytes + job_bytes > max_bytes) break;
       bytes += job_bytes;
       ++end;

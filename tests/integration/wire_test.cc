@@ -5,6 +5,7 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -314,6 +315,21 @@ TEST(WireLimits, TheSdkRejectsAJobOverTheBrokersMessageLimitAndSplitsUnderIt) {
   EXPECT_NE(s.message().find("max_message_bytes"), std::string::npos) << s.ToString();
   Result r;
   s = c->Run(big, 60000, &r);  // without the check: no answer, a timeout after 60 s
+  EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
+  // Inside the body (no attached frames): the tensor's bytes plus 320 are the limit, and its
+  // 128-character id, 16 dimensions and options take the body over it (a bound of 320 bytes
+  // for all but the tensor's bytes let it through, and Run waited for ever).
+  client::ClientOptions inline_only = o;
+  inline_only.attached_input_bytes = 0;
+  std::unique_ptr<client::Client> c2;
+  ASSERT_TRUE(client::Client::Create(inline_only, &c2).ok());
+  client::Job wide = job(std::string(128, 'a'), (kLimit - 320) / 4);
+  wide.inputs[0].shape.assign(15, 1);
+  wide.inputs[0].shape.push_back((kLimit - 320) / 4);
+  wide.priority = std::numeric_limits<int64_t>::max();
+  wide.timeout_ms = 3600000;
+  wide.result_ttl_s = 86400;
+  s = c2->Run(wide, 60000, &r);
   EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
 
   // Eight jobs of 320 KB: one message would be 2.5 MiB (ERROR too_large for all eight).

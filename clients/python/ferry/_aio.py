@@ -44,7 +44,8 @@ class AsyncClient:
 
     Every coroutine runs on the event loop the client first ran on (it binds to it then):
     thousands of concurrent ``await client.run(...)`` share one socket, and the runs started
-    in one turn of the loop travel to the broker as one SUBMIT (per 10,000 jobs or 32 MiB).
+    in one turn of the loop travel to the broker as one SUBMIT (per 10,000 jobs or 32 MiB, or
+    max_message_bytes if less).
     Not thread-safe: use it from its loop only (ferry.Client is the thread-safe, blocking
     client).
 
@@ -107,10 +108,11 @@ class AsyncClient:
         return (await self._submit_prepared([prep]))[0]
 
     async def submit_many(self, jobs):
-        """Submits jobs (ferry.Job or dicts) in one SUBMIT per 32 MiB or 10,000 jobs; returns
-        their ids in order. If any is rejected, raises the first rejection's error with .ids
-        (every id, in order), .accepted (the accepted ids: wait for these) and .errors
-        ({id: FerryError})."""
+        """Submits jobs (ferry.Job or dicts) in one SUBMIT per 32 MiB (or max_message_bytes, if
+        less) or 10,000 jobs; returns their ids in order. If any is rejected, raises the first
+        rejection's error with .ids (every id, in order), .accepted (the accepted ids: wait for
+        these) and .errors ({id: FerryError}). A job that fails the client's own checks
+        (InvalidArgument, TooLarge) raises before anything is sent; its .id names it."""
         preps = self._prepare_many(jobs)
         if not preps:
             return []

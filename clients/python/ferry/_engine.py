@@ -3,7 +3,7 @@
 One I/O task owns the DEALER socket (an actor, like the C++ SDK's I/O thread): callers queue
 jobs and requests and kick it; each turn it builds messages from everything queued -- the jobs
 of all the `run` calls made since its last turn go out as ONE ``SUBMIT`` (``"ack": false``), the
-jobs of all `submit` calls as another (each split at 10,000 jobs or 32 MiB: _take), each with
+jobs of all `submit` calls as another (each split at 10,000 jobs or 32 MiB, or max_message_bytes: _take), each with
 its jobs' attached inputs as data frames after the body, in job order -- sends what the socket
 takes (a submit call's jobs are marked sent then), then reads every message that has
 arrived (replies matched by ``rid``; ``FINISHED`` notices) and sleeps until a caller or the
@@ -248,7 +248,8 @@ class Engine:
         """The head of `queue` that fits one message: unique ids, at most MAX_JOBS_PER_MESSAGE
         jobs (the broker refuses a bigger SUBMIT as a whole), <= 32 MiB (or max_message_bytes)
         of body and data frames (one job more)."""
-        taken, ids, size = [], set(), 0
+        taken, ids = [], set()
+        size = _protocol.submit_header_bytes(self.opts.redis_prefix)
         limit = min(_protocol.MAX_MESSAGE_BYTES, self.opts.max_message_bytes)
         n = 0
         for item in queue:

@@ -183,7 +183,7 @@ def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes,
     try:
         encoded = []
         stored = frames = None
-        size = 256
+        attached = 0
         for i, x in enumerate(inputs):
             name, shape, data, nbytes = _tensor.encode(x, "input %d" % i, view_bytes)
             if stored_bytes and nbytes >= stored_bytes:
@@ -199,16 +199,9 @@ def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes,
                     frames = []
                 frames.append(data)
                 encoded.append({"dtype": name, "shape": shape, "attached": True})
-                size += nbytes
+                attached += nbytes
             else:
                 encoded.append({"dtype": name, "shape": shape, "data": data})
-                size += nbytes
-            size += 64
-        if size > max_message_bytes:
-            raise TooLarge("job %r needs ~%d bytes in its SUBMIT; the broker takes at most %d "
-                           "(max_message_bytes, the broker's --max-message-bytes): store its big "
-                           "inputs in Redis (stored_input_bytes) or raise both"
-                           % (id, size, max_message_bytes))
         job = {"id": id, "model": model, "inputs": encoded}
         if priority:
             job["priority"] = _int("priority", priority, -INT64_MAX - 1)
@@ -222,10 +215,23 @@ def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes,
     p = Prepared()
     p.id = id
     p.packed = _packb(job)
+    # What the job adds to a SUBMIT's body and data frames, and whether one SUBMIT holds it.
+    p.size = len(p.packed) + attached
+    need = submit_header_bytes(prefix) + p.size
+    if need > max_message_bytes:
+        raise TooLarge("job %r needs up to %d bytes in its SUBMIT; the broker takes at most %d "
+                       "(max_message_bytes, the broker's --max-message-bytes): store its big "
+                       "inputs in Redis (stored_input_bytes) or raise both"
+                       % (id, need, max_message_bytes), id=id)
     p.stored = stored
     p.frames = frames
-    p.size = size
     return p
+
+
+def submit_header_bytes(prefix):
+    """At least what a SUBMIT's body holds besides its jobs: "rid", "ack", "inline_results",
+    "notify" (the prefix, "notify:" and a token), the jobs array's header."""
+    return 1024 + len(prefix)
 
 
 class Options:

@@ -52,6 +52,17 @@ def test_a_job_over_the_brokers_message_limit_is_too_large_before_it_is_sent(mod
             with pytest.raises(ferry.TooLarge) as e:  # 2 MiB in one frame
                 await asyncio.wait_for(c.run("null", np.ones(limit // 2, np.float32)), 60)
             assert "max_message_bytes" in str(e.value) and not e.value.retryable
+        # Inside the body: with a 128-character id, 16 dimensions and every option the job
+        # alone packs to ~60 bytes under the limit, and the SUBMIT's header may not fit beside
+        # it: the client keeps 1 KiB of the limit for the header, and refuses it.
+        async with ferry.AsyncClient(f.frontend, f.redis_url, attached_input_bytes=0,
+                                     **options) as c:
+            x = np.ones((1,) * 15 + ((limit - 320) // 4,), np.float32)
+            with pytest.raises(ferry.TooLarge) as e:
+                await asyncio.wait_for(c.run("null", x, id="a" * 128, priority=2**63 - 1,
+                                             timeout_ms=3600000, result_ttl_s=86400), 60)
+            assert e.value.id == "a" * 128
+        async with ferry.AsyncClient(f.frontend, f.redis_url, **options) as c:
             # Eight runs of 320 KB in one turn: one SUBMIT would be 2.5 MiB, refused whole.
             xs = [np.full(80000, i, np.float32) for i in range(8)]
             rs = await asyncio.wait_for(

@@ -193,10 +193,11 @@ class Client {
   // same id). The job is copied; the caller keeps ownership.
   Status Submit(const Job& job, std::string* id);
 
-  // Submits many jobs in one SUBMIT message -- one round trip -- per 32 MiB of tensor data and
-  // per 10,000 jobs (the broker's default --max-jobs-per-message).
-  // *outcomes gets one entry per job, in order. Jobs that fail local validation get
-  // invalid_argument and are not sent; two jobs with the same id in one call: the later ones
+  // Submits many jobs in one SUBMIT message -- one round trip -- per 32 MiB of tensor data (or
+  // max_message_bytes, if less) and per 10,000 jobs (the broker's default
+  // --max-jobs-per-message). *outcomes gets one entry per job, in order. Jobs that fail local
+  // validation get invalid_argument (too_large: over max_message_bytes, or a stored input over
+  // 512 MiB) and are not sent; two jobs with the same id in one call: the later ones
   // get duplicate. Returns ok when the broker answered (look at each outcome); otherwise the
   // failure (unavailable, malformed, ...), which is also copied into the outcome of every job
   // that was, or after it would have been, sent. The jobs are copied; the caller keeps them.
