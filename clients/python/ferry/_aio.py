@@ -52,11 +52,12 @@ class AsyncClient:
     Options (keywords; the C++ SDK's ClientOptions, same names and defaults): redis_prefix,
     request_timeout_ms, push_results, stored_input_bytes, attached_input_bytes,
     max_message_bytes, input_ttl_s, consume_results, curve_server_public, curve_secret,
-    redis_password_file, redis_tls_ca, redis_tls_cert, redis_tls_key. frontend and redis default to $FERRY_FRONTEND and
-    $FERRY_REDIS, then tcp://127.0.0.1:5555 and redis://127.0.0.1:6379; redis_prefix, the
-    CURVE and the Redis file options to $FERRY_REDIS_PREFIX, $FERRY_CURVE_SERVER_PUBLIC,
-    $FERRY_CURVE_SECRET, $FERRY_REDIS_PASSWORD_FILE and $FERRY_REDIS_TLS_CA/_CERT/_KEY (what
-    `ferry up --env-file` writes). See docs/python.md.
+    redis_password_file, redis_tls_ca, redis_tls_cert, redis_tls_key. frontend and redis
+    default to $FERRY_FRONTEND and $FERRY_REDIS, then tcp://127.0.0.1:5555 and
+    redis://127.0.0.1:6379; redis_prefix, the CURVE and the Redis file options to
+    $FERRY_REDIS_PREFIX, $FERRY_CURVE_SERVER_PUBLIC, $FERRY_CURVE_SECRET,
+    $FERRY_REDIS_PASSWORD_FILE and $FERRY_REDIS_TLS_CA/_CERT/_KEY (what `ferry up --env-file`
+    writes). See docs/python.md.
     """
 
     def __init__(self, frontend=None, redis=None, **options):

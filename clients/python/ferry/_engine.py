@@ -3,11 +3,12 @@
 One I/O task owns the DEALER socket (an actor, like the C++ SDK's I/O thread): callers queue
 jobs and requests and kick it; each turn it builds messages from everything queued -- the jobs
 of all the `run` calls made since its last turn go out as ONE ``SUBMIT`` (``"ack": false``), the
-jobs of all `submit` calls as another (each split at 10,000 jobs or 32 MiB, or max_message_bytes: _take), each with
-its jobs' attached inputs as data frames after the body, in job order -- sends what the socket
-takes (a submit call's jobs are marked sent then), then reads every message that has
-arrived (replies matched by ``rid``; ``FINISHED`` notices) and sleeps until a caller or the
-socket wakes it. The socket's file descriptor is watched with ``loop.add_reader``.
+jobs of all `submit` calls as another (each split at 10,000 jobs or 32 MiB, or
+max_message_bytes: _take), each with its jobs' attached inputs as data frames after the body,
+in job order -- sends what the socket takes (a submit call's jobs are marked sent then), then
+reads every message that has arrived (replies matched by ``rid``; ``FINISHED`` notices) and
+sleeps until a caller or the socket wakes it. The socket's file descriptor is watched with
+``loop.add_reader``.
 
 Results: ``FINISHED`` notices (with small records inline: ``inline_results``) go to the
 client's `Results` (_results.py), which tracks each id, wakes its waiters and reads Redis.
