@@ -31,6 +31,7 @@ struct BrokerFlags {
   std::string curve_secret;                // CURVE: this client's .key_secret
   protocol::RedisAccessFiles redis_files;  // --redis-password-file, --redis-tls-*
   bool consume_results = false;            // ClientOptions::consume_results (wait --consume)
+  int64_t max_message_bytes = client::ClientOptions().max_message_bytes;  // the broker's limit
 
   void Register(runtime::FlagSet* f);
   Status MakeClient(std::unique_ptr<client::Client>* out) const;

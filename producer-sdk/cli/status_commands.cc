@@ -96,6 +96,7 @@ void BrokerFlags::Register(FlagSet* f) {
   redis_prefix = env.redis_prefix;
   curve_server_public = env.curve_server_public;
   curve_secret = env.curve_secret;
+  max_message_bytes = env.max_message_bytes;
   f->String("frontend", &frontend, "the broker's frontend endpoint ($FERRY_FRONTEND)");
   f->String("redis", &redis,
             "Redis holding the results, redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB] or "
@@ -103,6 +104,9 @@ void BrokerFlags::Register(FlagSet* f) {
   runtime::AddRedisAccessFlags(f, &redis_files);
   f->String("redis-prefix", &redis_prefix, "prefix of Ferry's Redis keys ($FERRY_REDIS_PREFIX)");
   f->Int("request-timeout-ms", &request_timeout_ms, "how long to wait for the broker's answer");
+  f->Int("max-message-bytes", &max_message_bytes,
+         "the broker's --max-message-bytes: a bigger job is too_large before it is sent "
+         "($FERRY_MAX_MESSAGE_BYTES)");
   f->String("curve-server-public", &curve_server_public,
             "CURVE: the broker's public certificate (its NAME.key; $FERRY_CURVE_SERVER_PUBLIC)");
   f->String("curve-secret", &curve_secret,
@@ -136,6 +140,7 @@ Status BrokerFlags::MakeClient(std::unique_ptr<client::Client>* out) const {
   o.redis_tls_key = EnvFile(redis_files.tls_key, "FERRY_REDIS_TLS_KEY", tls);
   o.redis_prefix = redis_prefix;
   o.request_timeout_ms = static_cast<int>(request_timeout_ms);
+  o.max_message_bytes = max_message_bytes;
   o.curve_server_public = curve_server_public;
   o.curve_secret = curve_secret;
   o.consume_results = consume_results;

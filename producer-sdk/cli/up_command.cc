@@ -12,7 +12,9 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "commands.h"
 #include "ferry/protocol/curve.h"
@@ -168,6 +170,19 @@ void PrintReady(const LocalFleet& fleet, const LocalFleetOptions& o) {
   std::fflush(stdout);
 }
 
+// The value an extra broker flag (--broker-arg) gives `name`, as "--name=V" or "--name" then
+// "V"; the last one wins, as in the broker's own parsing. "" when none does.
+std::string BrokerFlag(const std::vector<std::string>& args, const std::string& name) {
+  std::string value;
+  for (size_t i = 0; i < args.size(); ++i) {
+    if (args[i].rfind(name + "=", 0) == 0)
+      value = args[i].substr(name.size() + 1);
+    else if (args[i] == name && i + 1 < args.size())
+      value = args[++i];
+  }
+  return value;
+}
+
 // What a producer of this fleet needs, as FERRY_* variables named after the CLI's flags
 // (--curve-secret -> FERRY_CURVE_SECRET): endpoints, and paths of files, never a secret itself.
 Status WriteEnvFile(const std::string& path, const LocalFleet& fleet, const LocalFleetOptions& o) {
@@ -190,6 +205,10 @@ Status WriteEnvFile(const std::string& path, const LocalFleet& fleet, const Loca
   }
   if (o.metrics_port_base > 0)
     env << "FERRY_BROKER_METRICS=http://127.0.0.1:" << o.metrics_port_base << "/metrics\n";
+  // A broker frame limit other than the default: the SDKs refuse a job over it before sending
+  // it (ClientOptions::max_message_bytes), rather than the broker dropping the connection.
+  if (const std::string limit = BrokerFlag(o.broker_args, "--max-message-bytes"); !limit.empty())
+    env << "FERRY_MAX_MESSAGE_BYTES=" << EnvValue(limit) << "\n";
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp);

@@ -556,6 +556,11 @@ ClientOptions ClientOptions::FromEnvironment() {
   FromEnv("FERRY_REDIS_PREFIX", &o.redis_prefix);
   FromEnv("FERRY_CURVE_SERVER_PUBLIC", &o.curve_server_public);
   FromEnv("FERRY_CURVE_SECRET", &o.curve_secret);
+  if (std::string limit; FromEnv("FERRY_MAX_MESSAGE_BYTES", &limit)) {
+    char* end = nullptr;
+    const long long v = std::strtoll(limit.c_str(), &end, 10);
+    o.max_message_bytes = *end == '\0' ? v : 0;  // not a number: Create refuses 0, naming it
+  }
   // As the Python client: the Redis files only where they apply to this URL, so that a plain
   // redis:// URL still works in a shell that sourced a TLS fleet's env file.
   const bool tls = o.redis.rfind("rediss://", 0) == 0;

@@ -92,7 +92,7 @@ TEST(FerryUp, StartsRunsAJobAndDrainsOnSigterm) {
   Process up({CliBin(), "up", "--cpu-workers", "1", "--model", "tiny=" + ModelPath("tiny"),
               "--frontend-port", "0", "--backend-port", "0", "--log-dir", dir.path() + "/logs",
               "--env-file", env_file, "--max-batch", "8", "--drain-timeout-ms",
-              std::to_string(kDrainTimeoutS * 1000)},
+              std::to_string(kDrainTimeoutS * 1000), "--broker-arg=--max-message-bytes=2097152"},
              dir.path() + "/up.log");
   // Ready: the env file is written once every worker registered.
   ASSERT_TRUE(WaitFor([&] { return ReadEnvFile(env_file).count("FERRY_REDIS") > 0; }, seconds(90)))
@@ -114,6 +114,7 @@ TEST(FerryUp, StartsRunsAJobAndDrainsOnSigterm) {
         << member << ": " << cmdline;
   }
   EXPECT_EQ(env["FERRY_REDIS"].rfind("redis://127.0.0.1:", 0), 0u) << env["FERRY_REDIS"];
+  EXPECT_EQ(env["FERRY_MAX_MESSAGE_BYTES"], "2097152");  // the broker's limit, for the SDKs
 
   // A job through the fleet, with the CLI.
   std::ofstream(dir.path() + "/x.f32", std::ios::binary)
@@ -179,6 +180,7 @@ TEST(FerryUp, BindingBeyondLoopbackUsesCurve) {
   const std::string server_public = env["FERRY_CURVE_SERVER_PUBLIC"];
   const std::string secret = env["FERRY_CURVE_SECRET"];
   EXPECT_EQ(server_public, logs + "/keys/broker.key");
+  EXPECT_EQ(env.count("FERRY_MAX_MESSAGE_BYTES"), 0u);  // the broker's default limit
   EXPECT_EQ(secret, logs + "/keys/producer.key_secret");
   EXPECT_EQ(FileMode(secret), 0600);
   EXPECT_EQ(FileMode(logs + "/keys/broker.key_secret"), 0600);

@@ -153,6 +153,23 @@ TEST_F(LiveBroker, EnvironmentGivesTheDefaultsAndFlagsWin) {
     // connection error.
     EXPECT_EQ(RunCli(dir_, {"get", "no-such-job"}, &out), 4) << out;
   }
+  {
+    // FERRY_MAX_MESSAGE_BYTES (the broker's limit, in `ferry up`'s env file when it is not the
+    // default): a job over it is too_large before it is sent (sent, it would be unknown_model).
+    ScopedEnv env({{"FERRY_FRONTEND", frontend_},
+                   {"FERRY_REDIS", redis_.url()},
+                   {"FERRY_MAX_MESSAGE_BYTES", "1024"}});
+    std::ofstream(dir_.path() + "/x.f32", std::ios::binary)
+        .write(std::string(512 * sizeof(float), '\0').data(), 512 * sizeof(float));
+    const std::vector<std::string> submit = {
+        "submit", "--model", "tiny", "--input", dir_.path() + "/x.f32", "--shape", "512"};
+    EXPECT_NE(RunCli(dir_, submit, &out), 0) << out;
+    EXPECT_NE(out.find("max_message_bytes"), std::string::npos) << out;
+    std::vector<std::string> raised = submit;
+    raised.insert(raised.end(), {"--max-message-bytes", "1048576"});  // the flag wins
+    EXPECT_NE(RunCli(dir_, raised, &out), 0) << out;
+    EXPECT_NE(out.find("unknown_model"), std::string::npos) << out;
+  }
   // A FERRY_REDIS that points nowhere: `get` fails unavailable (exit 3).
   ScopedEnv env(std::map<std::string, std::string>{{"FERRY_REDIS", "redis://127.0.0.1:1"}});
   EXPECT_EQ(RunCli(dir_, {"get", "no-such-job", "--request-timeout-ms", "300"}, &out), 3) << out;

@@ -54,10 +54,10 @@ class AsyncClient:
     max_message_bytes, input_ttl_s, consume_results, curve_server_public, curve_secret,
     redis_password_file, redis_tls_ca, redis_tls_cert, redis_tls_key. frontend and redis
     default to $FERRY_FRONTEND and $FERRY_REDIS, then tcp://127.0.0.1:5555 and
-    redis://127.0.0.1:6379; redis_prefix, the CURVE and the Redis file options to
-    $FERRY_REDIS_PREFIX, $FERRY_CURVE_SERVER_PUBLIC, $FERRY_CURVE_SECRET,
-    $FERRY_REDIS_PASSWORD_FILE and $FERRY_REDIS_TLS_CA/_CERT/_KEY (what `ferry up --env-file`
-    writes). See docs/python.md.
+    redis://127.0.0.1:6379; redis_prefix, the CURVE and the Redis file options and
+    max_message_bytes to $FERRY_REDIS_PREFIX, $FERRY_CURVE_SERVER_PUBLIC, $FERRY_CURVE_SECRET,
+    $FERRY_REDIS_PASSWORD_FILE, $FERRY_REDIS_TLS_CA/_CERT/_KEY and $FERRY_MAX_MESSAGE_BYTES
+    (what `ferry up --env-file` writes). See docs/python.md.
     """
 
     def __init__(self, frontend=None, redis=None, **options):

@@ -287,6 +287,7 @@ class Options:
         "redis_tls_ca": "FERRY_REDIS_TLS_CA",
         "redis_tls_cert": "FERRY_REDIS_TLS_CERT",
         "redis_tls_key": "FERRY_REDIS_TLS_KEY",
+        "max_message_bytes": "FERRY_MAX_MESSAGE_BYTES",
     }
 
     def _env_defaults(self, options):
@@ -305,6 +306,9 @@ class Options:
                 env.pop(k, None)
         if has_password:
             env.pop("redis_password_file", None)
+        limit = env.get("max_message_bytes")
+        if limit is not None and limit.strip().isdigit():
+            env["max_message_bytes"] = int(limit)  # else _int says it is not an integer
         for k, v in env.items():
             if v is not None:
                 setattr(self, k, v)

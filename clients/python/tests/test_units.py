@@ -254,6 +254,12 @@ def test_options_and_urls(tmp_path, monkeypatch):
     monkeypatch.setenv("FERRY_REDIS_PREFIX", "other:")
     assert ferry.AsyncClient().options.redis_prefix == "other:"
     assert ferry.AsyncClient(redis_prefix="mine:").options.redis_prefix == "mine:"
+    monkeypatch.setenv("FERRY_MAX_MESSAGE_BYTES", "2097152")
+    assert ferry.AsyncClient().options.max_message_bytes == 2097152
+    assert ferry.AsyncClient(max_message_bytes=4096).options.max_message_bytes == 4096
+    monkeypatch.setenv("FERRY_MAX_MESSAGE_BYTES", "2MB")
+    with pytest.raises(ferry.InvalidArgument):
+        ferry.AsyncClient()
 
 
 def test_curve_keys_from_zmq_certificates_against_a_curve_server(tmp_path):

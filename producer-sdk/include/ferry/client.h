@@ -62,6 +62,7 @@ struct ClientOptions {
   //   FERRY_REDIS_PREFIX -> redis_prefix      FERRY_REDIS_PASSWORD_FILE -> redis_password_file
   //   FERRY_CURVE_SERVER_PUBLIC -> curve_server_public   FERRY_CURVE_SECRET -> curve_secret
   //   FERRY_REDIS_TLS_CA / _CERT / _KEY -> redis_tls_ca / _cert / _key
+  //   FERRY_MAX_MESSAGE_BYTES -> max_message_bytes
   // The Redis files apply only where they can: the TLS ones to a rediss:// `redis`, the password
   // file to a `redis` without a password (as in the Python client). Set fields after this call
   // to override. Create itself never reads the environment: a ClientOptions{} is the plain
