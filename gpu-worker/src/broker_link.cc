@@ -378,15 +378,15 @@ void BrokerLink::SendHeld(bool bye) {
 }
 
 void BrokerLink::SendDone(const DoneReport& report, bool bye) {
+  auto send = [&](const DoneReport& r) {
+    protocol::InlineResults results(r.inline_results.begin(), r.inline_results.end());
+    Send(protocol::kDone,
+         protocol::EncodeDone(r.ids, r.duplicates, r.not_done, results, r.notified, bye));
+  };
   const size_t max_ids = protocol::kMaxMapEntries, max_bytes = protocol::kMaxDoneInlineBytes;
   size_t record_bytes = 0;
   for (const auto& entry : report.inline_results) record_bytes += entry.second.size();
-  if (report.ids.size() <= max_ids && record_bytes <= max_bytes) {
-    protocol::InlineResults results(report.inline_results.begin(), report.inline_results.end());
-    Send(protocol::kDone, protocol::EncodeDone(report.ids, report.duplicates, report.not_done,
-                                               results, report.notified, bye));
-    return;
-  }
+  if (report.ids.size() <= max_ids && record_bytes <= max_bytes) return send(report);
   // More ids than a body's map may hold, or more inline records than one DONE should carry (a
   // big batch, or results that piled up while Redis was slow; the broker drops the connection
   // of a message over its limit, and the DONE with it): the ids in order, a new DONE after
@@ -418,13 +418,7 @@ void BrokerLink::SendDone(const DoneReport& report, bool bye) {
   for (const auto& entry : report.not_done) part(entry.first).not_done.push_back(entry);
   for (const auto& entry : report.inline_results) part(entry.first).inline_results.push_back(entry);
   for (const auto& id : report.notified) part(id).notified.push_back(id);
-  for (auto& part_report : split) {  // each says bye: no credit back
-    protocol::InlineResults results(part_report.inline_results.begin(),
-                                    part_report.inline_results.end());
-    Send(protocol::kDone,
-         protocol::EncodeDone(part_report.ids, part_report.duplicates, part_report.not_done,
-                              results, part_report.notified, bye));
-  }
+  for (const auto& part_report : split) send(part_report);  // each says bye: no credit back
 }
 
 }  // namespace ferry::worker
