@@ -522,6 +522,15 @@ def test_no_broker_means_unavailable_not_a_hang():
             c.poll(uid("x"))  # no Redis either
 
 
+def _done_record(y, model, worker):
+    """A done result record (msgpack) with the one float32 output `y`, as a worker writes it."""
+    import msgpack
+    return msgpack.packb({"status": "done", "model": model, "worker": worker, "batch_size": 1,
+                          "attempt": 1, "timing": {},
+                          "outputs": [{"dtype": "float32", "shape": list(y.shape),
+                                       "data": y.tobytes()}]})
+
+
 def _run_against_a_stub_broker(fleet, prefix, x, y, on_submit):
     """c.run("tiny", x) against a stub broker: a ROUTER on a thread. For each SUBMIT,
     on_submit(n, body, reply, serve) (n counts from 1): reply(command, body) answers on the
@@ -535,10 +544,7 @@ def _run_against_a_stub_broker(fleet, prefix, x, y, on_submit):
     port = router.bind_to_random_port("tcp://127.0.0.1")
     seen, seen_frames, stop = [], [], threading.Event()
     store = fleet.redis()
-    record = msgpack.packb({"status": "done", "model": "tiny", "worker": "stub", "batch_size": 1,
-                            "attempt": 1, "timing": {},
-                            "outputs": [{"dtype": "float32", "shape": list(y.shape),
-                                         "data": y.tobytes()}]})
+    record = _done_record(y, "tiny", "stub")
 
     def serve_loop():
         while not stop.is_set():
@@ -834,11 +840,7 @@ def test_close_mid_run_opens_no_redis_connection(fleet):
 
 def _store_result(r, key, y):
     """Writes a done result record with output `y` under `key`, as a worker does."""
-    import msgpack
-    r.set(key, msgpack.packb({"status": "done", "model": "m", "worker": "w", "batch_size": 1,
-                              "attempt": 1, "timing": {},
-                              "outputs": [{"dtype": "float32", "shape": list(y.shape),
-                                           "data": y.tobytes()}]}))
+    r.set(key, _done_record(y, "m", "w"))
 
 
 def test_a_consuming_read_cut_off_keeps_the_result(fleet):
