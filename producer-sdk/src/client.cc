@@ -12,11 +12,11 @@
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/redis.h"
-#include "ferry/protocol/redis_errors.h"
 #include "ferry/protocol/util.h"
 #include "ferry/protocol/wire.h"
 #include "frame_pool.h"
 #include "io_thread.h"
+#include "job_check.h"
 #include "redis_store.h"
 #include "result_deleter.h"
 #include "result_tracker.h"
@@ -26,51 +26,12 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-constexpr size_t kMaxTensorBytes = (size_t{1} << 31) - 1;  // one msgpack bin
-constexpr size_t kMaxMessageBytes = size_t{32} << 20;      // per SUBMIT message
-
 // Whether the stored inputs of a job the broker rejected with `rejection` may still be read, so
 // that the producer must leave them (they expire): a duplicate's keys are the pending job's (the
 // same id), and a job rejected `unavailable` may already be on a worker (the broker dispatches
 // before its journal write, whose failure rejects the job; protocol.md, "Stored inputs").
 bool InputsMayBeRead(const Status& rejection) {
   return rejection.code() == codes::kDuplicate || rejection.code() == codes::kUnavailable;
-}
-
-// `id` is the job's id after defaulting (Job::id may be empty); inputs of at least
-// `stored_input_bytes` (when > 0) are stored in Redis.
-Status ValidateJob(const Job& job, const std::string& id, int64_t stored_input_bytes) {
-  if (!protocol::IsValidJobId(id))
-    return Status::InvalidArgument("job id \"" + id +
-                                   "\" must be 1-128 characters of [A-Za-z0-9._:-]");
-  if (job.model.empty() || job.model.size() > protocol::kMaxModelName)
-    return Status::InvalidArgument("job model must be 1-128 characters");
-  if (job.inputs.size() > protocol::kMaxInputsPerJob)
-    return Status::InvalidArgument("a job takes at most 64 inputs");
-  if (job.timeout_ms < 0) return Status::InvalidArgument("timeout_ms must be >= 0");
-  if (job.result_ttl_s < 0) return Status::InvalidArgument("result_ttl_s must be >= 0");
-  for (size_t i = 0; i < job.inputs.size(); ++i) {
-    const Tensor& t = job.inputs[i];
-    std::string where = "input " + std::to_string(i) + ": ";
-    if (t.shape.size() > protocol::kMaxTensorDims)
-      return Status::InvalidArgument(where + "more than 16 dimensions");
-    int64_t numel = NumElements(t.shape);
-    if (numel < 0) return Status::InvalidArgument(where + "bad shape");
-    uint64_t want = static_cast<uint64_t>(numel) * ItemSize(t.dtype);
-    if (t.data.size() != want) {
-      return Status::InvalidArgument(where + std::to_string(t.data.size()) + " bytes of data; " +
-                                     DTypeName(t.dtype) + " with this shape needs " +
-                                     std::to_string(want));
-    }
-    if (t.data.size() > kMaxTensorBytes)
-      return Status(codes::kTooLarge, where + "over 2 GiB of data");
-    if (stored_input_bytes > 0 && t.data.size() >= static_cast<size_t>(stored_input_bytes) &&
-        t.data.size() > protocol::kMaxValueDataBytes)
-      return Status(codes::kTooLarge, where + std::to_string(t.data.size()) +
-                                          " bytes; a stored input is one Redis value, at most " +
-                                          std::to_string(protocol::kMaxValueDataBytes) + " bytes");
-  }
-  return Status::Ok();
 }
 
 // The reply to a request, decoded: ERROR becomes its status; anything but `expected` is a bug.
@@ -181,39 +142,11 @@ class Client::Impl {
   std::string NotifyChannel(size_t tracked);
   // Whether input `t` goes to Redis rather than inside the SUBMIT
   // (ClientOptions::stored_input_bytes).
-  bool Stored(const Tensor& t) const {
-    return options_.stored_input_bytes > 0 &&
-           t.data.size() >= static_cast<size_t>(options_.stored_input_bytes);
-  }
+  bool Stored(const Tensor& t) const { return IsStored(t, options_.stored_input_bytes); }
   // Whether input `t` travels in a data frame of its own (ClientOptions::attached_input_bytes).
   bool Attached(const Tensor& t) const {
     return !Stored(t) && options_.attached_input_bytes > 0 &&
            t.data.size() >= static_cast<size_t>(options_.attached_input_bytes);
-  }
-  // At least what job `id` adds to a SUBMIT's body and data frames: its inputs that are not
-  // stored, each input's dtype and shape (at most 9 bytes a dimension), its id, model and
-  // options (msgpack keys, integers of at most 9 bytes).
-  size_t SubmitBytes(const Job& job, const std::string& id) const {
-    size_t bytes = 128 + id.size() + job.model.size();
-    for (const Tensor& t : job.inputs)
-      bytes += 64 + 9 * t.shape.size() + (Stored(t) ? 0 : t.data.size());
-    return bytes;
-  }
-  // At least what a SUBMIT's body holds besides its jobs: "rid", "ack", "inline_results",
-  // "notify" (the prefix, "notify:" and a token), the jobs array's header.
-  size_t SubmitHeaderBytes() const { return 1024 + options_.redis_prefix.size(); }
-  // ValidateJob, and whether `job` fits one SUBMIT (ClientOptions::max_message_bytes).
-  Status Validate(const Job& job, const std::string& id) const {
-    FERRY_RETURN_IF_ERROR(ValidateJob(job, id, options_.stored_input_bytes));
-    const size_t bytes = SubmitHeaderBytes() + SubmitBytes(job, id);
-    if (bytes > static_cast<size_t>(options_.max_message_bytes))
-      return Status(codes::kTooLarge,
-                    "job \"" + id + "\" needs up to " + std::to_string(bytes) +
-                        " bytes in its SUBMIT; the broker takes at most " +
-                        std::to_string(options_.max_message_bytes) +
-                        " (max_message_bytes, the broker's --max-message-bytes): store its big "
-                        "inputs in Redis (stored_input_bytes) or raise both");
-    return Status::Ok();
   }
   // The Redis keys of `job`'s stored inputs, appended to *keys.
   void AppendInputKeys(const Job& job, const std::string& id, std::vector<std::string>* keys) const;
@@ -244,24 +177,25 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
   for (size_t i = 0; i < jobs.size(); ++i) {
     SubmitOutcome& o = (*outcomes)[i];
     o.id = jobs[i]->id.empty() ? protocol::NewUuid() : jobs[i]->id;
-    o.status = Validate(*jobs[i], o.id);
+    o.status = CheckJob(*jobs[i], o.id, options_);
     if (o.status.ok() && !seen.insert(o.id).second)
       o.status = Status(codes::kDuplicate, "id \"" + o.id + "\" appears twice in one call");
     if (o.status.ok()) sent.push_back(i);
   }
   if (sent.empty()) return Status::Ok();
 
-  // One SUBMIT per kMaxMessageBytes of tensor data (or max_message_bytes, if less; a single
+  // One SUBMIT per kMaxSubmitBytes of tensor data (or max_message_bytes, if less; a single
   // bigger job goes alone) and per kMaxJobsPerMessage jobs: brokers refuse bigger messages (and
   // drop peers that send a bigger frame).
   const size_t max_jobs = static_cast<size_t>(protocol::kMaxJobsPerMessage);
   const size_t max_bytes =
-      std::min(kMaxMessageBytes, static_cast<size_t>(options_.max_message_bytes));
+      std::min(kMaxSubmitBytes, static_cast<size_t>(options_.max_message_bytes));
   size_t begin = 0;
   while (begin < sent.size()) {
-    size_t end = begin, bytes = SubmitHeaderBytes();
+    size_t end = begin, bytes = SubmitHeaderBytes(options_);
     while (end < sent.size() && end - begin < max_jobs) {
-      const size_t job_bytes = SubmitBytes(*jobs[sent[end]], (*outcomes)[sent[end]].id);
+      const size_t job_bytes =
+          SubmitBytes(*jobs[sent[end]], (*outcomes)[sent[end]].id, options_.stored_input_bytes);
       if (end > begin && bytes + job_bytes > max_bytes) break;
       bytes += job_bytes;
       ++end;
@@ -416,7 +350,7 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
   const std::string id = outcome[0].id;
   *out = Result();
   out->id = id;
-  FERRY_RETURN_IF_ERROR(Validate(job, id));
+  FERRY_RETURN_IF_ERROR(CheckJob(job, id, options_));
   if (timeout_ms == 0)
     return Status::InvalidArgument("Run needs a timeout (or -1: none); to check once, use Poll");
   // A Run again after a timeout whose result has come since: nothing to send.
