@@ -18,6 +18,7 @@
 #include "ferry/protocol/redis.h"
 #include "ferry/protocol/wire.h"
 #include "final_results.h"
+#include "inline_backlog.h"
 #include "journal.h"
 #include "log_limiter.h"
 #include "orphan_watch.h"
@@ -40,6 +41,7 @@ struct Broker::Impl {
   Scheduler scheduler;
   Journal journal;
   FinalResults final_results;
+  InlineBacklog inline_backlog{options.max_inline_backlog_bytes};  // FINISHED's records queued
   // Models without workers (orphan_watch.h); after `options`, which it is built from.
   OrphanWatch orphans{options.orphan_timeout_s, protocol::NowMicros(), options.heartbeat_ms,
                       options.liveness};

@@ -33,6 +33,8 @@ BrokerMetrics::BrokerMetrics(metrics::Registry* registry) : registry_(registry) 
   duplicates_ = registry_->Counter(names::kDuplicatesSuppressed, names::kDuplicatesSuppressedHelp);
   refused_ = registry_->Counter(names::kMessagesRefused, names::kMessagesRefusedHelp);
   replies_dropped_ = registry_->Counter(names::kRepliesDropped, names::kRepliesDroppedHelp);
+  inline_withheld_ =
+      registry_->Counter(names::kInlineResultsWithheld, names::kInlineResultsWithheldHelp);
   pending_ = registry_->Gauge(names::kJobsPending, names::kJobsPendingHelp);
   workers_connected_ = registry_->Gauge(names::kWorkersConnected, names::kWorkersConnectedHelp);
   for (const char* code : kRejectCodes) Rejected(code);

@@ -49,6 +49,8 @@ class BrokerMetrics {
   // A message dropped unread (see names.h kMessagesRefused); a reply that could not be sent.
   void OnRefusedMessage() { refused_->Inc(); }
   void OnReplyDropped() { replies_dropped_->Inc(); }
+  // Inline results left out of FINISHED (inline_backlog.h).
+  void OnInlineResultsWithheld(int64_t n) { inline_withheld_->Inc(static_cast<uint64_t>(n)); }
 
   // Refreshes the gauges from the scheduler, at most every 100 ms (always with `force`).
   void Refresh(const Scheduler& scheduler, int64_t now_mono_us, bool force = false);
@@ -81,6 +83,7 @@ class BrokerMetrics {
   metrics::Counter* duplicates_;
   metrics::Counter* refused_;
   metrics::Counter* replies_dropped_;
+  metrics::Counter* inline_withheld_;
   metrics::Gauge* pending_;
   metrics::Gauge* workers_connected_;
   int64_t next_refresh_us_ = 0;

@@ -29,6 +29,8 @@ Status ValidateBrokerOptions(const BrokerOptions& o) {
   FERRY_RETURN_IF_ERROR(Range("--aging-every", o.aging_every, 0, 1000000));
   FERRY_RETURN_IF_ERROR(Range("--redis-timeout-ms", o.redis_timeout_ms, 1, 600000));
   FERRY_RETURN_IF_ERROR(Range("--max-jobs-per-message", o.max_jobs_per_message, 1, 1000000));
+  FERRY_RETURN_IF_ERROR(
+      Range("--max-inline-backlog-bytes", o.max_inline_backlog_bytes, 0, int64_t{1} << 40));
   FERRY_RETURN_IF_ERROR(Range("--orphan-timeout-s", o.orphan_timeout_s, 0, kTenYears));
   // -1: any free port (tests); the flag itself takes 0..65535 (main.cc).
   FERRY_RETURN_IF_ERROR(Range("--metrics-port", o.metrics_port, -1, 65535));

@@ -395,8 +395,10 @@ void Broker::Impl::NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs,
   struct Notice {
     std::vector<std::string> ids;
     protocol::InlineResults results;
+    int64_t inline_bytes = 0;  // of `results`' records
   };
   std::map<std::string_view, Notice> by_producer;
+  int64_t withheld = 0;
   for (const auto& j : jobs) {
     if (j->producer.empty() || (!j->notify.empty() && skip.count(j->id) > 0)) continue;
     // A producer whose key was removed (SIGHUP) gets nothing more.
@@ -404,28 +406,44 @@ void Broker::Impl::NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs,
     Notice& n = by_producer[j->producer];
     n.ids.push_back(j->id);
     if (!j->inline_result || record_of.empty()) continue;
-    if (auto it = record_of.find(j->id); it != record_of.end())
-      n.results.emplace_back(j->id, it->second);
+    auto it = record_of.find(j->id);
+    if (it == record_of.end()) continue;
+    const auto bytes = static_cast<int64_t>(it->second.size());
+    if (!inline_backlog.Fits(j->producer, n.inline_bytes + bytes)) {
+      ++withheld;  // the producer reads this one from Redis (inline_backlog.h)
+      continue;
+    }
+    n.results.emplace_back(j->id, it->second);
+    n.inline_bytes += bytes;
   }
+  if (withheld > 0) telemetry.OnInlineResultsWithheld(withheld);
+  auto send = [&](std::string_view producer, const std::vector<std::string>& ids,
+                  const protocol::InlineResults& results, int64_t inline_bytes) {
+    std::vector<zmq::message_t> envelope(1);
+    envelope[0] = zmq::message_t(producer.data(), producer.size());
+    Reply(envelope, protocol::kFinished,
+          inline_backlog.Track(producer, protocol::EncodeFinished(ids, results), inline_bytes));
+  };
   // One FINISHED per kMaxMapEntries ids at most: its "results" map must decode (codec limits).
-  std::vector<zmq::message_t> envelope(1);
   for (auto& [producer, n] : by_producer) {
     if (n.ids.size() <= protocol::kMaxMapEntries) {  // the usual case: one notice
-      envelope[0] = zmq::message_t(producer.data(), producer.size());
-      Reply(envelope, protocol::kFinished, protocol::EncodeFinished(n.ids, n.results));
+      send(producer, n.ids, n.results, n.inline_bytes);
       continue;
     }
     for (size_t begin = 0; begin < n.ids.size(); begin += protocol::kMaxMapEntries) {
       const size_t end = std::min(n.ids.size(), begin + protocol::kMaxMapEntries);
       std::vector<std::string> ids(n.ids.begin() + begin, n.ids.begin() + end);
       protocol::InlineResults results;
+      int64_t inline_bytes = 0;
       if (!n.results.empty()) {
         std::unordered_set<std::string_view> part(ids.begin(), ids.end());
-        for (const auto& r : n.results)
-          if (part.count(r.first) > 0) results.push_back(r);
+        for (const auto& r : n.results) {
+          if (part.count(r.first) == 0) continue;
+          results.push_back(r);
+          inline_bytes += static_cast<int64_t>(r.second.size());
+        }
       }
-      envelope[0] = zmq::message_t(producer.data(), producer.size());
-      Reply(envelope, protocol::kFinished, protocol::EncodeFinished(ids, results));
+      send(producer, ids, results, inline_bytes);
     }
   }
 }

@@ -73,6 +73,9 @@ int main(int argc, char** argv) {
             "largest result_ttl_s a SUBMIT may ask for (larger: invalid_argument)");
   flags.Int("max-jobs-per-message", &o.max_jobs_per_message,
             "most jobs in one SUBMIT and ids in one CANCEL (more: the message fails too_large)");
+  flags.Int("max-inline-backlog-bytes", &o.max_inline_backlog_bytes,
+            "inline results queued for one producer connection and not yet read; beyond it, "
+            "FINISHED notices carry ids only (the producer reads those results from Redis)");
   flags.Int("orphan-timeout-s", &o.orphan_timeout_s,
             "queued jobs of a model that no connected worker serves fail `unavailable` after "
             "this long without one (0: they wait forever)");

@@ -14,6 +14,7 @@
 
 #include "ferry/client.h"
 #include "ferry/protocol/codec.h"
+#include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/redis.h"
 #include "ferry/protocol/wire.h"
@@ -530,6 +531,88 @@ TEST_F(Wire, AJobCancelledInTheTurnOfAFailedJournalWriteIsNotAlsoRejected) {
   Result result;
   ASSERT_TRUE(client_->Wait(id, 30000, &result).ok()) << fleet_->Logs();
   EXPECT_EQ(result.state, JobState::kCancelled) << result.error.ToString();
+}
+
+// ZeroMQ bounds the replies queued for a producer by count (10,000), not bytes, and a FINISHED
+// may carry megabytes of inline results: a producer that stops reading would pin them in the
+// broker. Past --max-inline-backlog-bytes queued for a connection, FINISHED carries ids only;
+// every job is still announced, once, and what does come inline is the record in Redis.
+TEST(WireLimits, AProducerThatStopsReadingGetsIdsOnlyPastItsInlineBacklog) {
+  constexpr int kJobs = 64;  // 61 MB of results: far more than the socket buffers between
+  FleetOptions fo;
+  fo.workers = 1;
+  fo.models = {"expand"};  // [16] float32 -> [240000] float32: a 960 KB record a job
+  fo.broker_args = {"--max-inline-backlog-bytes", "2000000"};
+  fo.worker_args = {"--inline-result-bytes", "1048576"};  // each record may ride in DONE
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::rcvhwm, 1);  // hold as little as possible on this side
+  s.set(zmq::sockopt::rcvbuf, 65536);
+  s.set(zmq::sockopt::rcvtimeo, 30000);
+  s.connect(fleet.frontend());
+
+  std::vector<std::string> ids;
+  for (int i = 0; i < kJobs; ++i) ids.push_back("backlog-" + std::to_string(i));
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  pk.pack_map(2);
+  protocol::PackString(pk, "inline_results");
+  pk.pack_true();
+  protocol::PackString(pk, "jobs");
+  pk.pack_array(kJobs);
+  for (const auto& id : ids)
+    protocol::PackSubmitJob(pk, id, "expand", {testutil::RandomFloats({16}, 3)}, 0, 0, 0);
+  RawSend(s, {"FERRY1", "SUBMIT", std::string(buf.data(), buf.size())});
+
+  // Every result lands in Redis while this socket is not read.
+  client::ClientOptions o;
+  o.frontend = fleet.frontend();
+  o.redis = fleet.redis().url();
+  std::unique_ptr<client::Client> c;
+  ASSERT_TRUE(client::Client::Create(o, &c).ok());
+  for (const auto& id : ids) {
+    Result r;
+    ASSERT_TRUE(c->Wait(id, 60000, &r).ok()) << id << "\n" << fleet.Logs();
+    ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
+  }
+
+  // Now read: the ACCEPTED, and FINISHED notices until every id has come.
+  std::unique_ptr<protocol::RedisClient> redis = fleet.redis().Connect();
+  ASSERT_TRUE(redis);
+  const protocol::Keys keys;
+  std::map<std::string, int> announced;
+  int inline_records = 0;
+  while (announced.size() < ids.size()) {
+    protocol::Message m;
+    ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok())
+        << announced.size() << " ids announced\n"
+        << fleet.Logs();
+    if (m.command != protocol::kFinished) {
+      ASSERT_EQ(m.command, protocol::kAccepted);
+      continue;
+    }
+    msgpack::object_handle oh;
+    ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+    std::vector<std::string> got;
+    ASSERT_TRUE(protocol::GetStringArray(oh.get(), "ids", &got).ok());
+    for (const auto& id : got) ++announced[id];
+    protocol::InlineResults results;
+    ASSERT_TRUE(protocol::DecodeInlineResults(oh.get(), &results).ok());
+    for (const auto& [id, record] : results) {
+      ++inline_records;
+      protocol::RedisReply stored;
+      ASSERT_TRUE(redis->Command({"GET", keys.Result(std::string(id))}, &stored).ok());
+      EXPECT_TRUE(stored.str == record) << id << ": the inline record is not the stored one";
+    }
+  }
+  for (const auto& id : ids) EXPECT_EQ(announced[id], 1) << id;
+  EXPECT_EQ(announced.size(), ids.size());
+  // Some came inline (the backlog had room at first), and not all: the rest were withheld.
+  EXPECT_GT(inline_records, 0);
+  EXPECT_LT(inline_records, kJobs);
 }
 
 }  // namespace

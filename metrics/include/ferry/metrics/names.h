@@ -67,6 +67,10 @@ inline constexpr const char* kMessagesRefusedHelp =
 inline constexpr const char* kRepliesDropped = "ferry_broker_replies_dropped_total";
 inline constexpr const char* kRepliesDroppedHelp =
     "Replies and notices to producers dropped: the producer was gone or had too many unread.";
+inline constexpr const char* kInlineResultsWithheld = "ferry_broker_inline_results_withheld_total";
+inline constexpr const char* kInlineResultsWithheldHelp =
+    "Results sent as ids only in FINISHED, not inline, because their producer connection had "
+    "--max-inline-backlog-bytes of inline results unread.";
 
 // ---- latency histograms {model} (seconds; LatencyBuckets) --------------------------------------
 // broker: accepted -> DONE received (the result is in Redis by then).
