@@ -327,7 +327,8 @@ Status Broker::Run() {
   // Drain: what was read is answered, what is owed to Redis is written (best effort).
   d.CommitAndReply(/*quiet=*/true);
   d.FlushFinalResults();
-  if (d.options.journal && !d.journal.idle()) d.journal.Commit();
+  if (d.options.journal && !d.journal.idle())
+    d.journal.Commit([&d](const std::string& id) { return d.scheduler.Find(id); });
   spdlog::info("broker stopped; {} job(s) pending{}", d.scheduler.pending(),
                d.options.journal ? " stay in the journal" : " are dropped (no journal)");
   return Status::Ok();

@@ -232,7 +232,7 @@ void Broker::Impl::CommitAndReply(bool quiet) {
        protocol::MonotonicMicros() - journal.oldest_removal_us() >= kRemovalDelayUs);
   if (options.journal && (journal.has_writes() || (removals_due && !journal.idle()))) {
     const bool had_jobs = journal.has_staged();
-    Status s = journal.Commit();
+    Status s = journal.Commit([this](const std::string& id) { return scheduler.Find(id); });
     if (!s.ok() && had_jobs) {
       // This turn's jobs are not durable: take them back and say why. Some may already be on a
       // worker (Dispatch runs before the commit so that the worker starts while the journal

@@ -113,23 +113,26 @@ void Journal::Stage(const Job& job) {
   updates_.erase(job.id);  // an earlier job's of the same id
   staged_.emplace_back(job.id, Encode(job));
 }
-void Journal::Restage(const Job& job) { updates_[job.id] = Encode(job); }
+void Journal::Restage(const Job& job) { updates_.insert(job.id); }
 void Journal::Forget(const std::string& id, int64_t now_mono_us) {
   if (forgotten_.empty()) oldest_forget_us_ = now_mono_us;
   forgotten_.insert(id);
 }
 void Journal::NoteModel(const std::string& model) { models_.push_back(model); }
 
-Status Journal::Commit() {
+Status Journal::Commit(const FindJob& find) {
   if (idle()) return Status::Ok();
   const std::string journal = keys_.Journal();
-  if (!staged_.empty() || !updates_.empty()) {
+  std::vector<std::pair<std::string_view, std::string>> updated;  // id, record
+  for (const auto& id : updates_)
+    if (const Job* job = find(id)) updated.emplace_back(id, Encode(*job));
+  if (!staged_.empty() || !updated.empty()) {
     std::vector<std::string_view> argv = {"HSET", journal};
     for (const auto& [id, record] : staged_) {
       argv.push_back(id);
       argv.push_back(record);
     }
-    for (const auto& [id, record] : updates_) {
+    for (const auto& [id, record] : updated) {
       argv.push_back(id);
       argv.push_back(record);
     }

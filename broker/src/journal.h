@@ -14,8 +14,9 @@
 // have waited a few milliseconds, pile up, or the loop is idle. At light load that saves one
 // Redis round trip per job. Owned by the broker thread; not thread-safe.
 
-#include <map>
+#include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <unordered_set>
 #include <utility>
@@ -39,7 +40,9 @@ class Journal {
   void Stage(const Job& job);
   void Forget(const std::string& id, int64_t now_mono_us);  // HDEL, with the next write
   // A journaled job changed (requeued: its attempt): HSET again on the next Commit, retried
-  // until one succeeds, so that a restarted broker counts the attempts already made.
+  // until one succeeds, so that a restarted broker counts the attempts already made. Only the
+  // id waits here: the record is encoded from the job as it is at the commit, so that a job
+  // whose write waits for Redis is not held twice.
   void Restage(const Job& job);
   void NoteModel(const std::string& model);  // SADD + EXPIRE on the next Commit
   bool has_staged() const { return !staged_.empty(); }
@@ -53,8 +56,10 @@ class Journal {
   // Writes everything in one round trip. On failure the staged records are discarded (the
   // caller rejects those jobs with `unavailable`) and their removals queued: a write that timed
   // out may still land, and its jobs must not come back after a restart. Removals, updates and
-  // models are kept for the next try.
-  Status Commit();
+  // models are kept for the next try. `find` gives a restaged job by id (the scheduler's), or
+  // null when it is no longer pending: its record is then not written (its removal is queued).
+  using FindJob = std::function<const Job*(const std::string& id)>;
+  Status Commit(const FindJob& find);
 
   // Reads every journaled job (in acceptance order) and the known models. Jobs whose result is
   // already in Redis (the broker died between the result and the removal) are dropped from the
@@ -72,7 +77,7 @@ class Journal {
   protocol::RedisClient* redis_;
   protocol::Keys keys_;
   std::vector<std::pair<std::string, std::string>> staged_;  // id -> record
-  std::map<std::string, std::string> updates_;               // id -> record (Restage)
+  std::set<std::string> updates_;                            // ids (Restage)
   std::unordered_set<std::string> forgotten_;
   int64_t oldest_forget_us_ = 0;
   std::vector<std::string> models_;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -307,6 +308,13 @@ class JournalRedisTest : public ::testing::Test {
     return j;
   }
 
+  // The scheduler's part in Commit: the pending jobs by id (those a test registered).
+  const Journal::FindJob find_ = [this](const std::string& id) -> const Job* {
+    auto it = pending_.find(id);
+    return it == pending_.end() ? nullptr : it->second;
+  };
+  std::map<std::string, const Job*> pending_;
+
   // Loads with a fresh Journal, as a restarted broker does.
   std::vector<std::unique_ptr<Job>> Load(
       std::vector<std::string>* models = nullptr,
@@ -349,7 +357,7 @@ TEST_F(JournalRedisTest, CommittedJobsLoadInAcceptanceOrder) {
   }
   EXPECT_TRUE(journal_->has_staged());
   EXPECT_EQ(Integer({"HLEN", keys_.Journal()}), 0) << "Stage wrote before Commit";
-  Status s = journal_->Commit();
+  Status s = journal_->Commit(find_);
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_TRUE(journal_->idle());
   EXPECT_EQ(Integer({"HLEN", keys_.Journal()}), 10);
@@ -372,7 +380,7 @@ TEST_F(JournalRedisTest, LoadReadsAJournalLargerThanOneScanBatch) {
     staged.push_back(MakeJob("j" + std::to_string(i), kJobs - i));  // reverse acceptance order
     journal_->Stage(*staged.back());
   }
-  ASSERT_TRUE(journal_->Commit().ok());
+  ASSERT_TRUE(journal_->Commit(find_).ok());
   auto jobs = Load();
   ASSERT_EQ(jobs.size(), static_cast<size_t>(kJobs));
   for (int64_t i = 0; i < kJobs; ++i) EXPECT_EQ(jobs[i]->seq, i + 1) << i;
@@ -382,7 +390,7 @@ TEST_F(JournalRedisTest, NotedModelsLoadAndExpire) {
   journal_->NoteModel("a");
   journal_->NoteModel("b");
   EXPECT_TRUE(journal_->has_writes());
-  ASSERT_TRUE(journal_->Commit().ok());
+  ASSERT_TRUE(journal_->Commit(find_).ok());
   std::vector<std::string> models;
   EXPECT_TRUE(Load(&models).empty());
   std::sort(models.begin(), models.end());
@@ -398,7 +406,7 @@ TEST_F(JournalRedisTest, ForgetAndCommitRemoveJobs) {
     staged.push_back(MakeJob("j" + std::to_string(i), i));
     journal_->Stage(*staged.back());
   }
-  ASSERT_TRUE(journal_->Commit().ok());
+  ASSERT_TRUE(journal_->Commit(find_).ok());
 
   journal_->Forget("j1", 12345);
   journal_->Forget("j0", 99999);
@@ -408,7 +416,7 @@ TEST_F(JournalRedisTest, ForgetAndCommitRemoveJobs) {
   EXPECT_FALSE(journal_->idle());
   EXPECT_EQ(Integer({"HLEN", keys_.Journal()}), 3) << "Forget wrote before Commit";
 
-  ASSERT_TRUE(journal_->Commit().ok());
+  ASSERT_TRUE(journal_->Commit(find_).ok());
   EXPECT_TRUE(journal_->idle());
   EXPECT_EQ(journal_->removals(), 0u);
   EXPECT_EQ(journal_->oldest_removal_us(), 0);
@@ -421,7 +429,7 @@ TEST_F(JournalRedisTest, AJobWhoseResultExistsIsDroppedByLoad) {
     staged.push_back(MakeJob("j" + std::to_string(i), i));
     journal_->Stage(*staged.back());
   }
-  ASSERT_TRUE(journal_->Commit().ok());
+  ASSERT_TRUE(journal_->Commit(find_).ok());
   // The broker died after j1's result was written but before its removal was committed.
   protocol::RedisReply reply;
   ASSERT_TRUE(client_->Command({"SET", keys_.Result("j1"), "result"}, &reply).ok());
@@ -442,7 +450,7 @@ TEST_F(JournalRedisTest, AnUnreadableRecordIsNamedByLoadAndAFieldThatIsNoIdDropp
   journal_->Stage(*j0);
   journal_->Stage(*j1);
   journal_->Stage(*j2);
-  ASSERT_TRUE(journal_->Commit().ok());
+  ASSERT_TRUE(journal_->Commit(find_).ok());
   protocol::RedisReply reply;
   ASSERT_TRUE(client_->Command({"HSET", keys_.Journal(), "bad", "garbage"}, &reply).ok());
   ASSERT_TRUE(client_->Command({"HSET", keys_.Journal(), "no id!", "garbage"}, &reply).ok());
@@ -464,12 +472,12 @@ TEST_F(JournalRedisTest, AnUnreadableRecordIsNamedByLoadAndAFieldThatIsNoIdDropp
 TEST_F(JournalRedisTest, AFailedCommitDropsStagedJobsAndKeepsRemovals) {
   auto j0 = MakeJob("j0", 0);
   journal_->Stage(*j0);
-  ASSERT_TRUE(journal_->Commit().ok());
+  ASSERT_TRUE(journal_->Commit(find_).ok());
   auto j1 = MakeJob("j1", 1);
   journal_->Stage(*j1);
   journal_->Forget("j0", 5);
   server_.Stop();
-  Status s = journal_->Commit();
+  Status s = journal_->Commit(find_);
   EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
   EXPECT_FALSE(journal_->has_staged());  // the caller rejects j1
   EXPECT_EQ(journal_->removals(), 2u);   // j0's removal waits for the next Commit, and j1's
@@ -486,14 +494,14 @@ TEST_F(JournalRedisTest, AJobOfAFailedCommitIsRemovedEvenWhenItsWriteLandsLate) 
   auto late = MakeJob("late", 1);
   journal.Stage(*late);
   server_.Signal(SIGSTOP);  // the HSET waits in the server's socket
-  Status s = journal.Commit();
+  Status s = journal.Commit(find_);
   server_.Signal(SIGCONT);
   EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
   ASSERT_TRUE(testutil::WaitFor([&] {
     return Integer({"HEXISTS", keys_.Journal(), "late"}) == 1;
   })) << "the timed-out write did not land (what this test is about)";
   EXPECT_EQ(journal.removals(), 1u);
-  ASSERT_TRUE(journal.Commit().ok());
+  ASSERT_TRUE(journal.Commit(find_).ok());
   EXPECT_EQ(Integer({"HEXISTS", keys_.Journal(), "late"}), 0) << "a rejected job stays journaled";
 }
 
@@ -502,29 +510,45 @@ TEST_F(JournalRedisTest, AJobOfAFailedCommitIsRemovedEvenWhenItsWriteLandsLate) 
 TEST_F(JournalRedisTest, ARestagedJobLoadsWithItsNewAttemptEvenAfterAFailedWrite) {
   auto j = MakeJob("requeued", 1);
   journal_->Stage(*j);
-  ASSERT_TRUE(journal_->Commit().ok());
+  ASSERT_TRUE(journal_->Commit(find_).ok());
+  pending_[j->id] = j.get();
   j->attempt = 2;
   journal_->Restage(*j);
   EXPECT_TRUE(journal_->has_writes());
   server_.Stop();
-  EXPECT_FALSE(journal_->Commit().ok());
+  EXPECT_FALSE(journal_->Commit(find_).ok());
   EXPECT_TRUE(journal_->has_writes()) << "the update was dropped with the failed write";
   server_.Restart();
-  ASSERT_TRUE(journal_->Commit().ok());
+  ASSERT_TRUE(journal_->Commit(find_).ok());
   EXPECT_TRUE(journal_->idle());
   auto loaded = Load();
   ASSERT_EQ(loaded.size(), 1u);
   EXPECT_EQ(loaded[0]->attempt, 2);
 }
 
+// A restaged job is encoded at the commit, from the scheduler's job: one that is no longer pending
+// then (taken, its removal not queued yet) is not written back.
+TEST_F(JournalRedisTest, ARestagedJobThatIsNoLongerPendingIsNotWrittenBack) {
+  auto j = MakeJob("gone", 1);
+  journal_->Stage(*j);
+  ASSERT_TRUE(journal_->Commit(find_).ok());
+  j->attempt = 2;
+  journal_->Restage(*j);  // and not in pending_: the scheduler no longer has it
+  ASSERT_TRUE(journal_->Commit(find_).ok());
+  EXPECT_TRUE(journal_->idle());
+  auto loaded = Load();
+  ASSERT_EQ(loaded.size(), 1u);
+  EXPECT_EQ(loaded[0]->attempt, 1);
+}
+
 // A job that finished (its removal waiting) and whose id is accepted again keeps its new record.
 TEST_F(JournalRedisTest, AnIdAcceptedAgainAfterItsJobFinishedStaysJournaled) {
   auto j = MakeJob("again", 1);
   journal_->Stage(*j);
-  ASSERT_TRUE(journal_->Commit().ok());
+  ASSERT_TRUE(journal_->Commit(find_).ok());
   journal_->Forget("again", 10);  // finished
   journal_->Stage(*j);            // and accepted again, before the removal went out
-  ASSERT_TRUE(journal_->Commit().ok());
+  ASSERT_TRUE(journal_->Commit(find_).ok());
   EXPECT_EQ(Ids(Load()), (std::vector<std::string>{"again"}));
 }
 
