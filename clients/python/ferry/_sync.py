@@ -68,10 +68,8 @@ class Client:
 
     def submit_many(self, jobs):
         """See AsyncClient.submit_many."""
-        preps = self._aio._prepare_many(jobs)
-        if not preps:
-            return []
-        return self._call(self._aio._submit_prepared(preps))
+        ids, preps, local = self._aio._prepare_many(jobs)
+        return self._call(self._aio._submit_many_prepared(ids, preps, local))
 
     def wait(self, id, timeout=None):
         """See AsyncClient.wait."""
