@@ -5,7 +5,7 @@ import asyncio
 from . import _protocol
 from ._engine import Engine
 from ._requests import RunJob
-from ._errors import Duplicate, FerryError, InvalidArgument, Timeout, Unavailable
+from ._errors import FerryError, InvalidArgument, Timeout, Unavailable
 
 __all__ = ["AsyncClient", "CancelReport"]
 
@@ -112,55 +112,47 @@ class AsyncClient:
         """Submits jobs (ferry.Job or dicts) in one SUBMIT per 32 MiB (or max_message_bytes, if
         less) or 10,000 jobs; returns their ids in order. If any job is not accepted, raises the
         first one's error (in job order) with .ids (every id, in order), .accepted (the accepted
-        ids: wait for these) and .errors ({id: FerryError}). A job that fails the client's own
-        checks (InvalidArgument, TooLarge) is not sent, and neither is a later job with the id of
-        an earlier one in the call (Duplicate): the others are. A job that cannot be named at all
-        (not a ferry.Job or dict, or an invalid id) raises InvalidArgument before anything is
-        sent."""
+        ids: wait for these) and .errors ({id: FerryError}, the others). A job that fails the
+        client's own checks (InvalidArgument, TooLarge) is not sent, and the others are. A call
+        the client cannot name every job of (not a ferry.Job or dict, an invalid id, or an id
+        given twice) raises InvalidArgument before anything is sent, with .ids [], .accepted []
+        and .errors {}."""
         ids, preps, local = self._prepare_many(jobs)
         return await self._submit_many_prepared(ids, preps, local)
 
     def _prepare_many(self, jobs):
-        """(ids, preps, local): every job's id in order, the jobs to send, and [(position, id,
-        error)] of those the client's own checks keep back."""
-        ids, preps, local, seen = [], [], [], set()
-        for pos, j in enumerate(jobs):
-            j = _protocol.Job.of(j)
-            id = _protocol.new_id() if j.id is None else _protocol.check_id(j.id)
-            ids.append(id)
-            try:
-                p = self._prepare(j.model, j.inputs, id, j.priority, j.timeout_ms, j.result_ttl_s)
-            except FerryError as e:
-                local.append((pos, id, e))
-                continue
-            if id in seen:
-                local.append((pos, id, Duplicate("id %r appears twice in one submit_many: the "
-                                                 "earlier job is the one sent" % id, id=id)))
-                continue
-            seen.add(id)
-            preps.append(p)
+        """(ids, preps, local): every job's id in order, the jobs to send, and {id: error} of
+        those the client's own checks keep back."""
+        ids, preps, local, seen = [], [], {}, set()
+        try:
+            for j in jobs:
+                j = _protocol.Job.of(j)
+                id = _protocol.new_id() if j.id is None else _protocol.check_id(j.id)
+                if id in seen:
+                    raise InvalidArgument("id %r appears twice in one submit_many" % id, id=id)
+                seen.add(id)
+                ids.append(id)
+                try:
+                    preps.append(self._prepare(j.model, j.inputs, id, j.priority, j.timeout_ms,
+                                               j.result_ttl_s))
+                except FerryError as e:
+                    local[id] = e
+        except FerryError as e:  # nothing is sent
+            e.ids, e.accepted, e.errors = [], [], {}
+            raise
         return ids, preps, local
 
     async def _submit_many_prepared(self, ids, preps, local):
         if not local:
             return await self._submit_prepared(preps) if preps else []
-        accepted, sent_errors = [], {}
+        accepted, errors = [], dict(local)
         if preps:
             try:
                 accepted = await self._submit_prepared(preps)
             except FerryError as e:  # rejections (with .accepted and .errors), or none answered
                 accepted = getattr(e, "accepted", [])
-                sent_errors = getattr(e, "errors", None) or {p.id: e for p in preps}
-        # The first job (in the caller's order) that is not accepted names the error.
-        failed = list(local)
-        sent_pos = {}
-        for pos, id in enumerate(ids):
-            sent_pos.setdefault(id, pos)
-        failed += [(sent_pos[id], id, e) for id, e in sent_errors.items()]
-        first = min(failed, key=lambda t: t[0])[2]
-        errors = dict(sent_errors)
-        for _, id, e in local:
-            errors.setdefault(id, e)
+                errors.update(getattr(e, "errors", None) or {p.id: e for p in preps})
+        first = next(errors[i] for i in ids if i in errors)  # in the caller's order
         first.ids, first.accepted, first.errors = ids, accepted, errors
         raise first
 

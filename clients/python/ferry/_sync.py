@@ -69,6 +69,8 @@ class Client:
     def submit_many(self, jobs):
         """See AsyncClient.submit_many."""
         ids, preps, local = self._aio._prepare_many(jobs)
+        if not ids:
+            return []
         return self._call(self._aio._submit_many_prepared(ids, preps, local))
 
     def wait(self, id, timeout=None):
