@@ -32,6 +32,8 @@ class InlineBacklog {
   zmq::message_t Track(std::string_view producer, zmq::message_t body, int64_t inline_bytes);
   // Bytes queued for `producer` now (tests, metrics).
   int64_t queued(std::string_view producer) const;
+  // Connections tracked: those with bytes queued, and idle ones not yet forgotten (tests).
+  size_t connections() const { return counts_.size(); }
 
  private:
   using Count = std::shared_ptr<std::atomic<int64_t>>;

@@ -41,8 +41,9 @@ class Journal {
   void Forget(const std::string& id, int64_t now_mono_us);  // HDEL, with the next write
   // A journaled job changed (requeued: its attempt): HSET again on the next Commit, retried
   // until one succeeds, so that a restarted broker counts the attempts already made. Only the
-  // id waits here: the record is encoded from the job as it is at the commit, so that a job
-  // whose write waits for Redis is not held twice.
+  // id waits here: the record is encoded from the job as it is at each try of the commit, so
+  // that a job whose write waits for Redis is not held twice (re-encoding it at each try costs
+  // what copying a held record into the request did).
   void Restage(const Job& job);
   void NoteModel(const std::string& model);  // SADD + EXPIRE on the next Commit
   bool has_staged() const { return !staged_.empty(); }

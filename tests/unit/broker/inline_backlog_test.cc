@@ -57,6 +57,8 @@ TEST(InlineBacklog, ConnectionsWithNothingQueuedAreForgottenAndStillCountLater) 
   InlineBacklog backlog(10);
   zmq::message_t held = backlog.Track("keep", Body("x"), 10);
   for (int i = 0; i < 200; ++i) backlog.Track("gone-" + std::to_string(i), Body("y"), 5);
+  EXPECT_LT(backlog.connections(), 100u);  // 201 came; the idle ones are forgotten as they go
+  EXPECT_GT(backlog.connections(), 0u);
   EXPECT_EQ(backlog.queued("keep"), 10);  // pruning keeps a connection with bytes queued
   EXPECT_FALSE(backlog.Fits("keep", 1));
   EXPECT_EQ(backlog.queued("gone-3"), 0);
