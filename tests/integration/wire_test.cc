@@ -1,11 +1,11 @@
 // The frontend's wire protocol spoken by hand over a raw DEALER, against real redis-server,
 // ferry-broker and ferry-worker processes (one worker serving `tiny`): what a client in another
-// language sees (docs/protocol.md) -- garbage frames, SUBMIT's "notify" and "ack" fields.
+// language sees (docs/protocol.md) -- garbage frames, attached inputs, SUBMIT's "notify" and
+// "ack" fields, a failed journal write. The broker's limits on the wire: wire_limits_test.cc.
 #include <gtest/gtest.h>
 #include <signal.h>
 
 #include <algorithm>
-#include <limits>
 #include <map>
 #include <memory>
 #include <string>
@@ -14,20 +14,24 @@
 
 #include "ferry/client.h"
 #include "ferry/protocol/codec.h"
-#include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/redis.h"
 #include "ferry/protocol/wire.h"
 #include "fleet.h"
 #include "process.h"
+#include "raw_wire.h"
 #include "reference.h"
 #include "tiny_reference.h"
 
 namespace ferry {
 namespace {
 
+using testutil::AttachedSubmitBody;
 using testutil::Fleet;
 using testutil::FleetOptions;
+using testutil::RawDealer;
+using testutil::RawExchange;
+using testutil::RawSend;
 
 // A fleet of one worker, and an SDK client to read results with.
 class Wire : public ::testing::Test {
@@ -44,39 +48,6 @@ class Wire : public ::testing::Test {
   std::unique_ptr<Fleet> fleet_;
   std::unique_ptr<client::Client> client_;
 };
-
-// A DEALER connected to `endpoint`, for speaking the wire protocol by hand.
-zmq::socket_t RawDealer(zmq::context_t& ctx, const std::string& endpoint, int rcvtimeo_ms) {
-  zmq::socket_t s(ctx, zmq::socket_type::dealer);
-  s.set(zmq::sockopt::linger, 0);
-  s.set(zmq::sockopt::rcvtimeo, rcvtimeo_ms);
-  s.connect(endpoint);
-  return s;
-}
-
-// Sends raw frames over a DEALER as one message.
-void RawSend(zmq::socket_t& s, const std::vector<std::string>& frames) {
-  for (size_t i = 0; i < frames.size(); ++i)
-    s.send(zmq::buffer(frames[i]),
-           i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
-}
-
-// Sends raw frames over a DEALER and returns the reply's command ("" when none within its
-// receive timeout), skipping FINISHED notices as a client does.
-std::string RawExchange(zmq::socket_t& s, const std::vector<std::string>& frames,
-                        std::string* code = nullptr) {
-  RawSend(s, frames);
-  protocol::Message m;
-  do {
-    if (!protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) return "";
-  } while (m.command == protocol::kFinished);
-  if (code) {
-    msgpack::object_handle oh;
-    if (protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok())
-      protocol::GetString(oh.get(), "code", code);
-  }
-  return m.command;
-}
 
 // The optional fields of RawSubmitBody, each packed only when set.
 struct RawSubmitFields {
@@ -109,19 +80,6 @@ std::string RawSubmitBody(const std::string& id, const std::string& model,
   protocol::PackString(pk, "jobs");
   pk.pack_array(1);
   protocol::PackSubmitJob(pk, id, model, {testutil::RandomFloats({8}, 7)}, 0, 0, 0);
-  return std::string(buf.data(), buf.size());
-}
-
-// The body of a SUBMIT of one job per id, of `model`, with `t` as its one input, attached (its
-// bytes are to follow as a data frame per job).
-std::string AttachedSubmitBody(const std::vector<std::string>& ids, const std::string& model,
-                               const Tensor& t) {
-  msgpack::sbuffer buf;
-  protocol::Packer pk(buf);
-  pk.pack_map(1);
-  protocol::PackString(pk, "jobs");
-  pk.pack_array(static_cast<uint32_t>(ids.size()));
-  for (const auto& id : ids) protocol::PackSubmitJob(pk, id, model, {t}, 0, 0, 0, {}, {true});
   return std::string(buf.data(), buf.size());
 }
 
@@ -220,134 +178,6 @@ TEST_F(Wire, AttachedInputsTakeTheDataFramesInOrder) {
   ASSERT_TRUE(client_->Wait("att-lost", 60000, &r).ok()) << fleet_->Logs();
   EXPECT_EQ(r.state, JobState::kDone);
   EXPECT_EQ(r.outputs.at(0).As<float>(), y);
-}
-
-// --max-message-bytes bounds a SUBMIT's body and data frames together (ERROR too_large, the
-// connection stays), and a worker message with data frames is refused: a READY carrying one
-// registers no worker, while the same READY without it does.
-TEST(WireLimits, AttachedFramesCountAgainstTheMessageLimitAndWorkersSendNone) {
-  FleetOptions fo;
-  fo.workers = 1;
-  fo.models = {"null"};
-  fo.broker_args = {"--max-message-bytes", "2048", "--max-job-bytes", "1024"};
-  Fleet fleet(fo);
-  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
-  zmq::context_t ctx(1);
-  zmq::socket_t s = RawDealer(ctx, fleet.frontend(), 20000);
-  const Tensor t = Tensor::From<float>(std::vector<float>(250, 1.0f), {250}, DType::kFloat32);
-  auto body = [&](const std::vector<std::string>& ids) {
-    return AttachedSubmitBody(ids, "null", t);
-  };
-  std::string code;
-  // Two 1,000-byte frames: each fits ZeroMQ's per-frame limit, together they do not.
-  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", body({"lim-1", "lim-2"}), t.data, t.data}, &code),
-            "ERROR");
-  EXPECT_EQ(code, codes::kTooLarge);
-  EXPECT_EQ(RawExchange(s, {"FERRY1", "SUBMIT", body({"lim-1"}), t.data}), "ACCEPTED");
-  client::ClientOptions o;
-  o.frontend = fleet.frontend();
-  o.redis = fleet.redis().url();
-  std::unique_ptr<client::Client> c;
-  ASSERT_TRUE(client::Client::Create(o, &c).ok());
-  Result r;
-  ASSERT_TRUE(c->Wait("lim-1", 60000, &r).ok()) << fleet.Logs();
-  ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
-  EXPECT_EQ(r.outputs.at(0).data, t.data);  // null: the input, from its data frame
-
-  protocol::WorkerHello hello;
-  hello.worker = "framed-worker";
-  hello.device = "cpu";
-  hello.host = "h";
-  hello.pid = 1;
-  hello.capacity = 1;
-  hello.models = {{"null", 1, std::nullopt}};
-  const zmq::message_t ready = protocol::EncodeHello(hello);
-  const std::string ready_body(static_cast<const char*>(ready.data()), ready.size());
-  zmq::socket_t w = RawDealer(ctx, fleet.backend(), 20000);
-  // The framed READY, then a HEARTBEAT: the broker, not knowing the connection, answers
-  // REANNOUNCE -- so it has read the READY before, and refused it.
-  RawSend(w, {"FERRY1", "READY", ready_body, "a frame"});
-  RawSend(w, {"FERRY1", "HEARTBEAT", ""});
-  protocol::Message m;
-  ASSERT_TRUE(protocol::RecvMessage(w, false, &m, /*dont_wait=*/false).ok());
-  EXPECT_EQ(m.command, "REANNOUNCE");
-  std::string json;
-  ASSERT_TRUE(c->Stats(&json).ok());
-  EXPECT_EQ(json.find("framed-worker"), std::string::npos) << json;
-  // The same READY without the frame registers it.
-  RawSend(w, {"FERRY1", "READY", ready_body});
-  EXPECT_TRUE(testutil::WaitFor([&] {
-    return c->Stats(&json).ok() && json.find("framed-worker") != std::string::npos;
-  })) << json;
-}
-
-// A frame over the broker's --max-message-bytes makes libzmq drop the connection unanswered.
-// The SDK knows the limit (ClientOptions::max_message_bytes), so a job whose attached inputs
-// would need more is too_large before anything is sent -- a Run with no timeout would wait for
-// ever otherwise -- and several jobs under it go as SUBMITs the broker takes.
-TEST(WireLimits, TheSdkRejectsAJobOverTheBrokersMessageLimitAndSplitsUnderIt) {
-  constexpr int64_t kLimit = 1 << 20;
-  FleetOptions fo;
-  fo.workers = 1;
-  fo.models = {"null"};
-  fo.broker_args = {"--max-message-bytes", std::to_string(kLimit)};
-  Fleet fleet(fo);
-  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
-  client::ClientOptions o;
-  o.frontend = fleet.frontend();
-  o.redis = fleet.redis().url();
-  o.stored_input_bytes = 0;  // every input through the broker, in frames of their own
-  o.max_message_bytes = kLimit;
-  std::unique_ptr<client::Client> c;
-  ASSERT_TRUE(client::Client::Create(o, &c).ok());
-  auto job = [](const std::string& id, size_t floats) {
-    client::Job j;
-    j.id = id;
-    j.model = "null";
-    std::vector<float> v(floats);
-    for (size_t i = 0; i < floats; ++i) v[i] = static_cast<float>(i % 1000);
-    j.inputs.push_back(Tensor::From<float>(v, {static_cast<int64_t>(floats)}, DType::kFloat32));
-    return j;
-  };
-  const client::Job big = job("over-limit", 2 * kLimit / 4);  // 2 MiB in one frame
-  std::string id;
-  Status s = c->Submit(big, &id);
-  EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
-  EXPECT_NE(s.message().find("max_message_bytes"), std::string::npos) << s.ToString();
-  Result r;
-  s = c->Run(big, 60000, &r);  // without the check: no answer, a timeout after 60 s
-  EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
-  // Inside the body (no attached frames): the tensor's bytes plus 320 are the limit, and its
-  // 128-character id, 16 dimensions and options take the body over it (a bound of 320 bytes
-  // for all but the tensor's bytes let it through, and Run waited for ever).
-  client::ClientOptions inline_only = o;
-  inline_only.attached_input_bytes = 0;
-  std::unique_ptr<client::Client> c2;
-  ASSERT_TRUE(client::Client::Create(inline_only, &c2).ok());
-  client::Job wide = job(std::string(128, 'a'), (kLimit - 320) / 4);
-  wide.inputs[0].shape.assign(15, 1);
-  wide.inputs[0].shape.push_back((kLimit - 320) / 4);
-  wide.priority = std::numeric_limits<int64_t>::max();
-  wide.timeout_ms = 3600000;
-  wide.result_ttl_s = 86400;
-  s = c2->Run(wide, 60000, &r);
-  EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
-
-  // Eight jobs of 320 KB: one message would be 2.5 MiB (ERROR too_large for all eight).
-  std::vector<client::Job> jobs;
-  for (int i = 0; i < 8; ++i) jobs.push_back(job("under-" + std::to_string(i), 80000));
-  std::vector<client::SubmitOutcome> out;
-  ASSERT_TRUE(c->SubmitMany(jobs, &out).ok());
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    ASSERT_TRUE(out[i].status.ok()) << out[i].status.ToString();
-    ASSERT_TRUE(c->Wait(out[i].id, 60000, &r).ok()) << fleet.Logs();
-    ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
-    EXPECT_EQ(r.outputs.at(0).data, jobs[i].inputs[0].data);
-  }
-  client::ClientOptions bad = o;
-  bad.max_message_bytes = 1000;
-  std::unique_ptr<client::Client> unused;
-  EXPECT_EQ(client::Client::Create(bad, &unused).code(), codes::kInvalidArgument);
 }
 
 // The same on the wire, as a client in another language does it: SUBSCRIBE, then SUBMIT with
@@ -531,88 +361,6 @@ TEST_F(Wire, AJobCancelledInTheTurnOfAFailedJournalWriteIsNotAlsoRejected) {
   Result result;
   ASSERT_TRUE(client_->Wait(id, 30000, &result).ok()) << fleet_->Logs();
   EXPECT_EQ(result.state, JobState::kCancelled) << result.error.ToString();
-}
-
-// ZeroMQ bounds the replies queued for a producer by count (10,000), not bytes, and a FINISHED
-// may carry megabytes of inline results: a producer that stops reading would pin them in the
-// broker. Past --max-inline-backlog-bytes queued for a connection, FINISHED carries ids only;
-// every job is still announced, once, and what does come inline is the record in Redis.
-TEST(WireLimits, AProducerThatStopsReadingGetsIdsOnlyPastItsInlineBacklog) {
-  constexpr int kJobs = 64;  // 61 MB of results: far more than the socket buffers between
-  FleetOptions fo;
-  fo.workers = 1;
-  fo.models = {"expand"};  // [16] float32 -> [240000] float32: a 960 KB record a job
-  fo.broker_args = {"--max-inline-backlog-bytes", "2000000"};
-  fo.worker_args = {"--inline-result-bytes", "1048576"};  // each record may ride in DONE
-  Fleet fleet(fo);
-  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
-  zmq::context_t ctx(1);
-  zmq::socket_t s(ctx, zmq::socket_type::dealer);
-  s.set(zmq::sockopt::linger, 0);
-  s.set(zmq::sockopt::rcvhwm, 1);  // hold as little as possible on this side
-  s.set(zmq::sockopt::rcvbuf, 65536);
-  s.set(zmq::sockopt::rcvtimeo, 30000);
-  s.connect(fleet.frontend());
-
-  std::vector<std::string> ids;
-  for (int i = 0; i < kJobs; ++i) ids.push_back("backlog-" + std::to_string(i));
-  msgpack::sbuffer buf;
-  protocol::Packer pk(buf);
-  pk.pack_map(2);
-  protocol::PackString(pk, "inline_results");
-  pk.pack_true();
-  protocol::PackString(pk, "jobs");
-  pk.pack_array(kJobs);
-  for (const auto& id : ids)
-    protocol::PackSubmitJob(pk, id, "expand", {testutil::RandomFloats({16}, 3)}, 0, 0, 0);
-  RawSend(s, {"FERRY1", "SUBMIT", std::string(buf.data(), buf.size())});
-
-  // Every result lands in Redis while this socket is not read.
-  client::ClientOptions o;
-  o.frontend = fleet.frontend();
-  o.redis = fleet.redis().url();
-  std::unique_ptr<client::Client> c;
-  ASSERT_TRUE(client::Client::Create(o, &c).ok());
-  for (const auto& id : ids) {
-    Result r;
-    ASSERT_TRUE(c->Wait(id, 60000, &r).ok()) << id << "\n" << fleet.Logs();
-    ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
-  }
-
-  // Now read: the ACCEPTED, and FINISHED notices until every id has come.
-  std::unique_ptr<protocol::RedisClient> redis = fleet.redis().Connect();
-  ASSERT_TRUE(redis);
-  const protocol::Keys keys;
-  std::map<std::string, int> announced;
-  int inline_records = 0;
-  while (announced.size() < ids.size()) {
-    protocol::Message m;
-    ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok())
-        << announced.size() << " ids announced\n"
-        << fleet.Logs();
-    if (m.command != protocol::kFinished) {
-      ASSERT_EQ(m.command, protocol::kAccepted);
-      continue;
-    }
-    msgpack::object_handle oh;
-    ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
-    std::vector<std::string> got;
-    ASSERT_TRUE(protocol::GetStringArray(oh.get(), "ids", &got).ok());
-    for (const auto& id : got) ++announced[id];
-    protocol::InlineResults results;
-    ASSERT_TRUE(protocol::DecodeInlineResults(oh.get(), &results).ok());
-    for (const auto& [id, record] : results) {
-      ++inline_records;
-      protocol::RedisReply stored;
-      ASSERT_TRUE(redis->Command({"GET", keys.Result(std::string(id))}, &stored).ok());
-      EXPECT_TRUE(stored.str == record) << id << ": the inline record is not the stored one";
-    }
-  }
-  for (const auto& id : ids) EXPECT_EQ(announced[id], 1) << id;
-  EXPECT_EQ(announced.size(), ids.size());
-  // Some came inline (the backlog had room at first), and not all: the rest were withheld.
-  EXPECT_GT(inline_records, 0);
-  EXPECT_LT(inline_records, kJobs);
 }
 
 }  // namespace
