@@ -1,6 +1,7 @@
 import os
 import sys
 import tempfile
+import uuid
 
 import numpy as np
 import pytest
@@ -46,3 +47,28 @@ def fleet(models_dir):
               worker_args=["--max-batch", "64", "--threads", "1"])
     yield f
     f.stop()
+
+
+def uid(tag):
+    return "py-%s-%s" % (tag, uuid.uuid4().hex[:12])
+
+
+@pytest.fixture
+def client(fleet):
+    import ferry
+    with ferry.Client(fleet.frontend, fleet.redis_url) as c:
+        yield c
+
+
+def spy_submits(engine):
+    """Records each SUBMIT the engine sends: (its body, its data frames as sent)."""
+    import msgpack
+    sent = []
+    send = engine._send
+
+    def spy(command, body, frames=(), *rest):
+        if command == b"SUBMIT":
+            sent.append((msgpack.unpackb(body), list(frames)))
+        return send(command, body, frames, *rest)
+    engine._send = spy
+    return sent

@@ -460,7 +460,7 @@ def test_redis_acl_user_and_tls_with_client_certificates(tmp_path):
 
 def test_the_issue_27_contract_names_exist_exactly():
     """The public names and signatures the issue promised (what users write against); each
-    is also exercised against a real fleet in test_client.py."""
+    is also exercised against a real fleet in the test_client*.py files."""
     import inspect
     P = inspect.Parameter
     for cls, is_async in ((ferry.Client, False), (ferry.AsyncClient, True)):

@@ -1,0 +1,415 @@
+"""The clients when a peer misbehaves or goes away: a stub broker that drops, answers late or
+rejects late, Redis cut off or refusing, close() while calls wait."""
+
+import asyncio
+import threading
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+import ferry
+from conftest import spy_submits, uid
+from fleet import wait_for
+
+
+def _done_record(y, model, worker):
+    """A done result record (msgpack) with the one float32 output `y`, as a worker writes it."""
+    import msgpack
+    return msgpack.packb({"status": "done", "model": model, "worker": worker, "batch_size": 1,
+                          "attempt": 1, "timing": {},
+                          "outputs": [{"dtype": "float32", "shape": list(y.shape),
+                                       "data": y.tobytes()}]})
+
+
+def _run_against_a_stub_broker(fleet, prefix, x, y, on_submit):
+    """c.run("tiny", x) against a stub broker: a ROUTER on a thread. For each SUBMIT,
+    on_submit(n, body, reply, serve) (n counts from 1): reply(command, body) answers on the
+    socket; serve(job_id) answers as a worker does: SET the record (output y), then PUBLISH
+    the notice (record inline) on the job's notify channel, or send FINISHED without one.
+    Returns (the result, the SUBMIT bodies, their data frames)."""
+    import msgpack
+    import zmq
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    seen, seen_frames, stop = [], [], threading.Event()
+    store = fleet.redis()
+    record = _done_record(y, "tiny", "stub")
+
+    def serve_loop():
+        while not stop.is_set():
+            if not router.poll(50):
+                continue
+            peer, tag, command, body, *frames = router.recv_multipart()
+            body = msgpack.unpackb(body)
+            seen.append(body)
+            seen_frames.append(frames)
+
+            def reply(command, answer):
+                router.send_multipart([peer, tag, command, msgpack.packb(answer)])
+
+            def serve(job_id):
+                store.set(prefix + "result:" + job_id, record)
+                notice = msgpack.packb({"ids": [job_id], "results": {job_id: record}})
+                if body.get("notify"):
+                    store.publish(body["notify"], notice)
+                else:
+                    router.send_multipart([peer, tag, b"FINISHED", notice])
+            on_submit(len(seen), body, reply, serve)
+    t = threading.Thread(target=serve_loop)
+    t.start()
+    try:
+        with ferry.Client("tcp://127.0.0.1:%d" % port, fleet.redis_url, redis_prefix=prefix,
+                          request_timeout_ms=300) as c:
+            r = c.run("tiny", x, timeout=30)
+    finally:
+        stop.set()
+        t.join()
+        router.close(0)
+        ctx.term()
+    return r, seen, seen_frames
+
+
+def test_run_resubmits_the_same_id_after_silence_and_takes_the_notice(fleet):
+    """A stub broker drops the first SUBMIT (as a broker that crashed before journaling it
+    would): after request_timeout_ms without a result the client GETs the result, finds none
+    and sends the same id again, its attached input's data frame too. By then its notify
+    channel is subscribed, so the stub answers the way a worker does: SET the record, PUBLISH
+    the notice (record inline) on the channel."""
+    y = np.array([4.0, 2.0], np.float32)
+    x = np.arange(5000, dtype=np.float32)  # 20,000 bytes: attached
+
+    def on_submit(n, body, reply, serve):
+        if n > 1:  # the first: silence
+            serve(body["jobs"][0]["id"])
+    r, seen, seen_frames = _run_against_a_stub_broker(fleet, "pystub:", x, y, on_submit)
+    np.testing.assert_array_equal(r.outputs[0], y)
+    assert r.worker == "stub"
+    assert len(seen) == 2
+    assert seen[0]["jobs"][0]["id"] == seen[1]["jobs"][0]["id"] == r.id
+    assert seen[0]["ack"] is False and seen[1]["ack"] is False
+    assert seen[0]["inline_results"] is True
+    assert seen[1]["notify"].startswith("pystub:notify:")
+    assert seen_frames == [[x.tobytes()], [x.tobytes()]]
+    assert seen[1]["jobs"][0]["inputs"][0] == {"dtype": "float32", "shape": [5000],
+                                               "attached": True}
+
+
+def test_a_late_rejection_of_a_run_resubmitted_since_does_not_fail_it(fleet):
+    """A stub broker keeps the first SUBMIT of a run unanswered past request_timeout_ms, so the
+    client sends the same id again; only then does it reject the first one (queue_full, rid 1),
+    and it takes the second silently (accepted) and serves its result. The run returns that
+    result: a rejection counts only from the job's latest SUBMIT. (Before, it raised QueueFull
+    and deleted the stored input that the accepted job was still to read.)"""
+    store = fleet.redis()
+    y = np.array([1.0, 2.0], np.float32)
+    x = np.arange(50000, dtype=np.float32)  # 200,000 bytes: stored in Redis
+    first = {}
+
+    def on_submit(n, body, reply, serve):
+        if n == 1:
+            first["rid"] = body["rid"]  # silence: the client sends it again
+        elif n == 2:
+            job_id = body["jobs"][0]["id"]
+            reply(b"ACCEPTED", {"rid": first["rid"], "ids": [], "rejected": [
+                {"id": job_id, "code": "queue_full", "message": "full"}]})
+            time.sleep(0.5)  # the rejection is read first (a client that took it has raised)
+            serve(job_id)
+        # later ones: a resubmit of an accepted job, which the broker answers duplicate
+    r, seen, _ = _run_against_a_stub_broker(fleet, "pylate:", x, y, on_submit)
+    np.testing.assert_array_equal(r.outputs[0], y)
+    assert len(seen) >= 2 and seen[0]["rid"] != seen[1]["rid"]
+    assert seen[1]["jobs"][0]["inputs"][0]["stored"] is True
+    assert store.exists("pylate:input:%s:0" % r.id), "the accepted job's input was deleted"
+
+
+def test_more_than_max_jobs_per_message_go_in_several_submits(fleet):
+    """The broker refuses a SUBMIT of more than --max-jobs-per-message (10,000) jobs, or a
+    CANCEL of more ids, as a whole (too_large): submit_many, cancel and runs started in one
+    turn are split at 10,000 jobs too. Two
+    models: each queue stays under the broker's --max-queue (10,000)."""
+    n = 10001
+    x = np.ones(8, np.float32)
+
+    async def main():
+        async with ferry.AsyncClient(fleet.frontend, fleet.redis_url) as c:
+            sent = spy_submits(c._engine)
+            ids = await c.submit_many([ferry.Job("tiny" if k % 2 else "null", x)
+                                       for k in range(n)])
+            assert len(set(ids)) == n
+            done = await asyncio.gather(*[c.wait(i, timeout=60) for i in ids])
+            assert {r.status for r in done} == {"done"}
+            submits = [len(b["jobs"]) for b, _ in sent]
+            assert sum(submits) == n and max(submits) == 10000
+            report = await c.cancel(ids)  # one CANCEL per 10,000 ids: every id in one list
+            assert sorted(report.cancelled + report.running + report.not_found) == sorted(ids)
+            del sent[:]
+            runs = await asyncio.gather(*[c.run("tiny" if k % 2 else "null", x, timeout=60)
+                                          for k in range(n)])
+            assert {r.status for r in runs} == {"done"}
+            assert sum(len(b["jobs"]) for b, _ in sent) == n
+            assert max(len(b["jobs"]) for b, _ in sent) <= 10000
+    asyncio.run(main())
+
+
+def test_an_unavailable_rejection_keeps_the_stored_inputs(fleet):
+    """The broker dispatches a job before its journal write; when that write fails it rejects
+    the job `unavailable`, but the worker has it: its stored inputs must stay (the worker
+    reads, then deletes them). HSET denied to the broker's Redis user fails the journal write;
+    the stopped worker holds the job unread until then."""
+    import signal
+    r = fleet.redis()
+    x = np.arange(40000, dtype=np.float32)  # 160 KB: stored
+    worker = fleet.worker_procs[0]
+    with ferry.Client(fleet.frontend, fleet.redis_url, push_results=False) as c:
+        assert c.run("null", x, timeout=30).status == "done"
+        sid, rid = uid("unavail-submit"), uid("unavail-run")
+        r.execute_command("ACL", "SETUSER", "default", "-hset")
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            with pytest.raises(ferry.Unavailable):
+                c.submit("null", x, id=sid)
+            # run: backs off and resubmits the same id until its timeout, then raises.
+            with pytest.raises(ferry.Unavailable):
+                c.run("null", x, id=rid, timeout=0.5)
+            c.poll(uid("flush"))  # after any DEL the client issued, on the same connection
+            assert r.exists("ferry:input:%s:0" % sid) == 1
+            assert r.exists("ferry:input:%s:0" % rid) == 1
+        finally:
+            r.execute_command("ACL", "SETUSER", "default", "+hset")
+            worker.send_signal(signal.SIGCONT)
+        for i in (sid, rid):
+            res = c.wait(i, timeout=30)  # the worker ran it with its inputs
+            assert res.status == "done", res
+            np.testing.assert_array_equal(res.outputs[0], x)
+
+
+def test_consuming_waiters_share_a_result_too_big_to_come_inline(fleet):
+    """consume_results: the one read that gets a big record (then deleted) hands it to the
+    other waiters; close() makes the deletion's last round trip."""
+    x = np.arange(40000, dtype=np.float32)  # 160 KB out: read from Redis, not inline
+
+    async def main():
+        async with ferry.AsyncClient(fleet.frontend, fleet.redis_url,
+                                     consume_results=True) as c:
+            i = await c.submit("null", x)
+            rs = await asyncio.gather(*[c.wait(i, timeout=3) for _ in range(3)])
+            for r in rs:
+                assert r.status == "done" and r.id == i
+                np.testing.assert_array_equal(r.outputs[0], x)
+            assert len({id(r.outputs[0]) for r in rs}) == 3  # each its own arrays
+            assert c._engine.results.held_bytes == 0 and c._engine.results.entries == {}
+            return i
+    i = asyncio.run(main())
+    assert fleet.redis().exists("ferry:result:" + i) == 0
+
+
+def swallowing_broker():
+    """A ROUTER that reads every message and answers none: (its frontend, what it got, stop)."""
+    import zmq
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    got, done = [], threading.Event()
+
+    def serve():
+        while not done.is_set():
+            if router.poll(20):
+                got.append(router.recv_multipart())
+        router.close(0)
+        ctx.term()
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+
+    def stop():
+        done.set()
+        t.join(5)
+    return "tcp://127.0.0.1:%d" % port, got, stop
+
+
+def test_close_ends_the_calls_other_threads_wait_in():
+    """Client.close() while other threads wait for the broker's answer (submit, submit_many,
+    stats) or a result (run): each raises Unavailable at once, none waits for
+    request_timeout_ms (20 s here). AsyncClient.close() ends an awaited submit the same way."""
+    frontend, got, stop = swallowing_broker()
+    x = np.ones(8, np.float32)
+    try:
+        c = ferry.Client(frontend, "redis://127.0.0.1:9", request_timeout_ms=20000,
+                         push_results=False)
+        calls = {"submit": lambda: c.submit("tiny", x),
+                 "submit_many": lambda: c.submit_many([ferry.Job("tiny", x)] * 2),
+                 "run": lambda: c.run("tiny", x, timeout=20),
+                 "stats": c.stats}
+        out = {}
+
+        def call(name):
+            try:
+                out[name] = calls[name]()
+            except BaseException as e:  # noqa: B902 (checked below)
+                out[name] = e
+        threads = [threading.Thread(target=call, args=(k,), daemon=True) for k in calls]
+        for t in threads:
+            t.start()
+        wait_for(lambda: len(got) >= 3, 10, "the requests at the stub")  # 2 submits may be 1
+        t0 = time.monotonic()
+        c.close()
+        for t in threads:
+            t.join(5)
+        assert time.monotonic() - t0 < 5
+        for k in calls:
+            assert isinstance(out.get(k), ferry.Unavailable), (k, out.get(k))
+            assert "closed" in str(out[k])
+        with pytest.raises(ferry.Unavailable):
+            c.submit("tiny", x)
+
+        async def main():
+            a = ferry.AsyncClient(frontend, "redis://127.0.0.1:9", request_timeout_ms=20000)
+            task = asyncio.ensure_future(a.submit("tiny", x))
+            n = len(got)
+            while len(got) == n:
+                await asyncio.sleep(0.01)
+            await a.close()
+            with pytest.raises(ferry.Unavailable):
+                await asyncio.wait_for(task, 5)
+        asyncio.run(main())
+    finally:
+        stop()
+
+
+def test_a_submit_never_sent_deletes_its_stored_inputs(fleet):
+    """No broker took the SUBMIT (none listens there): at the timeout its jobs' stored inputs
+    are deleted, as run's are; they would otherwise stay for input_ttl_s."""
+    from fleet import free_port
+    x = np.arange(40000, dtype=np.float32)  # stored
+    prefix = "pyunsent-%s:" % uuid.uuid4().hex[:8]
+    r = fleet.redis()
+    with ferry.Client("tcp://127.0.0.1:%d" % free_port(), fleet.redis_url, redis_prefix=prefix,
+                      request_timeout_ms=300, push_results=False) as c:
+        with pytest.raises(ferry.Unavailable):
+            c.submit("null", x, id=uid("unsent"))
+        with pytest.raises(ferry.Unavailable):
+            c.submit_many([ferry.Job("null", x), ferry.Job("null", x)])
+        with pytest.raises(ferry.Unavailable):
+            c.run("null", x, timeout=0.3)
+        c.poll(uid("flush"))  # after the DELs, on the same connection
+        assert r.keys(prefix + "*") == []
+
+
+def test_close_mid_run_opens_no_redis_connection(fleet):
+    """AsyncClient.close() while a run with stored inputs waits for a broker: the run raises
+    Unavailable, its inputs are deleted before the Redis connection closes, and nothing opens
+    a connection after close."""
+    from fleet import free_port
+    x = np.arange(40000, dtype=np.float32)
+    prefix = "pyclosed-%s:" % uuid.uuid4().hex[:8]
+    r = fleet.redis()
+
+    async def main():
+        c = ferry.AsyncClient("tcp://127.0.0.1:%d" % free_port(), fleet.redis_url,
+                              redis_prefix=prefix, push_results=False)
+        task = asyncio.ensure_future(c.run("null", x, timeout=30))
+        for _ in range(500):
+            await asyncio.sleep(0.01)
+            if r.keys(prefix + "input:*"):
+                break
+        assert len(r.keys(prefix + "input:*")) == 1
+        commands = c._engine.redis
+        await c.close()
+        with pytest.raises(ferry.Unavailable) as e:
+            await task
+        await asyncio.sleep(0.2)  # what the run's end started
+        assert commands._conn is None or commands._conn.closed
+        assert commands._connecting is None
+        with pytest.raises(ferry.Unavailable):
+            await commands.execute("PING")
+        assert commands._conn is None or commands._conn.closed
+        assert "closed" in str(e.value)
+    asyncio.run(main())
+    assert r.keys(prefix + "*") == []
+
+
+def _store_result(r, key, y):
+    """Writes a done result record with output `y` under `key`, as a worker does."""
+    r.set(key, _done_record(y, "m", "w"))
+
+
+def test_a_consuming_read_cut_off_keeps_the_result(fleet):
+    """consume_results: a read that Redis cuts off (here its reply is over the client output
+    buffer limit, so it closes the connection) deletes nothing: the next wait gets the result,
+    and only then is it deleted. (With GETDEL as the read, Redis deleted the record before the
+    reply was lost, and it was gone for good.)"""
+    r = fleet.redis()
+    i = uid("cut")
+    y = np.arange(262144, dtype=np.float32)  # 1 MiB
+    _store_result(r, "ferry:result:" + i, y)
+    with ferry.Client(fleet.frontend, fleet.redis_url, consume_results=True) as c:
+        r.config_set("client-output-buffer-limit", "normal 65536 65536 0")
+        try:
+            with pytest.raises(ferry.Unavailable):
+                c.wait(i, timeout=0.5)
+        finally:
+            r.config_set("client-output-buffer-limit", "normal 0 0 0")
+        got = c.wait(i, timeout=30)
+        np.testing.assert_array_equal(got.outputs[0], y)
+        assert r.exists("ferry:result:" + i) == 0, "the read that got it did not delete it"
+
+
+def test_consumed_results_are_deleted_by_a_user_that_may_only_getdel_them(fleet):
+    """A producer ACL user set up before this client (GETDEL on results, not DEL): the DEL of
+    consumed results gets NOPERM, and the client deletes them with GETDEL instead."""
+    r = fleet.redis()
+    user, pw = "py-nodel-" + uuid.uuid4().hex[:6], uuid.uuid4().hex
+    r.execute_command("ACL", "SETUSER", user, "on", ">" + pw, "~*", "&*", "+@all", "-del")
+    url = "redis://%s:%s@127.0.0.1:%d" % (user, pw, fleet.redis_port)
+    ids = [uid("getdel") for _ in range(3)]
+    y = np.ones(4, np.float32)
+    for i in ids:
+        _store_result(r, "ferry:result:" + i, y)
+    def getdels():
+        return r.info("commandstats").get("cmdstat_getdel", {}).get("calls", 0)
+    before = getdels()
+    try:
+        with ferry.Client(fleet.frontend, url, consume_results=True) as c:
+            for i in ids:
+                np.testing.assert_array_equal(c.wait(i, timeout=30).outputs[0], y)
+            assert wait_for(lambda: not any(r.exists("ferry:result:" + i) for i in ids), 10)
+        assert getdels() - before >= len(ids)
+    finally:
+        r.execute_command("ACL", "DELUSER", user)
+
+
+def test_a_redis_error_reply_fails_the_wait_at_once(fleet):
+    """Redis refusing the read (NOPERM here: an ACL user without GET) is no outage to
+    wait out: wait raises FerryError(internal) at once, also with timeout=None."""
+    r = fleet.redis()
+    user, pw = "py-noread-" + uuid.uuid4().hex[:6], uuid.uuid4().hex
+    r.execute_command("ACL", "SETUSER", user, "on", ">" + pw, "~*", "&*", "+@all", "-get",
+                      "-getdel")
+    url = "redis://%s:%s@127.0.0.1:%d" % (user, pw, fleet.redis_port)
+    try:
+        for consume in (False, True):
+            with ferry.Client(fleet.frontend, url, consume_results=consume) as c:
+                # Retried as an outage, the first wait would raise Unavailable at its timeout
+                # and the second never end (the join's bound is a liveness check only).
+                for timeout in (60, None):
+                    out = {}
+
+                    def wait():
+                        try:
+                            c.wait(uid("denied"), timeout=timeout)
+                        except BaseException as e:  # noqa: B902 (checked below)
+                            out["error"] = e
+                    t = threading.Thread(target=wait, daemon=True)
+                    t.start()
+                    t.join(120)
+                    assert not t.is_alive(), "the wait did not end"
+                    err = out["error"]
+                    assert type(err) is ferry.FerryError and err.code == "internal", err
+                    assert "NOPERM" in str(err)
+                with pytest.raises(ferry.FerryError) as e:
+                    c.poll(uid("denied"))
+                assert e.value.code == "internal"
+    finally:
+        r.execute_command("ACL", "DELUSER", user)
