@@ -37,6 +37,24 @@ void KillBrokerAndExpectInputsBack(Client& c, Fleet& fleet, const std::vector<Jo
   }
 }
 
+// A `null` job with one 200 KB float32 input (stored in Redis by a client with the default
+// stored_input_bytes, attached by one with 0) whose values are all `value`.
+Job BigNullJob(const std::string& id, float value) {
+  Job j;
+  j.id = id;
+  j.model = "null";
+  j.inputs = {Tensor::From<float>(std::vector<float>(50000, value), {50000}, DType::kFloat32)};
+  return j;
+}
+
+// The input keys (ferry:input:*) in the fleet's Redis; -1 when Redis cannot be asked.
+int64_t InputKeys(Fleet& fleet) {
+  auto redis = fleet.redis().Connect();
+  protocol::RedisReply keys;
+  if (!redis || !redis->Command({"KEYS", "ferry:input:*"}, &keys).ok()) return -1;
+  return static_cast<int64_t>(keys.elements.size());
+}
+
 // Jobs whose big inputs the producer stored in Redis (a claim check: the broker journals only
 // their dtype and shape): a broker killed while they wait in its queue is replaced, the new one
 // restores them from the journal, and the worker reads their inputs from Redis -- every output
@@ -51,14 +69,8 @@ TEST(Reliability, StoredInputsSurviveABrokerKillAndGoWithTheirJobs) {
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
   auto c = MakeClient(fleet, 1000);
   std::vector<Job> jobs = {SlowJob("kill-blocker", 2000)};
-  for (int i = 0; i < 5; ++i) {
-    Job j;
-    j.id = "kill-big-" + std::to_string(i);
-    j.model = "null";
-    j.inputs = {Tensor::From<float>(std::vector<float>(50000, 1.0f + i), {50000},
-                                    DType::kFloat32)};  // 200 KB: stored in Redis
-    jobs.push_back(std::move(j));
-  }
+  for (int i = 0; i < 5; ++i)  // 200 KB each: stored in Redis
+    jobs.push_back(BigNullJob("kill-big-" + std::to_string(i), 1.0f + i));
   SubmitUntilAccepted(*c, jobs);
   std::string cancelled_id;
   Job victim = jobs[1];
@@ -93,14 +105,8 @@ TEST(Reliability, AttachedInputsSurviveAWorkerKillAndABrokerKill) {
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
   auto c = MakeClient(fleet, 1000, /*stored_input_bytes=*/0);
   std::vector<Job> jobs = {SlowJob("att-kill-blocker", 2000)};
-  for (int i = 0; i < 5; ++i) {
-    Job j;
-    j.id = "att-kill-" + std::to_string(i);
-    j.model = "null";
-    j.inputs = {Tensor::From<float>(std::vector<float>(50000, 2.0f + i), {50000},
-                                    DType::kFloat32)};  // 200 KB: attached
-    jobs.push_back(std::move(j));
-  }
+  for (int i = 0; i < 5; ++i)  // 200 KB each: attached
+    jobs.push_back(BigNullJob("att-kill-" + std::to_string(i), 2.0f + i));
   SubmitUntilAccepted(*c, jobs);
   // The worker holds the blocker and the first big job (its frames) when it is killed: the
   // broker requeues both and sends the big job's frames again, from the same buffers.
@@ -143,10 +149,7 @@ TEST(Reliability, AJobRejectedUnavailableAfterItsDispatchStillFindsItsStoredInpu
   ASSERT_TRUE(admin);
   protocol::RedisReply r;
   ASSERT_TRUE(admin->Command({"ACL", "SETUSER", "default", "-hset"}, &r).ok());  // no journal
-  Job j;
-  j.id = "rejected-but-dispatched";
-  j.model = "null";
-  j.inputs = {Tensor::From<float>(std::vector<float>(50000, 3.5f), {50000}, DType::kFloat32)};
+  Job j = BigNullJob("rejected-but-dispatched", 3.5f);
   fleet.worker(0).Signal(SIGSTOP);  // the CHUNK waits in its socket
   std::string id;
   Status s = c->Submit(j, &id);
@@ -161,6 +164,67 @@ TEST(Reliability, AJobRejectedUnavailableAfterItsDispatchStillFindsItsStoredInpu
     protocol::RedisReply keys;
     return admin->Command({"KEYS", "ferry:input:*"}, &keys).ok() && keys.elements.empty();
   })) << "the worker did not delete the input with the result";
+}
+
+// Stored inputs go only with the job's final result: a worker killed while it holds a job
+// whose input it has read from Redis gets the job requeued, and the next worker reads the input
+// again -- every output is the job's own input (null model), and no input key is left.
+TEST(Reliability, StoredInputsSurviveAWorkerKill) {
+  FleetOptions fo = OneSlowLane();
+  fo.models = {"slow", "null"};
+  fo.broker_args = kFastHeartbeats;
+  fo.worker_args = Concat(kFastHeartbeats, {"--instances", "1"});
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet, 1000);
+  std::vector<Job> jobs = {SlowJob("st-kill-blocker", 2000)};
+  for (int i = 0; i < 4; ++i) jobs.push_back(BigNullJob("st-kill-" + std::to_string(i), 4.0f + i));
+  SubmitUntilAccepted(*c, jobs);
+  EXPECT_EQ(InputKeys(fleet), 4) << "the inputs were not stored in Redis";
+  // The worker holds the blocker and st-kill-0 when it is killed: the broker requeues both.
+  const pid_t pid = fleet.worker(0).pid();
+  ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, pid) == 2; })) << fleet.Logs();
+  fleet.worker(0).Signal(SIGKILL);
+  fleet.worker(0).Wait();
+  fleet.StartWorker(0);
+  std::vector<std::string> ids;
+  for (const auto& j : jobs) ids.push_back(j.id);
+  auto results = WaitAll(*c, ids, 60000);
+  for (size_t i = 1; i < jobs.size(); ++i) {
+    const Result& r = results.at(jobs[i].id);
+    ASSERT_EQ(r.state, JobState::kDone) << jobs[i].id << " " << r.error.ToString() << fleet.Logs();
+    EXPECT_TRUE(r.outputs.at(0).data == jobs[i].inputs[0].data) << jobs[i].id;
+  }
+  EXPECT_GE(results.at("st-kill-0").attempt, 2) << "the killed worker's job was not requeued";
+  EXPECT_TRUE(WaitFor([&] { return InputKeys(fleet) == 0; })) << InputKeys(fleet) << " left";
+}
+
+// A job whose deadline passes while it waits at the broker gets its `expired` result from the
+// broker, which deletes the job's stored input with it (final_results.cc); the jobs that run
+// delete theirs through the worker.
+TEST(Reliability, AJobThatExpiresAtTheBrokerTakesItsStoredInputWithIt) {
+  FleetOptions fo = OneSlowLane();
+  fo.models = {"slow", "null"};
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet);
+  // Two slow jobs fill the worker (max batch 1 x 2): the next job waits at the broker.
+  SubmitUntilAccepted(*c, {SlowJob("exp-blocker-0", 3000), SlowJob("exp-blocker-1", 3000)});
+  ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, fleet.worker(0).pid()) == 2; })) << fleet.Logs();
+  Job late = BigNullJob("exp-big", 7.0f);
+  late.timeout_ms = 500;  // long before a place on the worker opens (~3 s)
+  std::string id;
+  ASSERT_TRUE(c->Submit(late, &id).ok());
+  EXPECT_EQ(InputKeys(fleet), 1) << "the input was not stored in Redis";
+  Result r;
+  ASSERT_TRUE(c->Wait(id, 30000, &r).ok()) << fleet.Logs();
+  EXPECT_EQ(r.state, JobState::kExpired) << r.error.ToString();
+  EXPECT_TRUE(WaitFor([&] { return InputKeys(fleet) == 0; }))
+      << "the expired job's stored input is still in Redis";
+  for (const char* blocker : {"exp-blocker-0", "exp-blocker-1"}) {
+    ASSERT_TRUE(c->Wait(blocker, 30000, &r).ok());
+    EXPECT_EQ(r.state, JobState::kDone) << blocker;
+  }
 }
 
 }  // namespace
