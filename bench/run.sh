@@ -44,6 +44,13 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
+# The names --only takes (`audio` runs audio, audio_unix and audio_no_journal: one round of them).
+SCENARIOS="tiny_closed tiny_light tiny_light_run tiny_light_no_push tiny_light_pinned encoder resnet \
+seed ceiling bytes audio audio_out whisper"
+for name in ${ONLY//,/ }; do
+  [[ " $SCENARIOS " == *" $name "* ]] ||
+    { echo "run.sh: no scenario $name (--only takes: $SCENARIOS)" >&2; exit 2; }
+done
 HERE=$(cd "$(dirname "$0")" && pwd)
 DEVICE=${FERRY_BENCH_DEVICE:-cpu}
 BENCH=$BUILD/bench/ferry-bench
@@ -54,6 +61,9 @@ FLOOR=$BUILD/bench/ferry-floor  # optional: the audio scenarios' floor
 for b in "$BENCH" "$BROKER" "$WORKER" "$MAKE_MODELS"; do
   [ -x "$b" ] || { echo "run.sh: missing $b (build ferry-bench ferry-broker ferry-worker ferry-make-models)" >&2; exit 1; }
 done
+if { [ -z "$ONLY" ] || [[ ",$ONLY," == *,audio* ]]; } && [ ! -x "$FLOOR" ]; then
+  echo "run.sh: no $FLOOR (build ferry-floor): the audio runs get no floor and no share of it" >&2
+fi
 command -v redis-server >/dev/null || { echo "run.sh: redis-server not installed" >&2; exit 1; }
 if [ -z "$OUT" ]; then
   OUT=${TMPDIR:-/tmp}/ferry-bench-results/$(date +%Y-%m-%d)-${DEVICE//:/}$([ $QUICK = 1 ] && echo -quick || true)$([ "${WHISPER_HALF:-0}" = 1 ] && echo -half || true)
