@@ -3,8 +3,9 @@
 
 Submits jobs for the "tiny" test model, checks rejections, ERROR and STATS replies, waits for
 the results in Redis and compares them with the model's reference formula; then a SUBMIT with
-"ack": false (no ACCEPTED, the job still runs), stored inputs, and attached inputs (their bytes
-in data frames after the body).
+"ack": false (no ACCEPTED, the job still runs), stored inputs, attached inputs (their bytes in
+data frames after the body), and the result path: records inline in FINISHED, a big one read
+with GET, and a result notice through Redis Pub/Sub.
 """
 import argparse
 import random
@@ -275,7 +276,93 @@ def main():
             replies.append((cmd, body.get("code")))
         check(replies == [("ERROR", "malformed")], "reply to a SUBMIT missing its data frame",
               [("ERROR", "malformed")], replies)
+
+    # 7. The result path. "inline_results": true: FINISHED maps a small result's id to its
+    #    record, byte for byte the one in Redis; a record over the worker's
+    #    --inline-result-bytes (16 KiB: here the null model returning a 64 KB input) comes as an
+    #    id alone, read with GET. "notify": the worker publishes the notice on our Redis Pub/Sub
+    #    channel (subscribed before the SUBMIT), with the record inside, and the broker sends no
+    #    FINISHED for that job.
+    if not args.no_results:
+        x = [rng.uniform(-1.0, 1.0) for _ in range(8)]
+        small, big = "py-%s-inline-small" % run, "py-%s-inline-big" % run
+        big_bytes = struct.pack("<16000f", *(rng.uniform(-1.0, 1.0) for _ in range(16000)))
+        send(sock, b"SUBMIT", {"jobs": [
+            {"id": small, "model": "tiny", "inputs": [tensor(x)]},
+            {"id": big, "model": "null",
+             "inputs": [{"dtype": "float32", "shape": [16000], "data": big_bytes}]}],
+            "inline_results": True, "rid": 10})
+        cmd, acc = recv(sock, finished)
+        check(cmd == "ACCEPTED" and acc.get("ids") == [small, big], "ACCEPTED of inline-result jobs",
+              [small, big], (cmd, acc))
+        notices = wait_finished(sock, {small, big})
+        if check(set(notices) == {small, big}, "FINISHED of inline-result jobs", [small, big],
+                 sorted(notices)):
+            raw = store.get(args.prefix + "result:" + small)
+            check(notices[small] == raw, small + " inline record", "the bytes of its GET",
+                  notices[small] if notices[small] is None else len(notices[small]))
+            if raw is not None:
+                check_result(small, raw, list(struct.unpack("<8f", struct.pack("<8f", *x))))
+            check(notices[big] is None, big + " in FINISHED", "its id without a record",
+                  "a record" if notices[big] else None)
+            res = msgpack.unpackb(store.get(args.prefix + "result:" + big) or b"\x80", raw=False)
+            outs = res.get("outputs") or [{}]
+            check(res.get("status") == "done" and outs[0].get("data") == big_bytes,
+                  big + " result by GET", "done, its input back", res.get("status"))
+
+        channel = args.prefix + "notify:py-%s" % run
+        sub = store.pubsub()
+        sub.subscribe(channel)
+        first = sub.get_message(timeout=5.0)
+        check(first is not None and first.get("type") == "subscribe", "SUBSCRIBE confirmed",
+              "subscribe", first)
+        x = [rng.uniform(-1.0, 1.0) for _ in range(8)]
+        told = "py-%s-notified" % run
+        send(sock, b"SUBMIT", {"jobs": [{"id": told, "model": "tiny", "inputs": [tensor(x)]}],
+                               "notify": channel, "inline_results": True, "rid": 11})
+        cmd, acc = recv(sock, finished)
+        check(cmd == "ACCEPTED" and acc.get("ids") == [told], "ACCEPTED of a notify job", [told],
+              (cmd, acc))
+        message = sub.get_message(timeout=30.0)
+        if check(message is not None and message.get("type") == "message", "the job's notice",
+                 "a Pub/Sub message", message):
+            notice = msgpack.unpackb(message["data"], raw=False)
+            record = (notice.get("results") or {}).get(told)
+            check(notice.get("ids") == [told] and record is not None, "notice body",
+                  {"ids": [told], "results": {told: "..."}}, notice)
+            raw = store.get(args.prefix + "result:" + told)
+            check(record == raw, told + " notice record", "the bytes of its GET", None)
+            if raw is not None:
+                check_result(told, raw, list(struct.unpack("<8f", struct.pack("<8f", *x))))
+        sub.close()
+        # The worker may hold the DONE that names the job as notified for a few ms: give a
+        # FINISHED that should not come time to, then round-trip a STATS past it.
+        time.sleep(0.3)
+        send(sock, b"STATS", {"rid": 12})
+        while True:
+            cmd, body = recv(sock, finished)
+            if cmd == "STATS" and body.get("rid") == 12:
+                break
+        check(told not in finished, told + " FINISHED", "none (its worker notified)", "a FINISHED")
     return report(args, n_results, n_finished)
+
+
+def wait_finished(sock, ids, timeout_s=60.0):
+    """FINISHED notices until every id in `ids` was named: {id: its inline record or None}."""
+    got = {}
+    deadline = time.monotonic() + timeout_s
+    while not ids <= set(got) and time.monotonic() < deadline:
+        if not sock.poll(50):
+            continue
+        frames = sock.recv_multipart()
+        body = msgpack.unpackb(frames[2], raw=False) if len(frames) == 3 and frames[2] else {}
+        if frames[:2] != [TAG, b"FINISHED"]:
+            check(False, "message while waiting for FINISHED", "only FINISHED", frames[:2])
+            continue
+        records = body.get("results") or {}
+        for jid in body.get("ids", []):
+            got[jid] = records.get(jid)
+    return got
 
 
 def report(args, n_results, n_finished=0):

@@ -8,7 +8,9 @@ namespace ferry {
 namespace {
 
 TEST(PythonClient, SubmitsAndReadsCorrectResultsFromRedis) {
-  testutil::Fleet fleet(testutil::FleetOptions{1});
+  testutil::FleetOptions fo{1};
+  fo.models = {"tiny", "null"};  // null: a result too big to come inline
+  testutil::Fleet fleet(fo);
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
   testutil::TempDir dir;
   testutil::Process py({PYTHON3, PYTHON_CLIENT, "--frontend", fleet.frontend(), "--redis",
