@@ -44,12 +44,14 @@ inline Job SlowJob(const std::string& id, float spins, int64_t priority = 0) {
 }
 
 inline std::unique_ptr<Client> MakeClient(Fleet& fleet, int request_timeout_ms = 5000,
-                                          int64_t stored_input_bytes = 64 * 1024) {
+                                          int64_t stored_input_bytes = 64 * 1024,
+                                          int64_t input_ttl_s = 3600) {
   ClientOptions o;
   o.frontend = fleet.frontend();
   o.redis = fleet.redis().url();
   o.request_timeout_ms = request_timeout_ms;
   o.stored_input_bytes = stored_input_bytes;
+  o.input_ttl_s = input_ttl_s;
   o.curve_server_public = fleet.curve_server_public();  // "" unless FERRY_TEST_CURVE=1
   o.curve_secret = fleet.curve_secret();
   std::unique_ptr<Client> c;

@@ -227,5 +227,36 @@ TEST(Reliability, AJobThatExpiresAtTheBrokerTakesItsStoredInputWithIt) {
   }
 }
 
+// A stored input lives as long as its producer's input_ttl_s says: a job still waiting at the
+// broker when its input expires fails `not_found` on the worker that reads it (the bytes are
+// gone; nothing else can run it), and the worker keeps serving.
+TEST(Reliability, AJobWhoseStoredInputExpiredBeforeItRanFailsNotFound) {
+  FleetOptions fo = OneSlowLane();
+  fo.models = {"slow", "null"};
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet, 5000, 64 * 1024, /*input_ttl_s=*/1);
+  // Two slow jobs fill the worker (max batch 1 x 2): no place opens for ~4 s, so the next job
+  // waits at the broker, and its input expires after 1 s.
+  SubmitUntilAccepted(*c, {SlowJob("ttl-blocker-0", 4000), SlowJob("ttl-blocker-1", 4000)});
+  ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, fleet.worker(0).pid()) == 2; })) << fleet.Logs();
+  std::string id;
+  ASSERT_TRUE(c->Submit(BigNullJob("ttl-big", 8.0f), &id).ok());
+  Result r;
+  ASSERT_TRUE(c->Wait(id, 30000, &r).ok()) << fleet.Logs();
+  EXPECT_EQ(r.state, JobState::kFailed) << r.error.ToString();
+  EXPECT_EQ(r.error.code(), codes::kNotFound) << r.error.ToString();
+  for (const char* blocker : {"ttl-blocker-0", "ttl-blocker-1"}) {
+    ASSERT_TRUE(c->Wait(blocker, 30000, &r).ok());
+    EXPECT_EQ(r.state, JobState::kDone) << blocker;
+  }
+  std::string again;  // the worker still serves big jobs
+  Job next = BigNullJob("ttl-next", 9.0f);
+  ASSERT_TRUE(c->Submit(next, &again).ok());
+  ASSERT_TRUE(c->Wait(again, 30000, &r).ok());
+  ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
+  EXPECT_TRUE(r.outputs.at(0).data == next.inputs[0].data);
+}
+
 }  // namespace
 }  // namespace ferry::reliability_test
