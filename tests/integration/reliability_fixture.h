@@ -1,8 +1,9 @@
 #pragma once
 // What the reliability tests share (reliability_kill_test.cc, reliability_input_test.cc,
-// reliability_queue_test.cc): jobs for the `slow` model, a client for the fleet (with its CURVE
-// keys when FERRY_TEST_CURVE=1), submitting until every job is accepted, waiting through a Redis
-// restart, a worker's in-flight count from STATS, fast heartbeats and the one slow lane.
+// reliability_queue_test.cc): jobs for the `slow` model and 200 KB `null` jobs, a client for
+// the fleet (with its CURVE keys when FERRY_TEST_CURVE=1), submitting until every job is
+// accepted, waiting through a Redis restart, a worker's in-flight count from STATS, fast
+// heartbeats and the one slow lane.
 //
 // `slow` spins int(x) chained matmuls (about a millisecond each): a job that takes a while.
 
@@ -40,6 +41,16 @@ inline Job SlowJob(const std::string& id, float spins, int64_t priority = 0) {
   j.model = "slow";
   j.priority = priority;
   j.inputs.push_back(Tensor::From<float>({spins}, {1}, DType::kFloat32));
+  return j;
+}
+
+// A `null` job with one 200 KB float32 input (stored in Redis by a client with the default
+// stored_input_bytes, attached by one with 0) whose values are all `value`.
+inline Job BigNullJob(const std::string& id, float value) {
+  Job j;
+  j.id = id;
+  j.model = "null";
+  j.inputs = {Tensor::From<float>(std::vector<float>(50000, value), {50000}, DType::kFloat32)};
   return j;
 }
 

@@ -37,16 +37,6 @@ void KillBrokerAndExpectInputsBack(Client& c, Fleet& fleet, const std::vector<Jo
   }
 }
 
-// A `null` job with one 200 KB float32 input (stored in Redis by a client with the default
-// stored_input_bytes, attached by one with 0) whose values are all `value`.
-Job BigNullJob(const std::string& id, float value) {
-  Job j;
-  j.id = id;
-  j.model = "null";
-  j.inputs = {Tensor::From<float>(std::vector<float>(50000, value), {50000}, DType::kFloat32)};
-  return j;
-}
-
 // The input keys (ferry:input:*) in the fleet's Redis; -1 when Redis cannot be asked.
 int64_t InputKeys(Fleet& fleet) {
   auto redis = fleet.redis().Connect();
@@ -200,8 +190,7 @@ TEST(Reliability, StoredInputsSurviveAWorkerKill) {
 }
 
 // A job whose deadline passes while it waits at the broker gets its `expired` result from the
-// broker, which deletes the job's stored input with it (final_results.cc); the jobs that run
-// delete theirs through the worker.
+// broker, which deletes the job's stored input with it (final_results.cc).
 TEST(Reliability, AJobThatExpiresAtTheBrokerTakesItsStoredInputWithIt) {
   FleetOptions fo = OneSlowLane();
   fo.models = {"slow", "null"};

@@ -108,14 +108,8 @@ TEST(Reliability, StoredInputsCountAgainstThePendingBytesAndRejectedOnesAreDelet
   ASSERT_TRUE(fleet.WaitForWorkers(0)) << fleet.Logs();
   auto c = MakeClient(fleet);  // stores inputs of 64 KiB and more
   std::vector<Job> jobs;
-  for (int i = 0; i < 12; ++i) {
-    Job j;
-    j.id = "pend-" + std::to_string(i);
-    j.model = "null";
-    j.inputs = {Tensor::From<float>(std::vector<float>(50000, 0.5f + i), {50000},
-                                    DType::kFloat32)};  // 200,000 bytes: stored in Redis
-    jobs.push_back(std::move(j));
-  }
+  for (int i = 0; i < 12; ++i)  // 200,000 bytes each: stored in Redis
+    jobs.push_back(BigNullJob("pend-" + std::to_string(i), 0.5f + i));
   std::vector<SubmitOutcome> outcomes;
   c->SubmitMany(jobs, &outcomes);
   std::vector<std::string> accepted;
