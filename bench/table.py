@@ -131,8 +131,10 @@ def main(out):
         if cpu:  # beside the floor's CPU per message: the same bytes, Ferry's processes
             vs += f"; CPU us a job {sum(v for v in cpu.values() if v > 0):.0f} in all"
             moved = max(r.get("input_bytes_per_job") or 0, r.get("output_bytes_per_job") or 0)
-            if cpu.get("broker", 0) > 0 and moved > 0:  # the target: <= 0.2 ns a byte through it, a few us a job by claim check
-                vs += f", broker {cpu['broker']:.0f} ({1000 * cpu['broker'] / moved:.2f} ns per byte of the job)"
+            # The broker's target: <= 0.2 ns a byte through it, a few us a job by claim check.
+            if cpu.get("broker", 0) > 0 and moved > 0:
+                per_byte = 1000 * cpu["broker"] / moved
+                vs += f", broker {cpu['broker']:.0f} ({per_byte:.2f} ns per byte of the job)"
         print(f"  {n:<20} {mbps:8.0f} MB/s {way}  ({r['throughput']:.0f} jobs/s){vs}")
     for base, xs in shares.items():
         xs = sorted(xs)

@@ -293,8 +293,8 @@ def main():
              "inputs": [{"dtype": "float32", "shape": [16000], "data": big_bytes}]}],
             "inline_results": True, "rid": 10})
         cmd, acc = recv(sock, finished)
-        check(cmd == "ACCEPTED" and acc.get("ids") == [small, big], "ACCEPTED of inline-result jobs",
-              [small, big], (cmd, acc))
+        check(cmd == "ACCEPTED" and acc.get("ids") == [small, big],
+              "ACCEPTED of inline-result jobs", [small, big], (cmd, acc))
         notices = wait_finished(sock, {small, big})
         if check(set(notices) == {small, big}, "FINISHED of inline-result jobs", [small, big],
                  sorted(notices)):
