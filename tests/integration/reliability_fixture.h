@@ -2,8 +2,8 @@
 // What the reliability tests share (reliability_kill_test.cc, reliability_input_test.cc,
 // reliability_queue_test.cc): jobs for the `slow` model and 200 KB `null` jobs, a client for
 // the fleet (with its CURVE keys when FERRY_TEST_CURVE=1), submitting until every job is
-// accepted, waiting through a Redis restart, a worker's in-flight count from STATS, fast
-// heartbeats and the one slow lane.
+// accepted, waiting through a Redis restart, a worker's in-flight count from STATS, the input
+// keys left in Redis, fast heartbeats and the one slow lane (with `null` behind it).
 //
 // `slow` spins int(x) chained matmuls (about a millisecond each): a job that takes a while.
 
@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "ferry/client.h"
+#include "ferry/protocol/redis.h"
 #include "fleet.h"
 #include "process.h"
 
@@ -52,6 +53,14 @@ inline Job BigNullJob(const std::string& id, float value) {
   j.model = "null";
   j.inputs = {Tensor::From<float>(std::vector<float>(50000, value), {50000}, DType::kFloat32)};
   return j;
+}
+
+// The input keys (ferry:input:*) in the fleet's Redis; -1 when Redis cannot be asked.
+inline int64_t InputKeys(Fleet& fleet) {
+  auto redis = fleet.redis().Connect();
+  protocol::RedisReply keys;
+  if (!redis || !redis->Command({"KEYS", "ferry:input:*"}, &keys).ok()) return -1;
+  return static_cast<int64_t>(keys.elements.size());
 }
 
 inline std::unique_ptr<Client> MakeClient(Fleet& fleet, int request_timeout_ms = 5000,
@@ -145,6 +154,16 @@ inline FleetOptions OneSlowLane() {
   fo.models = {"slow"};
   fo.max_batch = 1;
   fo.worker_args = {"--instances", "1"};
+  return fo;
+}
+
+// OneSlowLane serving `null` too, with fast heartbeats: big `null` jobs (BigNullJob) wait behind
+// a slow one, and a killed member is noticed within ~300 ms.
+inline FleetOptions BigJobsBehindASlowLane() {
+  FleetOptions fo = OneSlowLane();
+  fo.models = {"slow", "null"};
+  fo.broker_args = kFastHeartbeats;
+  fo.worker_args = Concat(kFastHeartbeats, {"--instances", "1"});
   return fo;
 }
 

@@ -37,25 +37,13 @@ void KillBrokerAndExpectInputsBack(Client& c, Fleet& fleet, const std::vector<Jo
   }
 }
 
-// The input keys (ferry:input:*) in the fleet's Redis; -1 when Redis cannot be asked.
-int64_t InputKeys(Fleet& fleet) {
-  auto redis = fleet.redis().Connect();
-  protocol::RedisReply keys;
-  if (!redis || !redis->Command({"KEYS", "ferry:input:*"}, &keys).ok()) return -1;
-  return static_cast<int64_t>(keys.elements.size());
-}
-
 // Jobs whose big inputs the producer stored in Redis (a claim check: the broker journals only
 // their dtype and shape): a broker killed while they wait in its queue is replaced, the new one
 // restores them from the journal, and the worker reads their inputs from Redis -- every output
 // is the job's own input (null model). A queued one that is cancelled has its input deleted by
 // the broker with the `cancelled` result; no input key is left at the end.
 TEST(Reliability, StoredInputsSurviveABrokerKillAndGoWithTheirJobs) {
-  FleetOptions fo = OneSlowLane();
-  fo.models = {"slow", "null"};
-  fo.broker_args = kFastHeartbeats;
-  fo.worker_args = Concat(kFastHeartbeats, {"--instances", "1"});
-  Fleet fleet(fo);
+  Fleet fleet(BigJobsBehindASlowLane());
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
   auto c = MakeClient(fleet, 1000);
   std::vector<Job> jobs = {SlowJob("kill-blocker", 2000)};
@@ -75,10 +63,7 @@ TEST(Reliability, StoredInputsSurviveABrokerKillAndGoWithTheirJobs) {
   })) << "the cancelled job's stored input is still in Redis";
   std::map<std::string, Result> results;
   ASSERT_NO_FATAL_FAILURE(KillBrokerAndExpectInputsBack(*c, fleet, jobs, &results));
-  auto redis = fleet.redis().Connect();
-  protocol::RedisReply keys;
-  ASSERT_TRUE(redis->Command({"KEYS", "ferry:input:*"}, &keys).ok());
-  EXPECT_TRUE(keys.elements.empty()) << keys.elements.size() << " input key(s) left";
+  EXPECT_EQ(InputKeys(fleet), 0) << "input key(s) left";
 }
 
 // Big inputs sent through the broker in data frames of their own (attached: the client stores
@@ -87,11 +72,7 @@ TEST(Reliability, StoredInputsSurviveABrokerKillAndGoWithTheirJobs) {
 // its queue is replaced, the new one restores them from the journal and sends them to the
 // worker in the ordinary form -- every output is the job's own input (null model).
 TEST(Reliability, AttachedInputsSurviveAWorkerKillAndABrokerKill) {
-  FleetOptions fo = OneSlowLane();
-  fo.models = {"slow", "null"};
-  fo.broker_args = kFastHeartbeats;
-  fo.worker_args = Concat(kFastHeartbeats, {"--instances", "1"});
-  Fleet fleet(fo);
+  Fleet fleet(BigJobsBehindASlowLane());
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
   auto c = MakeClient(fleet, 1000, /*stored_input_bytes=*/0);
   std::vector<Job> jobs = {SlowJob("att-kill-blocker", 2000)};
@@ -109,9 +90,7 @@ TEST(Reliability, AttachedInputsSurviveAWorkerKillAndABrokerKill) {
   {
     auto redis = fleet.redis().Connect();
     ASSERT_NE(redis, nullptr);
-    protocol::RedisReply keys;
-    ASSERT_TRUE(redis->Command({"KEYS", "ferry:input:*"}, &keys).ok());
-    EXPECT_TRUE(keys.elements.empty()) << "attached inputs were stored in Redis";
+    EXPECT_EQ(InputKeys(fleet), 0) << "attached inputs were stored in Redis";
     protocol::RedisReply entry;
     ASSERT_TRUE(redis->Command({"HSTRLEN", "ferry:journal", "att-kill-4"}, &entry).ok());
     EXPECT_GT(entry.integer, 200000) << "the journal entry lacks the input's bytes";
@@ -150,21 +129,15 @@ TEST(Reliability, AJobRejectedUnavailableAfterItsDispatchStillFindsItsStoredInpu
   ASSERT_TRUE(c->Wait(id, 30000, &result).ok()) << fleet.Logs();
   ASSERT_EQ(result.state, JobState::kDone) << result.error.ToString() << fleet.Logs();
   EXPECT_TRUE(result.outputs.at(0).data == j.inputs[0].data);
-  EXPECT_TRUE(WaitFor([&] {
-    protocol::RedisReply keys;
-    return admin->Command({"KEYS", "ferry:input:*"}, &keys).ok() && keys.elements.empty();
-  })) << "the worker did not delete the input with the result";
+  EXPECT_TRUE(WaitFor([&] { return InputKeys(fleet) == 0; }))
+      << "the worker did not delete the input with the result";
 }
 
 // Stored inputs go only with the job's final result: a worker killed while it holds a job
 // whose input it has read from Redis gets the job requeued, and the next worker reads the input
 // again -- every output is the job's own input (null model), and no input key is left.
 TEST(Reliability, StoredInputsSurviveAWorkerKill) {
-  FleetOptions fo = OneSlowLane();
-  fo.models = {"slow", "null"};
-  fo.broker_args = kFastHeartbeats;
-  fo.worker_args = Concat(kFastHeartbeats, {"--instances", "1"});
-  Fleet fleet(fo);
+  Fleet fleet(BigJobsBehindASlowLane());
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
   auto c = MakeClient(fleet, 1000);
   std::vector<Job> jobs = {SlowJob("st-kill-blocker", 2000)};

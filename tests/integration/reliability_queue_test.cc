@@ -16,7 +16,6 @@
 #include <vector>
 
 #include "ferry/client.h"
-#include "ferry/protocol/redis.h"
 #include "fleet.h"
 #include "process.h"
 #include "reliability_fixture.h"
@@ -124,20 +123,12 @@ TEST(Reliability, StoredInputsCountAgainstThePendingBytesAndRejectedOnesAreDelet
   }
   ASSERT_EQ(accepted.size(), 5u)
       << "five jobs of 200,000 bytes (and their small records) fit in 1,100,000";
-  auto redis = fleet.redis().Connect();
-  ASSERT_TRUE(redis);
-  protocol::RedisReply keys;
-  EXPECT_TRUE(WaitFor([&] {
-    return redis->Command({"KEYS", "ferry:input:*"}, &keys).ok() && keys.elements.size() == 5;
-  })) << keys.elements.size()
-      << " input keys: the rejected jobs' were not deleted";
+  EXPECT_TRUE(WaitFor([&] { return InputKeys(fleet) == 5; }))
+      << InputKeys(fleet) << " input keys: the rejected jobs' were not deleted";
   fleet.worker(0).Signal(SIGCONT);
   const auto results = WaitAll(*c, accepted, 60000);
   for (const auto& [id, r] : results) EXPECT_EQ(r.state, JobState::kDone) << id;
-  EXPECT_TRUE(WaitFor([&] {
-    return redis->Command({"KEYS", "ferry:input:*"}, &keys).ok() && keys.elements.empty();
-  })) << keys.elements.size()
-      << " input key(s) left";
+  EXPECT_TRUE(WaitFor([&] { return InputKeys(fleet) == 0; })) << InputKeys(fleet) << " left";
 }
 
 TEST(Reliability, JobNotStartedWithinItsTimeoutExpiresAndNeverRuns) {
