@@ -5,7 +5,8 @@ Submits jobs for the "tiny" test model, checks rejections, ERROR and STATS repli
 the results in Redis and compares them with the model's reference formula; then a SUBMIT with
 "ack": false (no ACCEPTED, the job still runs), stored inputs, attached inputs (their bytes in
 data frames after the body), and the result path: records inline in FINISHED, a big one read
-with GET, and a result notice through Redis Pub/Sub.
+with GET, a result notice through Redis Pub/Sub, and ids-only FINISHED for a producer that stops
+reading.
 """
 import argparse
 import random
@@ -344,7 +345,69 @@ def main():
             if cmd == "STATS" and body.get("rid") == 12:
                 break
         check(told not in finished, told + " FINISHED", "none (its worker notified)", "a FINISHED")
+
+    # 8. A producer that stops reading. The inline records waiting unsent for one connection are
+    #    bounded in bytes (the broker's --max-inline-backlog-bytes; the runner's fleet: 100,000):
+    #    past that, FINISHED carries ids only, until the producer reads again. Every id still
+    #    comes once, and every record that does come is the one in Redis. 1,000 records of ~16
+    #    KB: far more than the socket buffers between us and the broker hold.
+    if not args.no_results:
+        check_unread_backlog(ctx, args, store, run, rng)
     return report(args, n_results, n_finished)
+
+
+def check_unread_backlog(ctx, args, store, run, rng, jobs=1000, floats=3900):
+    slow = ctx.socket(zmq.DEALER)
+    slow.setsockopt(zmq.LINGER, 0)
+    slow.setsockopt(zmq.RCVHWM, 1)  # hold as little as possible on this side
+    slow.setsockopt(zmq.RCVBUF, 65536)
+    slow.connect(args.frontend)
+    data = struct.pack("<%df" % floats, *(rng.uniform(-1.0, 1.0) for _ in range(floats)))
+    ids = ["py-%s-backlog-%d" % (run, i) for i in range(jobs)]
+    for k in range(0, jobs, 100):  # 1.6 MB SUBMITs, far under --max-message-bytes
+        send(slow, b"SUBMIT", {"jobs": [
+            {"id": j, "model": "null",
+             "inputs": [{"dtype": "float32", "shape": [floats], "data": data}]}
+            for j in ids[k:k + 100]], "inline_results": True})
+    # Every result lands in Redis while `slow` is not read.
+    stored = {}
+    deadline = time.monotonic() + 120.0
+    while len(stored) < jobs and time.monotonic() < deadline:
+        left = [j for j in ids if j not in stored]
+        for jid, raw in zip(left, store.mget([args.prefix + "result:" + j for j in left])):
+            if raw is not None:
+                stored[jid] = raw
+        time.sleep(0.05)
+    check(len(stored) == jobs, "backlog jobs' results in Redis", jobs, len(stored))
+    # Now read: the ACCEPTEDs, and FINISHED until every id has come.
+    accepted, announced, inline = [], {}, 0
+    deadline = time.monotonic() + 60.0
+    while len(announced) < jobs and time.monotonic() < deadline:
+        if not slow.poll(100):
+            continue
+        frames = slow.recv_multipart()
+        body = msgpack.unpackb(frames[2], raw=False) if len(frames) == 3 and frames[2] else {}
+        if frames[:2] == [TAG, b"ACCEPTED"]:
+            accepted += body.get("ids", [])
+            continue
+        if not check(frames[:2] == [TAG, b"FINISHED"], "backlog reply", "ACCEPTED or FINISHED",
+                     frames[:2]):
+            continue
+        for jid in body.get("ids", []):
+            announced[jid] = announced.get(jid, 0) + 1
+        for jid, record in (body.get("results") or {}).items():
+            inline += 1
+            check(record == stored.get(jid), jid + " inline record", "the bytes of its GET",
+                  len(record))
+    slow.close()
+    check(sorted(accepted) == sorted(ids), "backlog jobs accepted", jobs, len(accepted))
+    twice = sorted(j for j, n in announced.items() if n != 1)
+    check(set(announced) == set(ids) and not twice, "backlog FINISHED: every id once",
+          jobs, "%d announced, %d more than once" % (len(announced), len(twice)))
+    # Some came inline (the backlog had room at first), and not all: the rest were ids only.
+    check(0 < inline < jobs, "inline records past the backlog", "some, not all", inline)
+    print("python_client: %d of %d records came inline to a producer that stopped reading"
+          % (inline, jobs))
 
 
 def wait_finished(sock, ids, timeout_s=60.0):
