@@ -7,10 +7,10 @@
 # MODEL from NEW_BUILD's ferry-make-models, on free ports), then alternates closed-loop
 # ferry-bench runs between them (concurrency C, 2 loaders, SUBMITs of 8 jobs). Each line is one
 # pair: jobs/s and the CPU microseconds per job of the broker, Redis, the worker (from
-# /proc/PID/stat around the run) and the producer (ferry-bench's bench_cpu_s). The default, the
-# null model on [3,224,224] float32 inputs (602 KB), is run.sh's `bytes` scenario. The order
-# within a pair alternates (base first in odd rounds, new first in even ones); CPU time is read
-# in nanoseconds from /proc/PID/task/*/schedstat.
+# /proc/PID/stat around the run) and the producer (ferry-bench's bench_cpu_s), and the mean
+# batch the worker ran. The default, the null model on [3,224,224] float32 inputs (602 KB), is
+# run.sh's `bytes` scenario. The order within a pair alternates (base first in odd rounds, new
+# first in even ones); CPU time is read in nanoseconds from /proc/PID/task/*/schedstat.
 # Environment: SHAPE (3,224,224), DTYPE (float32), C (16), INSTANCES (1), THREADS (1) for the
 # worker's --instances/--threads, PERF=1 to also print each run's producer page faults and
 # task-clock from `perf stat`. ENV_BASE / ENV_NEW: environment assignments for that side's
@@ -74,6 +74,7 @@ done
 run() {  # NAME: one measured run, printed as one field group
   local name=$1 r0 b0 w0 r1 b1 w1 perf=() extra
   read -r -a extra <<<"${BENCH_EXTRA[$name]}"
+  # shellcheck disable=SC2054  # the comma separates perf's events, not array elements
   [ "${PERF:-0}" = 1 ] && perf=(perf stat -e page-faults,task-clock -o "$WORK/$name/perf.txt")
   r0=$(cpu_ns "${REDIS_PID[$name]}"); b0=$(cpu_ns "${BROKER_PID[$name]}")
   w0=$(cpu_ns "${WORKER_PID[$name]}")
@@ -90,9 +91,9 @@ import json, os, re, sys
 d, broker, redis, worker = sys.argv[1], *map(int, sys.argv[2:])
 r = json.load(open(os.path.join(d, "run.json")))
 per_job = lambda ns: ns / 1e3 / r["jobs"]
-out = "%7.1f jobs/s  broker %5.0f  redis %5.0f  worker %6.0f  bench %5.0f" % (
+out = "%7.1f jobs/s  broker %5.0f  redis %5.0f  worker %6.0f  bench %5.0f  batch %4.1f" % (
     r["throughput"], per_job(broker), per_job(redis), per_job(worker),
-    r["bench_cpu_s"] / r["jobs"] * 1e6)
+    r["bench_cpu_s"] / r["jobs"] * 1e6, r.get("batch_size_mean", 0))
 perf = os.path.join(d, "perf.txt")
 if os.path.exists(perf):
     text = open(perf).read()

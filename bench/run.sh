@@ -10,8 +10,8 @@
 # ferry-bench command, the fleet's command lines, the machine, and the CPU seconds every process
 # spent during the run -- plus machine.json and summary.txt.
 # Scenarios: tiny_closed tiny_light tiny_light_run tiny_light_no_push tiny_light_pinned encoder
-# resnet whisper seed ceiling bytes audio (audio, audio_unix, audio_no_journal) audio_out. It
-# prints one table. The full
+# resnet whisper seed ceiling bytes audio (audio, audio_unix, audio_attached, audio_no_journal)
+# audio_out. It prints one table. The full
 # suite takes ~10 min on a 2-core machine; --quick is a ~1 minute smoke run (small job counts;
 # numbers not meaningful).
 # --perf also samples the whole machine (perf record -a) during each measured run and writes
@@ -44,7 +44,8 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-# The names --only takes (`audio` runs audio, audio_unix and audio_no_journal: one round of them).
+# The names --only takes (`audio` runs audio, audio_unix, audio_attached and audio_no_journal: one
+# round of them).
 SCENARIOS="tiny_closed tiny_light tiny_light_run tiny_light_no_push tiny_light_pinned encoder resnet \
 seed ceiling bytes audio audio_out whisper"
 for name in ${ONLY//,/ }; do
@@ -423,8 +424,9 @@ fi
 # audio_unix: durable as `audio`, the broker, the worker and the producer reaching Redis over its
 # Unix-domain socket (unix://, for members on Redis's host); its rounds also measure the floor
 # over ipc:// before and after (floor_rN_ipc[_end].json, with Redis's SET and GET over the
-# socket), the like-for-like local floor, beside the TCP one the targets name. The three run
-# under `--only audio`.
+# socket), the like-for-like local floor, beside the TCP one the targets name. audio_attached:
+# durable, the bytes through the broker as attached inputs and into its journal (no_journal
+# changes two things; this one, one). The four run under `--only audio`.
 AUDIO_WORKER=(--device "$DEVICE" --max-batch 8 --instances 1 --threads 1)
 # audio_bench NAME FERRY_BENCH_FLAGS...: against the fleet start_fleet just started. Inputs: 32
 # in flight over 4 producer threads; outputs: 16 over 2 (each thread reads its results one at a
@@ -450,10 +452,13 @@ if want audio || want audio_out; then
       fi
     fi
     if want audio; then
-      for variant in durable unix no_journal; do
+      for variant in durable unix attached no_journal; do
         name=audio_r$r; flags=""; producer=(); redis=$REDIS
         case $variant in
           unix) name=audio_unix_r$r; redis=$REDIS_UNIX ;;
+          # attached: durable, the bytes through the broker (and into its journal), to set beside
+          # no_journal, which changes both
+          attached) name=audio_attached_r$r; producer=(--stored-input-bytes 0) ;;
           no_journal) name=audio_no_journal_r$r; flags=--no-journal; producer=(--stored-input-bytes 0) ;;
         esac
         echo "== $name: head model, [480000] int16 jobs (960 KB each), $variant, Redis at $redis"

@@ -13,7 +13,7 @@ ORDER = ["tiny_closed", "tiny_light", "tiny_light_run", "tiny_light_no_push", "t
 ] + ["seed_maxbatch16", "seed_maxbatch1",
      "ceiling_w1", "ceiling_w2", "ceiling_w4", "ceiling_w8", "bytes"] + [
     f"{n}_r{r}" for r in range(1, 10)
-    for n in ("audio", "audio_unix", "audio_no_journal", "audio_out")]
+    for n in ("audio", "audio_unix", "audio_attached", "audio_no_journal", "audio_out")]
 
 
 def raw_of(name):
