@@ -83,8 +83,8 @@ def read_results(store, prefix, ids, timeout_s=60.0):
     got = {}
     deadline = time.monotonic() + timeout_s
     while len(got) < len(ids) and time.monotonic() < deadline:
-        for j in ids:
-            raw = None if j in got else store.get(prefix + "result:" + j)
+        left = [j for j in ids if j not in got]
+        for j, raw in zip(left, store.mget([prefix + "result:" + j for j in left])):
             if raw is not None:
                 got[j] = raw
         if len(got) < len(ids):
@@ -370,14 +370,7 @@ def check_unread_backlog(ctx, args, store, run, rng, jobs=1000, floats=3900):
              "inputs": [{"dtype": "float32", "shape": [floats], "data": data}]}
             for j in ids[k:k + 100]], "inline_results": True})
     # Every result lands in Redis while `slow` is not read.
-    stored = {}
-    deadline = time.monotonic() + 120.0
-    while len(stored) < jobs and time.monotonic() < deadline:
-        left = [j for j in ids if j not in stored]
-        for jid, raw in zip(left, store.mget([args.prefix + "result:" + j for j in left])):
-            if raw is not None:
-                stored[jid] = raw
-        time.sleep(0.05)
+    stored = read_results(store, args.prefix, ids, timeout_s=120.0)
     check(len(stored) == jobs, "backlog jobs' results in Redis", jobs, len(stored))
     # Now read: the ACCEPTEDs, and FINISHED until every id has come.
     accepted, announced, inline = [], {}, 0
