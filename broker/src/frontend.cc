@@ -99,6 +99,13 @@ void Broker::Impl::HandleFrontend(protocol::Message& m) {
     HandleCancel(m, oh.get(), rid);
   } else if (m.command == protocol::kStats) {
     HandleStats(m, rid);
+  } else if (m.command == protocol::kLimits) {
+    // A client asks first thing on each connection, so that it never sends a frame over
+    // --max-message-bytes (libzmq would drop the connection without an answer).
+    Reply(
+        m.envelope, protocol::kLimits,
+        protocol::EncodeLimits(
+            {options.max_message_bytes, options.max_job_bytes, options.max_jobs_per_message}, rid));
   } else {
     ReplyError(m, rid, "unknown_command", "unknown command \"" + m.command + "\"");
   }

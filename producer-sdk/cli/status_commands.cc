@@ -105,7 +105,8 @@ void BrokerFlags::Register(FlagSet* f) {
   f->String("redis-prefix", &redis_prefix, "prefix of Ferry's Redis keys ($FERRY_REDIS_PREFIX)");
   f->Int("request-timeout-ms", &request_timeout_ms, "how long to wait for the broker's answer");
   f->Int("max-message-bytes", &max_message_bytes,
-         "the broker's --max-message-bytes: a bigger job is too_large before it is sent "
+         "the most a SUBMIT may carry (the broker's --max-message-bytes; a lower one the "
+         "client learns from the broker): a bigger job is too_large before it is sent "
          "($FERRY_MAX_MESSAGE_BYTES)");
   f->String("curve-server-public", &curve_server_public,
             "CURVE: the broker's public certificate (its NAME.key; $FERRY_CURVE_SERVER_PUBLIC)");

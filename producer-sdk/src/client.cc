@@ -102,6 +102,7 @@ class Client::Impl {
     o.redis = redis_;
     o.redis_prefix = options_.redis_prefix;
     o.redis_timeout_ms = options_.request_timeout_ms;
+    o.max_message_bytes = options_.max_message_bytes;
     o.on_finished = [this](const std::vector<std::string>& ids,
                            const protocol::InlineResults& records) {
       tracker_.Notify(ids, records);
@@ -184,12 +185,17 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
   }
   if (sent.empty()) return Status::Ok();
 
-  // One SUBMIT per kMaxSubmitBytes of tensor data (or max_message_bytes, if less; a single
-  // bigger job goes alone) and per kMaxJobsPerMessage jobs: brokers refuse bigger messages (and
-  // drop peers that send a bigger frame).
-  const size_t max_jobs = static_cast<size_t>(protocol::kMaxJobsPerMessage);
-  const size_t max_bytes =
-      std::min(kMaxSubmitBytes, static_cast<size_t>(options_.max_message_bytes));
+  // One SUBMIT per kMaxSubmitBytes of tensor data (or max_message_bytes, or the broker's limit
+  // from LIMITS, if less; a single bigger job goes alone) and per kMaxJobsPerMessage jobs (or
+  // the broker's, if less): brokers refuse bigger messages (and drop peers that send a bigger
+  // frame). Before the broker has answered LIMITS the configured limits stand: the I/O thread
+  // then refuses a SUBMIT over the broker's (too_large) rather than sending it.
+  size_t max_jobs = static_cast<size_t>(protocol::kMaxJobsPerMessage);
+  size_t max_bytes = std::min(kMaxSubmitBytes, static_cast<size_t>(options_.max_message_bytes));
+  if (const int64_t broker = io_->broker_max_message_bytes(); broker > 0)
+    max_bytes = std::min(max_bytes, static_cast<size_t>(broker));
+  if (const int64_t broker = io_->broker_max_jobs_per_message(); broker > 0)
+    max_jobs = std::min(max_jobs, static_cast<size_t>(broker));
   size_t begin = 0;
   while (begin < sent.size()) {
     size_t end = begin, bytes = SubmitHeaderBytes(options_);
@@ -291,7 +297,9 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs, const std::v
   if (!s.ok()) {
     for (size_t i : part) (*outcomes)[i].status = s;
     tracker_.Untrack(ids);  // maybe accepted: Wait then reads before sleeping
-    if (unsent) {           // never sent (and never will be): nobody reads its stored inputs
+    // Never sent (and never will be), or refused whole (too_large: by the broker, or over its
+    // limit before sending): nobody reads its stored inputs.
+    if (unsent || s.code() == codes::kTooLarge) {
       std::vector<std::string> keys;
       for (size_t i : part) AppendInputKeys(*jobs[i], (*outcomes)[i].id, &keys);
       if (!keys.empty()) (void)store_.Delete(keys);  // else they expire

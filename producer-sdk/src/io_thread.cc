@@ -255,8 +255,10 @@ void IoThread::Loop() {
       if (!mailbox_.empty() || stop_) continue;
       asleep_ = true;
     }
-    const short socket_events =
-        static_cast<short>(ZMQ_POLLIN | (unsent_.empty() ? 0 : ZMQ_POLLOUT));
+    // POLLOUT while something could go out: LIMITS, on a connection that has not had it, or
+    // queued requests once the limits are known.
+    const bool want_out = limits_.max_message_bytes == 0 ? limits_rid_ == 0 : !unsent_.empty();
+    const short socket_events = static_cast<short>(ZMQ_POLLIN | (want_out ? ZMQ_POLLOUT : 0));
     zmq_pollitem_t items[4] = {
         {socket_.handle(), 0, socket_events, 0},
         {monitor_.handle(), 0, ZMQ_POLLIN, 0},
@@ -284,7 +286,22 @@ void IoThread::Loop() {
   }
 }
 
+// Whether the socket takes a message without blocking: not when no broker is connected, or its
+// high-water mark is reached (the next poll then waits for POLLOUT).
+bool IoThread::Writable() {
+  try {
+    return (socket_.get(zmq::sockopt::events) & ZMQ_POLLOUT) != 0;
+  } catch (const zmq::error_t&) {
+    return false;
+  }
+}
+
 void IoThread::SendQueued() {
+  // A connection's first request is LIMITS; nothing else goes out before its answer.
+  if (limits_.max_message_bytes == 0) {
+    if (limits_rid_ == 0 && Writable()) SendLimits();
+    return;
+  }
   bool writable = true;
   while (!unsent_.empty()) {
     Request& r = *unsent_.front();
@@ -292,15 +309,16 @@ void IoThread::SendQueued() {
       unsent_.pop_front();
       continue;
     }
-    // Only while the socket takes a message without blocking: no broker connected, or its
-    // high-water mark reached, and the next poll waits for POLLOUT.
-    if (writable) {
-      try {
-        writable = (socket_.get(zmq::sockopt::events) & ZMQ_POLLOUT) != 0;
-      } catch (const zmq::error_t&) {
-        writable = false;
+    if (r.command == protocol::kSubmit) {
+      size_t bytes = r.body.size();
+      for (const auto& f : r.frames) bytes += f.size();
+      if (bytes > static_cast<size_t>(limits_.max_message_bytes)) {
+        RefuseTooLarge(r, bytes);
+        unsent_.pop_front();
+        continue;
       }
     }
+    if (writable) writable = Writable();
     if (!writable) return;
     int queued = Request::kQueued;
     if (r.phase.compare_exchange_strong(queued, Request::kSent)) {
@@ -309,6 +327,42 @@ void IoThread::SendQueued() {
     }
     unsent_.pop_front();
   }
+}
+
+bool IoThread::RefuseTooLarge(Request& r, size_t bytes) {
+  int queued = Request::kQueued;
+  if (!r.phase.compare_exchange_strong(queued, Request::kSent)) return false;
+  awaiting_.erase(r.rid);
+  if (!r.on_reply) return true;
+  const std::string message =
+      "a SUBMIT of " + std::to_string(bytes) + " bytes is over the broker's limit of " +
+      std::to_string(limits_.max_message_bytes) +
+      " bytes a message (its --max-message-bytes; set max_message_bytes to it): not sent, as "
+      "the broker would drop the connection without an answer; store big inputs in Redis "
+      "(stored_input_bytes) or submit fewer jobs at once";
+  RunCallback([&] {
+    r.on_reply(Reply{std::string(protocol::kError),
+                     protocol::EncodeError(r.rid, codes::kTooLarge, message)});
+  });
+  return true;
+}
+
+void IoThread::SendLimits() {
+  const int64_t rid = NextRid();
+  if (protocol::SendMessage(socket_, nullptr, protocol::kLimits, protocol::EncodeEmpty(rid)).ok())
+    limits_rid_ = rid;  // else the next turn tries again
+}
+
+void IoThread::OnLimits(const std::string& command, const msgpack::object& body) {
+  protocol::BrokerLimits limits;
+  if (command != protocol::kLimits || !protocol::DecodeLimits(body, &limits).ok()) {
+    // ERROR unknown_command from a broker older than LIMITS, or an answer that cannot be read:
+    // keep to the limits this client was configured with.
+    limits = {options_.max_message_bytes, 0, protocol::kMaxJobsPerMessage};
+  }
+  limits_ = limits;
+  broker_max_message_bytes_.store(limits.max_message_bytes);
+  broker_max_jobs_per_message_.store(limits.max_jobs_per_message);
 }
 
 void IoThread::ReceiveAll() {
@@ -332,6 +386,10 @@ void IoThread::Dispatch(std::string command, zmq::message_t body) {
   // matched; their caller times out.
   int64_t rid = 0;
   if (!protocol::GetInt(oh.get(), "rid", &rid, 0).ok() || rid == 0) return;
+  if (rid == limits_rid_ && limits_.max_message_bytes == 0) {
+    OnLimits(command, oh.get());
+    return;
+  }
   auto it = awaiting_.find(rid);
   if (it == awaiting_.end()) return;  // forgotten and swept, or not ours
   std::shared_ptr<Request> request = std::move(it->second);
@@ -352,12 +410,27 @@ void IoThread::DeliverFinished(const msgpack::object& body) {
 
 void IoThread::ReadMonitor() {
   handshake_watch_.ReadEvents(monitor_);
+  if (handshake_watch_.disconnects() != disconnects_seen_) {
+    // The next connection may be to another broker, or this one restarted with other flags:
+    // ask again before sending anything on it.
+    disconnects_seen_ = handshake_watch_.disconnects();
+    limits_ = protocol::BrokerLimits{};
+    limits_rid_ = 0;
+    broker_max_message_bytes_.store(0);
+    broker_max_jobs_per_message_.store(0);
+  }
   std::lock_guard<std::mutex> lock(handshake_mu_);
   handshake_error_ = handshake_watch_.error();
 }
 
 void IoThread::SweepPending(Clock::time_point now) {
   next_sweep_ = now + kSweepEvery;
+  // Requests whose callers gave up while nothing could be sent (no broker, or no LIMITS answer).
+  unsent_.erase(std::remove_if(unsent_.begin(), unsent_.end(),
+                               [](const std::shared_ptr<Request>& r) {
+                                 return r->phase.load() == Request::kForgotten;
+                               }),
+                unsent_.end());
   for (auto it = awaiting_.begin(); it != awaiting_.end();) {
     if (it->second->phase.load() == Request::kForgotten)
       it = awaiting_.erase(it);

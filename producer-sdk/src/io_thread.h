@@ -17,6 +17,13 @@
 // socket is ZMQ_IMMEDIATE: nothing is queued for a broker that is not there), so a request whose
 // caller gave up before it went out (Forget) is never delivered to a broker that comes up later.
 //
+// The broker's limits: the first request on every connection is the thread's own LIMITS, and
+// nothing else goes out until the broker has answered it. A SUBMIT bigger than the answer's
+// max_message_bytes is then not sent -- a frame over it would make the broker's libzmq drop the
+// connection without an answer -- but answered here with ERROR too_large, as the broker answers
+// one whose frames add up to more. A lost connection (the socket monitor's DISCONNECTED) makes
+// the limits unknown again: the next connection may be to a broker restarted with others.
+//
 // Result notices (Options::push_results): Subscribe asks the thread to subscribe to a fresh
 // channel of its own; it publishes the name (push_channel()) for callers to put into SUBMIT
 // ("notify"); each notice there is a FINISHED body. If the subscription fails, notices published
@@ -77,6 +84,10 @@ class IoThread {
     int redis_timeout_ms = 1000;         // connect timeout of the subscription
     FinishedFn on_finished;              // every FINISHED and every notice
     std::function<void()> on_push_lost;  // notices may have been lost (see above)
+
+    // The limit to keep to when the broker does not answer LIMITS (a broker from before it
+    // answers ERROR unknown_command): ClientOptions::max_message_bytes.
+    int64_t max_message_bytes = (64 << 20) + (1 << 20);
   };
 
   // One request in flight: shared by the caller that posted it and the I/O thread.
@@ -123,6 +134,11 @@ class IoThread {
   // succeeded or when none failed.
   std::string handshake_error() const;
 
+  // The broker's --max-message-bytes and --max-jobs-per-message, as it answered LIMITS on the
+  // current connection; 0 while unknown (no connection yet, or no answer on it yet).
+  int64_t broker_max_message_bytes() const { return broker_max_message_bytes_.load(); }
+  int64_t broker_max_jobs_per_message() const { return broker_max_jobs_per_message_.load(); }
+
   // For tests: turns of the loop (one per wake-up), and exceptions caught from callbacks.
   int64_t loop_turns() const { return loop_turns_.load(); }
   int64_t callback_errors() const { return callback_errors_.load(); }
@@ -142,6 +158,12 @@ class IoThread {
   void DropPush();
   void SweepPending(Clock::time_point now);
   void ReadMonitor();
+  bool Writable();
+  void SendLimits();
+  void OnLimits(const std::string& command, const msgpack::object& body);
+  // Answers request `r` here with ERROR too_large instead of sending it (over the broker's
+  // limit); false when its caller forgot it first.
+  bool RefuseTooLarge(Request& r, size_t bytes);
   template <typename Fn>
   void RunCallback(Fn&& fn);
 
@@ -169,8 +191,13 @@ class IoThread {
   std::string channel_;  // guarded by channel_mu_
   std::atomic<bool> subscribed_{false};
   std::atomic<int64_t> push_retry_at_ns_{0};  // steady clock, since its epoch
+  std::atomic<int64_t> broker_max_message_bytes_{0};
+  std::atomic<int64_t> broker_max_jobs_per_message_{0};
 
   // The I/O thread's own state.
+  protocol::BrokerLimits limits_;  // this connection's; max_message_bytes 0 while unknown
+  int64_t limits_rid_ = 0;         // the LIMITS sent on this connection; 0 before it is sent
+  int64_t disconnects_seen_ = 0;   // handshake_watch_.disconnects() when last looked
   std::deque<std::shared_ptr<Request>> unsent_;
   std::unordered_map<int64_t, std::shared_ptr<Request>> awaiting_;  // by rid
   std::unique_ptr<protocol::RedisSubscriber> push_;

@@ -14,8 +14,9 @@ bool ReferenceAll(msgpack::type::object_type, size_t, void*) { return true; }
 // costs the unpacker a 24-byte object, so an array of 2^20 nils (1 MiB on the wire) cost 24 MiB
 // and a 55 MiB ACCEPTED. No Ferry array needs more than 2^16 entries (jobs per SUBMIT and ids per
 // CANCEL are capped below that; a worker's capacity is at most 2^16); Ferry sends no ext.
-const msgpack::unpack_limit kLimits(/*array=*/1 << 16, /*map=*/kMaxMapEntries, /*str=*/1 << 20,
-                                    /*bin=*/1u << 31, /*ext=*/0, /*depth=*/16);
+const msgpack::unpack_limit kUnpackLimits(/*array=*/1 << 16, /*map=*/kMaxMapEntries,
+                                          /*str=*/1 << 20, /*bin=*/1u << 31, /*ext=*/0,
+                                          /*depth=*/16);
 
 }  // namespace
 
@@ -28,7 +29,7 @@ Status UnpackMap(const void* data, size_t size, msgpack::object_handle* out) {
   try {
     size_t offset = 0;
     msgpack::unpack(*out, static_cast<const char*>(data), size, offset, ReferenceAll, nullptr,
-                    kLimits);
+                    kUnpackLimits);
     if (offset != size) return Status(codes::kMalformed, "trailing bytes after the body map");
   } catch (const std::exception& e) {
     return Status(codes::kMalformed, std::string("body is not valid msgpack: ") + e.what());

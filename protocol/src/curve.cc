@@ -249,6 +249,7 @@ void HandshakeWatch::OnEvent(int event, int value) {
       error_.clear();
       return;
     case ZMQ_EVENT_DISCONNECTED:
+      ++disconnects_;
       if (!succeeded_ && curve_ && error_.empty())
         error_ =
             "the broker closed the connection during the CURVE handshake: the broker's public "

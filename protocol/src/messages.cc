@@ -154,6 +154,32 @@ Status DecodeError(const msgpack::object& body, Status* out) {
   return Status::Ok();
 }
 
+zmq::message_t EncodeLimits(const BrokerLimits& limits, int64_t rid) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_map(3 + RidEntries(rid));
+  PackString(pk, "max_message_bytes");
+  pk.pack_int64(limits.max_message_bytes);
+  PackString(pk, "max_job_bytes");
+  pk.pack_int64(limits.max_job_bytes);
+  PackString(pk, "max_jobs_per_message");
+  pk.pack_int64(limits.max_jobs_per_message);
+  PackRid(pk, rid);
+  return ToMessage(std::move(buf));
+}
+
+Status DecodeLimits(const msgpack::object& body, BrokerLimits* out) {
+  BrokerLimits l;
+  FERRY_RETURN_IF_ERROR(GetInt(body, "max_message_bytes", &l.max_message_bytes, 0));
+  FERRY_RETURN_IF_ERROR(GetInt(body, "max_job_bytes", &l.max_job_bytes, 0));
+  FERRY_RETURN_IF_ERROR(GetInt(body, "max_jobs_per_message", &l.max_jobs_per_message, 0));
+  if (l.max_message_bytes < 1024 || l.max_jobs_per_message < 1)
+    return Status::InvalidArgument(
+        "LIMITS needs \"max_message_bytes\" >= 1024 and \"max_jobs_per_message\" >= 1");
+  *out = l;
+  return Status::Ok();
+}
+
 zmq::message_t EncodeIds(const std::vector<std::string>& ids, int64_t rid) {
   msgpack::sbuffer buf;
   Packer pk(buf);

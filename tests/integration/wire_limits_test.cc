@@ -1,7 +1,7 @@
 // The broker's limits on the wire, spoken by hand over a raw DEALER against real redis-server,
-// ferry-broker and ferry-worker processes: --max-message-bytes on a SUBMIT's body and data
-// frames (and the SDK that knows it), data frames from workers, and the bytes of inline results
-// queued for a producer that stops reading (--max-inline-backlog-bytes).
+// ferry-broker and ferry-worker processes: --max-message-bytes on a SUBMIT's body and data frames
+// (and the SDK that knows it, or learns it: LIMITS), data frames from workers, and the bytes of
+// inline results queued for a producer that stops reading (--max-inline-backlog-bytes).
 #include <gtest/gtest.h>
 
 #include <limits>
@@ -158,6 +158,79 @@ TEST(WireLimits, TheSdkRejectsAJobOverTheBrokersMessageLimitAndSplitsUnderIt) {
   bad.max_message_bytes = 1000;
   std::unique_ptr<client::Client> unused;
   EXPECT_EQ(client::Client::Create(bad, &unused).code(), codes::kInvalidArgument);
+}
+
+// The broker answers LIMITS with its flags, and the SDK asks it first thing on each connection:
+// a client left at the default max_message_bytes (64 MiB + 1 MiB) against a broker that takes
+// 1 MiB refuses a bigger job (too_large, naming the broker's limit) instead of sending a frame
+// the broker's libzmq would drop unanswered -- a Run would wait for ever -- and splits jobs
+// under the broker's limit.
+TEST(WireLimits, TheSdkLearnsTheBrokersLimitsAndKeepsToThem) {
+  constexpr int64_t kLimit = 1 << 20;
+  FleetOptions fo;
+  fo.workers = 1;
+  fo.models = {"null"};
+  fo.broker_args = {"--max-message-bytes",    std::to_string(kLimit),
+                    "--max-job-bytes",        "1000000",
+                    "--max-jobs-per-message", "500"};
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+
+  zmq::context_t ctx(1);
+  zmq::socket_t raw = RawDealer(ctx, fleet.frontend(), 20000);
+  RawSend(raw, {"FERRY1", "LIMITS", std::string("\x81\xa3rid\x2a", 6)});  // {"rid": 42}
+  protocol::Message m;
+  ASSERT_TRUE(protocol::RecvMessage(raw, false, &m, /*dont_wait=*/false).ok());
+  ASSERT_EQ(m.command, "LIMITS");
+  msgpack::object_handle oh;
+  ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+  protocol::BrokerLimits limits;
+  ASSERT_TRUE(protocol::DecodeLimits(oh.get(), &limits).ok());
+  EXPECT_EQ(limits.max_message_bytes, kLimit);
+  EXPECT_EQ(limits.max_job_bytes, 1000000);
+  EXPECT_EQ(limits.max_jobs_per_message, 500);
+  int64_t rid = 0;
+  EXPECT_TRUE(protocol::GetInt(oh.get(), "rid", &rid, 0).ok());
+  EXPECT_EQ(rid, 42);
+
+  client::ClientOptions o;
+  o.frontend = fleet.frontend();
+  o.redis = fleet.redis().url();
+  o.stored_input_bytes = 0;  // every input through the broker, in frames of their own
+  ASSERT_GT(o.max_message_bytes, 2 * kLimit);  // the default: above the broker's
+  std::unique_ptr<client::Client> c;
+  ASSERT_TRUE(client::Client::Create(o, &c).ok());
+  auto job = [](const std::string& id, size_t floats) {
+    client::Job j;
+    j.id = id;
+    j.model = "null";
+    std::vector<float> v(floats, 2.0f);
+    j.inputs.push_back(Tensor::From<float>(v, {static_cast<int64_t>(floats)}, DType::kFloat32));
+    return j;
+  };
+  const client::Job big = job("over-the-brokers-limit", 2 * kLimit / 4);  // 2 MiB in one frame
+  Result r;
+  Status s = c->Run(big, 60000, &r);  // without LIMITS: no answer, a timeout after 60 s
+  EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
+  EXPECT_NE(s.message().find("limit of " + std::to_string(kLimit)), std::string::npos)
+      << s.ToString();
+  std::string id;
+  s = c->Submit(big, &id);
+  EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
+
+  // Eight jobs of 320 KB: one SUBMIT would be 2.5 MiB, refused whole; 600 small ones are more
+  // than the broker's 500 a message.
+  std::vector<client::Job> jobs;
+  for (int i = 0; i < 8; ++i) jobs.push_back(job("split-" + std::to_string(i), 80000));
+  for (int i = 0; i < 600; ++i) jobs.push_back(job("many-" + std::to_string(i), 4));
+  std::vector<client::SubmitOutcome> out;
+  ASSERT_TRUE(c->SubmitMany(jobs, &out).ok());
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ASSERT_TRUE(out[i].status.ok()) << out[i].status.ToString();
+    ASSERT_TRUE(c->Wait(out[i].id, 60000, &r).ok()) << fleet.Logs();
+    ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
+    EXPECT_EQ(r.outputs.at(0).data, jobs[i].inputs[0].data);
+  }
 }
 
 // ZeroMQ bounds the replies queued for a producer by count (10,000), not bytes, and a FINISHED

@@ -122,12 +122,14 @@ struct ClientOptions {
   // the worker without copying or parsing them, and the worker computes from them in place.
   // Smaller ones travel inside the body. 0: every input that is not stored goes in the body.
   int64_t attached_input_bytes = 16 * 1024;
-  // The broker's --max-message-bytes (its default here): the most a SUBMIT may carry in its body
-  // and data frames. A job whose inputs that are not stored need more is too_large here, before
-  // anything is sent: the broker would reject it, or, for a single frame over its limit, drop
-  // the connection without an answer (ZeroMQ's ZMQ_MAXMSGSIZE), and a Run would wait for ever.
-  // Set it to the broker's value where that differs; store big inputs (stored_input_bytes) to
-  // send bigger jobs. At least 1024.
+  // The most a SUBMIT may carry in its body and data frames, as this client sees it (the
+  // broker's default --max-message-bytes here). A job whose inputs that are not stored need
+  // more is too_large here, before anything is sent. The broker's own limit applies too: the
+  // client asks it (LIMITS) first thing on each connection and refuses a SUBMIT over it with
+  // too_large instead of sending it (a frame over it would make the broker drop the connection
+  // without an answer); SubmitMany splits under both once the broker has answered. Set this to
+  // the broker's value where that is higher; store big inputs (stored_input_bytes) to send
+  // bigger jobs. At least 1024.
   int64_t max_message_bytes = (64 << 20) + (1 << 20);
   // Expiry of stored inputs: a job that has not run within it fails (not_found) when it does.
   int64_t input_ttl_s = 3600;
@@ -195,13 +197,14 @@ class Client {
   Status Submit(const Job& job, std::string* id);
 
   // Submits many jobs in one SUBMIT message -- one round trip -- per 32 MiB of tensor data (or
-  // max_message_bytes, if less) and per 10,000 jobs (the broker's default
-  // --max-jobs-per-message). *outcomes gets one entry per job, in order. Jobs that fail local
-  // validation get invalid_argument (too_large: over max_message_bytes, or a stored input over
-  // 512 MiB) and are not sent; two jobs with the same id in one call: the later ones
-  // get duplicate. Returns ok when the broker answered (look at each outcome); otherwise the
-  // failure (unavailable, malformed, ...), which is also copied into the outcome of every job
-  // that was, or after it would have been, sent. The jobs are copied; the caller keeps them.
+  // max_message_bytes or the broker's --max-message-bytes, if less) and per 10,000 jobs (or the
+  // broker's --max-jobs-per-message, if less; the broker's limits as its LIMITS answer gave them,
+  // once this client has had one). *outcomes gets one entry per job, in order. Jobs that fail local
+  // validation get invalid_argument (too_large: over max_message_bytes, or a stored input over 512
+  // MiB) and are not sent; two jobs with the same id in one call: the later ones get duplicate.
+  // Returns ok when the broker answered (look at each outcome); otherwise the failure (unavailable,
+  // malformed, ...), which is also copied into the outcome of every job that was, or after it would
+  // have been, sent. The jobs are copied; the caller keeps them.
   Status SubmitMany(const std::vector<Job>& jobs, std::vector<SubmitOutcome>* outcomes);
 
   // Reads the result of `id` from Redis once, without waiting. When no result exists yet,

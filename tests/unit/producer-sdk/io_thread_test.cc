@@ -1,7 +1,8 @@
 // The SDK's IoThread (producer-sdk/src) on its own, over real ZeroMQ sockets against a scripted
 // frontend: it alone drives the socket -- notices reach the callback on the I/O thread while no
 // caller waits, concurrent calls each get their own reply, a request forgotten before a broker
-// came is never sent, an exception out of a callback is caught there, and an idle thread sleeps.
+// came is never sent, each connection starts with LIMITS and a SUBMIT over them is refused here,
+// an exception out of a callback is caught there, and an idle thread sleeps.
 
 #include <gtest/gtest.h>
 
@@ -165,6 +166,63 @@ TEST_F(IoThreadTest, ForgetSaysARequestWentOut) {
   ASSERT_TRUE(testutil::WaitFor([&] { return replies.load() == 1; }));
   EXPECT_EQ(broker.submits(), 1);
   EXPECT_FALSE(io->Forget(request));
+}
+
+// A SUBMIT of an empty job list with `bytes` of data frames after its body (frames the broker
+// counts against --max-message-bytes).
+Status SubmitWithFrames(IoThread* io, size_t bytes, IoThread::Reply* reply) {
+  const int64_t rid = io->NextRid();
+  std::vector<zmq::message_t> frames;
+  frames.emplace_back(bytes);
+  return io->Call(rid, protocol::kSubmit, EmptySubmit(rid), 5000, reply, std::move(frames));
+}
+
+// The first request on each connection is LIMITS, and nothing else goes out before its answer.
+// A SUBMIT over the limit it gives is answered here (ERROR too_large), never sent: the broker's
+// libzmq would drop the connection unanswered. A broker restarted with a lower limit is asked
+// again on the new connection: what the last one took, it refuses.
+TEST_F(IoThreadTest, EachConnectionStartsWithLimitsAndASubmitOverThemIsNotSent) {
+  std::unique_ptr<IoThread> io;
+  ASSERT_NO_FATAL_FAILURE(Start(nullptr, &io));
+  IoThread::Reply reply;
+  {
+    ScriptedFrontend broker(port_);
+    broker.set_max_message_bytes(1 << 20);
+    Status s = SubmitWithFrames(io.get(), 8192, &reply);
+    ASSERT_TRUE(s.ok()) << s.ToString();
+    EXPECT_EQ(reply.command, protocol::kAccepted);
+    EXPECT_EQ(broker.commands(), (std::vector<std::string>{"LIMITS", "SUBMIT"}));
+    EXPECT_EQ(io->broker_max_message_bytes(), 1 << 20);
+  }
+  ScriptedFrontend restarted(port_);
+  restarted.set_max_message_bytes(4096);
+  Status s = SubmitWithFrames(io.get(), 8192, &reply);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(reply.command, protocol::kError);
+  msgpack::object_handle body;
+  ASSERT_TRUE(protocol::UnpackMap(reply.body.data(), reply.body.size(), &body).ok());
+  Status error;
+  ASSERT_TRUE(protocol::DecodeError(body.get(), &error).ok());
+  EXPECT_EQ(error.code(), codes::kTooLarge) << error.ToString();
+  EXPECT_NE(error.message().find("4096"), std::string::npos) << error.ToString();
+  EXPECT_EQ(io->broker_max_message_bytes(), 4096);
+  ASSERT_NO_FATAL_FAILURE(SubmitNothing(io.get()));  // the connection is still there
+  EXPECT_EQ(restarted.commands(), (std::vector<std::string>{"LIMITS", "SUBMIT"}));
+  EXPECT_EQ(restarted.submits(), 1);
+}
+
+// A broker that does not know LIMITS (ERROR unknown_command; here ERROR to everything) leaves
+// the client's configured limit, and requests go out as before.
+TEST_F(IoThreadTest, ABrokerWithoutLimitsLeavesTheConfiguredLimit) {
+  ScriptedFrontend broker(port_);
+  broker.set_error_reply(true);
+  std::unique_ptr<IoThread> io;
+  ASSERT_NO_FATAL_FAILURE(Start(nullptr, &io));
+  IoThread::Reply reply;
+  ASSERT_TRUE(Stats(io.get(), &reply).ok());
+  EXPECT_EQ(reply.command, protocol::kError);
+  EXPECT_EQ(io->broker_max_message_bytes(), IoThread::Options().max_message_bytes);
+  EXPECT_EQ(broker.commands(), (std::vector<std::string>{"LIMITS", "STATS"}));
 }
 
 // An exception out of the FINISHED callback (here std::bad_alloc) is caught on the I/O thread:

@@ -1,13 +1,14 @@
 #pragma once
 // ScriptedFrontend: a stand-in for the broker's frontend in the SDK's unit tests -- a real ROUTER
 // socket on a free port, run by its own thread, speaking wire protocol v1 through the protocol
-// library. It accepts jobs for model "m" and rejects other models as unknown_model, answers
-// STATS, sends FINISHED on request (Finish), and can echo every accepted job back at once
-// (set_echo) or answer everything with ERROR (set_error_reply). Like the broker, it sends no
-// ACCEPTED for a SUBMIT with "ack": false whose jobs were all accepted.
+// library. It accepts jobs for model "m" and rejects other models as unknown_model, answers LIMITS
+// (set_max_message_bytes) and STATS, sends FINISHED on request (Finish), and can echo every
+// accepted job back at once (set_echo) or answer everything with ERROR (set_error_reply). Like the
+// broker, it sends no ACCEPTED for a SUBMIT with "ack": false whose jobs were all accepted.
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -52,6 +53,13 @@ class ScriptedFrontend {
   // Job inputs the SUBMITs named as stored in Redis ("stored": true) rather than carried.
   int stored_inputs() const { return stored_inputs_; }
   void set_error_reply(bool on) { error_reply_ = on; }
+  // What LIMITS answers as "max_message_bytes" (it does not enforce it).
+  void set_max_message_bytes(int64_t n) { max_message_bytes_ = n; }
+  // The commands received, in order.
+  std::vector<std::string> commands() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return commands_;
+  }
   // Answers every accepted job at once: FINISHED right after ACCEPTED, with an inline "done"
   // record whose one output is the job's first input (an echo).
   void set_echo(bool on) { echo_ = on; }
@@ -75,6 +83,10 @@ class ScriptedFrontend {
       protocol::Message m;
       if (!protocol::RecvMessage(socket_, /*router=*/true, &m).ok()) continue;
       std::string peer(m.envelope.at(0).to_string_view());
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        commands_.push_back(m.command);
+      }
       msgpack::object_handle oh;
       if (!protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok()) continue;
       int64_t rid = 0;
@@ -129,6 +141,11 @@ class ScriptedFrontend {
           protocol::SendTo(socket_, peer, protocol::kFinished,
                            protocol::EncodeFinished(a.ids, views));
         }
+      } else if (m.command == protocol::kLimits) {
+        protocol::SendTo(
+            socket_, peer, protocol::kLimits,
+            protocol::EncodeLimits(
+                {max_message_bytes_, max_message_bytes_, protocol::kMaxJobsPerMessage}, rid));
       } else if (m.command == protocol::kStats) {
         msgpack::sbuffer buf;
         protocol::Packer pk(buf);
@@ -159,9 +176,11 @@ class ScriptedFrontend {
   std::atomic<bool> ignore_ack_{false};
   std::atomic<bool> asked_inline_{false};
   std::atomic<bool> echo_{false};
+  std::atomic<int64_t> max_message_bytes_{int64_t{1} << 30};
   mutable std::mutex mu_;
-  std::string producer_;  // guarded by mu_
-  std::string notify_;    // guarded by mu_
+  std::vector<std::string> commands_;  // guarded by mu_
+  std::string producer_;               // guarded by mu_
+  std::string notify_;                 // guarded by mu_
   struct Notice {
     std::vector<std::string> ids;
     std::vector<std::pair<std::string, std::string>> records;

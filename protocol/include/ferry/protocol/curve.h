@@ -18,6 +18,7 @@
 // operators), checked by its ZAP handler. Clients (workers, producers, the CLI) name the
 // broker's public .key and their own .key_secret.
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <zmq.hpp>
@@ -74,11 +75,15 @@ class HandshakeWatch {
   // endpoint), at most 64 a call, without blocking; stops at the first receive error.
   void ReadEvents(zmq::socket_t& monitor);
   const std::string& error() const { return error_; }
+  // Connections lost so far (ZMQ_EVENT_DISCONNECTED): what the peer told about itself on the
+  // last one (e.g. the broker's LIMITS) may not hold for the next.
+  int64_t disconnects() const { return disconnects_; }
 
  private:
   bool curve_;
   bool succeeded_ = false;  // since the last CONNECTED
   std::string error_;
+  int64_t disconnects_ = 0;
 };
 inline constexpr int kHandshakeWatchEvents =
     ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_HANDSHAKE_SUCCEEDED |

@@ -45,6 +45,12 @@ Status DecodeAccepted(const msgpack::object& body, Accepted* out);
 zmq::message_t EncodeError(int64_t rid, std::string_view code, std::string_view message);
 Status DecodeError(const msgpack::object& body, Status* out);
 
+// ---- LIMITS {"max_message_bytes", "max_job_bytes", "max_jobs_per_message", "rid"?} ---------
+zmq::message_t EncodeLimits(const BrokerLimits& limits, int64_t rid);
+// invalid_argument unless max_message_bytes is at least 1024 (the broker's minimum) and
+// max_jobs_per_message at least 1; max_job_bytes is optional (0 when absent).
+Status DecodeLimits(const msgpack::object& body, BrokerLimits* out);
+
 // ---- a body of just {"ids": [...], "rid"?} and the empty body ------------------------------
 zmq::message_t EncodeIds(const std::vector<std::string>& ids, int64_t rid = 0);
 zmq::message_t EncodeEmpty(int64_t rid = 0);

@@ -60,6 +60,15 @@ using DoneStatuses = std::vector<std::pair<std::string, std::string>>;  // id, s
 // Redis. Only results the writer's SET NX actually stored are inlined. Views into a buffer.
 using InlineResults = std::vector<std::pair<std::string_view, std::string_view>>;  // id, record
 
+// ---- LIMITS {"rid"?} -> LIMITS {"max_message_bytes", "max_job_bytes", ...} ------------------
+// What the broker's frontend takes (--max-message-bytes, --max-job-bytes,
+// --max-jobs-per-message). Clients ask on every new connection, before sending anything else.
+struct BrokerLimits {
+  int64_t max_message_bytes = 0;
+  int64_t max_job_bytes = 0;
+  int64_t max_jobs_per_message = 0;
+};
+
 // ---- CANCEL {"ids": [...], "rid"?} -> CANCELLED {"ids", "running", "not_found", "rid"?} ------
 struct Cancelled {
   int64_t rid = 0;

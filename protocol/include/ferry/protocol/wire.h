@@ -26,6 +26,7 @@ inline constexpr std::string_view kStats = "STATS";
 inline constexpr std::string_view kCancel = "CANCEL";
 inline constexpr std::string_view kCancelled = "CANCELLED";
 inline constexpr std::string_view kFinished = "FINISHED";  // broker -> producer: results readable
+inline constexpr std::string_view kLimits = "LIMITS";      // a connection's first request
 // Worker <-> broker backend.
 inline constexpr std::string_view kReady = "READY";            // worker announces itself
 inline constexpr std::string_view kChunk = "CHUNK";            // broker -> worker: jobs to run
