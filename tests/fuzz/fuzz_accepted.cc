@@ -1,7 +1,8 @@
 // The broker's replies to a SUBMIT as the SDK reads them (producer-sdk/src/client.cc):
 // ACCEPTED {"ids", "rejected"?: [{"id"?, "code", "message"}], "rid"?} through
-// protocol::DecodeAccepted, and ERROR {"code", "message", "rid"?} through protocol::DecodeError.
-// Invariants: EncodeAccepted / EncodeError -> decode give the same reply.
+// protocol::DecodeAccepted, and ERROR {"code", "message", "rid"?} through protocol::DecodeError;
+// and its LIMITS answer (producer-sdk/src/io_thread.cc) through protocol::DecodeLimits.
+// Invariants: EncodeAccepted / EncodeError / EncodeLimits -> decode give the same reply.
 #include "ferry/protocol/messages.h"
 #include "fuzz_wire.h"
 
@@ -33,6 +34,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     ferry::Status back;
     FUZZ_CHECK_OK(protocol::DecodeError(again.get(), &back));
     FUZZ_CHECK(back.code() == error.code() && back.message() == error.message());
+  }
+  protocol::BrokerLimits limits;
+  if (protocol::DecodeLimits(oh.get(), &limits).ok()) {
+    FUZZ_CHECK(limits.max_message_bytes >= 1024 && limits.max_jobs_per_message >= 1);
+    msgpack::object_handle again =
+        ferry::fuzz::MustUnpack(ferry::fuzz::Bytes(protocol::EncodeLimits(limits, 7)));
+    protocol::BrokerLimits back;
+    FUZZ_CHECK_OK(protocol::DecodeLimits(again.get(), &back));
+    FUZZ_CHECK(back.max_message_bytes == limits.max_message_bytes &&
+               back.max_job_bytes == limits.max_job_bytes &&
+               back.max_jobs_per_message == limits.max_jobs_per_message);
   }
   return 0;
 }

@@ -255,6 +255,8 @@ void Accepted() {
   Write("fuzz_accepted", "accepted", Bytes(protocol::EncodeAccepted(a)));
   Write("fuzz_accepted", "error",
         Bytes(protocol::EncodeError(3, ferry::codes::kMalformed, "body is not valid msgpack")));
+  Write("fuzz_accepted", "limits",
+        Bytes(protocol::EncodeLimits({(64 << 20) + (1 << 20), 64 << 20, 10000}, 3)));
 }
 
 void Journal() {
