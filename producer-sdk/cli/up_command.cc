@@ -205,8 +205,9 @@ Status WriteEnvFile(const std::string& path, const LocalFleet& fleet, const Loca
   }
   if (o.metrics_port_base > 0)
     env << "FERRY_BROKER_METRICS=http://127.0.0.1:" << o.metrics_port_base << "/metrics\n";
-  // A broker frame limit other than the default: the SDKs refuse a job over it before sending
-  // it (ClientOptions::max_message_bytes), rather than the broker dropping the connection.
+  // A broker frame limit other than the default, as the SDKs' own ceiling
+  // (ClientOptions::max_message_bytes): a lower one they would also learn from the broker
+  // (LIMITS), a higher one they take only from here.
   if (const std::string limit = BrokerFlag(o.broker_args, "--max-message-bytes"); !limit.empty())
     env << "FERRY_MAX_MESSAGE_BYTES=" << EnvValue(limit) << "\n";
   const std::string tmp = path + ".tmp";
