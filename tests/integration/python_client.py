@@ -1,12 +1,12 @@
 #!/usr/bin/python3
 """A Ferry producer written only from docs/protocol.md (stdlib + zmq + msgpack + redis).
 
-Submits jobs for the "tiny" test model, checks rejections, ERROR and STATS replies, waits for
-the results in Redis and compares them with the model's reference formula; then a SUBMIT with
-"ack": false (no ACCEPTED, the job still runs), stored inputs, attached inputs (their bytes in
-data frames after the body), and the result path: records inline in FINISHED, a big one read
-with GET, a result notice through Redis Pub/Sub, and ids-only FINISHED for a producer that stops
-reading.
+Asks the broker's LIMITS, submits jobs for the "tiny" test model, checks rejections, ERROR and
+STATS replies, waits for the results in Redis and compares them with the model's reference
+formula; then a SUBMIT with "ack": false (no ACCEPTED, the job still runs), stored inputs,
+attached inputs (their bytes in data frames after the body), and the result path: records inline
+in FINISHED, a big one read with GET, a result notice through Redis Pub/Sub, and ids-only
+FINISHED for a producer that stops reading.
 """
 import argparse
 import random
@@ -109,6 +109,16 @@ def main():
     sock.connect(args.frontend)
     store = redis.Redis.from_url(args.redis)
     finished = set()
+
+    # 0. LIMITS, what a client asks first on each connection: the broker's --max-message-bytes,
+    #    --max-job-bytes and --max-jobs-per-message (the runner sets none of them: its defaults),
+    #    the rid echoed.
+    send(sock, b"LIMITS", {"rid": 100})
+    cmd, body = recv(sock, finished)
+    want = {"max_message_bytes": (64 << 20) + (1 << 20), "max_job_bytes": 64 << 20,
+            "max_jobs_per_message": 10000, "rid": 100}
+    check(cmd == "LIMITS" and {k: body.get(k) for k in want} == want, "reply to LIMITS",
+          ("LIMITS", want), (cmd, body))
 
     # 1. Garbage. Replies come back in request order, so a STATS with a rid after each garbage
     #    message tells exactly which replies the garbage produced.
@@ -429,7 +439,7 @@ def report(args, n_results, n_finished=0):
         return 1
     mode = "no-results mode" if args.no_results else "%d results correct, %d FINISHED notices" % (
         n_results, n_finished)
-    print("python_client: OK (%s; rejections, ERROR and STATS as documented)" % mode)
+    print("python_client: OK (%s; LIMITS, rejections, ERROR and STATS as documented)" % mode)
     return 0
 
 

@@ -45,7 +45,7 @@ class AsyncClient:
     Every coroutine runs on the event loop the client first ran on (it binds to it then):
     thousands of concurrent ``await client.run(...)`` share one socket, and the runs started
     in one turn of the loop travel to the broker as one SUBMIT (per 10,000 jobs or 32 MiB, or
-    max_message_bytes if less).
+    max_message_bytes or the broker's limits, asked on each connection, if less).
     Not thread-safe: use it from its loop only (ferry.Client is the thread-safe, blocking
     client).
 
@@ -109,14 +109,14 @@ class AsyncClient:
         return (await self._submit_prepared([prep]))[0]
 
     async def submit_many(self, jobs):
-        """Submits jobs (ferry.Job or dicts) in one SUBMIT per 32 MiB (or max_message_bytes, if
-        less) or 10,000 jobs; returns their ids in order. If any job is not accepted, raises the
-        first one's error (in job order) with .ids (every id, in order), .accepted (the accepted
-        ids: wait for these) and .errors ({id: FerryError}, the others). A job that fails the
-        client's own checks (InvalidArgument, TooLarge) is not sent, and the others are. A call
-        the client cannot name every job of (not a ferry.Job or dict, an invalid id, or an id
-        given twice) raises InvalidArgument before anything is sent, with .ids [], .accepted []
-        and .errors {}."""
+        """Submits jobs (ferry.Job or dicts) in one SUBMIT per 32 MiB (or max_message_bytes or the
+        broker's limit, if less) or 10,000 jobs; returns their ids in order. If any job is not
+        accepted, raises the first one's error (in job order) with .ids (every id, in order),
+        .accepted (the accepted ids: wait for these) and .errors ({id: FerryError}, the others). A
+        job that fails the client's own checks (InvalidArgument, TooLarge) is not sent, and the
+        others are. A call the client cannot name every job of (not a ferry.Job or dict, an invalid
+        id, or an id given twice) raises InvalidArgument before anything is sent, with .ids [],
+        .accepted [] and .errors {}."""
         ids, preps, local = self._prepare_many(jobs)
         return await self._submit_many_prepared(ids, preps, local)
 

@@ -3,12 +3,21 @@
 One I/O task owns the DEALER socket (an actor, like the C++ SDK's I/O thread): callers queue
 jobs and requests and kick it; each turn it builds messages from everything queued -- the jobs
 of all the `run` calls made since its last turn go out as ONE ``SUBMIT`` (``"ack": false``), the
-jobs of all `submit` calls as another (each split at 10,000 jobs or 32 MiB, or
-max_message_bytes: _take), each with its jobs' attached inputs as data frames after the body,
-in job order -- sends what the socket takes (a submit call's jobs are marked sent then), then
-reads every message that has arrived (replies matched by ``rid``; ``FINISHED`` notices) and
-sleeps until a caller or the socket wakes it. The socket's file descriptor is watched with
-``loop.add_reader``.
+jobs of all `submit` calls as another (each split at 10,000 jobs or 32 MiB, or at
+max_message_bytes or the broker's limits if less: _take), each with its jobs' attached inputs
+as data frames after the body, in job order -- sends what the socket takes (a submit call's
+jobs are marked sent then), then reads every message that has arrived (replies matched by
+``rid``; ``FINISHED`` notices) and sleeps until a caller or the socket wakes it. The socket's
+file descriptor is watched with ``loop.add_reader``.
+
+The broker's limits (as the C++ SDK): the first request on every connection is the engine's own
+``LIMITS``, and nothing else goes out until the broker has answered it (a broker from before
+LIMITS answers ERROR: the configured max_message_bytes and 10,000 jobs stand then). SUBMITs are
+split under the answer's max_message_bytes and max_jobs_per_message, and one still bigger (a
+single big job) is not sent -- a frame over the broker's --max-message-bytes makes its libzmq drop
+the connection without an answer -- but answered here with ERROR too_large. A lost connection
+(the monitor's DISCONNECTED) makes the limits unknown again: the next one may be to a broker
+restarted with other flags.
 
 Results: ``FINISHED`` notices (with small records inline: ``inline_results``) go to the
 client's `Results` (_results.py), which tracks each id, wakes its waiters and reads Redis.
@@ -33,7 +42,9 @@ from ._results import Results
 
 SEND_RETRY = 0.005              # s: re-check a socket that would not take a message
 HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                    | zmq.EVENT_DISCONNECTED)
+MIN_BROKER_MESSAGE_BYTES = 1024  # the broker's own minimum --max-message-bytes
 
 _packer = msgpack.Packer(use_bin_type=True)
 _pack = _packer.pack
@@ -59,6 +70,30 @@ def describe_handshake_failure(event, value, curve):
     return "handshake event %d (value %d)" % (event, value)
 
 
+def decode_limits(command, body):
+    """(max_message_bytes, max_jobs_per_message) of a LIMITS answer, or None where it is not
+    one (an ERROR, or a body that cannot be read): the C++ SDK's protocol::DecodeLimits."""
+    if command != "LIMITS":
+        return None
+    got = []
+    for key in ("max_message_bytes", "max_job_bytes", "max_jobs_per_message"):
+        v = body.get(key)
+        if v is not None and type(v) is not int:
+            return None
+        got.append(v or 0)
+    if got[0] < MIN_BROKER_MESSAGE_BYTES or got[2] < 1:
+        return None
+    return got[0], got[2]
+
+
+def too_large_message(nbytes, limit):
+    """The C++ SDK's word for a SUBMIT over the broker's limit, refused before it is sent."""
+    return ("a SUBMIT of %d bytes is over the broker's limit of %d bytes a message (its "
+            "--max-message-bytes; set max_message_bytes to it): not sent, as the broker would "
+            "drop the connection without an answer; store big inputs in Redis "
+            "(stored_input_bytes) or submit fewer jobs at once" % (nbytes, limit))
+
+
 class Engine:
     def __init__(self, options, loop):
         self.opts = options
@@ -78,6 +113,10 @@ class Engine:
         self._requests = []      # (command, body, _Request)
         self._awaiting = {}      # rid -> handler
         self._stalled = None     # a message the socket refused after all: sent first
+        # This connection's broker limits, (max_message_bytes, max_jobs_per_message); None
+        # while unknown (no connection yet, or no answer to its LIMITS yet).
+        self._limits = None
+        self._limits_rid = None  # the LIMITS sent on this connection; None before it is sent
         self._wake = None
         self._kicked = False
         self._retry_timer = None
@@ -175,8 +214,14 @@ class Engine:
                 if len(frames[0]) < 6:
                     continue
                 event, value = struct.unpack("=HI", frames[0][:6])
-                if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                if event == zmq.EVENT_DISCONNECTED:
+                    # The next connection may be to another broker, or this one restarted with
+                    # other flags: ask again before sending anything on it (a late answer to
+                    # the LIMITS sent on this one is ignored).
+                    self._limits = self._limits_rid = None
+                elif event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                     self.handshake_error, self._handshake_detailed = None, False
+                    self.kick()  # LIMITS goes out now, not only once a request is queued
                 elif event != zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
                     self.handshake_error = describe_handshake_failure(event, value, self.curve)
                     self._handshake_detailed = True
@@ -190,13 +235,14 @@ class Engine:
     def _writable(self):
         return self.sock.getsockopt(zmq.EVENTS) & zmq.POLLOUT
 
-    def _send(self, command, body, frames=(), batch=None):
+    def _send(self, command, body, frames=(), batch=None, rid=None):
         """Sends one message: tag, command, body, then `frames` (attached inputs' data frames).
         copy=False: pyzmq sends a frame of at least zmq.COPY_THRESHOLD (64 KiB) from its
         buffer (a memoryview of the caller's array), holding it until libzmq is done with it;
         smaller ones it copies. The socket takes all of a message or, at its first frame,
         none (zmq.Again): it is then kept (`_stalled`) and sent first at the next turn.
-        `batch`, a SubmitBatch: its calls are marked sent once the socket took it."""
+        `batch`, a SubmitBatch: its calls are marked sent once the socket took it; `rid`, a
+        SUBMIT's: a stalled one is checked against the broker's limit again before it goes."""
         try:
             if frames:
                 self.sock.send_multipart([_protocol.TAG, command, body, *frames], zmq.NOBLOCK,
@@ -205,7 +251,7 @@ class Engine:
                 self.sock.send_multipart((_protocol.TAG, command, body), zmq.NOBLOCK, copy=False)
             self.messages_sent += 1
         except zmq.Again:
-            self._stalled = (command, body, frames, batch)
+            self._stalled = (command, body, frames, batch, rid)
             return False
         if batch is not None:
             batch.mark_sent()
@@ -218,17 +264,31 @@ class Engine:
                 self.kick()
             self._retry_timer = self.loop.call_later(SEND_RETRY, fire)
 
+    def _queued(self):
+        return self._stalled is not None or self._requests or self._submits or self._runs
+
     def _flush(self):
-        while self._stalled is not None or self._requests or self._submits or self._runs:
+        if self._limits is None:
+            # A connection's first request is LIMITS; nothing else goes out before its answer
+            # (held in order: _drain kicks when it comes).
+            if self._limits_rid is None:
+                if self._writable():
+                    self._send_limits()
+                elif self._queued():
+                    self._retry_later()
+            return
+        while self._queued():
             if not self._writable():
                 self._retry_later()
                 return
             if self._stalled is not None:
-                command, body, frames, batch = self._stalled
+                command, body, frames, batch, rid = self._stalled
                 self._stalled = None
                 if batch is not None and not batch.alive():
                     continue  # its callers gave up (unsent_preps) before it went out
-                if not self._send(command, body, frames, batch):
+                if rid is not None and self._refused(rid, body, frames):
+                    continue  # the broker's limit is lower on this connection
+                if not self._send(command, body, frames, batch, rid):
                     self._retry_later()
                     return
                 continue
@@ -245,13 +305,57 @@ class Engine:
             else:
                 self._send_runs()
 
+    def _send_limits(self):
+        rid = next(self._rids)
+        try:
+            self.sock.send_multipart((_protocol.TAG, b"LIMITS", _pack({"rid": rid})),
+                                     zmq.NOBLOCK)
+        except zmq.Again:
+            self._retry_later()  # not sent: the next turn tries again
+            return
+        self.messages_sent += 1
+        self._limits_rid = rid
+
+    def _on_limits(self, command, body):
+        """The answer to this connection's LIMITS; an ERROR (unknown_command from a broker from
+        before LIMITS) or a body it cannot read: the limits this client was configured with."""
+        limits = decode_limits(command, body)
+        if limits is None:
+            limits = (self.opts.max_message_bytes, _protocol.MAX_JOBS_PER_MESSAGE)
+        self._limits = limits
+        self.kick()  # what was held goes out now
+
+    def _broker_limits(self):
+        """The broker's (max_message_bytes, max_jobs_per_message); while unknown (nothing is
+        sent then), the configured ones."""
+        if self._limits is not None:
+            return self._limits
+        return self.opts.max_message_bytes, _protocol.MAX_JOBS_PER_MESSAGE
+
+    def _refused(self, rid, body, frames):
+        """Whether the SUBMIT `rid` is over the broker's max_message_bytes, and so answered here
+        instead of sent, as if the broker had answered ERROR too_large: a frame over its limit
+        makes its libzmq drop the connection without an answer (a run would resubmit for
+        ever)."""
+        nbytes = len(body) + sum(memoryview(f).nbytes for f in frames)
+        limit = self._broker_limits()[0]
+        if nbytes <= limit:
+            return False
+        handler = self._awaiting.pop(rid, None)
+        if handler is not None:
+            handler.reply("ERROR", {"code": "too_large", "rid": rid,
+                                    "message": too_large_message(nbytes, limit)})
+        return True
+
     def _take(self, queue, prep_of):
-        """The head of `queue` that fits one message: unique ids, at most MAX_JOBS_PER_MESSAGE
-        jobs (the broker refuses a bigger SUBMIT as a whole), <= 32 MiB (or max_message_bytes)
-        of body and data frames (one job more)."""
+        """The head of `queue` that fits one message: unique ids, at most 10,000 jobs (or the
+        broker's max_jobs_per_message: it refuses a bigger SUBMIT as a whole), <= 32 MiB (or
+        max_message_bytes, or the broker's, if less) of body and data frames (one job more)."""
         taken, ids = [], set()
         size = _protocol.submit_header_bytes(self.opts.redis_prefix)
-        limit = min(_protocol.MAX_MESSAGE_BYTES, self.opts.max_message_bytes)
+        broker_bytes, broker_jobs = self._broker_limits()
+        limit = min(_protocol.MAX_MESSAGE_BYTES, self.opts.max_message_bytes, broker_bytes)
+        max_jobs = min(_protocol.MAX_JOBS_PER_MESSAGE, broker_jobs)
         n = 0
         for item in queue:
             p = prep_of(item)
@@ -259,7 +363,7 @@ class Engine:
                 n += 1
                 continue
             if taken and (p.id in ids or size + p.size > limit
-                          or len(taken) >= _protocol.MAX_JOBS_PER_MESSAGE):
+                          or len(taken) >= max_jobs):
                 break
             taken.append(item)
             ids.add(p.id)
@@ -293,17 +397,21 @@ class Engine:
         rid = next(self._rids)
         parts = self._header(len(jobs), False, rid)
         frames = []  # the attached inputs' data frames: jobs in order, inputs in order
-        now = self.loop.time()
         for j in jobs:
             parts.append(j.prep.packed)
             if j.prep.frames:
                 frames.extend(j.prep.frames)
             j.queued = False
+            j.rid = rid
+        body = b"".join(parts)
+        self._awaiting[rid] = RunBatch(self, jobs, rid)
+        if self._refused(rid, body, frames):
+            return  # rejected too_large, never sent
+        now = self.loop.time()
+        for j in jobs:
             j.sent = j.ever_sent = True
             j.sent_at = now
-            j.rid = rid
-        self._awaiting[rid] = RunBatch(self, jobs, rid)
-        self._send(b"SUBMIT", b"".join(parts), frames)
+        self._send(b"SUBMIT", body, frames, None, rid)
 
     def _send_submits(self):
         items, ids = self._take(self._submits,
@@ -320,13 +428,22 @@ class Engine:
                 frames.extend(p.frames)
             if not calls or calls[-1] is not call:
                 calls.append(call)
+        body = b"".join(parts)
         batch = self._awaiting[rid] = SubmitBatch(calls, ids, items)
-        self._send(b"SUBMIT", b"".join(parts), frames, batch)
+        # Refused here, its jobs are not marked sent: their stored inputs are nobody's (the
+        # caller deletes those of jobs rejected too_large).
+        if not self._refused(rid, body, frames):
+            self._send(b"SUBMIT", body, frames, batch, rid)
 
     def _drain(self):
         sock = self.sock
         for _ in range(4096):
-            if not sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            events = sock.getsockopt(zmq.EVENTS)
+            if not events & zmq.POLLIN:
+                if events & zmq.POLLOUT and self._limits is None and self._limits_rid is None:
+                    # Connected since _flush looked, and this read took the FD's edge: LIMITS
+                    # goes out now, not at the next request.
+                    self.kick()
                 return
             frames = sock.recv_multipart(zmq.NOBLOCK)
             if len(frames) != 3 or frames[0] != _protocol.TAG:
@@ -339,7 +456,11 @@ class Engine:
                 if command == "FINISHED":
                     self.results.finished(body.get("ids") or (), body.get("results"))
                     continue
-                handler = self._awaiting.pop(body.get("rid"), None)
+                rid = body.get("rid")
+                if self._limits is None and rid is not None and rid == self._limits_rid:
+                    self._on_limits(command, body)
+                    continue
+                handler = self._awaiting.pop(rid, None)
                 if handler is not None:
                     handler.reply(command, body)
             except Exception as e:

@@ -60,6 +60,26 @@ def client(fleet):
         yield c
 
 
+# The broker's defaults, as a stub broker answers LIMITS with them.
+STUB_LIMITS = {"max_message_bytes": (64 << 20) + (1 << 20), "max_job_bytes": 64 << 20,
+               "max_jobs_per_message": 10000}
+
+
+def answered_limits(router, frames, **limits):
+    """For a stub broker (a ROUTER): answers `frames` (as received) if they are the LIMITS a
+    client sends first on each connection -- it sends nothing else until answered -- with the
+    broker's defaults or `limits`; whether they were."""
+    import msgpack
+    if len(frames) < 4 or frames[2] != b"LIMITS":
+        return False
+    answer = dict(STUB_LIMITS, **limits)
+    rid = msgpack.unpackb(frames[3]).get("rid") if frames[3] else None
+    if rid is not None:
+        answer["rid"] = rid
+    router.send_multipart([frames[0], frames[1], b"LIMITS", msgpack.packb(answer)])
+    return True
+
+
 def spy_submits(engine):
     """Records each SUBMIT the engine sends: (its body, its data frames as sent)."""
     import msgpack

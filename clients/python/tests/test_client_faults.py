@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import ferry
-from conftest import spy_submits, uid
+from conftest import answered_limits, spy_submits, uid
 from fleet import wait_for
 
 
@@ -42,7 +42,10 @@ def _run_against_a_stub_broker(fleet, prefix, x, y, on_submit):
         while not stop.is_set():
             if not router.poll(50):
                 continue
-            peer, tag, command, body, *frames = router.recv_multipart()
+            message = router.recv_multipart()
+            if answered_limits(router, message):
+                continue
+            peer, tag, command, body, *frames = message
             body = msgpack.unpackb(body)
             seen.append(body)
             seen_frames.append(frames)
@@ -207,7 +210,8 @@ def test_consuming_waiters_share_a_result_too_big_to_come_inline(fleet):
 
 
 def swallowing_broker():
-    """A ROUTER that reads every message and answers none: (its frontend, what it got, stop)."""
+    """A ROUTER that reads every message and answers none but LIMITS (else a client sends
+    nothing more): (its frontend, what else it got, stop)."""
     import zmq
     ctx = zmq.Context()
     router = ctx.socket(zmq.ROUTER)
@@ -217,7 +221,9 @@ def swallowing_broker():
     def serve():
         while not done.is_set():
             if router.poll(20):
-                got.append(router.recv_multipart())
+                message = router.recv_multipart()
+                if not answered_limits(router, message):
+                    got.append(message)
         router.close(0)
         ctx.term()
     t = threading.Thread(target=serve, daemon=True)
@@ -276,6 +282,54 @@ def test_close_ends_the_calls_other_threads_wait_in():
         asyncio.run(main())
     finally:
         stop()
+
+
+def test_nothing_goes_out_before_limits_is_answered_and_an_error_falls_back():
+    """The first request on a connection is LIMITS, and a STATS asked meanwhile waits for its
+    answer; a broker from before LIMITS answers ERROR unknown_command: the client keeps to its
+    configured max_message_bytes (and 10,000 jobs a SUBMIT) and goes on."""
+    import msgpack
+    import zmq
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    got, early, stop = [], [], threading.Event()
+
+    def answer(peer, tag, command, body):
+        rid = msgpack.unpackb(body)["rid"]
+        if command == b"LIMITS":
+            # Anything the client sends before this answer is caught here.
+            deadline = time.monotonic() + 0.3
+            while time.monotonic() < deadline:
+                if router.poll(10):
+                    early.append(router.recv_multipart())
+            router.send_multipart([peer, tag, b"ERROR", msgpack.packb(
+                {"code": "unknown_command", "message": 'unknown command "LIMITS"', "rid": rid})])
+            for message in early:
+                answer(*message)
+        else:
+            router.send_multipart([peer, tag, command, msgpack.packb({"rid": rid})])
+
+    def serve():
+        while not stop.is_set():
+            if router.poll(20):
+                message = router.recv_multipart()
+                got.append(message[2])
+                answer(*message)
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        with ferry.Client("tcp://127.0.0.1:%d" % port, "redis://127.0.0.1:9",
+                          push_results=False, max_message_bytes=1 << 20) as c:
+            assert c.stats() == {}
+            engine = c._aio._engine
+            assert engine._limits == (1 << 20, 10000)
+        assert got == [b"LIMITS", b"STATS"] and early == []
+    finally:
+        stop.set()
+        t.join()
+        router.close(0)
+        ctx.term()
 
 
 def test_a_submit_never_sent_deletes_its_stored_inputs(fleet):

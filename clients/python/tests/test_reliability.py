@@ -79,6 +79,58 @@ def test_a_job_over_the_brokers_message_limit_is_too_large_before_it_is_sent(mod
         f.stop()
 
 
+def test_the_client_learns_the_brokers_message_limit_on_each_connection(models_dir):
+    # max_message_bytes left at its default (65 MiB) over a broker that takes 1 MiB a message:
+    # the client asks the broker (LIMITS) first on each connection, so a job over the broker's
+    # limit is TooLarge, naming it, instead of a frame that makes the broker drop the
+    # connection unanswered (run(timeout=None) resubmitted it for ever), and runs under it are
+    # split into SUBMITs the broker takes. A broker restarted with a lower limit is asked again.
+    limit, lower = 1 << 20, 1 << 18
+    f = Fleet(models_dir, models=("null",), broker_args=["--max-message-bytes", str(limit)])
+    big = np.ones(limit // 2, np.float32)  # 2 MiB in one frame
+    xs = [np.full(80000, i, np.float32) for i in range(8)]  # 320 KB each
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        async with ferry.AsyncClient(f.frontend, f.redis_url, stored_input_bytes=0) as c:
+            with pytest.raises(ferry.TooLarge) as e:
+                await asyncio.wait_for(c.run("null", big, timeout=None), 60)
+            assert "limit of %d bytes" % limit in e.value.message and not e.value.retryable
+            with pytest.raises(ferry.TooLarge) as e:  # not Unavailable (the connection dropped)
+                await asyncio.wait_for(c.submit("null", big), 60)
+            assert "limit of %d bytes" % limit in e.value.message
+            # Eight runs of 320 KB in one turn: one SUBMIT would be 2.5 MiB.
+            rs = await asyncio.wait_for(
+                asyncio.gather(*(c.run("null", x, timeout=60) for x in xs)), 90)
+            for x, r in zip(xs, rs):
+                np.testing.assert_array_equal(r.outputs[0], x)
+
+            f.broker_args = ["--max-message-bytes", str(lower)]
+            await loop.run_in_executor(None, f.restart_broker)
+            await loop.run_in_executor(None, f.wait_workers, 1)
+            with pytest.raises(ferry.TooLarge) as e:  # the first broker took it
+                await asyncio.wait_for(c.run("null", xs[0], timeout=None), 60)
+            assert "limit of %d bytes" % lower in e.value.message
+            small = np.arange(8, dtype=np.float32)
+            r = await asyncio.wait_for(c.run("null", small, timeout=60), 90)
+            np.testing.assert_array_equal(r.outputs[0], small)
+        # A job refused whole before it was sent: its stored inputs are nobody's, deleted.
+        async with ferry.AsyncClient(f.frontend, f.redis_url, stored_input_bytes=1 << 20) as c:
+            stored, attached = np.ones(1 << 19, np.float32), np.ones(1 << 17, np.float32)
+            with pytest.raises(ferry.TooLarge):
+                await asyncio.wait_for(c.run("null", stored, attached, timeout=None), 60)
+            with pytest.raises(ferry.TooLarge):
+                await asyncio.wait_for(c.submit("null", stored, attached), 60)
+            await loop.run_in_executor(None, lambda: wait_for(
+                lambda: f.redis().keys("ferry:input:*") == [], 10, "stored inputs deleted"))
+
+    try:
+        f.wait_workers(1)
+        asyncio.run(main())
+    finally:
+        f.stop()
+
+
 def test_broker_killed_and_restarted_mid_run(models_dir):
     f = Fleet(models_dir, models=("slow",), worker_args=["--max-batch", "8"])
     total_runs, total_waits = 240, 40
