@@ -38,8 +38,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   protocol::BrokerLimits limits;
   if (protocol::DecodeLimits(oh.get(), &limits).ok()) {
     FUZZ_CHECK(limits.max_message_bytes >= 1024 && limits.max_jobs_per_message >= 1);
-    msgpack::object_handle again =
-        ferry::fuzz::MustUnpack(ferry::fuzz::Bytes(protocol::EncodeLimits(limits, 7)));
+    const std::string bytes = ferry::fuzz::Bytes(protocol::EncodeLimits(limits, 7));
+    msgpack::object_handle again = ferry::fuzz::MustUnpack(bytes);  // views into `bytes`
     protocol::BrokerLimits back;
     FUZZ_CHECK_OK(protocol::DecodeLimits(again.get(), &back));
     FUZZ_CHECK(back.max_message_bytes == limits.max_message_bytes &&
