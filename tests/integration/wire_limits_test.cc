@@ -91,6 +91,31 @@ TEST(WireLimits, AttachedFramesCountAgainstTheMessageLimitAndWorkersSendNone) {
   })) << json;
 }
 
+// A job for the "null" model (it returns its input): `floats` float32 values in one tensor.
+client::Job NullJob(const std::string& id, size_t floats) {
+  client::Job j;
+  j.id = id;
+  j.model = "null";
+  std::vector<float> v(floats);
+  for (size_t i = 0; i < floats; ++i) v[i] = static_cast<float>(i % 1000);
+  j.inputs.push_back(Tensor::From<float>(v, {static_cast<int64_t>(floats)}, DType::kFloat32));
+  return j;
+}
+
+// SubmitMany of `jobs` (null-model jobs): every one accepted, done, its input echoed.
+void SubmitManyAndExpectEchoes(client::Client* c, const std::vector<client::Job>& jobs,
+                               const Fleet& fleet) {
+  std::vector<client::SubmitOutcome> out;
+  ASSERT_TRUE(c->SubmitMany(jobs, &out).ok());
+  Result r;
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    ASSERT_TRUE(out[i].status.ok()) << out[i].status.ToString();
+    ASSERT_TRUE(c->Wait(out[i].id, 60000, &r).ok()) << fleet.Logs();
+    ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
+    EXPECT_EQ(r.outputs.at(0).data, jobs[i].inputs[0].data);
+  }
+}
+
 // A frame over the broker's --max-message-bytes makes libzmq drop the connection unanswered.
 // The SDK knows the limit (ClientOptions::max_message_bytes), so a job whose attached inputs
 // would need more is too_large before anything is sent -- a Run with no timeout would wait for
@@ -110,16 +135,7 @@ TEST(WireLimits, TheSdkRejectsAJobOverTheBrokersMessageLimitAndSplitsUnderIt) {
   o.max_message_bytes = kLimit;
   std::unique_ptr<client::Client> c;
   ASSERT_TRUE(client::Client::Create(o, &c).ok());
-  auto job = [](const std::string& id, size_t floats) {
-    client::Job j;
-    j.id = id;
-    j.model = "null";
-    std::vector<float> v(floats);
-    for (size_t i = 0; i < floats; ++i) v[i] = static_cast<float>(i % 1000);
-    j.inputs.push_back(Tensor::From<float>(v, {static_cast<int64_t>(floats)}, DType::kFloat32));
-    return j;
-  };
-  const client::Job big = job("over-limit", 2 * kLimit / 4);  // 2 MiB in one frame
+  const client::Job big = NullJob("over-limit", 2 * kLimit / 4);  // 2 MiB in one frame
   std::string id;
   Status s = c->Submit(big, &id);
   EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
@@ -134,7 +150,7 @@ TEST(WireLimits, TheSdkRejectsAJobOverTheBrokersMessageLimitAndSplitsUnderIt) {
   inline_only.attached_input_bytes = 0;
   std::unique_ptr<client::Client> c2;
   ASSERT_TRUE(client::Client::Create(inline_only, &c2).ok());
-  client::Job wide = job(std::string(128, 'a'), (kLimit - 320) / 4);
+  client::Job wide = NullJob(std::string(128, 'a'), (kLimit - 320) / 4);
   wide.inputs[0].shape.assign(15, 1);
   wide.inputs[0].shape.push_back((kLimit - 320) / 4);
   wide.priority = std::numeric_limits<int64_t>::max();
@@ -145,15 +161,8 @@ TEST(WireLimits, TheSdkRejectsAJobOverTheBrokersMessageLimitAndSplitsUnderIt) {
 
   // Eight jobs of 320 KB: one message would be 2.5 MiB (ERROR too_large for all eight).
   std::vector<client::Job> jobs;
-  for (int i = 0; i < 8; ++i) jobs.push_back(job("under-" + std::to_string(i), 80000));
-  std::vector<client::SubmitOutcome> out;
-  ASSERT_TRUE(c->SubmitMany(jobs, &out).ok());
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    ASSERT_TRUE(out[i].status.ok()) << out[i].status.ToString();
-    ASSERT_TRUE(c->Wait(out[i].id, 60000, &r).ok()) << fleet.Logs();
-    ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
-    EXPECT_EQ(r.outputs.at(0).data, jobs[i].inputs[0].data);
-  }
+  for (int i = 0; i < 8; ++i) jobs.push_back(NullJob("under-" + std::to_string(i), 80000));
+  ASSERT_NO_FATAL_FAILURE(SubmitManyAndExpectEchoes(c.get(), jobs, fleet));
   client::ClientOptions bad = o;
   bad.max_message_bytes = 1000;
   std::unique_ptr<client::Client> unused;
@@ -200,15 +209,7 @@ TEST(WireLimits, TheSdkLearnsTheBrokersLimitsAndKeepsToThem) {
   ASSERT_GT(o.max_message_bytes, 2 * kLimit);  // the default: above the broker's
   std::unique_ptr<client::Client> c;
   ASSERT_TRUE(client::Client::Create(o, &c).ok());
-  auto job = [](const std::string& id, size_t floats) {
-    client::Job j;
-    j.id = id;
-    j.model = "null";
-    std::vector<float> v(floats, 2.0f);
-    j.inputs.push_back(Tensor::From<float>(v, {static_cast<int64_t>(floats)}, DType::kFloat32));
-    return j;
-  };
-  const client::Job big = job("over-the-brokers-limit", 2 * kLimit / 4);  // 2 MiB in one frame
+  const client::Job big = NullJob("over-the-brokers-limit", 2 * kLimit / 4);  // 2 MiB in one frame
   Result r;
   Status s = c->Run(big, 60000, &r);  // without LIMITS: no answer, a timeout after 60 s
   EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
@@ -221,16 +222,9 @@ TEST(WireLimits, TheSdkLearnsTheBrokersLimitsAndKeepsToThem) {
   // Eight jobs of 320 KB: one SUBMIT would be 2.5 MiB, refused whole; 600 small ones are more
   // than the broker's 500 a message.
   std::vector<client::Job> jobs;
-  for (int i = 0; i < 8; ++i) jobs.push_back(job("split-" + std::to_string(i), 80000));
-  for (int i = 0; i < 600; ++i) jobs.push_back(job("many-" + std::to_string(i), 4));
-  std::vector<client::SubmitOutcome> out;
-  ASSERT_TRUE(c->SubmitMany(jobs, &out).ok());
-  for (size_t i = 0; i < jobs.size(); ++i) {
-    ASSERT_TRUE(out[i].status.ok()) << out[i].status.ToString();
-    ASSERT_TRUE(c->Wait(out[i].id, 60000, &r).ok()) << fleet.Logs();
-    ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
-    EXPECT_EQ(r.outputs.at(0).data, jobs[i].inputs[0].data);
-  }
+  for (int i = 0; i < 8; ++i) jobs.push_back(NullJob("split-" + std::to_string(i), 80000));
+  for (int i = 0; i < 600; ++i) jobs.push_back(NullJob("many-" + std::to_string(i), 4));
+  ASSERT_NO_FATAL_FAILURE(SubmitManyAndExpectEchoes(c.get(), jobs, fleet));
 }
 
 // ZeroMQ bounds the replies queued for a producer by count (10,000), not bytes, and a FINISHED
