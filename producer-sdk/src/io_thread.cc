@@ -329,11 +329,11 @@ void IoThread::SendQueued() {
   }
 }
 
-bool IoThread::RefuseTooLarge(Request& r, size_t bytes) {
+void IoThread::RefuseTooLarge(Request& r, size_t bytes) {
   int queued = Request::kQueued;
-  if (!r.phase.compare_exchange_strong(queued, Request::kSent)) return false;
+  if (!r.phase.compare_exchange_strong(queued, Request::kSent)) return;
   awaiting_.erase(r.rid);
-  if (!r.on_reply) return true;
+  if (!r.on_reply) return;
   const std::string message =
       "a SUBMIT of " + std::to_string(bytes) + " bytes is over the broker's limit of " +
       std::to_string(limits_.max_message_bytes) +
@@ -344,7 +344,6 @@ bool IoThread::RefuseTooLarge(Request& r, size_t bytes) {
     r.on_reply(Reply{std::string(protocol::kError),
                      protocol::EncodeError(r.rid, codes::kTooLarge, message)});
   });
-  return true;
 }
 
 void IoThread::SendLimits() {

@@ -161,9 +161,9 @@ class IoThread {
   bool Writable();
   void SendLimits();
   void OnLimits(const std::string& command, const msgpack::object& body);
-  // Answers request `r` here with ERROR too_large instead of sending it (over the broker's
-  // limit); false when its caller forgot it first.
-  bool RefuseTooLarge(Request& r, size_t bytes);
+  // Answers request `r` (`bytes` long) here with ERROR too_large instead of sending it (over
+  // the broker's limit), unless its caller forgot it first.
+  void RefuseTooLarge(Request& r, size_t bytes);
   template <typename Fn>
   void RunCallback(Fn&& fn);
 
