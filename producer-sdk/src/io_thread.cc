@@ -23,6 +23,11 @@ constexpr int kPushRetryMinMs = 1000, kPushRetryMaxMs = 30000;
 // How often replies that callers forgot are dropped from the table (a Run's request stays there
 // until its call ends, since the broker answers an "ack": false SUBMIT only when it rejects).
 constexpr milliseconds kSweepEvery{100};
+// How long a LIMITS waits for its answer before it goes out again while requests wait behind it
+// (the sweep's wake-ups look). One sent as the connection drops is lost without a trace: libzmq
+// tells the monitor of the drop before it takes the dead connection's pipe away, and a send in
+// between goes into that pipe. Without a resend, everything behind it waited for the next drop.
+constexpr milliseconds kLimitsResendEvery{500};
 // Messages read per turn before the mailbox is looked at again.
 constexpr int kMaxReceivesPerTurn = 1024;
 
@@ -255,9 +260,9 @@ void IoThread::Loop() {
       if (!mailbox_.empty() || stop_) continue;
       asleep_ = true;
     }
-    // POLLOUT while something could go out: LIMITS, on a connection that has not had it, or
-    // queued requests once the limits are known.
-    const bool want_out = limits_.max_message_bytes == 0 ? limits_rid_ == 0 : !unsent_.empty();
+    // POLLOUT while something could go out: LIMITS, on a connection that has not had it (or
+    // whose LIMITS is due again), or queued requests once the limits are known.
+    const bool want_out = limits_.max_message_bytes == 0 ? LimitsDue(now) : !unsent_.empty();
     const short socket_events = static_cast<short>(ZMQ_POLLIN | (want_out ? ZMQ_POLLOUT : 0));
     zmq_pollitem_t items[4] = {
         {socket_.handle(), 0, socket_events, 0},
@@ -299,7 +304,7 @@ bool IoThread::Writable() {
 void IoThread::SendQueued() {
   // A connection's first request is LIMITS; nothing else goes out before its answer.
   if (limits_.max_message_bytes == 0) {
-    if (limits_rid_ == 0 && Writable()) SendLimits();
+    if (LimitsDue(Clock::now()) && Writable()) SendLimits();
     return;
   }
   bool writable = true;
@@ -346,10 +351,17 @@ void IoThread::RefuseTooLarge(Request& r, size_t bytes) {
   });
 }
 
+bool IoThread::LimitsDue(Clock::time_point now) const {
+  return limits_rid_ == 0 || (!unsent_.empty() && now >= limits_resend_at_);
+}
+
 void IoThread::SendLimits() {
-  const int64_t rid = NextRid();
-  if (protocol::SendMessage(socket_, nullptr, protocol::kLimits, protocol::EncodeEmpty(rid)).ok())
+  // A resend keeps the rid: whichever answer comes first is taken, the others are ignored.
+  const int64_t rid = limits_rid_ != 0 ? limits_rid_ : NextRid();
+  if (protocol::SendMessage(socket_, nullptr, protocol::kLimits, protocol::EncodeEmpty(rid)).ok()) {
     limits_rid_ = rid;  // else the next turn tries again
+    limits_resend_at_ = Clock::now() + kLimitsResendEvery;
+  }
 }
 
 void IoThread::OnLimits(const std::string& command, const msgpack::object& body) {

@@ -159,6 +159,9 @@ class IoThread {
   void SweepPending(Clock::time_point now);
   void ReadMonitor();
   bool Writable();
+  // Whether LIMITS should go out: not yet sent on this connection, or unanswered for a while
+  // with requests waiting behind it.
+  bool LimitsDue(Clock::time_point now) const;
   void SendLimits();
   void OnLimits(const std::string& command, const msgpack::object& body);
   // Answers request `r` (`bytes` long) here with ERROR too_large instead of sending it (over
@@ -195,9 +198,10 @@ class IoThread {
   std::atomic<int64_t> broker_max_jobs_per_message_{0};
 
   // The I/O thread's own state.
-  protocol::BrokerLimits limits_;  // this connection's; max_message_bytes 0 while unknown
-  int64_t limits_rid_ = 0;         // the LIMITS sent on this connection; 0 before it is sent
-  int64_t disconnects_seen_ = 0;   // handshake_watch_.disconnects() when last looked
+  protocol::BrokerLimits limits_;         // this connection's; max_message_bytes 0 while unknown
+  int64_t limits_rid_ = 0;                // the LIMITS sent on this connection; 0 before it is sent
+  Clock::time_point limits_resend_at_{};  // when an unanswered LIMITS goes out again
+  int64_t disconnects_seen_ = 0;          // handshake_watch_.disconnects() when last looked
   std::deque<std::shared_ptr<Request>> unsent_;
   std::unordered_map<int64_t, std::shared_ptr<Request>> awaiting_;  // by rid
   std::unique_ptr<protocol::RedisSubscriber> push_;

@@ -1,13 +1,17 @@
 // The broker's limits on the wire, spoken by hand over a raw DEALER against real redis-server,
 // ferry-broker and ferry-worker processes: --max-message-bytes on a SUBMIT's body and data frames
-// (and the SDK that knows it, or learns it: LIMITS), data frames from workers, and the bytes of
-// inline results queued for a producer that stops reading (--max-inline-backlog-bytes).
+// (and the SDK that knows it, or learns it: LIMITS, on every connection, broker kills included),
+// data frames from workers, and the bytes of inline results queued for a producer that stops
+// reading (--max-inline-backlog-bytes).
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <csignal>
 #include <limits>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 #include <zmq.hpp>
 
@@ -225,6 +229,41 @@ TEST(WireLimits, TheSdkLearnsTheBrokersLimitsAndKeepsToThem) {
   for (int i = 0; i < 8; ++i) jobs.push_back(NullJob("split-" + std::to_string(i), 80000));
   for (int i = 0; i < 600; ++i) jobs.push_back(NullJob("many-" + std::to_string(i), 4));
   ASSERT_NO_FATAL_FAILURE(SubmitManyAndExpectEchoes(c.get(), jobs, fleet));
+}
+
+// LIMITS on each new connection, and still answered after many broker kills: libzmq can take a
+// LIMITS sent just as the connection drops into the dead connection's pipe, and without a resend
+// the SDK held every request behind it for ever (seen after ~10 kills here). A second thread
+// keeps requests in flight through each kill, as a busy producer does.
+TEST(WireLimits, AProducerIsStillAnsweredAfterManyBrokerKills) {
+  FleetOptions fo;
+  fo.workers = 0;
+  Fleet fleet(fo);
+  client::ClientOptions o;
+  o.frontend = fleet.frontend();
+  o.redis = fleet.redis().url();
+  o.request_timeout_ms = 1000;
+  std::unique_ptr<client::Client> c;
+  ASSERT_TRUE(client::Client::Create(o, &c).ok());
+  std::atomic<bool> busy{true};
+  std::thread other([&] {
+    while (busy) {
+      std::string json;
+      (void)c->Stats(&json);
+    }
+  });
+  for (int kill = 1; kill <= 60; ++kill) {
+    fleet.broker().Signal(SIGKILL);
+    fleet.broker().Wait();
+    fleet.StartBroker();
+    std::string json;
+    bool answered = false;
+    for (int attempt = 0; attempt < 30 && !answered; ++attempt) answered = c->Stats(&json).ok();
+    EXPECT_TRUE(answered) << "no answer for 30 s after broker kill " << kill;
+    if (!answered) break;
+  }
+  busy = false;
+  other.join();
 }
 
 // ZeroMQ bounds the replies queued for a producer by count (10,000), not bytes, and a FINISHED

@@ -1,8 +1,9 @@
 // The SDK's IoThread (producer-sdk/src) on its own, over real ZeroMQ sockets against a scripted
 // frontend: it alone drives the socket -- notices reach the callback on the I/O thread while no
 // caller waits, concurrent calls each get their own reply, a request forgotten before a broker
-// came is never sent, each connection starts with LIMITS and a SUBMIT over them is refused here,
-// an exception out of a callback is caught there, and an idle thread sleeps.
+// came is never sent, each connection starts with LIMITS (sent again while unanswered) and a
+// SUBMIT over them is refused here, an exception out of a callback is caught there, and an idle
+// thread sleeps.
 
 #include <gtest/gtest.h>
 
@@ -223,6 +224,20 @@ TEST_F(IoThreadTest, ABrokerWithoutLimitsLeavesTheConfiguredLimit) {
   EXPECT_EQ(reply.command, protocol::kError);
   EXPECT_EQ(io->broker_max_message_bytes(), IoThread::Options().max_message_bytes);
   EXPECT_EQ(broker.commands(), (std::vector<std::string>{"LIMITS", "STATS"}));
+}
+
+// A LIMITS lost on the way (libzmq takes one sent just as the connection drops into the dead
+// connection's pipe) is sent again: the requests behind it go out, not wait for ever.
+TEST_F(IoThreadTest, AnUnansweredLimitsIsSentAgain) {
+  ScriptedFrontend broker(port_);
+  broker.set_lose_limits(1);
+  std::unique_ptr<IoThread> io;
+  ASSERT_NO_FATAL_FAILURE(Start(nullptr, &io));
+  IoThread::Reply reply;
+  Status s = Stats(io.get(), &reply);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(reply.command, protocol::kStats);
+  EXPECT_EQ(broker.commands(), (std::vector<std::string>{"LIMITS", "LIMITS", "STATS"}));
 }
 
 // An exception out of the FINISHED callback (here std::bad_alloc) is caught on the I/O thread:

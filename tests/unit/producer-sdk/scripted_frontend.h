@@ -2,9 +2,10 @@
 // ScriptedFrontend: a stand-in for the broker's frontend in the SDK's unit tests -- a real ROUTER
 // socket on a free port, run by its own thread, speaking wire protocol v1 through the protocol
 // library. It accepts jobs for model "m" and rejects other models as unknown_model, answers LIMITS
-// (set_max_message_bytes) and STATS, sends FINISHED on request (Finish), and can echo every
-// accepted job back at once (set_echo) or answer everything with ERROR (set_error_reply). Like the
-// broker, it sends no ACCEPTED for a SUBMIT with "ack": false whose jobs were all accepted.
+// (set_max_message_bytes; set_lose_limits to leave the first ones unanswered) and STATS, sends
+// FINISHED on request (Finish), and can echo every accepted job back at once (set_echo) or answer
+// everything with ERROR (set_error_reply). Like the broker, it sends no ACCEPTED for a SUBMIT with
+// "ack": false whose jobs were all accepted.
 
 #include <atomic>
 #include <chrono>
@@ -55,6 +56,8 @@ class ScriptedFrontend {
   void set_error_reply(bool on) { error_reply_ = on; }
   // What LIMITS answers as "max_message_bytes" (it does not enforce it).
   void set_max_message_bytes(int64_t n) { max_message_bytes_ = n; }
+  // Leaves the next `n` LIMITS unanswered, as if they were lost on a connection that dropped.
+  void set_lose_limits(int n) { lose_limits_ = n; }
   // The commands received, in order.
   std::vector<std::string> commands() const {
     std::lock_guard<std::mutex> lock(mu_);
@@ -142,6 +145,10 @@ class ScriptedFrontend {
                            protocol::EncodeFinished(a.ids, views));
         }
       } else if (m.command == protocol::kLimits) {
+        if (lose_limits_ > 0) {
+          --lose_limits_;
+          continue;
+        }
         protocol::SendTo(
             socket_, peer, protocol::kLimits,
             protocol::EncodeLimits(
@@ -177,6 +184,7 @@ class ScriptedFrontend {
   std::atomic<bool> asked_inline_{false};
   std::atomic<bool> echo_{false};
   std::atomic<int64_t> max_message_bytes_{int64_t{1} << 30};
+  std::atomic<int> lose_limits_{0};
   mutable std::mutex mu_;
   std::vector<std::string> commands_;  // guarded by mu_
   std::string producer_;               // guarded by mu_
