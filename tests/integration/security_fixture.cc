@@ -3,7 +3,9 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -93,6 +95,18 @@ std::string RawRecv(zmq::socket_t& s, int timeout_ms, protocol::Message* out) {
   if (!protocol::RecvMessage(s, false, &m).ok()) return "";
   std::string command = m.command;
   if (out) *out = std::move(m);
+  return command;
+}
+
+std::string WorkerRecv(zmq::socket_t& s, int timeout_ms) {
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
+  std::string command;
+  do {
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+    command = RawRecv(s, static_cast<int>(std::max<int64_t>(left, 0)));
+  } while (command == protocol::kHeartbeat);
   return command;
 }
 

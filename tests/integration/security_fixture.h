@@ -54,6 +54,10 @@ void RawSend(zmq::socket_t& s, const std::string& command, const zmq::message_t&
 // The next message's command on `s` within `timeout_ms`, or "" when none came.
 std::string RawRecv(zmq::socket_t& s, int timeout_ms, protocol::Message* out = nullptr);
 
+// RawRecv for a raw worker: HEARTBEATs are skipped (the broker sends one to every worker each
+// --heartbeat-ms, in between whatever else it sends).
+std::string WorkerRecv(zmq::socket_t& s, int timeout_ms);
+
 // A SUBMIT body of one `tiny` job `id` with an [8] float32 input.
 zmq::message_t SubmitBody(const std::string& id, const std::string& model = "tiny",
                           int64_t timeout_ms = 0, int64_t result_ttl_s = 0);

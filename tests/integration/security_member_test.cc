@@ -53,7 +53,7 @@ TEST_F(Curve, AListedWorkerThatLiesAboutDoneFinishesNothing) {
     ASSERT_TRUE(st.ok()) << st.ToString();
     ids.push_back(id);
   }
-  EXPECT_EQ(RawRecv(holder, 10000), "CHUNK");
+  EXPECT_EQ(WorkerRecv(holder, 10000), "CHUNK");
   const int64_t finished = Counter(*client_, "finished");
   // raw1 claims both done (one running on raw0, one queued); raw0 claims the queued one.
   RawSend(liar, "DONE", protocol::EncodeDone(ids, 0));
@@ -67,7 +67,7 @@ TEST_F(Curve, AListedWorkerThatLiesAboutDoneFinishesNothing) {
     ASSERT_TRUE(client_->Poll(id, &r).ok());
     EXPECT_EQ(r.state, JobState::kPending) << id;
   }
-  EXPECT_NE(RawRecv(liar, 200), "CHUNK");
+  EXPECT_NE(WorkerRecv(liar, 200), "CHUNK");
 }
 
 TEST_F(Curve, OnlyTheOwnerOrAnOperatorCancelsAJob) {
