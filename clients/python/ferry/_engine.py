@@ -41,6 +41,10 @@ from ._requests import Request, RunBatch, SubmitBatch, SubmitCall
 from ._results import Results
 
 SEND_RETRY = 0.005              # s: re-check a socket that would not take a message
+# s: how long a LIMITS waits for its answer before it goes out again while requests wait. One
+# sent as the connection drops is lost without a trace (libzmq tells the monitor of the drop
+# before it takes the dead connection's pipe away, and a send in between goes into that pipe).
+LIMITS_RESEND = 0.5
 HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                     | zmq.EVENT_DISCONNECTED)
@@ -117,6 +121,7 @@ class Engine:
         # while unknown (no connection yet, or no answer to its LIMITS yet).
         self._limits = None
         self._limits_rid = None  # the LIMITS sent on this connection; None before it is sent
+        self._limits_resend_at = 0.0  # loop time when an unanswered LIMITS goes out again
         self._wake = None
         self._kicked = False
         self._retry_timer = None
@@ -271,7 +276,7 @@ class Engine:
         if self._limits is None:
             # A connection's first request is LIMITS; nothing else goes out before its answer
             # (held in order: _drain kicks when it comes).
-            if self._limits_rid is None:
+            if self._limits_due():
                 if self._writable():
                     self._send_limits()
                 elif self._queued():
@@ -305,8 +310,16 @@ class Engine:
             else:
                 self._send_runs()
 
+    def _limits_due(self):
+        """Whether LIMITS goes out: not yet sent on this connection, or unanswered for
+        LIMITS_RESEND while requests wait behind it."""
+        if self._limits_rid is None:
+            return True
+        return bool(self._queued()) and self.loop.time() >= self._limits_resend_at
+
     def _send_limits(self):
-        rid = next(self._rids)
+        # A resend keeps the rid: whichever answer comes first is taken, the others ignored.
+        rid = self._limits_rid if self._limits_rid is not None else next(self._rids)
         try:
             self.sock.send_multipart((_protocol.TAG, b"LIMITS", _pack({"rid": rid})),
                                      zmq.NOBLOCK)
@@ -315,6 +328,8 @@ class Engine:
             return
         self.messages_sent += 1
         self._limits_rid = rid
+        self._limits_resend_at = self.loop.time() + LIMITS_RESEND
+        self.loop.call_later(LIMITS_RESEND, self.kick)  # a turn then to see whether it is due
 
     def _on_limits(self, command, body):
         """The answer to this connection's LIMITS; an ERROR (unknown_command from a broker from

@@ -332,6 +332,43 @@ def test_nothing_goes_out_before_limits_is_answered_and_an_error_falls_back():
         ctx.term()
 
 
+def test_a_limits_left_unanswered_is_sent_again():
+    """A LIMITS lost on the way (libzmq takes one sent as the connection drops into the dead
+    connection's pipe) goes out again, with the same rid, while a request waits behind it: the
+    request is answered, not held for ever."""
+    import msgpack
+    import zmq
+    from conftest import answered_limits
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    got, stop = [], threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            if not router.poll(20):
+                continue
+            frames = router.recv_multipart()
+            got.append((frames[2], msgpack.unpackb(frames[3])["rid"]))
+            if frames[2] == b"LIMITS" and len(got) == 1:
+                continue  # the first one is lost
+            if not answered_limits(router, frames):
+                router.send_multipart([frames[0], frames[1], frames[2], frames[3]])
+    t = threading.Thread(target=serve)
+    t.start()
+    try:
+        with ferry.Client("tcp://127.0.0.1:%d" % port, "redis://127.0.0.1:9",
+                          push_results=False, request_timeout_ms=5000) as c:
+            assert c.stats() == {}
+        assert [command for command, _ in got] == [b"LIMITS", b"LIMITS", b"STATS"]
+        assert got[0][1] == got[1][1]
+    finally:
+        stop.set()
+        t.join()
+        router.close(0)
+        ctx.term()
+
+
 def test_a_submit_never_sent_deletes_its_stored_inputs(fleet):
     """No broker took the SUBMIT (none listens there): at the timeout its jobs' stored inputs
     are deleted, as run's are; they would otherwise stay for input_ttl_s."""

@@ -131,6 +131,45 @@ def test_the_client_learns_the_brokers_message_limit_on_each_connection(models_d
         f.stop()
 
 
+def test_a_client_is_still_answered_after_many_broker_kills(models_dir):
+    """LIMITS on every new connection, through 60 broker kills while another task keeps
+    requests in flight: one LIMITS sent as the connection dropped is lost (libzmq takes it into
+    the dead connection's pipe), and without a resend every request behind it waited for ever."""
+    f = Fleet(models_dir, workers=0)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        async with ferry.AsyncClient(f.frontend, f.redis_url, push_results=False,
+                                     request_timeout_ms=1000) as c:
+            busy = True
+
+            async def other():
+                while busy:
+                    try:
+                        await c.stats()
+                    except ferry.Unavailable:
+                        pass
+            background = asyncio.ensure_future(other())
+            try:
+                for kill in range(1, 61):
+                    await loop.run_in_executor(None, f.restart_broker)
+                    for _ in range(30):
+                        try:
+                            await c.stats()
+                            break
+                        except ferry.Unavailable:
+                            pass
+                    else:
+                        raise AssertionError("no answer for 30 s after broker kill %d" % kill)
+            finally:
+                busy = False
+                await background
+    try:
+        asyncio.run(main())
+    finally:
+        f.stop()
+
+
 def test_broker_killed_and_restarted_mid_run(models_dir):
     f = Fleet(models_dir, models=("slow",), worker_args=["--max-batch", "8"])
     total_runs, total_waits = 240, 40
