@@ -175,10 +175,11 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
   outcomes->assign(jobs.size(), SubmitOutcome{});
   std::vector<size_t> sent;  // indexes of the jobs in the message
   std::unordered_set<std::string> seen;
+  const int64_t max_job_bytes = io_->broker_max_job_bytes();
   for (size_t i = 0; i < jobs.size(); ++i) {
     SubmitOutcome& o = (*outcomes)[i];
     o.id = jobs[i]->id.empty() ? protocol::NewUuid() : jobs[i]->id;
-    o.status = CheckJob(*jobs[i], o.id, options_);
+    o.status = CheckJob(*jobs[i], o.id, options_, max_job_bytes);
     if (o.status.ok() && !seen.insert(o.id).second)
       o.status = Status(codes::kDuplicate, "id \"" + o.id + "\" appears twice in one call");
     if (o.status.ok()) sent.push_back(i);
@@ -358,7 +359,7 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
   const std::string id = outcome[0].id;
   *out = Result();
   out->id = id;
-  FERRY_RETURN_IF_ERROR(CheckJob(job, id, options_));
+  FERRY_RETURN_IF_ERROR(CheckJob(job, id, options_, io_->broker_max_job_bytes()));
   if (timeout_ms == 0)
     return Status::InvalidArgument("Run needs a timeout (or -1: none); to check once, use Poll");
   // A Run again after a timeout whose result has come since: nothing to send.

@@ -374,6 +374,7 @@ void IoThread::OnLimits(const std::string& command, const msgpack::object& body)
   limits_ = limits;
   broker_max_message_bytes_.store(limits.max_message_bytes);
   broker_max_jobs_per_message_.store(limits.max_jobs_per_message);
+  broker_max_job_bytes_.store(limits.max_job_bytes);
 }
 
 void IoThread::ReceiveAll() {
@@ -429,6 +430,7 @@ void IoThread::ReadMonitor() {
     limits_rid_ = 0;
     broker_max_message_bytes_.store(0);
     broker_max_jobs_per_message_.store(0);
+    broker_max_job_bytes_.store(0);
   }
   std::lock_guard<std::mutex> lock(handshake_mu_);
   handshake_error_ = handshake_watch_.error();

@@ -134,10 +134,12 @@ class IoThread {
   // succeeded or when none failed.
   std::string handshake_error() const;
 
-  // The broker's --max-message-bytes and --max-jobs-per-message, as it answered LIMITS on the
-  // current connection; 0 while unknown (no connection yet, or no answer on it yet).
+  // The broker's --max-message-bytes, --max-jobs-per-message and --max-job-bytes, as it answered
+  // LIMITS on the current connection; 0 while unknown (no connection yet, or no answer on it
+  // yet; a broker from before LIMITS leaves the configured message limit and no job limit).
   int64_t broker_max_message_bytes() const { return broker_max_message_bytes_.load(); }
   int64_t broker_max_jobs_per_message() const { return broker_max_jobs_per_message_.load(); }
+  int64_t broker_max_job_bytes() const { return broker_max_job_bytes_.load(); }
 
   // For tests: turns of the loop (one per wake-up), and exceptions caught from callbacks.
   int64_t loop_turns() const { return loop_turns_.load(); }
@@ -196,6 +198,7 @@ class IoThread {
   std::atomic<int64_t> push_retry_at_ns_{0};  // steady clock, since its epoch
   std::atomic<int64_t> broker_max_message_bytes_{0};
   std::atomic<int64_t> broker_max_jobs_per_message_{0};
+  std::atomic<int64_t> broker_max_job_bytes_{0};
 
   // The I/O thread's own state.
   protocol::BrokerLimits limits_;         // this connection's; max_message_bytes 0 while unknown

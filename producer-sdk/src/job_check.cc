@@ -61,7 +61,8 @@ size_t SubmitHeaderBytes(const ClientOptions& options) {
   return 1024 + options.redis_prefix.size();
 }
 
-Status CheckJob(const Job& job, const std::string& id, const ClientOptions& options) {
+Status CheckJob(const Job& job, const std::string& id, const ClientOptions& options,
+                int64_t broker_max_job_bytes) {
   FERRY_RETURN_IF_ERROR(ValidateJob(job, id, options.stored_input_bytes));
   const size_t bytes =
       SubmitHeaderBytes(options) + SubmitBytes(job, id, options.stored_input_bytes);
@@ -72,6 +73,15 @@ Status CheckJob(const Job& job, const std::string& id, const ClientOptions& opti
                       std::to_string(options.max_message_bytes) +
                       " (max_message_bytes, the broker's --max-message-bytes): store its big "
                       "inputs in Redis (stored_input_bytes) or raise both");
+  if (broker_max_job_bytes > 0) {
+    size_t inputs = 0;
+    for (const Tensor& t : job.inputs) inputs += t.data.size();
+    if (inputs > static_cast<size_t>(broker_max_job_bytes))
+      return Status(codes::kTooLarge, "job \"" + id + "\" has " + std::to_string(inputs) +
+                                          " bytes of inputs; the broker takes at most " +
+                                          std::to_string(broker_max_job_bytes) +
+                                          " a job (its --max-job-bytes): not sent");
+  }
   return Status::Ok();
 }
 

@@ -32,7 +32,10 @@ size_t SubmitHeaderBytes(const ClientOptions& options);
 // id and model, at most 64 inputs, each tensor's data matching its dtype and shape, a stored
 // input within one Redis value (invalid_argument, too_large); and, with the SUBMIT's header, no
 // more than options.max_message_bytes (too_large): a frame over the broker's limit would make
-// it drop the connection without an answer.
-Status CheckJob(const Job& job, const std::string& id, const ClientOptions& options);
+// it drop the connection without an answer. And, once the broker has said it (LIMITS; 0 before),
+// inputs of no more than broker_max_job_bytes in all, stored ones included (too_large): a job
+// over it is refused before its inputs are written to Redis.
+Status CheckJob(const Job& job, const std::string& id, const ClientOptions& options,
+                int64_t broker_max_job_bytes);
 
 }  // namespace ferry::client

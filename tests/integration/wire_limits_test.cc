@@ -176,15 +176,16 @@ TEST(WireLimits, TheSdkRejectsAJobOverTheBrokersMessageLimitAndSplitsUnderIt) {
 // The broker answers LIMITS with its flags, and the SDK asks it first thing on each connection:
 // a client left at the default max_message_bytes (64 MiB + 1 MiB) against a broker that takes
 // 1 MiB refuses a bigger job (too_large, naming the broker's limit) instead of sending a frame
-// the broker's libzmq would drop unanswered -- a Run would wait for ever -- and splits jobs
-// under the broker's limit.
+// the broker's libzmq would drop unanswered -- a Run would wait for ever -- refuses a job over
+// the broker's --max-job-bytes before storing its inputs, and splits jobs under the broker's
+// limit.
 TEST(WireLimits, TheSdkLearnsTheBrokersLimitsAndKeepsToThem) {
   constexpr int64_t kLimit = 1 << 20;
   FleetOptions fo;
   fo.workers = 1;
   fo.models = {"null"};
   fo.broker_args = {"--max-message-bytes",    std::to_string(kLimit),
-                    "--max-job-bytes",        "1000000",
+                    "--max-job-bytes",        "4000000",
                     "--max-jobs-per-message", "500"};
   Fleet fleet(fo);
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
@@ -200,7 +201,7 @@ TEST(WireLimits, TheSdkLearnsTheBrokersLimitsAndKeepsToThem) {
   protocol::BrokerLimits limits;
   ASSERT_TRUE(protocol::DecodeLimits(oh.get(), &limits).ok());
   EXPECT_EQ(limits.max_message_bytes, kLimit);
-  EXPECT_EQ(limits.max_job_bytes, 1000000);
+  EXPECT_EQ(limits.max_job_bytes, 4000000);
   EXPECT_EQ(limits.max_jobs_per_message, 500);
   int64_t rid = 0;
   EXPECT_TRUE(protocol::GetInt(oh.get(), "rid", &rid, 0).ok());
@@ -222,6 +223,23 @@ TEST(WireLimits, TheSdkLearnsTheBrokersLimitsAndKeepsToThem) {
   std::string id;
   s = c->Submit(big, &id);
   EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
+
+  // A 4.8 MB input stored in Redis, over the broker's --max-job-bytes: refused by the SDK before
+  // it is written (the broker's refusal, after the write, says "the limit is" instead).
+  client::ClientOptions storing = o;
+  storing.stored_input_bytes = 1 << 16;
+  std::unique_ptr<client::Client> c3;
+  ASSERT_TRUE(client::Client::Create(storing, &c3).ok());
+  std::string json;
+  ASSERT_TRUE(c3->Stats(&json).ok());  // answered after LIMITS: the limits are known
+  s = c3->Submit(NullJob("over-the-job-limit", 1200000), &id);
+  EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
+  EXPECT_NE(s.message().find("at most 4000000 a job (its --max-job-bytes): not sent"),
+            std::string::npos)
+      << s.ToString();
+  s = c3->Run(NullJob("over-the-job-limit", 1200000), 60000, &r);
+  EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
+  EXPECT_NE(s.message().find("--max-job-bytes"), std::string::npos) << s.ToString();
 
   // Eight jobs of 320 KB: one SUBMIT would be 2.5 MiB, refused whole; 600 small ones are more
   // than the broker's 500 a message.
