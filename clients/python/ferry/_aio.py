@@ -86,9 +86,11 @@ class AsyncClient:
 
     def _prepare(self, model, inputs, id, priority, timeout_ms, result_ttl_s):
         o = self.options
+        engine = self._engine
         return _protocol.prepare(model, inputs, id, priority, timeout_ms, result_ttl_s,
                                  o.stored_input_bytes, o.redis_prefix, o.attached_input_bytes,
-                                 o.max_message_bytes)
+                                 o.max_message_bytes,
+                                 engine.broker_max_job_bytes() if engine is not None else 0)
 
     @staticmethod
     def _timeout(timeout):

@@ -75,8 +75,9 @@ def describe_handshake_failure(event, value, curve):
 
 
 def decode_limits(command, body):
-    """(max_message_bytes, max_jobs_per_message) of a LIMITS answer, or None where it is not
-    one (an ERROR, or a body that cannot be read): the C++ SDK's protocol::DecodeLimits."""
+    """(max_message_bytes, max_jobs_per_message, max_job_bytes) of a LIMITS answer, or None
+    where it is not one (an ERROR, or a body that cannot be read): the C++ SDK's
+    protocol::DecodeLimits."""
     if command != "LIMITS":
         return None
     got = []
@@ -87,7 +88,7 @@ def decode_limits(command, body):
         got.append(v or 0)
     if got[0] < MIN_BROKER_MESSAGE_BYTES or got[2] < 1:
         return None
-    return got[0], got[2]
+    return got[0], got[2], got[1]
 
 
 def too_large_message(nbytes, limit):
@@ -336,16 +337,22 @@ class Engine:
         before LIMITS) or a body it cannot read: the limits this client was configured with."""
         limits = decode_limits(command, body)
         if limits is None:
-            limits = (self.opts.max_message_bytes, _protocol.MAX_JOBS_PER_MESSAGE)
+            limits = (self.opts.max_message_bytes, _protocol.MAX_JOBS_PER_MESSAGE, 0)
         self._limits = limits
         self.kick()  # what was held goes out now
 
     def _broker_limits(self):
-        """The broker's (max_message_bytes, max_jobs_per_message); while unknown (nothing is
-        sent then), the configured ones."""
+        """The broker's (max_message_bytes, max_jobs_per_message, max_job_bytes); while unknown
+        (nothing is sent then), the configured ones and no job limit (0)."""
         if self._limits is not None:
             return self._limits
-        return self.opts.max_message_bytes, _protocol.MAX_JOBS_PER_MESSAGE
+        return self.opts.max_message_bytes, _protocol.MAX_JOBS_PER_MESSAGE, 0
+
+    def broker_max_job_bytes(self):
+        """The broker's --max-job-bytes from this connection's LIMITS; 0 while unknown (or a
+        broker from before LIMITS). Read from any thread: one attribute read."""
+        limits = self._limits
+        return limits[2] if limits is not None else 0
 
     def _refused(self, rid, body, frames):
         """Whether the SUBMIT `rid` is over the broker's max_message_bytes, and so answered here
@@ -368,7 +375,7 @@ class Engine:
         max_message_bytes, or the broker's, if less) of body and data frames (one job more)."""
         taken, ids = [], set()
         size = _protocol.submit_header_bytes(self.opts.redis_prefix)
-        broker_bytes, broker_jobs = self._broker_limits()
+        broker_bytes, broker_jobs, _ = self._broker_limits()
         limit = min(_protocol.MAX_MESSAGE_BYTES, self.opts.max_message_bytes, broker_bytes)
         max_jobs = min(_protocol.MAX_JOBS_PER_MESSAGE, broker_jobs)
         n = 0

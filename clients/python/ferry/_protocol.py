@@ -167,11 +167,13 @@ def _int(name, v, low=0):
 
 
 def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes, prefix,
-            attached_bytes=0, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES):
+            attached_bytes=0, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, max_job_bytes=0):
     """Checks one job and encodes it (InvalidArgument / TooLarge when it cannot be sent).
     Inputs of >= stored_bytes are stored, other inputs of >= attached_bytes attached (0: none
     of either), as the C++ SDK's ClientOptions::stored_input_bytes / attached_input_bytes; a
-    job whose other inputs need more than max_message_bytes in its SUBMIT is TooLarge."""
+    job whose other inputs need more than max_message_bytes in its SUBMIT is TooLarge, and so
+    is one with more than max_job_bytes of inputs in all (the broker's --max-job-bytes from
+    LIMITS; 0: not known), before its stored inputs are written."""
     id = new_id() if id is None else check_id(id)
     if type(model) is not str or not 0 < len(model) <= MAX_MODEL_NAME:
         raise InvalidArgument("model must be a string of 1-128 characters", id=id)
@@ -183,9 +185,10 @@ def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes,
     try:
         encoded = []
         stored = frames = None
-        attached = 0
+        attached = total = 0
         for i, x in enumerate(inputs):
             name, shape, data, nbytes = _tensor.encode(x, "input %d" % i, view_bytes)
+            total += nbytes
             if stored_bytes and nbytes >= stored_bytes:
                 if nbytes > MAX_STORED_BYTES:
                     raise TooLarge("input %d: %d bytes; a stored input is one Redis value, at "
@@ -202,6 +205,9 @@ def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes,
                 attached += nbytes
             else:
                 encoded.append({"dtype": name, "shape": shape, "data": data})
+        if max_job_bytes and total > max_job_bytes:
+            raise TooLarge("job \"%s\" has %d bytes of inputs; the broker takes at most %d a "
+                           "job (its --max-job-bytes): not sent" % (id, total, max_job_bytes))
         job = {"id": id, "model": model, "inputs": encoded}
         if priority:
             job["priority"] = _int("priority", priority, -INT64_MAX - 1)

@@ -323,7 +323,7 @@ def test_nothing_goes_out_before_limits_is_answered_and_an_error_falls_back():
                           push_results=False, max_message_bytes=1 << 20) as c:
             assert c.stats() == {}
             engine = c._aio._engine
-            assert engine._limits == (1 << 20, 10000)
+            assert engine._limits == (1 << 20, 10000, 0)
         assert got == [b"LIMITS", b"STATS"] and early == []
     finally:
         stop.set()

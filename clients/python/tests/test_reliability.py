@@ -131,6 +131,33 @@ def test_the_client_learns_the_brokers_message_limit_on_each_connection(models_d
         f.stop()
 
 
+def test_a_job_over_the_brokers_job_limit_is_refused_before_its_inputs_are_stored(models_dir):
+    # The broker's --max-job-bytes comes with LIMITS too: a job with more input bytes is
+    # TooLarge at once, its stored input never written to Redis (the broker would refuse it
+    # only after the write: "the limit is ...").
+    f = Fleet(models_dir, models=("null",), broker_args=["--max-job-bytes", "4000000"])
+    x = np.ones(1200000, np.float32)  # 4.8 MB, stored
+
+    async def main():
+        async with ferry.AsyncClient(f.frontend, f.redis_url, stored_input_bytes=1 << 16) as c:
+            await c.stats()  # answered after LIMITS: the limits are known
+            before = f.redis().info("stats")["total_net_input_bytes"]
+            with pytest.raises(ferry.TooLarge) as e:
+                await c.submit("null", x)
+            assert "at most 4000000 a job (its --max-job-bytes): not sent" in e.value.message
+            with pytest.raises(ferry.TooLarge):
+                await asyncio.wait_for(c.run("null", x, timeout=None), 60)
+            assert f.redis().info("stats")["total_net_input_bytes"] - before < 1 << 20
+            small = np.arange(8, dtype=np.float32)
+            r = await asyncio.wait_for(c.run("null", small, timeout=60), 90)
+            np.testing.assert_array_equal(r.outputs[0], small)
+    try:
+        f.wait_workers(1)
+        asyncio.run(main())
+    finally:
+        f.stop()
+
+
 def test_a_client_is_still_answered_after_many_broker_kills(models_dir):
     """LIMITS on every new connection, through 60 broker kills while another task keeps
     requests in flight: one LIMITS sent as the connection dropped is lost (libzmq takes it into
