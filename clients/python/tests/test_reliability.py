@@ -17,14 +17,28 @@ def test_queue_full_and_too_large(models_dir):
               broker_args=["--max-queue", "2", "--max-job-bytes", "4096"])
     try:
         with ferry.Client(f.frontend, f.redis_url) as c:
+            inline, stored, attached = (np.zeros(n, np.float32) for n in (2048, 50000, 6000))
+            c.stats()  # answered after LIMITS: the client knows the broker's --max-job-bytes
+            for x in (inline, stored, attached):  # refused here: nothing stored, nothing sent
+                with pytest.raises(ferry.TooLarge) as e:
+                    c.submit("slow", x)
+                assert "(its --max-job-bytes): not sent" in e.value.message
+                assert not e.value.retryable
+            # As a client that has no answer to LIMITS yet: the broker refuses each (a stored
+            # input from its shape, an attached one with its frame counted), and the client
+            # deletes the stored inputs it wrote.
+            c._aio._engine.broker_max_job_bytes = lambda: 0
             with pytest.raises(ferry.TooLarge) as e:
-                c.submit("slow", np.zeros(2048, np.float32))  # 8 KiB > 4096, sent inline
-            assert not e.value.retryable
-            with pytest.raises(ferry.TooLarge):  # a stored input: checked from its shape
-                c.run("slow", np.zeros(50000, np.float32), timeout=30)
-            with pytest.raises(ferry.TooLarge):  # an attached input: its frame counts
-                c.submit("slow", np.zeros(6000, np.float32))
+                c.submit("slow", inline)
+            assert "the limit is 4096" in e.value.message and not e.value.retryable
+            with pytest.raises(ferry.TooLarge) as e:
+                c.run("slow", stored, timeout=30)
+            assert "the limit is 4096" in e.value.message
+            with pytest.raises(ferry.TooLarge) as e:
+                c.submit("slow", attached)
+            assert "the limit is 4096" in e.value.message
             wait_for(lambda: f.redis().keys("ferry:input:*") == [], 10, "inputs deleted")
+            del c._aio._engine.broker_max_job_bytes
             accepted = []
             with pytest.raises(ferry.QueueFull) as e:
                 for _ in range(20):

@@ -227,7 +227,8 @@ TEST_F(IoThreadTest, ABrokerWithoutLimitsLeavesTheConfiguredLimit) {
 }
 
 // A LIMITS lost on the way (libzmq takes one sent just as the connection drops into the dead
-// connection's pipe) is sent again: the requests behind it go out, not wait for ever.
+// connection's pipe) is sent again, with its rid: the requests behind it go out, not wait for
+// ever.
 TEST_F(IoThreadTest, AnUnansweredLimitsIsSentAgain) {
   ScriptedFrontend broker(port_);
   broker.set_lose_limits(1);
@@ -238,6 +239,9 @@ TEST_F(IoThreadTest, AnUnansweredLimitsIsSentAgain) {
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(reply.command, protocol::kStats);
   EXPECT_EQ(broker.commands(), (std::vector<std::string>{"LIMITS", "LIMITS", "STATS"}));
+  const std::vector<int64_t> rids = broker.limits_rids();
+  ASSERT_EQ(rids.size(), 2u);
+  EXPECT_EQ(rids[0], rids[1]) << "a resend keeps its rid: either answer is taken";
 }
 
 // An exception out of the FINISHED callback (here std::bad_alloc) is caught on the I/O thread:

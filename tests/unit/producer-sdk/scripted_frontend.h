@@ -63,6 +63,11 @@ class ScriptedFrontend {
     std::lock_guard<std::mutex> lock(mu_);
     return commands_;
   }
+  // The rids of the LIMITS received, in order.
+  std::vector<int64_t> limits_rids() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return limits_rids_;
+  }
   // Answers every accepted job at once: FINISHED right after ACCEPTED, with an inline "done"
   // record whose one output is the job's first input (an echo).
   void set_echo(bool on) { echo_ = on; }
@@ -145,6 +150,10 @@ class ScriptedFrontend {
                            protocol::EncodeFinished(a.ids, views));
         }
       } else if (m.command == protocol::kLimits) {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          limits_rids_.push_back(rid);
+        }
         if (lose_limits_ > 0) {
           --lose_limits_;
           continue;
@@ -187,6 +196,7 @@ class ScriptedFrontend {
   std::atomic<int> lose_limits_{0};
   mutable std::mutex mu_;
   std::vector<std::string> commands_;  // guarded by mu_
+  std::vector<int64_t> limits_rids_;   // guarded by mu_
   std::string producer_;               // guarded by mu_
   std::string notify_;                 // guarded by mu_
   struct Notice {
