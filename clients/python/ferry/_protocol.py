@@ -205,7 +205,7 @@ def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes,
                 attached += nbytes
             else:
                 encoded.append({"dtype": name, "shape": shape, "data": data})
-        if max_job_bytes and total > max_job_bytes:
+        if max_job_bytes > 0 and total > max_job_bytes:
             raise TooLarge("job \"%s\" has %d bytes of inputs; the broker takes at most %d a "
                            "job (its --max-job-bytes): not sent" % (id, total, max_job_bytes))
         job = {"id": id, "model": model, "inputs": encoded}
