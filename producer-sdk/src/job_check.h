@@ -1,7 +1,7 @@
 #pragma once
 // The SDK's own checks of a job before anything of it is sent, and what a job adds to a SUBMIT
 // message: Client's Submit, SubmitMany and Run run CheckJob on each job, and SubmitMany splits
-// its SUBMITs by SubmitBytes (client.cc).
+// its SUBMITs by SubmitBytes (client_submit.cc).
 
 #include <cstddef>
 #include <cstdint>

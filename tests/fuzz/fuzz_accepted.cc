@@ -1,4 +1,4 @@
-// The broker's replies to a SUBMIT as the SDK reads them (producer-sdk/src/client.cc):
+// The broker's replies to a SUBMIT as the SDK reads them (producer-sdk/src/client_submit.cc):
 // ACCEPTED {"ids", "rejected"?: [{"id"?, "code", "message"}], "rid"?} through
 // protocol::DecodeAccepted, and ERROR {"code", "message", "rid"?} through protocol::DecodeError;
 // and its LIMITS answer (producer-sdk/src/io_thread.cc) through protocol::DecodeLimits.

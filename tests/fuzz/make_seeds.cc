@@ -96,7 +96,7 @@ void Tensors() {
   Write("fuzz_tensor", "inputs_list", Bytes(list));
 }
 
-// A SUBMIT body the way the SDK packs it (producer-sdk/src/client.cc).
+// A SUBMIT body the way the SDK packs it (producer-sdk/src/client_submit.cc).
 std::string SubmitBody(const std::vector<std::vector<Tensor>>& jobs,
                        const std::vector<std::vector<bool>>& stored, bool notify, bool ack,
                        const std::vector<std::vector<bool>>& attached = {}) {

@@ -1,0 +1,290 @@
+// The submit path of Client::Impl (client_impl.h): SubmitMany and Run, their jobs' big inputs
+// stored in Redis before the SUBMIT, the SUBMIT encoded, and the broker's verdicts read.
+#include <algorithm>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "client_impl.h"
+#include "ferry/protocol/messages.h"
+#include "ferry/protocol/util.h"
+#include "ferry/protocol/wire.h"
+
+namespace ferry::client {
+namespace {
+
+// Whether the stored inputs of a job the broker rejected with `rejection` may still be read, so
+// that the producer must leave them (they expire): a duplicate's keys are the pending job's (the
+// same id), and a job rejected `unavailable` may already be on a worker (the broker dispatches
+// before its journal write, whose failure rejects the job; protocol.md, "Stored inputs").
+bool InputsMayBeRead(const Status& rejection) {
+  return rejection.code() == codes::kDuplicate || rejection.code() == codes::kUnavailable;
+}
+
+// Client::Run's verdict from the broker's reply to its one-job SUBMIT (a reply comes only when
+// the job was not accepted): the job's rejection, or an error.
+Status RunVerdict(const IoThread::Reply& reply, const std::string& id) {
+  msgpack::object_handle body;
+  protocol::Accepted accepted;
+  Status s = CheckReply(reply, protocol::kAccepted, &body);
+  if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
+  // One job per SUBMIT: any rejection is its own (whatever id the broker could read); listed as
+  // accepted (a broker that ignores "ack"), it is not one.
+  if (s.ok() && !accepted.rejected.empty()) {
+    s = Status(accepted.rejected[0].code, accepted.rejected[0].message);
+  } else if (s.ok() &&
+             std::find(accepted.ids.begin(), accepted.ids.end(), id) == accepted.ids.end()) {
+    s = Status::Internal("the broker did not report on this job");
+  }
+  return s;
+}
+
+}  // namespace
+
+Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
+                                std::vector<SubmitOutcome>* outcomes) {
+  outcomes->assign(jobs.size(), SubmitOutcome{});
+  std::vector<size_t> sent;  // indexes of the jobs in the message
+  std::unordered_set<std::string> seen;
+  const int64_t max_job_bytes = io_->broker_max_job_bytes();
+  for (size_t i = 0; i < jobs.size(); ++i) {
+    SubmitOutcome& o = (*outcomes)[i];
+    o.id = jobs[i]->id.empty() ? protocol::NewUuid() : jobs[i]->id;
+    o.status = CheckJob(*jobs[i], o.id, options_, max_job_bytes);
+    if (o.status.ok() && !seen.insert(o.id).second)
+      o.status = Status(codes::kDuplicate, "id \"" + o.id + "\" appears twice in one call");
+    if (o.status.ok()) sent.push_back(i);
+  }
+  if (sent.empty()) return Status::Ok();
+
+  // One SUBMIT per kMaxSubmitBytes of tensor data (or max_message_bytes, or the broker's limit
+  // from LIMITS, if less; a single bigger job goes alone) and per kMaxJobsPerMessage jobs (or
+  // the broker's, if less): brokers refuse bigger messages (and drop peers that send a bigger
+  // frame). Before the broker has answered LIMITS the configured limits stand: the I/O thread
+  // then refuses a SUBMIT over the broker's (too_large) rather than sending it.
+  size_t max_jobs = static_cast<size_t>(protocol::kMaxJobsPerMessage);
+  size_t max_bytes = std::min(kMaxSubmitBytes, static_cast<size_t>(options_.max_message_bytes));
+  if (const int64_t broker = io_->broker_max_message_bytes(); broker > 0)
+    max_bytes = std::min(max_bytes, static_cast<size_t>(broker));
+  if (const int64_t broker = io_->broker_max_jobs_per_message(); broker > 0)
+    max_jobs = std::min(max_jobs, static_cast<size_t>(broker));
+  size_t begin = 0;
+  while (begin < sent.size()) {
+    size_t end = begin, bytes = SubmitHeaderBytes(options_);
+    while (end < sent.size() && end - begin < max_jobs) {
+      const size_t job_bytes =
+          SubmitBytes(*jobs[sent[end]], (*outcomes)[sent[end]].id, options_.stored_input_bytes);
+      if (end > begin && bytes + job_bytes > max_bytes) break;
+      bytes += job_bytes;
+      ++end;
+    }
+    std::vector<size_t> part(sent.begin() + begin, sent.begin() + end);
+    Status s = SubmitOne(jobs, part, outcomes);
+    if (!s.ok()) {
+      // The broker is not answering: do not send (and wait for) the rest.
+      for (size_t k = end; k < sent.size(); ++k) (*outcomes)[sent[k]].status = s;
+      return s;
+    }
+    begin = end;
+  }
+  return Status::Ok();
+}
+
+std::string Client::Impl::NotifyChannel(size_t tracked) {
+  if (!options_.push_results || tracked >= kPushMaxTracked) return "";
+  if (io_->subscribe_due()) io_->Subscribe(std::min(options_.request_timeout_ms, 1000));
+  return io_->push_channel();
+}
+
+zmq::message_t Client::Impl::EncodeSubmit(const std::vector<const Job*>& jobs,
+                                          const std::vector<size_t>& part,
+                                          const std::vector<SubmitOutcome>& outcomes, int64_t rid,
+                                          bool ack, std::vector<zmq::message_t>* frames) {
+  // Track before sending: the FINISHED notice may come before this thread sees ACCEPTED. And
+  // before the notify channel is read: should the I/O thread see the subscription fail in
+  // between, its recheck then covers these ids too.
+  std::vector<std::string> ids;
+  ids.reserve(part.size());
+  for (size_t i : part) ids.push_back(outcomes[i].id);
+  const size_t tracked = tracker_.Entries();
+  tracker_.Track(ids);
+  const std::string notify = NotifyChannel(tracked);
+
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  pk.pack_map(3 + (notify.empty() ? 0 : 1) + (ack ? 0 : 1));
+  if (!notify.empty()) {  // results also come straight from the worker, through Redis Pub/Sub
+    protocol::PackString(pk, "notify");
+    protocol::PackString(pk, notify);
+  }
+  if (!ack) {
+    protocol::PackString(pk, "ack");
+    pk.pack_false();
+  }
+  // Small results come back inside FINISHED: Wait then needs no Redis read for them.
+  protocol::PackString(pk, "inline_results");
+  pk.pack_true();
+  protocol::PackString(pk, "jobs");
+  pk.pack_array(static_cast<uint32_t>(part.size()));
+  for (size_t i : part) {
+    const Job& j = *jobs[i];
+    std::vector<bool> stored(j.inputs.size()), attached(j.inputs.size());
+    for (size_t k = 0; k < j.inputs.size(); ++k) {
+      stored[k] = Stored(j.inputs[k]);
+      attached[k] = Attached(j.inputs[k]);
+      if (attached[k])
+        frames->push_back(frames_.Copy(j.inputs[k].data.data(), j.inputs[k].data.size()));
+    }
+    protocol::PackSubmitJob(pk, outcomes[i].id, j.model, j.inputs, j.priority, j.timeout_ms,
+                            j.result_ttl_s, stored, attached);
+  }
+  protocol::PackString(pk, "rid");
+  pk.pack_int64(rid);
+  return protocol::ToMessage(std::move(buf));
+}
+
+Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
+                               std::vector<SubmitOutcome>* outcomes) {
+  // Big inputs go to Redis first: once the broker has the job, a worker may read them.
+  Status stored = StoreInputs(jobs, part, *outcomes);
+  if (!stored.ok()) {
+    for (size_t i : part) (*outcomes)[i].status = stored;
+    return stored;
+  }
+  const int64_t rid = io_->NextRid();
+  std::vector<std::string> ids;
+  ids.reserve(part.size());
+  for (size_t i : part) ids.push_back((*outcomes)[i].id);
+  std::vector<zmq::message_t> frames;
+  zmq::message_t message = EncodeSubmit(jobs, part, *outcomes, rid, /*ack=*/true, &frames);
+
+  IoThread::Reply reply;
+  msgpack::object_handle body;
+  protocol::Accepted accepted;
+  bool unsent = false;
+  Status s = io_->Call(rid, protocol::kSubmit, std::move(message), options_.request_timeout_ms,
+                       &reply, std::move(frames), &unsent);
+  if (s.ok()) s = CheckReply(reply, protocol::kAccepted, &body);
+  if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
+  if (!s.ok()) {
+    for (size_t i : part) (*outcomes)[i].status = s;
+    tracker_.Untrack(ids);  // maybe accepted: Wait then reads before sleeping
+    // Never sent (and never will be), or refused whole (too_large: by the broker, or over its
+    // limit before sending): nobody reads its stored inputs.
+    if (unsent || s.code() == codes::kTooLarge) {
+      std::vector<std::string> keys;
+      for (size_t i : part) AppendInputKeys(*jobs[i], (*outcomes)[i].id, &keys);
+      if (!keys.empty()) (void)store_.Delete(keys);  // else they expire
+    }
+    return s;
+  }
+  std::unordered_map<std::string_view, Status> verdicts;
+  for (const auto& id : accepted.ids) verdicts.emplace(id, Status::Ok());
+  for (const auto& r : accepted.rejected) verdicts[r.id] = Status(r.code, r.message);
+  std::vector<std::string> not_accepted;
+  std::vector<std::string> unused_inputs;  // stored for jobs the broker did not take
+  for (size_t i : part) {
+    auto it = verdicts.find((*outcomes)[i].id);
+    (*outcomes)[i].status = it != verdicts.end()
+                                ? it->second
+                                : Status::Internal("the broker did not report on this job");
+    const Status& v = (*outcomes)[i].status;
+    if (v.ok()) continue;
+    not_accepted.push_back((*outcomes)[i].id);
+    if (InputsMayBeRead(v)) continue;
+    AppendInputKeys(*jobs[i], (*outcomes)[i].id, &unused_inputs);
+  }
+  if (!not_accepted.empty()) tracker_.Untrack(not_accepted);
+  if (!unused_inputs.empty()) (void)store_.Delete(unused_inputs);  // else they expire
+  return Status::Ok();
+}
+
+void Client::Impl::AppendInputKeys(const Job& job, const std::string& id,
+                                   std::vector<std::string>* keys) const {
+  for (size_t k = 0; k < job.inputs.size(); ++k)
+    if (Stored(job.inputs[k])) keys->push_back(keys_.Input(id, k));
+}
+
+Status Client::Impl::StoreInputs(const std::vector<const Job*>& jobs,
+                                 const std::vector<size_t>& part,
+                                 const std::vector<SubmitOutcome>& outcomes) {
+  std::vector<std::string> keys;
+  std::vector<std::string_view> values;
+  for (size_t i : part) {
+    const Job& j = *jobs[i];
+    for (size_t k = 0; k < j.inputs.size(); ++k) {
+      if (!Stored(j.inputs[k])) continue;
+      keys.push_back(keys_.Input(outcomes[i].id, k));
+      values.emplace_back(j.inputs[k].data);
+    }
+  }
+  Status s = store_.PutInputs(keys, values, options_.input_ttl_s);
+  if (!s.ok()) return Status(s.code(), "storing big inputs in Redis: " + s.message());
+  return Status::Ok();
+}
+
+Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::string* id_out) {
+  std::vector<SubmitOutcome> outcome(1);
+  outcome[0].id = job.id.empty() ? protocol::NewUuid() : job.id;
+  if (id_out) *id_out = outcome[0].id;
+  const std::string id = outcome[0].id;
+  *out = Result();
+  out->id = id;
+  FERRY_RETURN_IF_ERROR(CheckJob(job, id, options_, io_->broker_max_job_bytes()));
+  if (timeout_ms == 0)
+    return Status::InvalidArgument("Run needs a timeout (or -1: none); to check once, use Poll");
+  // A Run again after a timeout whose result has come since: nothing to send.
+  if (tracker_.Finished(id)) return tracker_.Wait(id, timeout_ms, out);
+
+  FERRY_RETURN_IF_ERROR(StoreInputs({&job}, {0}, outcome));
+  const int64_t rid = io_->NextRid();
+  std::vector<zmq::message_t> frames;
+  zmq::message_t message = EncodeSubmit({&job}, {0}, outcome, rid, /*ack=*/false, &frames);
+  // A reply comes only when the job was not accepted (or the SUBMIT was refused as a whole): it
+  // is this call's verdict, not the id's (another submission of the id may be accepted). The
+  // handler runs on the I/O thread, possibly after this call returned: hence the shared verdict.
+  auto verdict = std::make_shared<ResultTracker::Verdict>();
+  auto request = io_->Post(
+      rid, protocol::kSubmit, std::move(message),
+      [this, id, verdict](IoThread::Reply reply) {
+        Status s;
+        try {
+          s = RunVerdict(reply, id);
+        } catch (const std::exception& e) {  // e.g. std::bad_alloc: a lost rejection would
+          s = Status::Internal(std::string("reading the broker's reply: ") + e.what());
+        }  // leave this Run waiting until its timeout
+        // A duplicate is pending already: its result is this job's result.
+        if (!s.ok() && s.code() != codes::kDuplicate) tracker_.Reject(id, verdict.get(), s);
+      },
+      std::move(frames));
+  Status s;
+  try {
+    s = tracker_.Wait(id, timeout_ms, out, verdict.get());
+  } catch (...) {
+    io_->Forget(request);
+    throw;
+  }
+  const bool unsent = io_->Forget(request);  // dropped if still queued: never sent late
+  if (s.ok() || s.code() == codes::kTimeout) {
+    if (!unsent || s.ok()) return s;  // a timeout with the job sent: the caller may Run again
+  }
+  tracker_.Untrack({id});  // no result of ours to expect: not sent, rejected, or no Redis
+  Status rejection;
+  if (unsent || (tracker_.Rejected(*verdict, &rejection) && !InputsMayBeRead(rejection))) {
+    std::vector<std::string> keys;
+    AppendInputKeys(job, id, &keys);
+    if (!keys.empty()) (void)store_.Delete(keys);  // else they expire
+  }
+  if (unsent) {
+    const std::string why = io_->handshake_error();
+    return Status::Unavailable("no broker at " + options_.frontend + " took the job within " +
+                               std::to_string(timeout_ms) + " ms (" +
+                               (why.empty() ? "is ferry-broker running and reachable?" : why) +
+                               "); it was not sent");
+  }
+  return s;
+}
+
+}  // namespace ferry::client
