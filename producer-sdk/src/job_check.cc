@@ -64,15 +64,7 @@ size_t SubmitHeaderBytes(const ClientOptions& options) {
 Status CheckJob(const Job& job, const std::string& id, const ClientOptions& options,
                 int64_t broker_max_job_bytes) {
   FERRY_RETURN_IF_ERROR(ValidateJob(job, id, options.stored_input_bytes));
-  const size_t bytes =
-      SubmitHeaderBytes(options) + SubmitBytes(job, id, options.stored_input_bytes);
-  if (bytes > static_cast<size_t>(options.max_message_bytes))
-    return Status(codes::kTooLarge,
-                  "job \"" + id + "\" needs up to " + std::to_string(bytes) +
-                      " bytes in its SUBMIT; the broker takes at most " +
-                      std::to_string(options.max_message_bytes) +
-                      " (max_message_bytes, the broker's --max-message-bytes): store its big "
-                      "inputs in Redis (stored_input_bytes) or raise both");
+  // The job limit first: over it, storing the inputs (the message limit's advice) cannot help.
   if (broker_max_job_bytes > 0) {
     size_t inputs = 0;
     for (const Tensor& t : job.inputs) inputs += t.data.size();
@@ -82,6 +74,15 @@ Status CheckJob(const Job& job, const std::string& id, const ClientOptions& opti
                                           std::to_string(broker_max_job_bytes) +
                                           " a job (its --max-job-bytes): not sent");
   }
+  const size_t bytes =
+      SubmitHeaderBytes(options) + SubmitBytes(job, id, options.stored_input_bytes);
+  if (bytes > static_cast<size_t>(options.max_message_bytes))
+    return Status(codes::kTooLarge,
+                  "job \"" + id + "\" needs up to " + std::to_string(bytes) +
+                      " bytes in its SUBMIT; the broker takes at most " +
+                      std::to_string(options.max_message_bytes) +
+                      " (max_message_bytes, the broker's --max-message-bytes): store its big "
+                      "inputs in Redis (stored_input_bytes) or raise both");
   return Status::Ok();
 }
 

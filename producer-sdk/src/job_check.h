@@ -30,11 +30,12 @@ size_t SubmitHeaderBytes(const ClientOptions& options);
 
 // Job `id` (its id after defaulting: Job::id may be empty) as the broker would take it: a valid
 // id and model, at most 64 inputs, each tensor's data matching its dtype and shape, a stored
-// input within one Redis value (invalid_argument, too_large); and, with the SUBMIT's header, no
-// more than options.max_message_bytes (too_large): a frame over the broker's limit would make
-// it drop the connection without an answer. And, once the broker has said it (LIMITS; 0 before),
-// inputs of no more than broker_max_job_bytes in all, stored ones included (too_large): a job
-// over it is refused before its inputs are written to Redis.
+// input within one Redis value (invalid_argument, too_large); once the broker has said it
+// (LIMITS; 0 before), inputs of no more than broker_max_job_bytes in all, stored ones included
+// (too_large): a job over it is refused before its inputs are written to Redis; and, with the
+// SUBMIT's header, no more than options.max_message_bytes (too_large): a frame over the broker's
+// limit would make it drop the connection without an answer. A job over both is refused for
+// the job limit (the Python client's order too): storing its inputs would not help.
 Status CheckJob(const Job& job, const std::string& id, const ClientOptions& options,
                 int64_t broker_max_job_bytes);
 

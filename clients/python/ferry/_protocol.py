@@ -225,7 +225,7 @@ def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes,
     p.size = len(p.packed) + attached
     need = submit_header_bytes(prefix) + p.size
     if need > max_message_bytes:
-        raise TooLarge("job %r needs up to %d bytes in its SUBMIT; the broker takes at most %d "
+        raise TooLarge("job \"%s\" needs up to %d bytes in its SUBMIT; the broker takes at most %d "
                        "(max_message_bytes, the broker's --max-message-bytes): store its big "
                        "inputs in Redis (stored_input_bytes) or raise both"
                        % (id, need, max_message_bytes), id=id)

@@ -45,6 +45,24 @@ def test_a_stored_input_too_big_for_one_redis_value_is_too_large():
     assert "one Redis value" in str(e.value)
 
 
+def test_a_job_over_both_limits_is_refused_for_the_job_limit():
+    """As the C++ SDK: storing its inputs (the message limit's advice) cannot help it."""
+    x = np.ones(100000, np.float32)  # 400,000 bytes, inside the SUBMIT
+    with pytest.raises(ferry.TooLarge) as e:
+        _protocol.prepare("m", [x], "over-both", 0, 0, 0, 0, "ferry:",
+                          max_message_bytes=64 << 10, max_job_bytes=200000)
+    assert ('job "over-both" has 400000 bytes of inputs; the broker takes at most 200000 a job '
+            '(its --max-job-bytes): not sent') in str(e.value)
+    with pytest.raises(ferry.TooLarge) as e:  # the job limit not known yet
+        _protocol.prepare("m", [x], "big-message", 0, 0, 0, 0, "ferry:",
+                          max_message_bytes=64 << 10)
+    assert 'job "big-message" needs up to' in str(e.value)
+    assert "store its big inputs in Redis" in str(e.value)
+    stored = _protocol.prepare("m", [x], "big-message", 0, 0, 0, 65536, "ferry:",
+                               max_message_bytes=64 << 10)
+    assert stored.stored and stored.stored[0][0] == "ferry:input:big-message:0"
+
+
 def test_inputs_are_sent_little_endian_and_contiguous():
     x = np.arange(12, dtype=">i4").reshape(3, 4).T  # big-endian, not contiguous
     dtype, shape, data, _ = _tensor.encode(x, "x")
