@@ -5,6 +5,7 @@
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 #include <vector>
 
 #include "client_impl.h"
@@ -62,16 +63,23 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
   // One SUBMIT per kMaxSubmitBytes of tensor data (or max_message_bytes, or the broker's limit
   // from LIMITS, if less; a single bigger job goes alone) and per kMaxJobsPerMessage jobs (or
   // the broker's, if less): brokers refuse bigger messages (and drop peers that send a bigger
-  // frame). Before the broker has answered LIMITS the configured limits stand: the I/O thread
-  // then refuses a SUBMIT over the broker's (too_large) rather than sending it.
-  size_t max_jobs = static_cast<size_t>(protocol::kMaxJobsPerMessage);
-  size_t max_bytes = std::min(kMaxSubmitBytes, static_cast<size_t>(options_.max_message_bytes));
-  if (const int64_t broker = io_->broker_max_message_bytes(); broker > 0)
-    max_bytes = std::min(max_bytes, static_cast<size_t>(broker));
-  if (const int64_t broker = io_->broker_max_jobs_per_message(); broker > 0)
-    max_jobs = std::min(max_jobs, static_cast<size_t>(broker));
+  // frame). The limits are read again for each SUBMIT. Before the broker has answered LIMITS the
+  // configured ones stand, and a SUBMIT over the broker's is refused whole (too_large: by the
+  // I/O thread before sending, or by the broker): its jobs are split again under the limits now
+  // known and sent. A single job over the broker's message limit is refused alone; the rest go.
+  auto limits = [&] {
+    size_t max_bytes = std::min(kMaxSubmitBytes, static_cast<size_t>(options_.max_message_bytes));
+    size_t max_jobs = static_cast<size_t>(protocol::kMaxJobsPerMessage);
+    if (const int64_t broker = io_->broker_max_message_bytes(); broker > 0)
+      max_bytes = std::min(max_bytes, static_cast<size_t>(broker));
+    if (const int64_t broker = io_->broker_max_jobs_per_message(); broker > 0)
+      max_jobs = std::min(max_jobs, static_cast<size_t>(broker));
+    return std::make_pair(max_bytes, max_jobs);
+  };
+  int splits_again = 0;  // bounded: limits that change at every answer cannot loop for ever
   size_t begin = 0;
   while (begin < sent.size()) {
+    const auto [max_bytes, max_jobs] = limits();
     size_t end = begin, bytes = SubmitHeaderBytes(options_);
     while (end < sent.size() && end - begin < max_jobs) {
       const size_t job_bytes =
@@ -82,8 +90,17 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
     }
     std::vector<size_t> part(sent.begin() + begin, sent.begin() + end);
     Status s = SubmitOne(jobs, part, outcomes);
+    if (s.code() == codes::kTooLarge) {
+      if (part.size() > 1 && limits() != std::make_pair(max_bytes, max_jobs) && splits_again++ < 3)
+        continue;              // split under the limits learned meanwhile
+      if (part.size() == 1) {  // that job alone: its outcome says why
+        begin = end;
+        continue;
+      }
+    }
     if (!s.ok()) {
-      // The broker is not answering: do not send (and wait for) the rest.
+      // The broker is not answering (or refused the SUBMIT whole under limits already known):
+      // do not send (and wait for) the rest.
       for (size_t k = end; k < sent.size(); ++k) (*outcomes)[sent[k]].status = s;
       return s;
     }

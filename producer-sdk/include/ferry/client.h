@@ -199,13 +199,16 @@ class Client {
   // Submits many jobs in one SUBMIT message -- one round trip -- per 32 MiB of tensor data (or
   // max_message_bytes or the broker's --max-message-bytes, if less) and per 10,000 jobs (or the
   // broker's --max-jobs-per-message, if less; the broker's limits as its LIMITS answer gave them,
-  // once this client has had one). *outcomes gets one entry per job, in order. Jobs that fail local
-  // validation get invalid_argument (too_large: over max_message_bytes, over the broker's
-  // --max-job-bytes once LIMITS gave it, or a stored input over 512 MiB) and are not sent, their
-  // inputs not stored; two jobs with the same id in one call: the later ones get duplicate.
-  // Returns ok when the broker answered (look at each outcome); otherwise the failure (unavailable,
-  // malformed, ...), which is also copied into the outcome of every job that was, or after it would
-  // have been, sent. The jobs are copied; the caller keeps them.
+  // once this client has had one: a SUBMIT split before that and refused whole for being over
+  // them is split again under them and sent). *outcomes gets one entry per job, in order. Jobs
+  // that fail local validation get invalid_argument (too_large: over max_message_bytes, over the
+  // broker's --max-job-bytes once LIMITS gave it, or a stored input over 512 MiB) and are not
+  // sent, their inputs not stored; a job over the broker's --max-message-bytes by itself gets
+  // too_large and is not sent, while the others go; two jobs with the same id in one call: the
+  // later ones get duplicate. Returns ok when the broker answered (look at each outcome);
+  // otherwise the failure (unavailable, malformed, ...), which is also copied into the outcome
+  // of every job that was, or after it would have been, sent. The jobs are copied; the caller
+  // keeps them.
   Status SubmitMany(const std::vector<Job>& jobs, std::vector<SubmitOutcome>* outcomes);
 
   // Reads the result of `id` from Redis once, without waiting. When no result exists yet,

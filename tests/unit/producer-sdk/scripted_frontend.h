@@ -2,7 +2,8 @@
 // ScriptedFrontend: a stand-in for the broker's frontend in the SDK's unit tests -- a real ROUTER
 // socket on a free port, run by its own thread, speaking wire protocol v1 through the protocol
 // library. It accepts jobs for model "m" and rejects other models as unknown_model, answers LIMITS
-// (set_max_message_bytes; set_lose_limits to leave the first ones unanswered) and STATS, sends
+// (set_max_message_bytes; set_lose_limits to leave the first ones unanswered; a SUBMIT of more
+// jobs than the constructor's max_jobs_per_message gets ERROR too_large) and STATS, sends
 // FINISHED on request (Finish), and can echo every accepted job back at once (set_echo) or answer
 // everything with ERROR (set_error_reply). Like the broker, it sends no ACCEPTED for a SUBMIT with
 // "ack": false whose jobs were all accepted.
@@ -25,7 +26,9 @@ namespace ferry::client_test {
 // A frontend ROUTER on a free port, run by its own thread.
 class ScriptedFrontend {
  public:
-  explicit ScriptedFrontend(int port) : endpoint_("tcp://127.0.0.1:" + std::to_string(port)) {
+  explicit ScriptedFrontend(int port, int64_t max_jobs_per_message = protocol::kMaxJobsPerMessage)
+      : endpoint_("tcp://127.0.0.1:" + std::to_string(port)),
+        max_jobs_per_message_(max_jobs_per_message) {
     socket_.set(zmq::sockopt::linger, 0);
     socket_.bind(endpoint_);
     thread_ = std::thread([this] { Run(); });
@@ -54,8 +57,10 @@ class ScriptedFrontend {
   // Job inputs the SUBMITs named as stored in Redis ("stored": true) rather than carried.
   int stored_inputs() const { return stored_inputs_; }
   void set_error_reply(bool on) { error_reply_ = on; }
-  // What LIMITS answers as "max_message_bytes" (it does not enforce it).
+  // What LIMITS answers as "max_message_bytes" (it does not enforce it), and as
+  // "max_job_bytes" unless set_max_job_bytes says otherwise.
   void set_max_message_bytes(int64_t n) { max_message_bytes_ = n; }
+  void set_max_job_bytes(int64_t n) { max_job_bytes_ = n; }
   // Leaves the next `n` LIMITS unanswered, as if they were lost on a connection that dropped.
   void set_lose_limits(int n) { lose_limits_ = n; }
   // The commands received, in order.
@@ -104,6 +109,13 @@ class ScriptedFrontend {
                          protocol::EncodeError(rid, codes::kMalformed, "scripted error"));
       } else if (m.command == protocol::kSubmit) {
         ++submits_;
+        const msgpack::object* all = protocol::Find(oh.get(), "jobs");
+        if (all && all->type == msgpack::type::ARRAY &&
+            all->via.array.size > max_jobs_per_message_) {
+          protocol::SendTo(socket_, peer, protocol::kError,
+                           protocol::EncodeError(rid, codes::kTooLarge, "too many jobs"));
+          continue;
+        }
         const msgpack::object* flag = protocol::Find(oh.get(), "inline_results");
         asked_inline_ = flag && flag->type == msgpack::type::BOOLEAN && flag->via.boolean;
         const msgpack::object* ack = protocol::Find(oh.get(), "ack");
@@ -158,10 +170,12 @@ class ScriptedFrontend {
           --lose_limits_;
           continue;
         }
-        protocol::SendTo(
-            socket_, peer, protocol::kLimits,
-            protocol::EncodeLimits(
-                {max_message_bytes_, max_message_bytes_, protocol::kMaxJobsPerMessage}, rid));
+        protocol::SendTo(socket_, peer, protocol::kLimits,
+                         protocol::EncodeLimits({max_message_bytes_,
+                                                 max_job_bytes_ > 0 ? max_job_bytes_.load()
+                                                                    : max_message_bytes_.load(),
+                                                 max_jobs_per_message_},
+                                                rid));
       } else if (m.command == protocol::kStats) {
         msgpack::sbuffer buf;
         protocol::Packer pk(buf);
@@ -180,6 +194,7 @@ class ScriptedFrontend {
   }
 
   std::string endpoint_;
+  const int64_t max_jobs_per_message_;
   zmq::context_t context_{1};
   zmq::socket_t socket_{context_, zmq::socket_type::router};
   std::thread thread_;
@@ -193,6 +208,7 @@ class ScriptedFrontend {
   std::atomic<bool> asked_inline_{false};
   std::atomic<bool> echo_{false};
   std::atomic<int64_t> max_message_bytes_{int64_t{1} << 30};
+  std::atomic<int64_t> max_job_bytes_{0};  // 0: max_message_bytes_
   std::atomic<int> lose_limits_{0};
   mutable std::mutex mu_;
   std::vector<std::string> commands_;  // guarded by mu_

@@ -1,8 +1,7 @@
 // Client::Submit/SubmitMany/Stats over real ZeroMQ sockets: against no broker at all, and
-// against a scripted frontend peer (client_scripted_frontend.h) that accepts model "m", rejects
-// other models and answers STATS. Results and their notices: client_notice_test.cc; Client::Run:
-// client_run_test.cc. The SDK's FrontendConnection is tested on its own in
-// client_frontend_connection_test.cc.
+// against a scripted frontend peer (scripted_frontend.h) that accepts model "m", rejects other
+// models and answers STATS. Results and their notices: notice_test.cc; Client::Run: run_test.cc.
+// The SDK's I/O thread is tested on its own in io_thread_test.cc.
 
 #include <gtest/gtest.h>
 
@@ -148,6 +147,49 @@ TEST_F(ClientSubmitTest, LargeBatchesAreSplitIntoSeveralMessages) {
   for (const auto& o : outcomes) EXPECT_TRUE(o.status.ok()) << o.status.ToString();
   EXPECT_EQ(broker.submits(), 2) << "24 MiB fit one 32 MiB message; the third job goes alone";
   EXPECT_EQ(broker.jobs_seen(), 3);
+}
+
+// A SubmitMany split before the broker's LIMITS answer (no broker yet) and refused whole for
+// more jobs than its --max-jobs-per-message is split again under the limits it learned meanwhile
+// and sent: no job is refused for the SDK's guess.
+TEST_F(ClientSubmitTest, ASubmitSplitBeforeTheLimitsAreKnownIsSplitAgainUnderThem) {
+  auto client = MakeClient();
+  std::unique_ptr<ScriptedFrontend> broker;
+  std::thread late([&] {
+    std::this_thread::sleep_for(milliseconds(200));  // part of the scenario: no broker yet
+    broker = std::make_unique<ScriptedFrontend>(port_, /*max_jobs_per_message=*/5);
+  });
+  std::vector<Job> jobs(12, MakeJob("m"));
+  std::vector<SubmitOutcome> outcomes;
+  Status s = client->SubmitMany(jobs, &outcomes);  // split while no limits are known: one part
+  late.join();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  ASSERT_EQ(outcomes.size(), 12u);
+  for (const auto& o : outcomes) EXPECT_TRUE(o.status.ok()) << o.status.ToString();
+  EXPECT_EQ(broker->submits(), 4) << "12 refused whole, then 5 + 5 + 2";
+  EXPECT_EQ(broker->jobs_seen(), 12);
+}
+
+// A job over the broker's --max-message-bytes by itself is refused (too_large, never sent), and
+// the jobs after it in the same call still go.
+TEST_F(ClientSubmitTest, AJobAloneOverTheBrokersMessageLimitIsRefusedAndTheRestGo) {
+  ScriptedFrontend broker(port_);
+  broker.set_max_message_bytes(64 << 10);
+  broker.set_max_job_bytes(1 << 20);  // a job of 100 KB is within it: its inputs could be stored
+  options_.stored_input_bytes = 0;    // every input inside the SUBMIT
+  auto client = MakeClient();
+  std::string json;
+  ASSERT_TRUE(client->Stats(&json).ok());  // answered after LIMITS: the limits are known
+  std::vector<Job> jobs = {MakeJob("m", "small-1"), MakeJob("m", "big"), MakeJob("m", "small-2")};
+  jobs[1].inputs[0] = Tensor::From<float>(std::vector<float>(25000), {25000}, DType::kFloat32);
+  std::vector<SubmitOutcome> outcomes;
+  ASSERT_TRUE(client->SubmitMany(jobs, &outcomes).ok());
+  ASSERT_EQ(outcomes.size(), 3u);
+  EXPECT_TRUE(outcomes[0].status.ok()) << outcomes[0].status.ToString();
+  EXPECT_EQ(outcomes[1].status.code(), codes::kTooLarge) << outcomes[1].status.ToString();
+  EXPECT_TRUE(outcomes[2].status.ok()) << outcomes[2].status.ToString();
+  EXPECT_EQ(broker.submits(), 2);
+  EXPECT_EQ(broker.jobs_seen(), 2);
 }
 
 // Inputs of at least stored_input_bytes go to Redis before the SUBMIT, which carries only their
