@@ -319,16 +319,15 @@ void BrokerLink::HandleCancel(const zmq::message_t& body) {
     spdlog::warn("malformed CANCEL from the broker ignored: {}", s.message());
     return;
   }
+  // The fetcher first: a job it passes on meanwhile is in the queue by the time it returns.
+  const size_t unfetched = fetcher_ != nullptr ? fetcher_->Cancel(ids) : 0;
   std::vector<Job> removed = queue_->Remove(ids);
   spdlog::info("worker {}: CANCEL for {} job(s): {} dropped before running", options_.hello.worker,
-               ids.size(), removed.size());
+               ids.size(), unfetched + removed.size());
   if (removed.empty()) return;
   std::vector<JobResult> results;
   results.reserve(removed.size());
-  for (auto& job : removed) {
-    results.push_back(
-        FailedResult(std::move(job), Status(codes::kCancelled, "cancelled by request")));
-  }
+  for (auto& job : removed) results.push_back(CancelledResult(std::move(job)));
   writer_->Submit(std::move(results));
 }
 

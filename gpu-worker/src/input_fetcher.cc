@@ -109,6 +109,46 @@ void InputFetcher::Stop() {
   thread_.join();
 }
 
+size_t InputFetcher::Cancel(const std::vector<std::string>& ids) {
+  std::vector<JobResult> dropped;
+  size_t marked = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    const std::unordered_set<std::string> wanted(ids.begin(), ids.end());
+    auto kept = std::stable_partition(waiting_.begin(), waiting_.end(),
+                                      [&](const Job& j) { return wanted.count(j.entry.id) == 0; });
+    for (auto it = kept; it != waiting_.end(); ++it)
+      dropped.push_back(CancelledResult(std::move(*it)));
+    waiting_.erase(kept, waiting_.end());
+    for (const std::string& id : wanted)
+      if (in_flight_ids_.count(id) != 0 && cancelled_.insert(id).second) ++marked;
+  }
+  const size_t n = dropped.size() + marked;
+  if (!dropped.empty()) writer_->Submit(std::move(dropped));
+  return n;
+}
+
+void InputFetcher::TakeCancelledLocked(std::vector<Job>* jobs, std::vector<JobResult>* cancelled) {
+  if (cancelled_.empty()) return;
+  auto kept = std::stable_partition(
+      jobs->begin(), jobs->end(), [&](const Job& j) { return cancelled_.count(j.entry.id) == 0; });
+  for (auto it = kept; it != jobs->end(); ++it) {
+    cancelled_.erase(it->entry.id);
+    in_flight_ids_.erase(it->entry.id);
+    cancelled->push_back(CancelledResult(std::move(*it)));
+  }
+  jobs->erase(kept, jobs->end());
+}
+
+void InputFetcher::SetInFlightLocked(const std::vector<Job>& jobs) {
+  in_flight_ = jobs.size();
+  in_flight_ids_.clear();
+  for (const Job& j : jobs) in_flight_ids_.insert(j.entry.id);
+  // Marks of jobs no longer here (failed, or passed on) go.
+  for (auto it = cancelled_.begin(); it != cancelled_.end();)
+    it = in_flight_ids_.count(*it) != 0 ? std::next(it) : cancelled_.erase(it);
+}
+
 size_t InputFetcher::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
   return waiting_.size() + in_flight_;
@@ -133,16 +173,19 @@ void InputFetcher::Loop() {
       jobs.assign(std::make_move_iterator(waiting_.begin()),
                   std::make_move_iterator(waiting_.begin() + static_cast<ptrdiff_t>(take)));
       waiting_.erase(waiting_.begin(), waiting_.begin() + static_cast<ptrdiff_t>(take));
-      in_flight_ = jobs.size();
+      SetInFlightLocked(jobs);
     }
     int backoff_ms = options_.backoff_initial_ms;
     bool aborted = false;
     for (int attempt = 1;; ++attempt) {
       const Status s = FetchOrFail(&jobs);
+      std::vector<JobResult> cancelled;  // while waiting for a retry
       {
         std::lock_guard<std::mutex> lock(mu_);
-        in_flight_ = jobs.size();
+        TakeCancelledLocked(&jobs, &cancelled);
+        SetInFlightLocked(jobs);
       }
+      if (!cancelled.empty()) writer_->Submit(std::move(cancelled));
       if (jobs.empty()) break;
       if ((attempt & (attempt - 1)) == 0)
         spdlog::warn("input fetcher: {} job(s) wait for their stored inputs (attempt {}): {}",
@@ -154,7 +197,7 @@ void InputFetcher::Loop() {
       backoff_ms = std::min(backoff_ms * 2, options_.backoff_max_ms);
     }
     std::lock_guard<std::mutex> lock(mu_);
-    in_flight_ = 0;
+    SetInFlightLocked({});
     if (aborted) {
       spdlog::error("input fetcher: aborted with {} job(s) unfetched",
                     jobs.size() + waiting_.size());
@@ -302,7 +345,16 @@ Status InputFetcher::FetchOnce(std::vector<Job>* jobs) {
                  failed.front().job.entry.id, failed.front().status.message());
     writer_->Submit(std::move(failed));
   }
-  if (!ready.empty()) queue_->Push(std::move(ready));
+  // Under Cancel's lock: a job it marked is dropped here; one it did not is in the queue before
+  // it returns (JobQueue::Remove then finds it).
+  std::vector<JobResult> cancelled;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    TakeCancelledLocked(&ready, &cancelled);
+    for (const Job& j : ready) in_flight_ids_.erase(j.entry.id);
+    if (!ready.empty()) queue_->Push(std::move(ready));
+  }
+  if (!cancelled.empty()) writer_->Submit(std::move(cancelled));
   return transient;
 }
 

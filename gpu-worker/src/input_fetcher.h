@@ -21,7 +21,12 @@
 // by itself (LOADING, BUSY, ...: IsTransientRedisError), the jobs wait and the read is retried
 // with backoff (50 ms doubling to 2 s); jobs submitted later wait behind them.
 //
-// Thread-safety: Submit and pending from any thread; Start/Stop from one owner.
+// The broker's CANCEL reaches jobs here too (Cancel): a job still waiting is failed `cancelled`
+// at once, one being read is failed `cancelled` when its read ends instead of going to the queue.
+// Jobs go to the queue under the same lock as Cancel, so a job Cancel misses is in the queue by
+// the time Cancel returns, where JobQueue::Remove finds it.
+//
+// Thread-safety: Submit, Cancel and pending from any thread; Start/Stop from one owner.
 
 #include <condition_variable>
 #include <cstdint>
@@ -29,6 +34,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_set>
 #include <vector>
 
 #include "ferry/protocol/keys.h"
@@ -70,6 +76,11 @@ class InputFetcher {
   // after Options::stop_timeout_ms: what is not fetched yet is abandoned (logged). Idempotent.
   void Stop();
 
+  // Drops the jobs of `ids` that are here: waiting ones are failed `cancelled` (to the writer)
+  // now, ones being read when their read ends. Returns how many it drops. Call it before
+  // JobQueue::Remove with the same ids.
+  size_t Cancel(const std::vector<std::string>& ids);
+
   // Jobs handed in and not yet passed on (to the queue, or failed to the writer).
   size_t pending() const;
 
@@ -83,6 +94,10 @@ class InputFetcher {
   Status FetchOrFail(std::vector<Job>* jobs);
   // Sleeps up to `ms` or until aborted; returns false when aborted.
   bool Backoff(int ms);
+  // With mu_ held: moves the jobs of *jobs that Cancel marked into *cancelled (as results).
+  void TakeCancelledLocked(std::vector<Job>* jobs, std::vector<JobResult>* cancelled);
+  // With mu_ held: `jobs` are the ones being read now (after a take or an attempt).
+  void SetInFlightLocked(const std::vector<Job>& jobs);
 
   const Options options_;
   const protocol::Keys keys_;
@@ -93,6 +108,8 @@ class InputFetcher {
   std::condition_variable cv_;
   std::vector<Job> waiting_;                       // guarded by mu_
   size_t in_flight_ = 0;                           // guarded by mu_
+  std::unordered_set<std::string> in_flight_ids_;  // guarded by mu_: the jobs being read
+  std::unordered_set<std::string> cancelled_;      // guarded by mu_: of those, the cancelled
   bool stopping_ = false;                          // guarded by mu_
   bool aborted_ = false;                           // guarded by mu_
   bool finished_ = false;                          // guarded by mu_: Loop has ended

@@ -44,4 +44,9 @@ inline JobResult FailedResult(Job job, Status status) {
   return r;
 }
 
+// The result of a job dropped by the broker's CANCEL before its batch started.
+inline JobResult CancelledResult(Job job) {
+  return FailedResult(std::move(job), Status(codes::kCancelled, "cancelled by request"));
+}
+
 }  // namespace ferry::worker

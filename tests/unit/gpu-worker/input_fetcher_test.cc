@@ -232,6 +232,42 @@ TEST_F(InputFetcherTest, RedisDownTheJobsWaitAndGoOn) {
   EXPECT_EQ(std::string(got[0].entry.inputs[0].data, 8), "waitwait");
 }
 
+// The broker's CANCEL reaches jobs still in the fetcher: one waiting behind a read and one
+// being read (here retried while Redis is down) both end `cancelled`, their stored inputs
+// deleted with the result, and never reach the queue; the job beside them goes on.
+TEST_F(InputFetcherTest, CancelledJobsInTheFetcherEndCancelledAndNeverReachTheQueue) {
+  Put(keys_.Input("c-read", 0), "readread");
+  Put(keys_.Input("c-wait", 0), "waitwait");
+  Put(keys_.Input("keep-1", 0), "keepkeep");
+  redis_.Stop();
+  std::vector<Job> first;
+  first.push_back(MakeJob("c-read", 1, {0}));
+  fetcher_->Submit(std::move(first));
+  ASSERT_TRUE(testutil::WaitFor([&] { return fetcher_->pending() == 1; }));  // being read
+  std::vector<Job> later;
+  later.push_back(MakeJob("c-wait", 1, {0}));
+  later.push_back(MakeJob("keep-1", 1, {0}));
+  fetcher_->Submit(std::move(later));  // waiting behind it
+  EXPECT_EQ(fetcher_->Cancel({"c-read", "c-wait", "not-here"}), 2u);
+  redis_.Restart();  // with its AOF: the inputs are there again
+  client_ = redis_.Connect();
+  ASSERT_NE(client_, nullptr);
+  std::vector<Job> got = Take(1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].entry.id, "keep-1");
+  EXPECT_EQ(std::string(got[0].entry.inputs[0].data, 8), "keepkeep");
+  for (const char* id : {"c-read", "c-wait"}) {
+    const Result r = Finished(id);
+    EXPECT_EQ(r.error.code(), codes::kCancelled) << id << ": " << r.error.ToString();
+    bool found = true;
+    std::string value;
+    ASSERT_TRUE(client_->Get(keys_.Input(id, 0), &value, &found).ok());
+    EXPECT_FALSE(found) << id << "'s stored input outlived its result";
+  }
+  EXPECT_TRUE(testutil::WaitFor([&] { return fetcher_->pending() == 0; }));
+  EXPECT_EQ(queue_.size(), 0u);
+}
+
 // A key Redis refuses to read (here WRONGTYPE: it holds a list) fails its job alone, with
 // Redis's error; the jobs fetched with it and those after it go on (no retry: it would fail the
 // same way every time, and every job behind it would wait).
