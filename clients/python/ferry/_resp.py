@@ -207,6 +207,17 @@ _BIG_BULK = 64 * 1024
 _MAX_BIG_BULK = 512 << 20
 
 
+def _keepalive(sock):
+    """TCP keepalive probes, as the C++ subscriber's (hiredis's redisKeepAlive with its 15 s):
+    after 15 s idle, every 5 s, 3 of them. A subscriber only reads: without them a Redis that
+    vanished without a FIN/RST (a dead host, a NAT that forgot the flow) would leave it waiting
+    for good, its channel still named in every SUBMIT and its notices lost."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 15)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+
+
 class Connection(asyncio.BufferedProtocol):
     """One connection. call() pipelines: commands made in one turn of the loop are written
     together, replies resolve their futures in order. In Pub/Sub mode (on_push given),
@@ -266,9 +277,11 @@ class Connection(asyncio.BufferedProtocol):
     def connection_made(self, transport):
         self._transport = transport
         sock = transport.get_extra_info("socket")
-        if sock is not None:
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
             try:
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                if self._on_push is not None:
+                    _keepalive(sock)
             except OSError:
                 pass
 

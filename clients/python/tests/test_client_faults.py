@@ -506,3 +506,31 @@ def test_a_redis_error_reply_fails_the_wait_at_once(fleet):
                 assert e.value.code == "internal"
     finally:
         r.execute_command("ACL", "DELUSER", user)
+
+
+def test_the_result_subscription_has_tcp_keepalive_and_commands_have_none(fleet):
+    # A subscriber only reads: without keepalive probes a Redis gone without a FIN/RST would
+    # leave it waiting for good (its notices lost). As the C++ SDK: 15 s idle, 5 s, 3 probes.
+    import socket
+    from ferry import _resp
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        endpoint = _resp.parse_redis_url(fleet.redis_url)
+        sub = await _resp.Connection.open(endpoint, loop, 5.0, on_push=lambda payload: None,
+                                          select_db=False)
+        plain = await _resp.Connection.open(endpoint, loop, 5.0)
+        try:
+            s = sub._transport.get_extra_info("socket")
+            assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+            assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 15
+            assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 5
+            assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+            p = plain._transport.get_extra_info("socket")
+            assert p.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
+            assert await plain.call("PING") == "PONG"
+        finally:
+            sub.close()
+            plain.close()
+
+    asyncio.run(main())
