@@ -301,7 +301,7 @@ void ResultWriter::ReplaceWithFailure(PackedResult* p) const {
   protocol::Packer pk(buf);
   protocol::PackResult(pk, rec);
   p->record = std::move(buf);
-  p->ttl = std::to_string(std::min(options_.default_ttl_s, protocol::kMaxExpirySeconds));
+  // p->ttl stays the job's (its result_ttl_s, or the default): this is its final result.
   p->notify.clear();  // plain SET NX: the broker's FINISHED tells the producer
   p->scripted = false;
   p->refused.clear();

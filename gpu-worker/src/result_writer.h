@@ -118,7 +118,7 @@ class ResultWriter {
   bool WriteWithRetries(std::vector<PackedResult>* packed, int64_t* duplicates);
   bool WriteBatchWithRetries(std::vector<PackedResult>* packed, int64_t* duplicates);
   // `p`'s record becomes a failed result (code internal) saying why Redis refused it, written
-  // plainly (no notice script) with the worker's default expiry.
+  // plainly (no notice script), with the job's expiry as the record it replaces.
   void ReplaceWithFailure(PackedResult* p) const;
   // Counts the written batch and hands its DoneReport to the outbox.
   void Report(const std::vector<JobResult>& results, std::vector<PackedResult>* packed,
