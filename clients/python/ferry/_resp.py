@@ -469,10 +469,21 @@ class Commands:
         self._conn = conn
         return conn
 
-    async def execute(self, *args):
-        conn = await self._connection()
+    async def execute(self, *args, timeout=None):
+        """One command's reply (a ReplyError raised). `timeout`: a bound of the caller's, in
+        seconds, when less than the connection's (a wait with little time left); connecting
+        counts in it, and a reply late for it closes the connection as a late one always does."""
+        limit = self._timeout if timeout is None else min(self._timeout, timeout)
+        if limit < self._timeout:
+            try:
+                conn = await asyncio.wait_for(self._connection(), limit)
+            except asyncio.TimeoutError:
+                raise Unavailable("Redis at %s: not connected within %g s"
+                                  % (self._endpoint.address, limit)) from None
+        else:
+            conn = await self._connection()
         fut = conn.call(*args)
-        timer = self._loop.call_later(self._timeout, _expire, conn, fut)
+        timer = self._loop.call_later(limit, _expire, conn, fut)
         try:
             value = await fut
         finally:

@@ -180,16 +180,17 @@ class Results:
         e = self.entries.get(id)
         return e is not None and e.has_result
 
-    async def _read_raw(self, id):
+    async def _read_raw(self, id, timeout=None):
         """The result record of `id` in Redis (bytes or bytearray), or None. Unavailable when
-        Redis does not answer (or is loading, busy, wants a password: RETRIED_REPLY_ERRORS);
-        FerryError(internal) when it answers with another error (NOPERM: the ACL user may not
-        read results): waiting would not change that. Never deletes: a consuming wait deletes
-        what it read only once it came whole, so a read cut off loses nothing."""
+        Redis does not answer (or is loading, busy, wants a password: RETRIED_REPLY_ERRORS) --
+        within `timeout` seconds when that is less than the client's --, FerryError(internal)
+        when it answers with another error (NOPERM: the ACL user may not read results): waiting
+        would not change that. Never deletes: a consuming wait deletes what it read only once it
+        came whole, so a read cut off loses nothing."""
         key = self.prefix + "result:" + id
         command = "GET"
         try:
-            return await self.redis.execute(command, key)
+            return await self.redis.execute(command, key, timeout=timeout)
         except _resp.ReplyError as e:
             if str(e).startswith(RETRIED_REPLY_ERRORS):
                 raise Unavailable("Redis %s %s: %s" % (command, key, e), id=id)
@@ -287,11 +288,17 @@ class Results:
                         next_read = now
                 if now >= next_read:
                     e.recheck = False
+                    # Bounded by what is left of the timeout, as the C++ SDK's Wait: a stalled
+                    # Redis does not hold the wait for the client's whole timeout (a wait that
+                    # checks once, timeout 0, gets that).
+                    bound = max(deadline - now, 0.001) if deadline is not None and timeout else None
                     try:
-                        raw = await self._read_raw(id)
+                        raw = await self._read_raw(id, bound)
                         last_error = None
                     except Unavailable as err:  # Redis may be restarting: until the deadline
                         raw, last_error = None, err
+                        if bound is not None and loop.time() >= deadline:
+                            last_error = None  # cut off by the wait's own bound: a Timeout
                     if raw is not None:
                         if consume and e.nwait > 1 and e.record is None:
                             # Gone from Redis next: the others of this id take it from here, as

@@ -100,6 +100,27 @@ def test_run_resubmits_the_same_id_after_silence_and_takes_the_notice(fleet):
                                                "attached": True}
 
 
+def test_a_run_resubmitted_after_silences_writes_its_stored_input_once(fleet):
+    """Each silence of request_timeout_ms resubmits the run's SUBMIT, not its stored input: the
+    200 KB written before the first SUBMIT are still in Redis (a job queued for long would
+    otherwise have its inputs uploaded again every 300 ms, loading Redis when it is busiest)."""
+    store = fleet.redis()
+    y = np.array([1.0, 2.0], np.float32)
+    x = np.arange(50000, dtype=np.float32)  # 200,000 bytes: stored in Redis
+    sets_before = store.info("commandstats")["cmdstat_set"]["calls"]
+
+    def on_submit(n, body, reply, serve):
+        if n == 4:  # three silences first
+            serve(body["jobs"][0]["id"])
+    r, seen, _ = _run_against_a_stub_broker(fleet, "pyonce:", x, y, on_submit)
+    np.testing.assert_array_equal(r.outputs[0], y)
+    assert len(seen) >= 4
+    assert all(b["jobs"][0]["inputs"][0]["stored"] is True for b in seen)
+    sets = store.info("commandstats")["cmdstat_set"]["calls"] - sets_before
+    assert sets == 2, "%d SETs: the input once and the stub's result once" % sets
+    assert store.get("pyonce:input:%s:0" % r.id) == x.tobytes()
+
+
 def test_a_late_rejection_of_a_run_resubmitted_since_does_not_fail_it(fleet):
     """A stub broker keeps the first SUBMIT of a run unanswered past request_timeout_ms, so the
     client sends the same id again; only then does it reject the first one (queue_full, rid 1),
@@ -534,3 +555,29 @@ def test_the_result_subscription_has_tcp_keepalive_and_commands_have_none(fleet)
             plain.close()
 
     asyncio.run(main())
+
+
+def test_a_wait_on_a_stalled_redis_ends_at_its_own_timeout(models_dir):
+    # Redis stopped (SIGSTOP): a GET that gets no reply. A wait with 0.5 s gives up at its own
+    # deadline, with Timeout, not after the client's request timeout (30 s here), as the C++
+    # SDK's Wait does: each read is bounded by what is left of the wait.
+    import signal
+    from fleet import Fleet
+    f = Fleet(models_dir, workers=0)
+
+    async def main():
+        async with ferry.AsyncClient(f.frontend, f.redis_url, request_timeout_ms=30000) as c:
+            assert await c.poll(uid("stall")) is None  # connected to Redis
+            f.redis_proc.send_signal(signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                with pytest.raises(ferry.Timeout):
+                    await c.wait(uid("stall"), timeout=0.5)
+                assert time.monotonic() - started < 15, "held for the request timeout"
+            finally:
+                f.redis_proc.send_signal(signal.SIGCONT)
+            assert await c.poll(uid("stall")) is None  # a new connection reads again
+    try:
+        asyncio.run(main())
+    finally:
+        f.stop()

@@ -564,7 +564,7 @@ def test_a_long_wait_does_not_keep_a_future_per_recheck(monkeypatch):
         reads = 0
 
         class NoResult:
-            async def execute(self, *args):
+            async def execute(self, *args, timeout=None):
                 nonlocal reads
                 reads += 1
                 return None
@@ -573,6 +573,10 @@ def test_a_long_wait_does_not_keep_a_future_per_recheck(monkeypatch):
                                lambda *a, **k: None)
         waits = [loop.create_task(res.wait("elsewhere", None, False)) for _ in range(2)]
         while reads < 100:
+            for w in waits:
+                if w.done():
+                    w.result()  # raises what ended the wait early
+                    pytest.fail("a wait without a timeout returned")
             await asyncio.sleep(0.005)
         # Pruned once over 2 per waiter: at most 2 * 2 + 1 (100 if every one were kept).
         assert len(res.entries["elsewhere"].waiters) <= 5
