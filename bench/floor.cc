@@ -2,7 +2,7 @@
 // under Ferry's big-input scenarios (docs/performance.md, "Big inputs and outputs").
 //
 //   ferry-floor [--bytes 960000] [--messages 2000] [--redis redis://127.0.0.1:6379]
-//               [--clients 1] [--json FILE]
+//               [--clients 1] [--json FILE] [--rate 0]
 //
 //   zmq two hops  producer PUSH -> relay (zmq_proxy PULL/PUSH) -> consumer PULL, three processes
 //                 over TCP loopback: the shape of producer -> broker -> worker
@@ -20,6 +20,12 @@
 // producer, the broker and the worker. The producer sends
 // with zmq_send (one copy into the message, as any sender that keeps its own buffer does).
 // High-water marks of 16 messages bound memory. Without --redis the Redis lines are skipped.
+//
+// --rate R paces the producer at R messages a second instead of as fast as it can: the CPU per
+// message a bare relay pays at a given message rate, where each message may find it asleep
+// (a wake-up of its thread and of its libzmq I/O thread), as a broker at a moderate load is.
+// The floor under a broker's CPU per small message at that rate:
+//   ferry-floor --bytes 300 --messages 3000 --rate 400
 #include <arpa/inet.h>
 #include <hiredis/hiredis.h>
 #include <netinet/in.h>
@@ -97,8 +103,9 @@ std::pair<std::string, std::string> FreeEndpoints(bool ipc) {
   _exit(0);
 }
 
-// In a child process: sends `messages` messages of `bytes` bytes, then exits.
-[[noreturn]] void Producer(const std::string& to, size_t bytes, int messages) {
+// In a child process: sends `messages` messages of `bytes` bytes (`rate` a second; 0: at once),
+// then exits.
+[[noreturn]] void Producer(const std::string& to, size_t bytes, int messages, double rate) {
   void* ctx = zmq_ctx_new();
   void* s = zmq_socket(ctx, ZMQ_PUSH);
   SetHwm(s);
@@ -106,7 +113,11 @@ std::pair<std::string, std::string> FreeEndpoints(bool ipc) {
   zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
   if (zmq_connect(s, to.c_str()) != 0) _exit(1);
   std::vector<char> buf(bytes, 'x');
+  const Clock::time_point start = Clock::now();
   for (int i = 0; i < messages; ++i) {
+    if (rate > 0)
+      std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
+                                                std::chrono::duration<double>(i / rate)));
     if (zmq_send(s, buf.data(), buf.size(), 0) < 0) _exit(1);
   }
   zmq_close(s);
@@ -148,7 +159,8 @@ struct HopCpu {
 
 // Producer (and relay) in child processes, the consumer here. Each process's CPU per message
 // goes to *cpu: the children's from wait4, the consumer's (this process's) from getrusage.
-double ZmqFloor(bool two_hops, bool ipc, size_t bytes, int messages, int* got, HopCpu* cpu) {
+double ZmqFloor(bool two_hops, bool ipc, size_t bytes, int messages, double rate, int* got,
+                HopCpu* cpu) {
   rusage self0{}, self1{}, child{};
   getrusage(RUSAGE_SELF, &self0);
   void* ctx = zmq_ctx_new();
@@ -165,7 +177,7 @@ double ZmqFloor(bool two_hops, bool ipc, size_t bytes, int messages, int* got, H
     zmq_bind(pull, consumer.c_str());
   }
   const pid_t producer = fork();
-  if (producer == 0) Producer(relay_in, bytes, messages);
+  if (producer == 0) Producer(relay_in, bytes, messages, rate);
   const double mbps = Receive(pull, bytes, messages, got);
   zmq_close(pull);
   const double per_message = 1e6 / std::max(*got, 1);
@@ -297,7 +309,7 @@ RedisRates RedisFloor(const ferry::protocol::RedisEndpoint& ep, size_t bytes, in
 }  // namespace
 
 int main(int argc, char** argv) {
-  int64_t bytes = 960000, messages = 2000, clients = 1;
+  int64_t bytes = 960000, messages = 2000, clients = 1, rate = 0;
   std::string redis, json, transport = "tcp";
   ferry::runtime::FlagSet flags(
       "ferry-floor", "Bare libzmq and Redis throughput for big messages (no Ferry code).");
@@ -310,12 +322,17 @@ int main(int argc, char** argv) {
   ferry::runtime::AddRedisAccessFlags(&flags, &redis_files);
   flags.Int("clients", &clients, "Redis connections (threads) for SET and GET");
   flags.String("json", &json, "also write the figures to this JSON file");
+  flags.Int("rate", &rate,
+            "messages a second the zmq producer sends (0: as fast as it can): the CPU per "
+            "message at a moderate rate, each message a wake-up");
   flags.String("transport", &transport,
                "tcp (127.0.0.1) or ipc (Unix-domain sockets under /tmp) for the zmq hops");
   if (int rc = ferry::runtime::HandleFlagResult(flags, flags.Parse(argc, argv)); rc >= 0) return rc;
-  if (bytes <= 0 || messages < 2 || clients < 1 || (transport != "tcp" && transport != "ipc")) {
-    std::fprintf(
-        stderr, "ferry-floor: --bytes > 0, --messages >= 2, --clients >= 1, --transport tcp|ipc\n");
+  if (bytes <= 0 || messages < 2 || clients < 1 || rate < 0 ||
+      (transport != "tcp" && transport != "ipc")) {
+    std::fprintf(stderr,
+                 "ferry-floor: --bytes > 0, --messages >= 2, --clients >= 1, --rate >= 0, "
+                 "--transport tcp|ipc\n");
     return 2;
   }
   const bool ipc = transport == "ipc";
@@ -324,15 +341,17 @@ int main(int argc, char** argv) {
   ferry::runtime::KeepFreedMemory(&malloc_what);
   int got = 0;
   HopCpu two_cpu, one_cpu;
-  const double two =
-      ZmqFloor(true, ipc, static_cast<size_t>(bytes), static_cast<int>(messages), &got, &two_cpu);
-  std::printf("zmq two hops   %9.1f MB/s  %9.1f msg/s  (%d messages of %lld bytes, %s)\n", two,
+  const double r_msgs = static_cast<double>(rate);
+  const std::string paced = rate > 0 ? ", paced at " + std::to_string(rate) + " a second" : "";
+  const double two = ZmqFloor(true, ipc, static_cast<size_t>(bytes), static_cast<int>(messages),
+                              r_msgs, &got, &two_cpu);
+  std::printf("zmq two hops   %9.1f MB/s  %9.1f msg/s  (%d messages of %lld bytes, %s%s)\n", two,
               two * 1e6 / static_cast<double>(bytes), got, static_cast<long long>(bytes),
-              transport.c_str());
+              transport.c_str(), paced.c_str());
   std::printf("               CPU us a message: producer %.0f, relay %.0f, consumer %.0f\n",
               two_cpu.producer_us, two_cpu.relay_us, two_cpu.consumer_us);
-  const double one =
-      ZmqFloor(false, ipc, static_cast<size_t>(bytes), static_cast<int>(messages), &got, &one_cpu);
+  const double one = ZmqFloor(false, ipc, static_cast<size_t>(bytes), static_cast<int>(messages),
+                              r_msgs, &got, &one_cpu);
   std::printf("zmq one hop    %9.1f MB/s  %9.1f msg/s\n", one,
               one * 1e6 / static_cast<double>(bytes));
   std::printf("               CPU us a message: producer %.0f, consumer %.0f\n",
@@ -370,9 +389,11 @@ int main(int argc, char** argv) {
     if (f == nullptr) return 1;
     std::fprintf(f,
                  "{\"mode\": \"floor\", \"bytes\": %lld, \"messages\": %lld, \"clients\": %lld, "
-                 "\"transport\": \"%s\", \"zmq_two_hops_mbps\": %.1f, \"zmq_one_hop_mbps\": %.1f",
+                 "\"rate\": %lld, \"transport\": \"%s\", \"zmq_two_hops_mbps\": %.1f, "
+                 "\"zmq_one_hop_mbps\": %.1f",
                  static_cast<long long>(bytes), static_cast<long long>(messages),
-                 static_cast<long long>(clients), transport.c_str(), two, one);
+                 static_cast<long long>(clients), static_cast<long long>(rate), transport.c_str(),
+                 two, one);
     std::fprintf(f,
                  ", \"zmq_two_hops_cpu_us\": {\"producer\": %.1f, \"relay\": %.1f, "
                  "\"consumer\": %.1f}, \"zmq_one_hop_cpu_us\": {\"producer\": %.1f, "
