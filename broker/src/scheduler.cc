@@ -32,7 +32,19 @@ void Scheduler::Enqueue(Job* job, bool front) {
   if (job->deadline_us > 0) deadlines_.emplace(job->deadline_us, job->id);
 }
 
+void Scheduler::Undeadline(const Job* job) {
+  if (job->deadline_us <= 0) return;
+  auto [first, last] = deadlines_.equal_range(job->deadline_us);
+  for (auto it = first; it != last; ++it) {
+    if (it->second == job->id) {
+      deadlines_.erase(it);
+      return;
+    }
+  }
+}
+
 void Scheduler::Unqueue(Job* job) {
+  Undeadline(job);
   auto& pq = queues_[job->model];
   auto q = pq.find(job->priority);
   if (q != pq.end()) {
@@ -192,7 +204,7 @@ std::vector<std::unique_ptr<Job>> Scheduler::TakeExpired(int64_t now_us) {
     std::string id = deadlines_.begin()->second;
     deadlines_.erase(deadlines_.begin());
     auto it = jobs_.find(id);
-    // Stale entries (the job finished, or was dispatched) are simply dropped.
+    // A job leaves deadlines_ when it leaves the queue (Unqueue, NextChunk): this one is queued.
     if (it == jobs_.end() || it->second->phase != JobPhase::kQueued) continue;
     out.push_back(Take(id));
   }
@@ -260,6 +272,7 @@ bool Scheduler::NextChunk(Chunk* out) {
         Job* job = level->second.front();
         level->second.pop_front();
         if (level->second.empty()) pq->erase(level);
+        Undeadline(job);
         job->phase = JobPhase::kDispatched;
         job->worker = w.routing_id;
         w.in_flight.insert(job->id);

@@ -135,6 +135,8 @@ class Scheduler {
   const std::unordered_map<std::string, WorkerState>& workers() const { return workers_; }
   const std::set<std::string>& known_models() const { return known_models_; }
   size_t pending() const { return jobs_.size(); }
+  // Queued jobs with a deadline (TakeExpired's index), for tests.
+  size_t deadlines() const { return deadlines_.size(); }
   const SchedulerCounters& counters() const { return counters_; }
   SchedulerCounters& mutable_counters() { return counters_; }
 
@@ -149,12 +151,16 @@ class Scheduler {
   // The queue level holding the oldest job (lowest seq), for aging.
   static PriorityQueue::iterator OldestLevel(PriorityQueue& pq);
   void Unqueue(Job* job);
+  // Removes `job`'s entry from deadlines_ (it leaves the queue): a job that finished or went to
+  // a worker holds none, so deadlines_ stays as big as the queue, and an id accepted again
+  // cannot be expired by its earlier job's deadline.
+  void Undeadline(const Job* job);
   // Recomputes specs_ for `models` from the registered workers; `first` (may be null) is the
   // routing id of the worker whose specs go first.
   void RefreshSpecs(const std::set<std::string>& models, const std::string* first);
 
   std::unordered_map<std::string, std::unique_ptr<Job>> jobs_;
-  std::multimap<int64_t, std::string> deadlines_;  // deadline -> id, queued jobs with one
+  std::multimap<int64_t, std::string> deadlines_;  // deadline -> id, of the queued jobs with one
   std::unordered_map<std::string, int64_t> chunks_by_model_;
   int64_t aging_every_;
   int64_t pending_bytes_ = 0;

@@ -246,6 +246,38 @@ TEST(Scheduler, TakeExpiredRemovesOnlyQueuedJobsPastTheirDeadline) {
   EXPECT_TRUE(s.TakeExpired(5000).empty());
 }
 
+// A job that leaves the queue -- finished, cancelled, dispatched -- takes its deadline along:
+// the index stays as big as the queue (a day's timeout at thousands of jobs a second would
+// otherwise pile up entries for a day), and an id accepted again is not expired by the deadline
+// of its earlier job (a SUBMIT retried after `unavailable` did end `expired` early).
+TEST(Scheduler, AJobLeavingTheQueueTakesItsDeadlineAlong) {
+  Scheduler s;
+  for (const auto& [id, deadline] :
+       std::vector<std::pair<std::string, int64_t>>{{"a", 100}, {"b", 200}, {"c", 300}}) {
+    auto j = MakeJob(id, "m");
+    j->deadline_us = deadline;
+    ASSERT_TRUE(s.Add(std::move(j)).ok());
+  }
+  EXPECT_EQ(s.deadlines(), 3u);
+  ASSERT_NE(s.Take("a"), nullptr);  // finished, cancelled or rejected
+  EXPECT_EQ(s.deadlines(), 2u);
+  s.AddWorker("w", Hello("w", 1, {{"m", 1}}), 0);
+  Chunk ch;
+  ASSERT_TRUE(s.NextChunk(&ch));  // b goes to the worker
+  EXPECT_EQ(Ids(ch), std::vector<std::string>{"b"});
+  EXPECT_EQ(s.deadlines(), 1u);
+  auto again = MakeJob("a", "m");  // the same id accepted again, with a later deadline
+  again->deadline_us = 1000;
+  ASSERT_TRUE(s.Add(std::move(again)).ok());
+  auto expired = s.TakeExpired(500);
+  ASSERT_EQ(expired.size(), 1u);
+  EXPECT_EQ(expired[0]->id, "c");
+  EXPECT_NE(s.Find("a"), nullptr) << "expired by the deadline of the earlier job of its id";
+  EXPECT_EQ(s.deadlines(), 1u);
+  EXPECT_EQ(s.TakeExpired(2000).size(), 1u);
+  EXPECT_EQ(s.deadlines(), 0u);
+}
+
 TEST(Scheduler, PendingBytesTrackInputs) {
   Scheduler s;
   auto a = MakeJob("a", "m");
