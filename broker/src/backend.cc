@@ -169,7 +169,8 @@ void Broker::Impl::HandleReady(protocol::Message& m, const msgpack::object& body
   std::string models;
   for (const auto& mi : hello.models) {
     models += (models.empty() ? "" : ",") + mi.name;
-    if (options.journal && !scheduler.KnowsModel(mi.name)) journal.NoteModel(mi.name);
+    // Every announcement renews the set's week (protocol.md: "one week after the last").
+    if (options.journal) journal.NoteModel(mi.name);
   }
   spdlog::info("worker {} {} on {} (capacity {}, models {}{})", hello.worker,
                known ? "re-announced" : "joined", hello.device, hello.capacity, models,

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <set>
 #include <tuple>
 #include "broker_impl.h"
 
@@ -246,6 +247,15 @@ void Broker::Impl::Heartbeat(int64_t now_mono) {
     for (const auto& id : scheduler.SilentWorkers(deadline)) DropWorker(id, "silent");
   for (const auto& [id, w] : scheduler.workers())
     protocol::SendTo(backend, id, protocol::kHeartbeat, protocol::EncodeEmpty());
+  // A fleet whose workers stay connected for over a week announces nothing in that time: the
+  // models they serve are noted again hourly, so a restart still finds them in <prefix>models.
+  if (options.journal && now_mono >= next_models_note_us) {
+    next_models_note_us = now_mono + int64_t{3600} * 1000000;
+    std::set<std::string> served;
+    for (const auto& [id, w] : scheduler.workers())
+      for (const auto& [model, max_batch] : w.max_batch) served.insert(model);
+    for (const auto& model : served) journal.NoteModel(model);
+  }
 }
 
 Broker::Broker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

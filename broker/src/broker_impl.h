@@ -46,6 +46,7 @@ struct Broker::Impl {
   OrphanWatch orphans{options.orphan_timeout_s, protocol::NowMicros(), options.heartbeat_ms,
                       options.liveness};
   int64_t next_heartbeat_us = 0;
+  int64_t next_models_note_us = 0;  // Heartbeat renews <prefix>models hourly (journal on)
 
   // ACCEPTED replies held until this turn's journal commit.
   struct PendingReply {

@@ -5,7 +5,8 @@
 // Layout: HASH <prefix>journal, field = job id, value = a msgpack record (id, model, priority,
 // timeout_ms, result_ttl_s, submitted, deadline, seq, attempt, inputs). SET <prefix>models holds
 // every model a worker announced (so jobs for them are accepted right after a restart, before the
-// workers re-announce); it expires a week after the last announcement.
+// workers re-announce); it expires a week after the last announcement (NoteModel: each READY,
+// and hourly for the models connected workers serve).
 //
 // Group commit: accepted jobs are staged and written in ONE pipelined round trip per turn of the
 // broker loop, before that turn's ACCEPTED replies go out. Removals of finished jobs are not

@@ -130,6 +130,37 @@ TEST_F(Wire, GarbageFramesDoNotCrashTheBroker) {
 // body in order -- also one in a job rejected for another reason -- and the broker hands them
 // to the worker. A job whose frame has the wrong size is rejected alone; a message whose frames
 // and attached tensors differ in number, or a STATS with a data frame, is malformed as a whole.
+// Every READY renews <prefix>models' week, a model the broker knows included (protocol.md:
+// "EXPIRE one week after the last announcement"): the set outlives a broker that runs for over a
+// week, so a restart still accepts its models' jobs before the workers announce again.
+TEST_F(Wire, EveryAnnouncementRenewsTheModelsWeek) {
+  auto redis = fleet_->redis().Connect();
+  ASSERT_NE(redis, nullptr);
+  auto ttl = [&] {
+    protocol::RedisReply r;
+    EXPECT_TRUE(redis->Command({"TTL", "ferry:models"}, &r).ok());
+    return r.integer;
+  };
+  ASSERT_TRUE(testutil::WaitFor([&] { return ttl() > 3600; })) << "the first worker's READY";
+  protocol::RedisReply r;
+  ASSERT_TRUE(redis->Command({"EXPIRE", "ferry:models", "100"}, &r).ok());
+  ASSERT_LE(ttl(), 100);
+  protocol::WorkerHello hello;  // a second worker of the same model: nothing new to the broker
+  hello.worker = "second-worker";
+  hello.device = "cpu";
+  hello.host = "h";
+  hello.pid = 1;
+  hello.capacity = 1;
+  hello.models = {{"tiny", 1, std::nullopt}};
+  const zmq::message_t ready = protocol::EncodeHello(hello);
+  zmq::context_t ctx(1);
+  zmq::socket_t w = RawDealer(ctx, fleet_->backend(), 20000);
+  RawSend(w,
+          {"FERRY1", "READY", std::string(static_cast<const char*>(ready.data()), ready.size())});
+  EXPECT_TRUE(testutil::WaitFor([&] { return ttl() > 3600; }))
+      << "TTL " << ttl() << ": the announcement did not renew the set";
+}
+
 TEST_F(Wire, AttachedInputsTakeTheDataFramesInOrder) {
   zmq::context_t ctx(1);
   zmq::socket_t s = RawDealer(ctx, fleet_->frontend(), 20000);
