@@ -178,8 +178,14 @@ Status Broker::Impl::Restore() {
                           why + "); the job did not run: submit it again");
   }
   for (const auto& m : models) scheduler.AddKnownModel(m);
-  size_t n = jobs.size();
-  for (auto& job : jobs) scheduler.Add(std::move(job));
+  size_t n = 0;
+  for (auto& job : jobs) {
+    // Its model was known when it was accepted (the set of names may have expired since): so
+    // its queue shows in STATS and the metrics, and --orphan-timeout-s fails it if no worker
+    // of the model comes back.
+    scheduler.AddKnownModel(job->model);
+    if (scheduler.Add(std::move(job)).ok()) ++n;  // a row read twice (HSCAN) is one job
+  }
   scheduler.mutable_counters().accepted -= static_cast<int64_t>(n);  // not new acceptances
   if (n > 0 || !models.empty())
     spdlog::info("restored {} job(s) and {} model name(s) from the journal", n, models.size());

@@ -326,6 +326,37 @@ TEST(Metrics, JobsOfAModelWithoutWorkersFailAfterTheOrphanTimeout) {
   })) << fleet.broker().Log();
 }
 
+// A job restored from the journal is watched like any other, even when the set of model names
+// has expired (or its model was retired) and no worker of it comes back: after
+// --orphan-timeout-s it fails `unavailable`. (It used to stay pending for good, out of STATS
+// and the metrics.)
+TEST(Metrics, ARestoredJobOfAModelNobodyServesFailsAfterTheOrphanTimeout) {
+  FleetOptions o;
+  o.workers = 1;
+  o.broker_args = {"--orphan-timeout-s", "1"};
+  Fleet fleet(o);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  fleet.worker(0).Signal(SIGTERM);  // drains and says BYE
+  ASSERT_EQ(fleet.worker(0).Wait(), 0) << fleet.Logs();
+  ASSERT_TRUE(fleet.WaitForWorkers(0)) << fleet.Logs();
+  ClientOptions co;
+  co.frontend = fleet.frontend();
+  co.redis = fleet.redis().url();
+  std::unique_ptr<Client> c;
+  ASSERT_TRUE(Client::Create(co, &c).ok());
+  std::string id;
+  ASSERT_TRUE(c->Submit(TinyJob(5), &id).ok());  // journaled, queued
+  fleet.broker().Signal(SIGKILL);                // before the orphan timeout fails it
+  fleet.broker().Wait();
+  protocol::RedisReply r;
+  ASSERT_TRUE(fleet.redis().Connect()->Command({"DEL", "ferry:models"}, &r).ok());  // expired
+  fleet.StartBroker();
+  Result result;
+  ASSERT_TRUE(c->Wait(id, 60000, &result).ok()) << fleet.Logs();
+  EXPECT_EQ(result.state, JobState::kFailed);
+  EXPECT_EQ(result.error.code(), codes::kUnavailable) << result.error.ToString();
+}
+
 // consume_results: every result a Wait or Run returned is gone from Redis once the client is
 // done -- small ones too, which arrive inline in notices and are never read from Redis (a
 // background thread deletes them in batches). Without it they stay until their TTL.
