@@ -242,14 +242,33 @@ void Broker::Impl::FlushFinalResults() {
                                " broker result(s) failed: " + s.message() + "; will retry");
 }
 
+bool Broker::Impl::ReadBackend() {
+  const int64_t turn_end = protocol::MonotonicMicros() + kMaxReadMicrosPerTurn;
+  protocol::Message m;
+  for (int i = 0; i < kMaxMessagesPerTurn; ++i) {
+    if ((i & 15) == 15 && protocol::MonotonicMicros() > turn_end) return false;
+    Status s = protocol::RecvMessage(backend, /*router=*/true, &m);
+    if (s.code() == codes::kUnavailable) return true;  // read empty
+    if (!s.ok()) {
+      spdlog::warn("malformed worker message: {}", s.message());
+      continue;
+    }
+    HandleBackend(m);
+  }
+  return false;
+}
+
 void Broker::Impl::Heartbeat(int64_t now_mono) {
   if (now_mono < next_heartbeat_us) return;
   next_heartbeat_us = now_mono + options.heartbeat_ms * 1000;
   int64_t deadline = now_mono - options.heartbeat_ms * options.liveness * 1000;
   // A worker is silent only when nothing of it waits unread: when the broker itself was busy
-  // (a long turn), the workers' messages are still in the socket, not missing.
+  // (a long turn, a slow journal write), the workers' messages are still in the socket, not
+  // missing. So what waits is read first; a backlog more than a turn's worth of reading
+  // postpones the verdict to the next heartbeat. (Deciding only when nothing waited let a busy
+  // fleet, whose DONEs keep arriving, hold a dead worker's jobs for as long as it stayed busy.)
   const bool unread = (backend.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
-  if (!unread)
+  if (!unread || ReadBackend())
     for (const auto& id : scheduler.SilentWorkers(deadline)) DropWorker(id, "silent");
   for (const auto& [id, w] : scheduler.workers())
     protocol::SendTo(backend, id, protocol::kHeartbeat, protocol::EncodeEmpty());
@@ -307,18 +326,8 @@ Status Broker::Run() {
     if (d.zap && (items[2].revents & ZMQ_POLLIN)) d.zap->Handle();
     // Workers first: their DONEs free credit for the producers' new jobs. Only sockets that
     // poll reported readable are read (each empty read costs libzmq system calls).
+    if (items[0].revents & ZMQ_POLLIN) d.ReadBackend();
     int64_t turn_end = protocol::MonotonicMicros() + kMaxReadMicrosPerTurn;
-    for (int i = 0; (items[0].revents & ZMQ_POLLIN) && i < kMaxMessagesPerTurn; ++i) {
-      if ((i & 15) == 15 && protocol::MonotonicMicros() > turn_end) break;
-      Status s = protocol::RecvMessage(d.backend, /*router=*/true, &m);
-      if (s.code() == codes::kUnavailable) break;
-      if (!s.ok()) {
-        spdlog::warn("malformed worker message: {}", s.message());
-        continue;
-      }
-      d.HandleBackend(m);
-    }
-    turn_end = protocol::MonotonicMicros() + kMaxReadMicrosPerTurn;
     for (int i = 0; (items[1].revents & ZMQ_POLLIN) && i < kMaxMessagesPerTurn; ++i) {
       if ((i & 15) == 15 && protocol::MonotonicMicros() > turn_end) break;
       Status s = protocol::RecvMessage(d.frontend, /*router=*/true, &m);

@@ -117,6 +117,9 @@ struct Broker::Impl {
               const std::vector<std::string>& notified = {});
 
   // broker.cc
+  // Reads and handles what workers sent, at most a turn's worth (messages and time); returns
+  // whether it read the socket empty.
+  bool ReadBackend();
   void Dispatch();
   void ExpireJobs();
   // Fails the queued jobs of models without a worker for --orphan-timeout-s (orphan_watch.cc).

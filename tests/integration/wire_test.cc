@@ -6,9 +6,12 @@
 #include <signal.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <map>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 #include <zmq.hpp>
 
@@ -159,6 +162,82 @@ TEST_F(Wire, EveryAnnouncementRenewsTheModelsWeek) {
           {"FERRY1", "READY", std::string(static_cast<const char*>(ready.data()), ready.size())});
   EXPECT_TRUE(testutil::WaitFor([&] { return ttl() > 3600; }))
       << "TTL " << ttl() << ": the announcement did not renew the set";
+}
+
+// A worker that stops (SIGSTOP: silent, its connection open) while the fleet keeps the broker
+// busy is still found silent: the broker reads what waits before it judges, instead of judging
+// only when nothing waits (on a busy fleet, whose messages keep arriving, a dead worker's jobs
+// stayed with it for as long as the fleet stayed busy). Its jobs run on the other worker. The
+// load: a producer submitting all the while (a journal write, a Redis round trip, most turns)
+// and a raw member sending a HEARTBEAT every ~40 us, so that something often waits unread when
+// a turn ends, though the broker reads faster than that. (The old broker failed this in some
+// runs, not all: whether a heartbeat found the socket empty at least once was up to timing.)
+TEST(WireLiveness, AWorkerSilentWhileTheFleetIsBusyIsDroppedAndItsJobsRunElsewhere) {
+  FleetOptions fo;
+  fo.workers = 2;
+  fo.max_batch = 1;  // chunks of one job, to each worker in turn: the stopped one gets some
+  fo.broker_args = {"--heartbeat-ms", "100", "--liveness", "5"};
+  fo.worker_args = {"--heartbeat-ms", "100"};
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(2)) << fleet.Logs();
+  protocol::WorkerHello hello;
+  hello.worker = "chatty";
+  hello.device = "cpu";
+  hello.host = "h";
+  hello.pid = 1;
+  hello.capacity = 1;
+  hello.models = {{"nobody-submits-this", 1, std::nullopt}};
+  const zmq::message_t ready = protocol::EncodeHello(hello);
+  zmq::context_t ctx(1);
+  zmq::socket_t chatty = RawDealer(ctx, fleet.backend(), 20000);
+  RawSend(chatty,
+          {"FERRY1", "READY", std::string(static_cast<const char*>(ready.data()), ready.size())});
+  auto tiny = [](uint32_t seed) {
+    client::Job j;
+    j.model = "tiny";
+    j.inputs.push_back(Tensor::From<float>(testutil::TinyInput(seed), {8}, DType::kFloat32));
+    return j;
+  };
+  client::ClientOptions o;
+  o.frontend = fleet.frontend();
+  o.redis = fleet.redis().url();
+  std::unique_ptr<client::Client> c, background;
+  ASSERT_TRUE(client::Client::Create(o, &c).ok());
+  ASSERT_TRUE(client::Client::Create(o, &background).ok());
+  std::atomic<bool> stop{false};
+  std::thread flood([&] {
+    auto next = std::chrono::steady_clock::now();
+    while (!stop) {
+      next += std::chrono::microseconds(40);
+      while (std::chrono::steady_clock::now() < next) {
+      }
+      RawSend(chatty, {"FERRY1", "HEARTBEAT", std::string("\x80", 1)});
+      zmq::message_t drop;  // the broker's HEARTBEATs: not read, dropped
+      while (chatty.recv(drop, zmq::recv_flags::dontwait)) {
+      }
+    }
+  });
+  std::thread load([&] {
+    std::string id;
+    for (uint32_t i = 100; !stop; ++i) (void)background->Submit(tiny(i), &id);
+  });
+  fleet.worker(0).Signal(SIGSTOP);
+  std::vector<client::Job> jobs;
+  for (uint32_t i = 0; i < 16; ++i) jobs.push_back(tiny(i));
+  std::vector<client::SubmitOutcome> outcomes;
+  Status s = c->SubmitMany(jobs, &outcomes);
+  bool all_done = s.ok();
+  for (const auto& out : outcomes) {
+    Result r;
+    all_done = all_done && out.status.ok() && c->Wait(out.id, 30000, &r).ok() &&
+               r.state == JobState::kDone;
+  }
+  stop = true;
+  flood.join();
+  load.join();
+  fleet.worker(0).Signal(SIGCONT);
+  EXPECT_TRUE(all_done) << s.ToString() << fleet.Logs();
+  EXPECT_NE(fleet.broker().Log().find("silent"), std::string::npos) << fleet.broker().Log();
 }
 
 TEST_F(Wire, AttachedInputsTakeTheDataFramesInOrder) {
