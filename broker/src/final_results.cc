@@ -12,6 +12,11 @@ namespace ferry::broker {
 
 void FinalResults::Add(std::unique_ptr<Job> job, std::string status, std::string code,
                        std::string message) {
+  // The job will not run: its inputs go now, not when Redis takes the result. (Out of the queue
+  // they no longer count against --max-pending-bytes; without the journal, Redis down, jobs
+  // expiring and cancelled would otherwise hold their bytes for as long as it stays down.)
+  std::string().swap(job->inputs_raw);
+  job->frames.clear();
   entries_.push_back({std::move(job), std::move(status), std::move(code), std::move(message)});
 }
 

@@ -20,7 +20,9 @@ class FinalResults {
   FinalResults(protocol::RedisClient* redis, protocol::Keys keys)
       : redis_(redis), keys_(std::move(keys)) {}
 
-  // `status` is "expired", "cancelled" or "failed"; `code`/`message` go into the error.
+  // `status` is "expired", "cancelled" or "failed"; `code`/`message` go into the error. The
+  // job's input bytes (inputs_raw, frames) are released here: only its id, model, stored inputs'
+  // indexes and producer are kept.
   void Add(std::unique_ptr<Job> job, std::string status, std::string code, std::string message);
   bool empty() const { return entries_.empty(); }
   size_t size() const { return entries_.size(); }
