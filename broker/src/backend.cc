@@ -291,17 +291,20 @@ void Broker::Impl::Finish(std::vector<std::unique_ptr<Job>> jobs,
 void Broker::Impl::DropWorker(const std::string& routing_id, const char* why) {
   auto it = scheduler.workers().find(routing_id);
   const std::string name = it != scheduler.workers().end() ? it->second.hello.worker : "?";
-  auto requeued = scheduler.RemoveWorker(routing_id);
-  if (requeued.empty())
+  auto held = scheduler.RemoveWorker(routing_id);  // requeued, their attempt counted
+  // Those over --max-attempts are poisoned below instead: not counted as requeued.
+  std::vector<Job*> requeued, poisoned;
+  for (Job* job : held) (job->attempt <= options.max_attempts ? requeued : poisoned).push_back(job);
+  scheduler.mutable_counters().requeued -= static_cast<int64_t>(poisoned.size());
+  if (held.empty())
     spdlog::info("worker {} removed ({})", name, why);
   else
-    spdlog::warn("worker {} removed ({}); {} job(s) requeued", name, why, requeued.size());
+    spdlog::warn("worker {} removed ({}); {} job(s) requeued, {} poisoned", name, why,
+                 requeued.size(), poisoned.size());
   telemetry.OnRequeued(requeued);
-  for (Job* job : requeued) {
-    if (job->attempt <= options.max_attempts) {
-      if (options.journal) journal.Restage(*job);  // its attempt, for a restarted broker
-      continue;
-    }
+  if (options.journal)
+    for (Job* job : requeued) journal.Restage(*job);  // its attempt, for a restarted broker
+  for (Job* job : poisoned) {
     std::string message = "the workers running this job died " + std::to_string(job->attempt - 1) +
                           " times; giving up after " + std::to_string(options.max_attempts) +
                           " attempts";

@@ -254,6 +254,9 @@ TEST(Reliability, PoisonJobFailsAfterMaxAttemptsEvenAcrossABrokerRestartAndTheFl
   EXPECT_EQ(r.state, JobState::kFailed);
   EXPECT_EQ(r.error.code(), codes::kPoisoned) << r.error.ToString();
   EXPECT_EQ(r.attempt, 3);
+  // The restarted broker saw the last worker die: the job was poisoned then, not requeued.
+  EXPECT_EQ(BrokerCounter(*c, "poisoned"), 1) << fleet.Logs();
+  EXPECT_EQ(BrokerCounter(*c, "requeued"), 0) << fleet.Logs();
   // The fleet is alive: an ordinary job still runs.
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
   ASSERT_TRUE(c->Submit(SlowJob("after-poison", 1), &id).ok());
