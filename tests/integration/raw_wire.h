@@ -1,5 +1,5 @@
 #pragma once
-// Speaking the frontend's wire protocol by hand over a raw DEALER, as a client in another
+// Speaking the wire protocol by hand over a raw DEALER, as a client (or a worker) in another
 // language does (docs/protocol.md): for wire_test.cc and wire_limits_test.cc.
 
 #include <string>
@@ -57,6 +57,20 @@ inline std::string AttachedSubmitBody(const std::vector<std::string>& ids, const
   pk.pack_array(static_cast<uint32_t>(ids.size()));
   for (const auto& id : ids) protocol::PackSubmitJob(pk, id, model, {t}, 0, 0, 0, {}, {true});
   return std::string(buf.data(), buf.size());
+}
+
+// The body of a READY of worker `name` serving `model` (max batch 1) with `capacity`.
+inline std::string ReadyBody(const std::string& name, const std::string& model,
+                             int64_t capacity = 1) {
+  protocol::WorkerHello hello;
+  hello.worker = name;
+  hello.device = "cpu";
+  hello.host = "h";
+  hello.pid = 1;
+  hello.capacity = capacity;
+  hello.models = {{model, 1, std::nullopt}};
+  const zmq::message_t m = protocol::EncodeHello(hello);
+  return std::string(static_cast<const char*>(m.data()), m.size());
 }
 
 }  // namespace ferry::testutil

@@ -68,15 +68,7 @@ TEST(WireLimits, AttachedFramesCountAgainstTheMessageLimitAndWorkersSendNone) {
   ASSERT_EQ(r.state, JobState::kDone) << r.error.ToString();
   EXPECT_EQ(r.outputs.at(0).data, t.data);  // null: the input, from its data frame
 
-  protocol::WorkerHello hello;
-  hello.worker = "framed-worker";
-  hello.device = "cpu";
-  hello.host = "h";
-  hello.pid = 1;
-  hello.capacity = 1;
-  hello.models = {{"null", 1, std::nullopt}};
-  const zmq::message_t ready = protocol::EncodeHello(hello);
-  const std::string ready_body(static_cast<const char*>(ready.data()), ready.size());
+  const std::string ready_body = testutil::ReadyBody("framed-worker", "null");
   zmq::socket_t w = RawDealer(ctx, fleet.backend(), 20000);
   // The framed READY, then a HEARTBEAT: the broker, not knowing the connection, answers
   // REANNOUNCE -- so it has read the READY before, and refused it.

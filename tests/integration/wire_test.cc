@@ -148,18 +148,9 @@ TEST_F(Wire, EveryAnnouncementRenewsTheModelsWeek) {
   protocol::RedisReply r;
   ASSERT_TRUE(redis->Command({"EXPIRE", "ferry:models", "100"}, &r).ok());
   ASSERT_LE(ttl(), 100);
-  protocol::WorkerHello hello;  // a second worker of the same model: nothing new to the broker
-  hello.worker = "second-worker";
-  hello.device = "cpu";
-  hello.host = "h";
-  hello.pid = 1;
-  hello.capacity = 1;
-  hello.models = {{"tiny", 1, std::nullopt}};
-  const zmq::message_t ready = protocol::EncodeHello(hello);
-  zmq::context_t ctx(1);
+  zmq::context_t ctx(1);  // a second worker of the same model: nothing new to the broker
   zmq::socket_t w = RawDealer(ctx, fleet_->backend(), 20000);
-  RawSend(w,
-          {"FERRY1", "READY", std::string(static_cast<const char*>(ready.data()), ready.size())});
+  RawSend(w, {"FERRY1", "READY", testutil::ReadyBody("second-worker", "tiny")});
   EXPECT_TRUE(testutil::WaitFor([&] { return ttl() > 3600; }))
       << "TTL " << ttl() << ": the announcement did not renew the set";
 }
@@ -180,18 +171,9 @@ TEST(WireLiveness, AWorkerSilentWhileTheFleetIsBusyIsDroppedAndItsJobsRunElsewhe
   fo.worker_args = {"--heartbeat-ms", "100"};
   Fleet fleet(fo);
   ASSERT_TRUE(fleet.WaitForWorkers(2)) << fleet.Logs();
-  protocol::WorkerHello hello;
-  hello.worker = "chatty";
-  hello.device = "cpu";
-  hello.host = "h";
-  hello.pid = 1;
-  hello.capacity = 1;
-  hello.models = {{"nobody-submits-this", 1, std::nullopt}};
-  const zmq::message_t ready = protocol::EncodeHello(hello);
   zmq::context_t ctx(1);
   zmq::socket_t chatty = RawDealer(ctx, fleet.backend(), 20000);
-  RawSend(chatty,
-          {"FERRY1", "READY", std::string(static_cast<const char*>(ready.data()), ready.size())});
+  RawSend(chatty, {"FERRY1", "READY", testutil::ReadyBody("chatty", "nobody-submits-this")});
   auto tiny = [](uint32_t seed) {
     client::Job j;
     j.model = "tiny";
