@@ -470,24 +470,32 @@ class Commands:
         return conn
 
     async def execute(self, *args, timeout=None):
-        """One command's reply (a ReplyError raised). `timeout`: a bound of the caller's, in
-        seconds, when less than the connection's (a wait with little time left); connecting
-        counts in it, and a reply late for it closes the connection as a late one always does."""
-        limit = self._timeout if timeout is None else min(self._timeout, timeout)
-        if limit < self._timeout:
+        """One command's reply (a ReplyError raised). `timeout`: the caller's own bound in
+        seconds, when less than the connection's (a wait with little time left), connecting
+        included. Past it the call raises Unavailable, but the command stays on the connection
+        (its reply, when it comes, is dropped), so the other callers' commands on it go on; only
+        a reply later than the connection's timeout closes it, as always."""
+        bounded = timeout is not None and timeout < self._timeout
+        if bounded:
             try:
-                conn = await asyncio.wait_for(self._connection(), limit)
+                conn = await asyncio.wait_for(self._connection(), timeout)
             except asyncio.TimeoutError:
                 raise Unavailable("Redis at %s: not connected within %g s"
-                                  % (self._endpoint.address, limit)) from None
+                                  % (self._endpoint.address, timeout)) from None
         else:
             conn = await self._connection()
         fut = conn.call(*args)
-        timer = self._loop.call_later(limit, _expire, conn, fut)
+        timer = self._loop.call_later(self._timeout, _expire, conn, fut)
         try:
-            value = await fut
-        finally:
+            value = await (asyncio.wait_for(asyncio.shield(fut), timeout) if bounded else fut)
+        except asyncio.TimeoutError:
+            # Only the caller gave up: the connection's timer still watches the reply.
+            raise Unavailable("Redis at %s: no reply within %g s"
+                              % (self._endpoint.address, timeout)) from None
+        except BaseException:
             timer.cancel()
+            raise
+        timer.cancel()
         if isinstance(value, ReplyError):
             raise value
         return value

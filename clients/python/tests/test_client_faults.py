@@ -560,7 +560,9 @@ def test_the_result_subscription_has_tcp_keepalive_and_commands_have_none(fleet)
 def test_a_wait_on_a_stalled_redis_ends_at_its_own_timeout(models_dir):
     # Redis stopped (SIGSTOP): a GET that gets no reply. A wait with 0.5 s gives up at its own
     # deadline, with Timeout, not after the client's request timeout (30 s here), as the C++
-    # SDK's Wait does: each read is bounded by what is left of the wait.
+    # SDK's Wait does: each read is bounded by what is left of the wait. Giving up does not
+    # close the connection the client's other commands share: a poll waiting beside it (with
+    # the whole request timeout) gets its answer once Redis goes on.
     import signal
     from fleet import Fleet
     f = Fleet(models_dir, workers=0)
@@ -570,13 +572,16 @@ def test_a_wait_on_a_stalled_redis_ends_at_its_own_timeout(models_dir):
             assert await c.poll(uid("stall")) is None  # connected to Redis
             f.redis_proc.send_signal(signal.SIGSTOP)
             try:
+                beside = asyncio.ensure_future(c.poll(uid("beside")))
                 started = time.monotonic()
                 with pytest.raises(ferry.Timeout):
                     await c.wait(uid("stall"), timeout=0.5)
                 assert time.monotonic() - started < 15, "held for the request timeout"
+                assert not beside.done()
             finally:
                 f.redis_proc.send_signal(signal.SIGCONT)
-            assert await c.poll(uid("stall")) is None  # a new connection reads again
+            assert await asyncio.wait_for(beside, 20) is None
+            assert await c.poll(uid("stall")) is None
     try:
         asyncio.run(main())
     finally:
