@@ -291,11 +291,11 @@ void Broker::Impl::Finish(std::vector<std::unique_ptr<Job>> jobs,
 void Broker::Impl::DropWorker(const std::string& routing_id, const char* why) {
   auto it = scheduler.workers().find(routing_id);
   const std::string name = it != scheduler.workers().end() ? it->second.hello.worker : "?";
-  auto held = scheduler.RemoveWorker(routing_id);  // requeued, their attempt counted
-  // Those over --max-attempts are poisoned below instead: not counted as requeued.
+  auto held = scheduler.RemoveWorker(routing_id);  // back in their queues, attempt + 1
+  // Those over --max-attempts are poisoned below instead: counted as poisoned, not requeued.
   std::vector<Job*> requeued, poisoned;
   for (Job* job : held) (job->attempt <= options.max_attempts ? requeued : poisoned).push_back(job);
-  scheduler.mutable_counters().requeued -= static_cast<int64_t>(poisoned.size());
+  scheduler.mutable_counters().requeued += static_cast<int64_t>(requeued.size());
   if (held.empty())
     spdlog::info("worker {} removed ({})", name, why);
   else

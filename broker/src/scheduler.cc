@@ -138,7 +138,6 @@ std::vector<Job*> Scheduler::RemoveWorker(const std::string& routing_id) {
     Enqueue(job, /*front=*/true);
     requeued.push_back(job);
   }
-  counters_.requeued += static_cast<int64_t>(requeued.size());
   std::set<std::string> models;
   for (const auto& [name, mb] : it->second.max_batch) models.insert(name);
   workers_.erase(it);

@@ -101,7 +101,8 @@ class Scheduler {
   void MarkLeaving(const std::string& routing_id);
   void Touch(const std::string& routing_id, int64_t now_us);
   // Removes a worker; its in-flight jobs go back to the front of their queues with attempt+1.
-  // Returns the requeued jobs.
+  // Returns the requeued jobs; the caller counts them (counters().requeued), less those it
+  // poisons (counters().poisoned).
   std::vector<Job*> RemoveWorker(const std::string& routing_id);
   // Workers silent since before `deadline_us` (monotonic).
   std::vector<std::string> SilentWorkers(int64_t deadline_us) const;
