@@ -53,6 +53,9 @@ struct Broker::Impl {
     std::vector<zmq::message_t> envelope;
     protocol::Accepted accepted;
     std::vector<int64_t> seqs;  // accepted.ids[i]'s Job::seq: which job of that id it is
+    // accepted.ids[i]'s model, for the metrics: the job may end before the reply is sent
+    // (cancelled or expired in the turn it was accepted in).
+    std::vector<std::string> models;
     bool ack = true;  // false: SUBMIT "ack": false -- no ACCEPTED unless something was rejected
   };
   std::vector<PendingReply> pending_replies;

@@ -73,11 +73,16 @@ metrics::Counter* BrokerMetrics::Rejected(std::string_view code) {
   return c;
 }
 
-void BrokerMetrics::OnReply(const protocol::Accepted& reply, const Scheduler& scheduler) {
-  for (const auto& id : reply.ids) {
-    const Job* job = scheduler.Find(id);
-    if (job == nullptr) continue;
-    Model(job->model)->accepted->Inc();
+void BrokerMetrics::OnReply(const protocol::Accepted& reply,
+                            const std::vector<std::string>& models) {
+  ModelSeries* m = nullptr;
+  const std::string* model = nullptr;  // a SUBMIT's jobs are mostly of one model: few lookups
+  for (const auto& name : models) {
+    if (model == nullptr || name != *model) {
+      m = Model(name);
+      model = &name;
+    }
+    m->accepted->Inc();
   }
   for (const auto& r : reply.rejected) Rejected(r.code)->Inc();
 }

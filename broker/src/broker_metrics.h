@@ -35,8 +35,9 @@ class BrokerMetrics {
   BrokerMetrics(const BrokerMetrics&) = delete;
   BrokerMetrics& operator=(const BrokerMetrics&) = delete;
 
-  // A SUBMIT is answered: its accepted ids (looked up in `scheduler`) and rejections by code.
-  void OnReply(const protocol::Accepted& reply, const Scheduler& scheduler);
+  // A SUBMIT is answered: its accepted jobs (`models[i]` is the model of `reply.ids[i]`) and
+  // its rejections by code.
+  void OnReply(const protocol::Accepted& reply, const std::vector<std::string>& models);
   // A chunk goes to a worker: dispatched jobs, chunks, queue time of first dispatches.
   void OnChunk(const Chunk& chunk, int64_t now_us);
   // A worker reported these jobs finished (DONE); `not_done` gives the non-"done" statuses.

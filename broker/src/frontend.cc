@@ -224,6 +224,7 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
     if (options.journal) journal.Stage(*added);
     reply.accepted.ids.push_back(in.id);
     reply.seqs.push_back(added->seq);
+    reply.models.push_back(added->model);
   }
   scheduler.mutable_counters().rejected += static_cast<int64_t>(reply.accepted.rejected.size());
   reply.envelope = std::move(m.envelope);
@@ -251,12 +252,13 @@ void Broker::Impl::CommitAndReply(bool quiet) {
                    s.message());
       int64_t n = 0;
       for (auto& reply : pending_replies) {
-        std::vector<std::string> ended;
+        std::vector<std::string> ended, ended_models;
         for (size_t i = 0; i < reply.accepted.ids.size(); ++i) {
           std::string& id = reply.accepted.ids[i];
           const Job* job = scheduler.Find(id);
           if (job == nullptr || job->seq != reply.seqs[i]) {  // not this SUBMIT's job any more
             ended.push_back(std::move(id));
+            ended_models.push_back(std::move(reply.models[i]));
             continue;
           }
           scheduler.Take(id);
@@ -265,13 +267,15 @@ void Broker::Impl::CommitAndReply(bool quiet) {
           ++n;
         }
         reply.accepted.ids = std::move(ended);
+        reply.models = std::move(ended_models);
+        reply.seqs.clear();  // not read past this point
       }
       scheduler.mutable_counters().accepted -= n;
       scheduler.mutable_counters().rejected += n;
     }
   }
   for (auto& reply : pending_replies) {
-    telemetry.OnReply(reply.accepted, scheduler);
+    telemetry.OnReply(reply.accepted, reply.models);
     if (!reply.ack && reply.accepted.rejected.empty()) continue;  // all accepted: nothing to say
     Reply(reply.envelope, protocol::kAccepted, protocol::EncodeAccepted(reply.accepted));
   }

@@ -14,6 +14,7 @@
 #include "ferry/metrics/text_format.h"
 #include "fleet.h"
 #include "json.h"
+#include "raw_wire.h"
 #include "reference.h"
 
 namespace ferry {
@@ -355,6 +356,45 @@ TEST(Metrics, ARestoredJobOfAModelNobodyServesFailsAfterTheOrphanTimeout) {
   ASSERT_TRUE(c->Wait(id, 60000, &result).ok()) << fleet.Logs();
   EXPECT_EQ(result.state, JobState::kFailed);
   EXPECT_EQ(result.error.code(), codes::kUnavailable) << result.error.ToString();
+}
+
+// A job that ends in the turn it is accepted in (here a CANCEL read in the same turn as its
+// SUBMIT: the broker is stopped while both reach its socket) is counted accepted, as the
+// broker's STATS count it, and finished cancelled: every finished job was accepted first.
+TEST(Metrics, AJobCancelledInItsAcceptanceTurnIsCountedAccepted) {
+  const int broker_port = testutil::FreePort();
+  FleetOptions o;
+  o.workers = 1;
+  o.broker_args = {"--metrics-port", std::to_string(broker_port)};
+  Fleet fleet(o);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  zmq::context_t ctx(1);
+  zmq::socket_t s = testutil::RawDealer(ctx, fleet.frontend(), 20000);
+  ASSERT_EQ(testutil::RawExchange(s, {"FERRY1", "STATS", ""}), "STATS") << fleet.Logs();
+  const std::string id = "cancelled-at-once";
+  msgpack::sbuffer submit;
+  protocol::Packer pk(submit);
+  pk.pack_map(1);
+  protocol::PackString(pk, "jobs");
+  pk.pack_array(1);
+  protocol::PackSubmitJob(pk, id, "tiny", {testutil::RandomFloats({8}, 7)}, 0, 0, 0);
+  const zmq::message_t cancel = protocol::EncodeIds({id}, 2);
+  fleet.broker().Signal(SIGSTOP);
+  testutil::RawSend(s, {"FERRY1", "SUBMIT", std::string(submit.data(), submit.size())});
+  testutil::RawSend(
+      s, {"FERRY1", "CANCEL", std::string(static_cast<const char*>(cancel.data()), cancel.size())});
+  fleet.broker().Signal(SIGCONT);
+  bool accepted = false, cancelled = false;
+  while (!accepted || !cancelled) {
+    protocol::Message m;
+    ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) << fleet.Logs();
+    accepted = accepted || m.command == protocol::kAccepted;
+    cancelled = cancelled || m.command == protocol::kCancelled;
+  }
+  Scraper broker{Url(broker_port, "/metrics")};
+  ASSERT_TRUE(broker.WaitFor(names::kJobsFinished, {{"status", "cancelled"}}, 1)) << fleet.Logs();
+  EXPECT_EQ(broker.Sum(names::kJobsAccepted, {{"model", "tiny"}}), 1);
+  EXPECT_EQ(broker.Sum(names::kJobsDispatched), 0);  // cancelled before any dispatch
 }
 
 // consume_results: every result a Wait or Run returned is gone from Redis once the client is
