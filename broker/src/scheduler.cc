@@ -71,6 +71,7 @@ void Scheduler::AddWorker(const std::string& routing_id, protocol::WorkerHello h
   }
   w.hello = std::move(hello);
   w.last_seen_us = now_us;
+  w.leaving = false;  // a READY after a `bye` DONE: it is ready for work again
   if (inserted) lru_.push_front(routing_id);  // a new worker is served first
   RefreshSpecs(touched, &routing_id);
 }

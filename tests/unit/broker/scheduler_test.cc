@@ -81,6 +81,24 @@ TEST(Scheduler, ALeavingWorkerGetsNoChunkForTheCreditItsDonesReturn) {
   EXPECT_EQ(s.QueueDepth("m"), 4u);
 }
 
+// A READY is a whole announcement: one that follows a `bye` DONE on the same connection (a
+// drain called off) makes the worker ready for work again, instead of holding its credit idle.
+TEST(Scheduler, AReadyAfterAByeTakesTheWorkerBack) {
+  Scheduler s;
+  s.AddWorker("w1", Hello("w1", 4, {{"m", 4}}), 0);
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(s.Add(MakeJob("j" + std::to_string(i), "m")).ok());
+  Chunk c;
+  ASSERT_TRUE(s.NextChunk(&c));
+  s.MarkLeaving("w1");
+  std::vector<std::string> not_held;
+  EXPECT_EQ(s.Complete("w1", {"j0", "j1"}, &not_held).size(), 2u);
+  EXPECT_FALSE(s.NextChunk(&c));
+  s.AddWorker("w1", Hello("w1", 4, {{"m", 4}}), 1);
+  EXPECT_FALSE(s.workers().at("w1").leaving);
+  ASSERT_TRUE(s.NextChunk(&c));
+  EXPECT_EQ(Ids(c), (std::vector<std::string>{"j4", "j5"}));  // the 2 credits it has back
+}
+
 TEST(Scheduler, LeastRecentlyServedWorkerFirst) {
   Scheduler s;
   s.AddWorker("w1", Hello("w1", 100, {{"m", 1}}), 0);
