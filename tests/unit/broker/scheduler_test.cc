@@ -63,10 +63,9 @@ TEST(Scheduler, ChunksRespectMaxBatchAndCredit) {
   EXPECT_EQ(Ids(c), (std::vector<std::string>{"j6", "j7", "j8"}));
 }
 
-// A draining worker reports its jobs in DONEs that say bye, maybe several: the credit the first
-// ones return must not buy it new work, or its last BYE would requeue that work.
-TEST(Scheduler, ALeavingWorkerGetsNoChunkForTheCreditItsDonesReturn) {
-  Scheduler s;
+// Worker w1 (capacity 4, max batch 4) took j0..j3 of eight queued jobs, started draining, and
+// reported j0 and j1 in a DONE that says bye: it holds j2 and j3, with 2 credits back.
+void DrainingHalfway(Scheduler& s) {
   s.AddWorker("w1", Hello("w1", 4, {{"m", 4}}), 0);
   for (int i = 0; i < 8; ++i) ASSERT_TRUE(s.Add(MakeJob("j" + std::to_string(i), "m")).ok());
   Chunk c;
@@ -74,7 +73,16 @@ TEST(Scheduler, ALeavingWorkerGetsNoChunkForTheCreditItsDonesReturn) {
   s.MarkLeaving("w1");
   std::vector<std::string> not_held;
   EXPECT_EQ(s.Complete("w1", {"j0", "j1"}, &not_held).size(), 2u);
+}
+
+// A draining worker reports its jobs in DONEs that say bye, maybe several: the credit the first
+// ones return must not buy it new work, or its last BYE would requeue that work.
+TEST(Scheduler, ALeavingWorkerGetsNoChunkForTheCreditItsDonesReturn) {
+  Scheduler s;
+  DrainingHalfway(s);
+  Chunk c;
   EXPECT_FALSE(s.NextChunk(&c)) << "the leaving worker got " << c.jobs.size() << " more";
+  std::vector<std::string> not_held;
   EXPECT_EQ(s.Complete("w1", {"j2", "j3"}, &not_held).size(), 2u);
   EXPECT_TRUE(s.workers().at("w1").in_flight.empty());  // holds nothing: the broker removes it
   EXPECT_FALSE(s.NextChunk(&c));
@@ -85,16 +93,10 @@ TEST(Scheduler, ALeavingWorkerGetsNoChunkForTheCreditItsDonesReturn) {
 // drain called off) makes the worker ready for work again, instead of holding its credit idle.
 TEST(Scheduler, AReadyAfterAByeTakesTheWorkerBack) {
   Scheduler s;
-  s.AddWorker("w1", Hello("w1", 4, {{"m", 4}}), 0);
-  for (int i = 0; i < 8; ++i) ASSERT_TRUE(s.Add(MakeJob("j" + std::to_string(i), "m")).ok());
-  Chunk c;
-  ASSERT_TRUE(s.NextChunk(&c));
-  s.MarkLeaving("w1");
-  std::vector<std::string> not_held;
-  EXPECT_EQ(s.Complete("w1", {"j0", "j1"}, &not_held).size(), 2u);
-  EXPECT_FALSE(s.NextChunk(&c));
+  DrainingHalfway(s);
   s.AddWorker("w1", Hello("w1", 4, {{"m", 4}}), 1);
   EXPECT_FALSE(s.workers().at("w1").leaving);
+  Chunk c;
   ASSERT_TRUE(s.NextChunk(&c));
   EXPECT_EQ(Ids(c), (std::vector<std::string>{"j4", "j5"}));  // the 2 credits it has back
 }
