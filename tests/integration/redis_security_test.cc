@@ -423,6 +423,9 @@ TEST_F(RedisSecurity, EachUserIsHeldToItsOwnCommandsAndKeys) {
   EXPECT_TRUE(refused(producer.get(), {"SET", "other:key", "v"}));
   // What it needs.
   EXPECT_TRUE(allowed(producer.get(), {"SET", "ferry:input:p:0", "bytes", "EX", "60"}));
+  // The Python client's run() renews its inputs' expiry when it resubmits after silence.
+  EXPECT_TRUE(allowed(producer.get(), {"EXPIRE", "ferry:input:p:0", "60"}));
+  EXPECT_TRUE(refused(producer.get(), {"EXPIRE", "ferry:result:real", "1"}));
   EXPECT_TRUE(allowed(producer.get(), {"DEL", "ferry:input:p:0"}));
   EXPECT_TRUE(allowed(producer.get(), {"GET", "ferry:result:real"}));
 

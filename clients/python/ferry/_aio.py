@@ -241,26 +241,23 @@ class AsyncClient:
         loop = engine.loop
         deadline = None if timeout is None else loop.time() + timeout
         job = RunJob(prep)
-        stored_at = [0.0]  # when this run last wrote its stored inputs
 
         async def resubmit():
             job.sent_at = loop.time()
-            # The inputs written for the first SUBMIT are still there (expiring in input_ttl_s;
-            # only the final result deletes them, and this run only once it ends): written
-            # again only when half their expiry has passed, so that a job queued for long keeps
-            # them, not at every silence (a 1 MB input every request_timeout_ms, times every
-            # run waiting in a long queue, would load Redis most when it is busiest).
-            if prep.stored and loop.time() - stored_at[0] >= self.options.input_ttl_s / 2:
+            # The inputs written for the first SUBMIT are most likely still there (only the
+            # final result deletes them): their expiry is renewed, and only those Redis lost
+            # meanwhile are written again -- not every input at every silence (a 1 MB input
+            # every request_timeout_ms, times every run waiting in a long queue, would load
+            # Redis most when it is busiest).
+            if prep.stored:
                 try:
-                    await engine.store_inputs([prep])
-                    stored_at[0] = loop.time()
+                    await engine.refresh_inputs(prep)
                 except Unavailable:
                     return  # Redis is away: the next silence tries again
             engine.queue_run(job)
 
         if prep.stored:
             await engine.store_inputs([prep])
-            stored_at[0] = loop.time()
         engine.results.track((id,))
         engine.queue_run(job)
         ok = False

@@ -574,8 +574,12 @@ class Engine:
 
     async def store_inputs(self, preps):
         """Writes the stored (big) inputs of these jobs to Redis, one round trip."""
+        await self._set_inputs([stored for p in preps if p.stored for stored in p.stored])
+
+    async def _set_inputs(self, pairs):
+        """SETs these (key, bytes) pairs, expiring in input_ttl_s, in one round trip."""
         ttl = self.opts.input_ttl_s
-        cmds = [("SET", key, data, "EX", ttl) for p in preps if p.stored for key, data in p.stored]
+        cmds = [("SET", key, data, "EX", ttl) for key, data in pairs]
         if not cmds:
             return
         try:
@@ -585,6 +589,19 @@ class Engine:
         for r in replies:
             if isinstance(r, _resp.ReplyError):
                 raise Unavailable("storing big inputs in Redis: %s" % r)
+
+    async def refresh_inputs(self, prep):
+        """Before a resubmit: renews the expiry of the job's stored inputs (EXPIRE, a few bytes
+        each) and writes again only those Redis no longer has -- a restart without persistence,
+        a failover, an eviction -- or will not renew (an ACL of before, without EXPIRE): the
+        worker that takes the resubmitted job finds every input."""
+        ttl = self.opts.input_ttl_s
+        try:
+            replies = await self.redis.execute_many(
+                [("EXPIRE", key, ttl) for key, _ in prep.stored])
+        except Unavailable as e:
+            raise Unavailable("renewing big inputs in Redis: %s" % e.message)
+        await self._set_inputs([stored for stored, r in zip(prep.stored, replies) if r != 1])
 
     def delete_inputs(self, preps):
         keys = [key for p in preps if p.stored for key, _ in p.stored]

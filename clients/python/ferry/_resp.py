@@ -213,9 +213,13 @@ def _keepalive(sock):
     vanished without a FIN/RST (a dead host, a NAT that forgot the flow) would leave it waiting
     for good, its channel still named in every SUBMIT and its notices lost."""
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE, 15)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL, 5)
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT, 3)
+    # Linux names the idle time TCP_KEEPIDLE, macOS TCP_KEEPALIVE; a platform without one of
+    # these keeps its default for it.
+    idle = getattr(socket, "TCP_KEEPIDLE", getattr(socket, "TCP_KEEPALIVE", None))
+    for option, value in ((idle, 15), (getattr(socket, "TCP_KEEPINTVL", None), 5),
+                          (getattr(socket, "TCP_KEEPCNT", None), 3)):
+        if option is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
 
 class Connection(asyncio.BufferedProtocol):
@@ -472,11 +476,13 @@ class Commands:
     async def execute(self, *args, timeout=None):
         """One command's reply (a ReplyError raised). `timeout`: the caller's own bound in
         seconds, when less than the connection's (a wait with little time left), connecting
-        included. Past it the call raises Unavailable, but the command stays on the connection
-        (its reply, when it comes, is dropped), so the other callers' commands on it go on; only
-        a reply later than the connection's timeout closes it, as always."""
+        included: one deadline for both. Past it the call raises Unavailable, but the command
+        stays on the connection (its reply, when it comes, is dropped), so the other callers'
+        commands on it go on; only a reply later than the connection's timeout closes it, as
+        always -- also after a caller that gave up or was cancelled."""
         bounded = timeout is not None and timeout < self._timeout
         if bounded:
+            deadline = self._loop.time() + timeout
             try:
                 conn = await asyncio.wait_for(self._connection(), timeout)
             except asyncio.TimeoutError:
@@ -485,17 +491,15 @@ class Commands:
         else:
             conn = await self._connection()
         fut = conn.call(*args)
-        timer = self._loop.call_later(self._timeout, _expire, conn, fut)
-        try:
-            value = await (asyncio.wait_for(asyncio.shield(fut), timeout) if bounded else fut)
-        except asyncio.TimeoutError:
-            # Only the caller gave up: the connection's timer still watches the reply.
-            raise Unavailable("Redis at %s: no reply within %g s"
-                              % (self._endpoint.address, timeout)) from None
-        except BaseException:
-            timer.cancel()
-            raise
-        timer.cancel()
+        self._watch(conn, fut)
+        if bounded:
+            # asyncio.wait neither cancels the command nor raises on it: its reply stays the
+            # connection's to take, whenever it comes.
+            done, _ = await asyncio.wait((fut,), timeout=max(0.0, deadline - self._loop.time()))
+            if not done:
+                raise Unavailable("Redis at %s: no reply within %g s"
+                                  % (self._endpoint.address, timeout))
+        value = await fut
         if isinstance(value, ReplyError):
             raise value
         return value
@@ -504,11 +508,18 @@ class Commands:
         """Several commands in one round trip; their replies (ReplyError values included)."""
         conn = await self._connection()
         futs = [conn.call(*c) for c in commands]
-        timer = self._loop.call_later(self._timeout, _expire, conn, futs[-1])
-        try:
-            return [await f for f in futs]
-        finally:
-            timer.cancel()
+        for f in futs[:-1]:
+            f.add_done_callback(_retrieve)  # after the first error the rest are not awaited
+        self._watch(conn, futs[-1])
+        return [await f for f in futs]
+
+    def _watch(self, conn, last):
+        """Closes `conn` when `last` has no reply within the connection's timeout (replies come
+        in order: the others' came before it). The timer goes with the reply; and a reply's
+        error is marked read, so that one nobody awaits any more (its caller gave up) is not
+        logged by asyncio as never retrieved."""
+        timer = self._loop.call_later(self._timeout, _expire, conn, last)
+        last.add_done_callback(lambda f: (timer.cancel(), _retrieve(f)))
 
     def close(self):
         self.closed = True
@@ -516,6 +527,11 @@ class Commands:
             self._conn.close()
         if self._connecting is not None:
             self._connecting.cancel()
+
+
+def _retrieve(fut):
+    if not fut.cancelled():
+        fut.exception()
 
 
 def _expire(conn, fut):

@@ -320,9 +320,12 @@ class Results:
                     now = loop.time()
                     next_read = now + backoff
                     backoff = min(backoff * 2, MAX_RECHECK)
+                    # Silence: resubmit the same id (pending: a duplicate). Not once the wait is
+                    # over (a read cut off at the deadline), which the resubmit would outlast.
                     if run is not None and resubmit is not None and run.sent \
-                            and now - run.sent_at >= self.timeout and last_error is None:
-                        await resubmit()  # silence: resubmit the same id (pending: duplicate)
+                            and now - run.sent_at >= self.timeout and last_error is None \
+                            and (deadline is None or now < deadline):
+                        await resubmit()
                     continue
                 if deadline is not None and now >= deadline:
                     if last_error is not None:

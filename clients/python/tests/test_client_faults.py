@@ -121,6 +121,35 @@ def test_a_run_resubmitted_after_silences_writes_its_stored_input_once(fleet):
     assert store.get("pyonce:input:%s:0" % r.id) == x.tobytes()
 
 
+def test_a_run_resubmitted_after_its_stored_input_vanished_writes_it_again(fleet):
+    """A resubmit renews the stored input's expiry (EXPIRE) rather than uploading it again; an
+    input Redis no longer has (here deleted after the first resubmit, as a Redis restarted
+    without persistence or an eviction would lose it) is written again before the next one, so
+    that the worker that takes the resubmitted job finds it."""
+    store = fleet.redis()
+    y = np.array([3.0, 1.0], np.float32)
+    x = np.arange(50000, dtype=np.float32)  # 200,000 bytes: stored in Redis
+    stats = lambda: store.info("commandstats")  # noqa: E731
+    calls = lambda command: stats().get("cmdstat_" + command, {"calls": 0})["calls"]  # noqa: E731
+    sets_before, expires_before = calls("set"), calls("expire")
+    present = []
+
+    def on_submit(n, body, reply, serve):
+        key = "pylost:input:%s:0" % body["jobs"][0]["id"]
+        present.append(store.exists(key))
+        if n == 2:
+            store.delete(key)
+        if n == 4:
+            serve(body["jobs"][0]["id"])
+    r, seen, _ = _run_against_a_stub_broker(fleet, "pylost:", x, y, on_submit)
+    np.testing.assert_array_equal(r.outputs[0], y)
+    assert present == [1, 1, 1, 1], "each SUBMIT went out with its input in Redis: %s" % present
+    sets = calls("set") - sets_before
+    assert sets == 3, "%d SETs: the input, once more after it vanished, the result" % sets
+    assert calls("expire") - expires_before == 3  # one per resubmit
+    assert store.get("pylost:input:%s:0" % r.id) == x.tobytes()
+
+
 def test_a_late_rejection_of_a_run_resubmitted_since_does_not_fail_it(fleet):
     """A stub broker keeps the first SUBMIT of a run unanswered past request_timeout_ms, so the
     client sends the same id again; only then does it reject the first one (queue_full, rid 1),
@@ -557,6 +586,19 @@ def test_the_result_subscription_has_tcp_keepalive_and_commands_have_none(fleet)
     asyncio.run(main())
 
 
+def test_keepalive_is_set_where_the_platform_names_its_options_otherwise(monkeypatch):
+    # macOS has no TCP_KEEPIDLE (its idle option is TCP_KEEPALIVE): the subscription still
+    # opens, with the options the platform has.
+    import socket
+    from ferry import _resp
+    monkeypatch.delattr(socket, "TCP_KEEPIDLE")
+    with socket.socket() as s:
+        _resp._keepalive(s)
+        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 5
+        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
+
+
 def test_a_wait_on_a_stalled_redis_ends_at_its_own_timeout(models_dir):
     # Redis stopped (SIGSTOP): a GET that gets no reply. A wait with 0.5 s gives up at its own
     # deadline, with Timeout, not after the client's request timeout (30 s here), as the C++
@@ -586,3 +628,93 @@ def test_a_wait_on_a_stalled_redis_ends_at_its_own_timeout(models_dir):
         asyncio.run(main())
     finally:
         f.stop()
+
+
+def test_waits_that_gave_up_on_a_stalled_redis_leave_no_error_unread(models_dir):
+    # Waits that gave up at their own deadline leave their GETs on the connection; when the
+    # connection's timeout closes it, those GETs fail with nobody awaiting them: their errors
+    # are taken, not logged by asyncio ("Future exception was never retrieved"). The client goes
+    # on over a new connection once Redis does.
+    import gc
+    import signal
+    from fleet import Fleet
+    f = Fleet(models_dir, workers=0)
+    unread = []
+
+    async def main():
+        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: unread.append(ctx))
+        async with ferry.AsyncClient(f.frontend, f.redis_url, request_timeout_ms=1000) as c:
+            assert await c.poll(uid("stall")) is None  # connected to Redis
+            f.redis_proc.send_signal(signal.SIGSTOP)
+            try:
+                for _ in range(3):
+                    with pytest.raises(ferry.Timeout):
+                        await c.wait(uid("stall"), timeout=0.2)
+                # The connection's timer closes it a request timeout after the first GET.
+                await asyncio.sleep(1.5)
+                gc.collect()
+                await asyncio.sleep(0)
+            finally:
+                f.redis_proc.send_signal(signal.SIGCONT)
+            assert await c.poll(uid("stall")) is None
+        gc.collect()
+    try:
+        asyncio.run(main())
+    finally:
+        f.stop()
+    assert not [ctx for ctx in unread if "never retrieved" in ctx.get("message", "")], unread
+
+
+def test_a_run_on_a_stalled_redis_sends_no_resubmit_past_its_timeout(models_dir):
+    # A stub broker that never answers, and Redis stopped before the first silence's read: that
+    # read is cut off at the run's deadline, and the run ends there with Timeout. Before, the
+    # cut-off read counted as no error, so the silence's resubmit went out past the deadline
+    # and wrote the stored input to the stalled Redis, holding the run for up to a request
+    # timeout more. The engine calls a resubmit makes are recorded with their times.
+    import signal
+    import zmq
+    from fleet import Fleet
+    f = Fleet(models_dir, workers=0)
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def silent():
+        while not stop.is_set():
+            if router.poll(50):
+                answered_limits(router, router.recv_multipart())
+    t = threading.Thread(target=silent)
+    t.start()
+    x = np.arange(50000, dtype=np.float32)  # stored in Redis
+    calls = []
+
+    async def main():
+        # input_ttl_s 1: the client of before wrote the input again at such a resubmit.
+        async with ferry.AsyncClient("tcp://127.0.0.1:%d" % port, f.redis_url,
+                                     request_timeout_ms=3000, input_ttl_s=1) as c:
+            loop = asyncio.get_running_loop()
+            engine = c._get_engine()
+            for name in ("store_inputs", "refresh_inputs", "queue_run"):
+                if hasattr(engine, name):
+                    def spy(*args, _name=name, _real=getattr(engine, name)):
+                        calls.append((_name, loop.time()))
+                        return _real(*args)
+                    setattr(engine, name, spy)
+            loop.call_later(2.0, f.redis_proc.send_signal, signal.SIGSTOP)
+            deadline = loop.time() + 3.5
+            with pytest.raises(ferry.Timeout):
+                await c.run("tiny", x, timeout=3.5)
+            return deadline
+    try:
+        deadline = asyncio.run(main())
+    finally:
+        f.redis_proc.send_signal(signal.SIGCONT)
+        stop.set()
+        t.join()
+        router.close(0)
+        ctx.term()
+        f.stop()
+    assert [name for name, _ in calls[:2]] == ["store_inputs", "queue_run"], calls  # the first
+    late = [(name, at - deadline) for name, at in calls if at >= deadline]
+    assert not late, "resubmitted past the run's deadline: %s" % late
