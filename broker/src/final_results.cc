@@ -20,6 +20,12 @@ void FinalResults::Add(std::unique_ptr<Job> job, std::string status, std::string
   entries_.push_back({std::move(job), std::move(status), std::move(code), std::move(message)});
 }
 
+std::unordered_set<std::string_view> FinalResults::PendingIds() const {
+  std::unordered_set<std::string_view> ids;
+  for (const auto& e : entries_) ids.insert(e.job->id);
+  return ids;
+}
+
 Status FinalResults::Flush(std::vector<std::unique_ptr<Job>>* written) {
   written->clear();
   if (entries_.empty()) return Status::Ok();

@@ -6,6 +6,8 @@
 
 #include <memory>
 #include <string>
+#include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "ferry/protocol/keys.h"
@@ -25,6 +27,8 @@ class FinalResults {
   // indexes and producer are kept.
   void Add(std::unique_ptr<Job> job, std::string status, std::string code, std::string message);
   bool empty() const { return entries_.empty(); }
+  // The ids of the entries Redis has not taken yet (views: valid until the next Add or Flush).
+  std::unordered_set<std::string_view> PendingIds() const;
   size_t size() const { return entries_.size(); }
 
   // Writes every entry (SET NX EX; and DEL of the job's stored inputs) in one round trip, and

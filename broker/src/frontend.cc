@@ -2,6 +2,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <iterator>
 #include <map>
 #include <optional>
 #include <string_view>
@@ -319,8 +320,22 @@ void Broker::Impl::HandleCancel(protocol::Message& m, const msgpack::object& bod
     }
   }
   // The queued jobs' `cancelled` results are in Redis before CANCELLED says so: a broker that
-  // dies right after must not restore them from its journal and run them.
-  if (!reply.ids.empty()) FlushFinalResults();
+  // dies right after must not restore them from its journal and run them. Those Redis did not
+  // take (it is down) are not final yet: they are reported `running`, whose result tells. The
+  // broker writes `cancelled` once Redis is back; a broker that dies first restores the job
+  // from its journal and runs it.
+  if (!reply.ids.empty()) {
+    FlushFinalResults();
+    if (!final_results.empty()) {
+      const auto pending = final_results.PendingIds();
+      auto unwritten =
+          std::stable_partition(reply.ids.begin(), reply.ids.end(),
+                                [&](const std::string& id) { return pending.count(id) == 0; });
+      reply.running.insert(reply.running.end(), std::make_move_iterator(unwritten),
+                           std::make_move_iterator(reply.ids.end()));
+      reply.ids.erase(unwritten, reply.ids.end());
+    }
+  }
   for (const auto& [worker, list] : by_worker)
     protocol::SendTo(backend, worker, protocol::kCancel, protocol::EncodeIds(list));
   Reply(m.envelope, protocol::kCancelled, protocol::EncodeCancelled(reply));

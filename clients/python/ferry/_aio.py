@@ -12,8 +12,10 @@ __all__ = ["AsyncClient", "CancelReport"]
 
 class CancelReport(tuple):
     """What the broker did with the ids of one cancel() call (every id in exactly one list):
-    cancelled (were queued: their result is now "cancelled"), running (on a worker: dropped
-    there if their batch has not started), not_found (not pending: unknown or finished)."""
+    cancelled (were queued: their result is now "cancelled"), running (not final yet, the
+    result tells: on a worker, dropped there if their batch has not started; or queued while
+    Redis did not take their "cancelled" result), not_found (not pending: unknown or
+    finished)."""
 
     __slots__ = ()
 

@@ -170,7 +170,9 @@ struct SubmitOutcome {
 // What the broker did with the ids of one Cancel call.
 struct CancelReport {
   std::vector<std::string> cancelled;  // were queued: their result is now "cancelled"
-  std::vector<std::string> running;    // were on a worker: dropped there if not started yet
+  // Not final yet, the result tells: were on a worker (dropped there if not started yet), or
+  // were queued while Redis did not take their `cancelled` result (docs/protocol.md, CANCEL).
+  std::vector<std::string> running;
   std::vector<std::string> not_found;  // not pending: unknown, already finished, or expired
 };
 
