@@ -118,7 +118,7 @@ void Journal::Forget(const std::string& id, int64_t now_mono_us) {
   if (forgotten_.empty()) oldest_forget_us_ = now_mono_us;
   forgotten_.insert(id);
 }
-void Journal::NoteModel(const std::string& model) { models_.push_back(model); }
+void Journal::NoteModel(const std::string& model) { models_.insert(model); }
 
 Status Journal::Commit(const FindJob& find) {
   if (idle()) return Status::Ok();

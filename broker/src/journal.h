@@ -82,7 +82,7 @@ class Journal {
   std::set<std::string> updates_;                            // ids (Restage)
   std::unordered_set<std::string> forgotten_;
   int64_t oldest_forget_us_ = 0;
-  std::vector<std::string> models_;
+  std::set<std::string> models_;  // a set: READYs repeat them, and while Redis is down they wait
 };
 
 }  // namespace ferry::broker

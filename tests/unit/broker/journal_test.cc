@@ -400,6 +400,38 @@ TEST_F(JournalRedisTest, NotedModelsLoadAndExpire) {
   EXPECT_LE(ttl, 7 * 24 * 3600);
 }
 
+// Every READY notes its models again, and while Redis is down the notes wait: they are kept
+// once each, not once per READY (which grew without bound, and each failed commit rebuilt an
+// SADD of all of them). Redis's slow log (every command, with its arguments) shows the SADD.
+TEST_F(JournalRedisTest, ModelsNotedWhileRedisIsDownAreKeptOnceEach) {
+  server_.Stop();
+  for (int i = 0; i < 1000; ++i) {
+    for (const char* model : {"a", "b", "c"}) journal_->NoteModel(model);
+    EXPECT_FALSE(journal_->Commit(find_).ok());
+  }
+  server_.Restart();
+  protocol::RedisReply reply;
+  auto admin = server_.Connect();
+  ASSERT_NE(admin, nullptr);
+  ASSERT_TRUE(admin->Command({"CONFIG", "SET", "slowlog-log-slower-than", "0"}, &reply).ok());
+  ASSERT_TRUE(admin->Command({"SLOWLOG", "RESET"}, &reply).ok());
+  ASSERT_TRUE(journal_->Commit(find_).ok());
+  ASSERT_TRUE(admin->Command({"SLOWLOG", "GET", "100"}, &reply).ok());
+  std::vector<std::string> sadd;
+  for (const auto& entry : reply.elements) {  // [id, time, duration, [arguments], ...]
+    if (entry.elements.size() < 4 || entry.elements[3].elements.empty()) continue;
+    const auto& args = entry.elements[3].elements;
+    if (args[0].str != "SADD" && args[0].str != "sadd") continue;
+    for (size_t i = 2; i < args.size(); ++i) sadd.push_back(args[i].str);
+  }
+  std::sort(sadd.begin(), sadd.end());
+  EXPECT_EQ(sadd, (std::vector<std::string>{"a", "b", "c"}));
+  std::vector<std::string> models;
+  Load(&models);
+  std::sort(models.begin(), models.end());
+  EXPECT_EQ(models, (std::vector<std::string>{"a", "b", "c"}));
+}
+
 TEST_F(JournalRedisTest, ForgetAndCommitRemoveJobs) {
   std::vector<std::unique_ptr<Job>> staged;
   for (int64_t i = 0; i < 3; ++i) {
