@@ -29,18 +29,11 @@ void Scheduler::Enqueue(Job* job, bool front) {
   else
     q.push_back(job);
   ++depth_[job->model];
-  if (job->deadline_us > 0) deadlines_.emplace(job->deadline_us, job->id);
+  if (job->deadline_us > 0) deadlines_.emplace(std::make_pair(job->deadline_us, job->seq), job->id);
 }
 
 void Scheduler::Undeadline(const Job* job) {
-  if (job->deadline_us <= 0) return;
-  auto [first, last] = deadlines_.equal_range(job->deadline_us);
-  for (auto it = first; it != last; ++it) {
-    if (it->second == job->id) {
-      deadlines_.erase(it);
-      return;
-    }
-  }
+  if (job->deadline_us > 0) deadlines_.erase({job->deadline_us, job->seq});
 }
 
 void Scheduler::Unqueue(Job* job) {
@@ -48,8 +41,10 @@ void Scheduler::Unqueue(Job* job) {
   auto& pq = queues_[job->model];
   auto q = pq.find(job->priority);
   if (q != pq.end()) {
+    // Found from the front and erased alone: jobs leave mostly there (expiry goes in seq order
+    // too), where a deque erases in O(1); std::remove would scan the whole level every time.
     auto& dq = q->second;
-    dq.erase(std::remove(dq.begin(), dq.end(), job), dq.end());
+    if (auto pos = std::find(dq.begin(), dq.end(), job); pos != dq.end()) dq.erase(pos);
     if (dq.empty()) pq.erase(q);
   }
   --depth_[job->model];
@@ -200,12 +195,17 @@ std::vector<std::unique_ptr<Job>> Scheduler::TakeQueued(const std::string& model
 
 std::vector<std::unique_ptr<Job>> Scheduler::TakeExpired(int64_t now_us) {
   std::vector<std::unique_ptr<Job>> out;
-  while (!deadlines_.empty() && deadlines_.begin()->first < now_us) {
-    std::string id = deadlines_.begin()->second;
-    deadlines_.erase(deadlines_.begin());
+  while (!deadlines_.empty() && deadlines_.begin()->first.first < now_us) {
+    const auto first = deadlines_.begin();
+    const std::string id = first->second;
     auto it = jobs_.find(id);
-    // A job leaves deadlines_ when it leaves the queue (Unqueue, NextChunk): this one is queued.
-    if (it == jobs_.end() || it->second->phase != JobPhase::kQueued) continue;
+    // A job leaves deadlines_ when it leaves the queue (Unqueue, NextChunk): this one is queued,
+    // and Take removes its entry. (Were one left behind, it goes here.)
+    if (it == jobs_.end() || it->second->phase != JobPhase::kQueued ||
+        it->second->seq != first->first.second) {
+      deadlines_.erase(first);
+      continue;
+    }
     out.push_back(Take(id));
   }
   return out;

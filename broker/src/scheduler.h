@@ -27,6 +27,7 @@
 #include <set>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "ferry/protocol/types.h"
@@ -161,7 +162,9 @@ class Scheduler {
   void RefreshSpecs(const std::set<std::string>& models, const std::string* first);
 
   std::unordered_map<std::string, std::unique_ptr<Job>> jobs_;
-  std::multimap<int64_t, std::string> deadlines_;  // deadline -> id, of the queued jobs with one
+  // (deadline, Job::seq) -> id, of the queued jobs with a deadline: keyed uniquely, so that a job
+  // leaving the queue finds its entry in O(log n) (every job of one SUBMIT has the same deadline).
+  std::map<std::pair<int64_t, int64_t>, std::string> deadlines_;
   std::unordered_map<std::string, int64_t> chunks_by_model_;
   int64_t aging_every_;
   int64_t pending_bytes_ = 0;

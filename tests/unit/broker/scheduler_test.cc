@@ -298,6 +298,27 @@ TEST(Scheduler, AJobLeavingTheQueueTakesItsDeadlineAlong) {
   EXPECT_EQ(s.deadlines(), 0u);
 }
 
+// The jobs of one SUBMIT share their deadline: each has an entry of its own (keyed by its seq
+// too), so that one leaving the queue takes only its own, and the rest expire in order.
+TEST(Scheduler, JobsSharingADeadlineLeaveAndExpireOneByOne) {
+  Scheduler s;
+  for (const char* id : {"a", "b", "c", "d"}) {
+    auto j = MakeJob(id, "m");
+    j->deadline_us = 100;
+    ASSERT_TRUE(s.Add(std::move(j)).ok());
+  }
+  EXPECT_EQ(s.deadlines(), 4u);
+  ASSERT_NE(s.Take("c"), nullptr);
+  EXPECT_EQ(s.deadlines(), 3u);
+  EXPECT_TRUE(s.TakeExpired(100).empty());  // not before the deadline has passed
+  auto expired = s.TakeExpired(101);
+  std::vector<std::string> ids;
+  for (const auto& j : expired) ids.push_back(j->id);
+  EXPECT_EQ(ids, (std::vector<std::string>{"a", "b", "d"}));
+  EXPECT_EQ(s.deadlines(), 0u);
+  EXPECT_EQ(s.QueueDepth("m"), 0u);
+}
+
 TEST(Scheduler, PendingBytesTrackInputs) {
   Scheduler s;
   auto a = MakeJob("a", "m");
