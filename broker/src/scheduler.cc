@@ -41,10 +41,21 @@ void Scheduler::Unqueue(Job* job) {
   auto& pq = queues_[job->model];
   auto q = pq.find(job->priority);
   if (q != pq.end()) {
-    // Found from the front and erased alone: jobs leave mostly there (expiry goes in seq order
-    // too), where a deque erases in O(1); std::remove would scan the whole level every time.
+    // Looked for from both ends at once and erased alone: jobs leave mostly at an end (expiry in
+    // seq order at the front, a CANCEL of the newest jobs at the back), where a deque finds and
+    // erases them in O(1); std::remove scanned the whole level for every job.
     auto& dq = q->second;
-    if (auto pos = std::find(dq.begin(), dq.end(), job); pos != dq.end()) dq.erase(pos);
+    for (auto lo = dq.begin(), hi = dq.end(); lo != hi;) {  // [lo, hi): not looked at yet
+      if (*lo == job) {
+        dq.erase(lo);
+        break;
+      }
+      if (++lo == hi) break;
+      if (*--hi == job) {
+        dq.erase(hi);
+        break;
+      }
+    }
     if (dq.empty()) pq.erase(q);
   }
   --depth_[job->model];

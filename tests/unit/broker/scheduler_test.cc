@@ -319,6 +319,23 @@ TEST(Scheduler, JobsSharingADeadlineLeaveAndExpireOneByOne) {
   EXPECT_EQ(s.QueueDepth("m"), 0u);
 }
 
+// A job leaves its queue level wherever it is -- the front, the back, the middle of an even or
+// an odd number of jobs (found from both ends at once) -- and the others keep their order.
+TEST(Scheduler, TakingJobsFromAnyPlaceKeepsTheRestInOrder) {
+  Scheduler s;
+  for (const char* id : {"a", "b", "c", "d", "e", "f", "g"})
+    ASSERT_TRUE(s.Add(MakeJob(id, "m")).ok());
+  for (const char* id : {"d", "g", "a", "c", "e"}) {  // middle of 7, back, front, middle of 4, ...
+    ASSERT_NE(s.Take(id), nullptr) << id;
+    EXPECT_EQ(s.Find(id), nullptr);
+  }
+  EXPECT_EQ(s.QueueDepth("m"), 2u);
+  s.AddWorker("w", Hello("w", 10, {{"m", 10}}), 0);
+  Chunk c;
+  ASSERT_TRUE(s.NextChunk(&c));
+  EXPECT_EQ(Ids(c), (std::vector<std::string>{"b", "f"}));
+}
+
 TEST(Scheduler, PendingBytesTrackInputs) {
   Scheduler s;
   auto a = MakeJob("a", "m");
