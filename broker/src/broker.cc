@@ -258,8 +258,8 @@ bool Broker::Impl::ReadBackend() {
   return false;
 }
 
-void Broker::Impl::Heartbeat(int64_t now_mono) {
-  if (now_mono < next_heartbeat_us) return;
+bool Broker::Impl::Heartbeat(int64_t now_mono) {
+  if (now_mono < next_heartbeat_us) return false;
   next_heartbeat_us = now_mono + options.heartbeat_ms * 1000;
   int64_t deadline = now_mono - options.heartbeat_ms * options.liveness * 1000;
   // A worker is silent only when nothing of it waits unread: when the broker itself was busy
@@ -270,6 +270,8 @@ void Broker::Impl::Heartbeat(int64_t now_mono) {
   const bool unread = (backend.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
   if (!unread || ReadBackend())
     for (const auto& id : scheduler.SilentWorkers(deadline)) DropWorker(id, "silent");
+  // (What was read is the next turn's to act on -- credit its DONEs freed, jobs requeued --
+  // which the loop then runs at once.)
   for (const auto& [id, w] : scheduler.workers())
     protocol::SendTo(backend, id, protocol::kHeartbeat, protocol::EncodeEmpty());
   // A fleet whose workers stay connected for over a week announces nothing in that time: the
@@ -281,6 +283,7 @@ void Broker::Impl::Heartbeat(int64_t now_mono) {
       for (const auto& [model, max_batch] : w.max_batch) served.insert(model);
     for (const auto& model : served) journal.NoteModel(model);
   }
+  return unread;
 }
 
 Broker::Broker(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -313,10 +316,14 @@ Status Broker::Run() {
                              {d.zap ? d.zap->socket().handle() : nullptr, 0, ZMQ_POLLIN, 0}};
   const int n_items = d.zap ? 3 : 2;
   protocol::Message m;
+  bool turn_due = false;  // the heartbeat read workers' messages: a turn acts on them at once
   while (!stop_.load(std::memory_order_relaxed)) {
     if (reload_.exchange(false, std::memory_order_relaxed)) d.ReloadKeys();
     // Journal removals wait for a ride with the next write, but not longer than a few ms.
-    const int timeout_ms = !d.final_results.empty() ? 20 : d.journal.removals() > 0 ? 5 : 100;
+    const int timeout_ms = turn_due                   ? 0
+                           : !d.final_results.empty() ? 20
+                           : d.journal.removals() > 0 ? 5
+                                                      : 100;
     const int ready = protocol::PollSockets(items, n_items, timeout_ms);
     if (ready < 0) {
       if (zmq_errno() == EINTR) continue;
@@ -346,7 +353,7 @@ Status Broker::Run() {
     d.Dispatch();
     d.CommitAndReply(/*quiet=*/ready == 0);
     d.FlushFinalResults();
-    d.Heartbeat(protocol::MonotonicMicros());
+    turn_due = d.Heartbeat(protocol::MonotonicMicros());
     d.telemetry.Refresh(d.scheduler, protocol::MonotonicMicros());
   }
   // Drain: what was read is answered, what is owed to Redis is written (best effort).

@@ -128,7 +128,9 @@ struct Broker::Impl {
   // Fails the queued jobs of models without a worker for --orphan-timeout-s (orphan_watch.cc).
   void FailOrphans();
   void FlushFinalResults();
-  void Heartbeat(int64_t now_mono);
+  // Every --heartbeat-ms: drops silent workers, sends HEARTBEATs, renews the models hourly.
+  // True when it read workers' messages first (their effects are the next turn's to act on).
+  bool Heartbeat(int64_t now_mono);
 };
 
 }  // namespace ferry::broker
