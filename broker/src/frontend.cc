@@ -2,7 +2,6 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
-#include <iterator>
 #include <map>
 #include <optional>
 #include <string_view>
@@ -304,37 +303,41 @@ void Broker::Impl::HandleCancel(protocol::Message& m, const msgpack::object& bod
   // any. (Another producer's job is reported not_found: its existence is not told either.)
   const bool any_job = !zap || zap->IsOperator(m.user_id);
   std::map<std::string, std::vector<std::string>> by_worker;
+  enum class Fate : char { kNotFound, kCancelledHere, kRunning };
+  std::vector<Fate> fates;  // per id of the request, for the lists in request order
+  fates.reserve(ids.size());
   for (const auto& id : ids) {
     const Job* job = scheduler.Find(id);
     if (!job || (!any_job && job->owner != m.user_id)) {
-      reply.not_found.push_back(id);
+      fates.push_back(Fate::kNotFound);
     } else if (job->phase == JobPhase::kQueued) {
       telemetry.OnBrokerFinished(*job, codes::kCancelled);
       final_results.Add(scheduler.Take(id), codes::kCancelled, codes::kCancelled,
                         "cancelled by request");
       ++scheduler.mutable_counters().cancelled;
-      reply.ids.push_back(id);
+      fates.push_back(Fate::kCancelledHere);
     } else {
       by_worker[job->worker].push_back(id);
-      reply.running.push_back(id);
+      fates.push_back(Fate::kRunning);
     }
   }
   // The queued jobs' `cancelled` results are in Redis before CANCELLED says so: a broker that
   // dies right after must not restore them from its journal and run them. Those Redis did not
   // take (it is down) are not final yet: they are reported `running`, whose result tells. The
   // broker writes `cancelled` once Redis is back; a broker that dies first restores the job
-  // from its journal and runs it.
-  if (!reply.ids.empty()) {
+  // from its journal (if it keeps one) and runs it.
+  std::unordered_set<std::string_view> unwritten;  // views into final_results: used right away
+  if (std::find(fates.begin(), fates.end(), Fate::kCancelledHere) != fates.end()) {
     FlushFinalResults();
-    if (!final_results.empty()) {
-      const auto pending = final_results.PendingIds();
-      auto unwritten =
-          std::stable_partition(reply.ids.begin(), reply.ids.end(),
-                                [&](const std::string& id) { return pending.count(id) == 0; });
-      reply.running.insert(reply.running.end(), std::make_move_iterator(unwritten),
-                           std::make_move_iterator(reply.ids.end()));
-      reply.ids.erase(unwritten, reply.ids.end());
-    }
+    if (!final_results.empty()) unwritten = final_results.PendingIds();
+  }
+  for (size_t i = 0; i < ids.size(); ++i) {
+    if (fates[i] == Fate::kNotFound)
+      reply.not_found.push_back(ids[i]);
+    else if (fates[i] == Fate::kCancelledHere && unwritten.count(ids[i]) == 0)
+      reply.ids.push_back(ids[i]);
+    else
+      reply.running.push_back(ids[i]);
   }
   for (const auto& [worker, list] : by_worker)
     protocol::SendTo(backend, worker, protocol::kCancel, protocol::EncodeIds(list));

@@ -255,34 +255,28 @@ TEST(Reliability, JobsTheBrokerFinishesLetGoOfTheirInputsWhileRedisIsDown) {
 // A queued job cancelled while Redis is down cannot get its `cancelled` result in Redis before
 // CANCELLED goes out: it is reported `running` (not final yet, the result tells), not
 // `cancelled`, since a broker that died before Redis came back would restore it from its
-// journal and run it. This broker lives: once Redis is back it writes `cancelled`.
+// journal and run it; the lists keep the request's order. This broker lives: once Redis is back
+// it writes `cancelled`, and the worker drops the other job, which it held unstarted.
 TEST(Reliability, AJobCancelledWhileRedisIsDownIsNotFinalUntilRedisTakesItsResult) {
-  FleetOptions fo;
-  fo.workers = 1;
-  fo.models = {"null"};
-  fo.broker_args = kFastHeartbeats;
-  fo.worker_args = kFastHeartbeats;
-  fo.redis_append_only = true;  // the journal outlives the restart
-  Fleet fleet(fo);
+  Fleet fleet(OneSlowLane());
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
-  fleet.worker(0).Signal(SIGSTOP);  // dropped; the model stays known, the job stays queued
-  ASSERT_TRUE(fleet.WaitForWorkers(0)) << fleet.Logs();
   auto c = MakeClient(fleet);
-  Job j;
-  j.id = "cancelled-redis-down";
-  j.model = "null";
-  j.inputs.push_back(Tensor::From<float>({1.0f, 2.0f}, {2}, DType::kFloat32));
-  ASSERT_TRUE(c->Submit(j, nullptr).ok()) << fleet.Logs();
+  std::string id;
+  ASSERT_TRUE(c->Submit(SlowJob("busy", 4000), &id).ok());  // seconds on the executor
+  ASSERT_TRUE(c->Submit(SlowJob("on-the-worker", 1), &id).ok());
+  ASSERT_TRUE(c->Submit(SlowJob("at-the-broker", 1), &id).ok());
+  const pid_t pid = fleet.worker(0).pid();
+  ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, pid) == 2; })) << "on-the-worker is held";
   fleet.redis().Stop();
   client::CancelReport report;
-  ASSERT_TRUE(c->CancelMany({j.id}, &report).ok()) << fleet.Logs();
+  ASSERT_TRUE(c->CancelMany({"at-the-broker", "on-the-worker"}, &report).ok()) << fleet.Logs();
   EXPECT_TRUE(report.cancelled.empty());
-  EXPECT_EQ(report.running, std::vector<std::string>{j.id});
+  EXPECT_EQ(report.running, (std::vector<std::string>{"at-the-broker", "on-the-worker"}));
   fleet.redis().Restart();
-  Result r;
-  ASSERT_TRUE(c->Wait(j.id, 60000, &r).ok()) << fleet.Logs();
-  EXPECT_EQ(r.state, JobState::kCancelled) << r.error.ToString();
-  fleet.worker(0).Signal(SIGCONT);
+  for (const auto& [i, r] : WaitAll(*c, {"at-the-broker", "on-the-worker"}, 60000)) {
+    EXPECT_EQ(r.state, JobState::kCancelled) << i << " " << r.error.ToString() << fleet.Logs();
+    EXPECT_EQ(r.timing_us.count("compute_start"), 0u) << i;
+  }
 }
 
 TEST(Reliability, HigherPriorityRunsFirstFifoWithin) {
