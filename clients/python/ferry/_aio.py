@@ -252,8 +252,11 @@ class AsyncClient:
             # every request_timeout_ms, times every run waiting in a long queue, would load
             # Redis most when it is busiest).
             if prep.stored:
+                left = None if deadline is None else deadline - loop.time()
+                if left is not None and left <= 0:
+                    return  # the run is over
                 try:
-                    await engine.refresh_inputs(prep)
+                    await engine.refresh_inputs(prep, left)  # within the run's time left
                 except Unavailable:
                     return  # Redis is away: the next silence tries again
             engine.queue_run(job)

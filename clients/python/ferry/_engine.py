@@ -576,32 +576,37 @@ class Engine:
         """Writes the stored (big) inputs of these jobs to Redis, one round trip."""
         await self._set_inputs([stored for p in preps if p.stored for stored in p.stored])
 
-    async def _set_inputs(self, pairs):
+    async def _set_inputs(self, pairs, timeout=None):
         """SETs these (key, bytes) pairs, expiring in input_ttl_s, in one round trip."""
         ttl = self.opts.input_ttl_s
         cmds = [("SET", key, data, "EX", ttl) for key, data in pairs]
         if not cmds:
             return
         try:
-            replies = await self.redis.execute_many(cmds)
+            replies = await self.redis.execute_many(cmds, timeout)
         except Unavailable as e:
             raise Unavailable("storing big inputs in Redis: %s" % e.message)
         for r in replies:
             if isinstance(r, _resp.ReplyError):
                 raise Unavailable("storing big inputs in Redis: %s" % r)
 
-    async def refresh_inputs(self, prep):
+    async def refresh_inputs(self, prep, timeout=None):
         """Before a resubmit: renews the expiry of the job's stored inputs (EXPIRE, a few bytes
         each) and writes again only those Redis no longer has -- a restart without persistence,
         a failover, an eviction -- or will not renew (an ACL of before, without EXPIRE): the
-        worker that takes the resubmitted job finds every input."""
+        worker that takes the resubmitted job finds every input. `timeout`: as execute's, for
+        both round trips (a run's time left)."""
         ttl = self.opts.input_ttl_s
+        deadline = None if timeout is None else self.loop.time() + timeout
         try:
             replies = await self.redis.execute_many(
-                [("EXPIRE", key, ttl) for key, _ in prep.stored])
+                [("EXPIRE", key, ttl) for key, _ in prep.stored], timeout)
         except Unavailable as e:
             raise Unavailable("renewing big inputs in Redis: %s" % e.message)
-        await self._set_inputs([stored for stored, r in zip(prep.stored, replies) if r != 1])
+        lost = [stored for stored, r in zip(prep.stored, replies) if r != 1]
+        if lost:
+            await self._set_inputs(
+                lost, None if deadline is None else max(0.0, deadline - self.loop.time()))
 
     def delete_inputs(self, preps):
         keys = [key for p in preps if p.stored for key, _ in p.stored]

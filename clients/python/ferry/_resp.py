@@ -480,9 +480,17 @@ class Commands:
         stays on the connection (its reply, when it comes, is dropped), so the other callers'
         commands on it go on; only a reply later than the connection's timeout closes it, as
         always -- also after a caller that gave up or was cancelled."""
+        value = (await self.execute_many((args,), timeout))[0]
+        if isinstance(value, ReplyError):
+            raise value
+        return value
+
+    async def execute_many(self, commands, timeout=None):
+        """Several commands in one round trip; their replies (ReplyError values included).
+        `timeout` as execute's, for all of them."""
         bounded = timeout is not None and timeout < self._timeout
+        deadline = self._loop.time() + timeout if bounded else None
         if bounded:
-            deadline = self._loop.time() + timeout
             try:
                 conn = await asyncio.wait_for(self._connection(), timeout)
             except asyncio.TimeoutError:
@@ -490,28 +498,18 @@ class Commands:
                                   % (self._endpoint.address, timeout)) from None
         else:
             conn = await self._connection()
-        fut = conn.call(*args)
-        self._watch(conn, fut)
-        if bounded:
-            # asyncio.wait neither cancels the command nor raises on it: its reply stays the
-            # connection's to take, whenever it comes.
-            done, _ = await asyncio.wait((fut,), timeout=max(0.0, deadline - self._loop.time()))
-            if not done:
-                raise Unavailable("Redis at %s: no reply within %g s"
-                                  % (self._endpoint.address, timeout))
-        value = await fut
-        if isinstance(value, ReplyError):
-            raise value
-        return value
-
-    async def execute_many(self, commands):
-        """Several commands in one round trip; their replies (ReplyError values included)."""
-        conn = await self._connection()
         futs = [conn.call(*c) for c in commands]
         for f in futs[:-1]:
-            f.add_done_callback(_retrieve)  # after the first error the rest are not awaited
+            f.add_done_callback(_retrieve)  # after the first error the rest are not looked at
         self._watch(conn, futs[-1])
-        return [await f for f in futs]
+        # asyncio.wait neither cancels the commands nor raises on them: a caller that gives up
+        # or is cancelled leaves their replies to the connection, whose timer still watches.
+        _, pending = await asyncio.wait(
+            futs, timeout=None if deadline is None else max(0.0, deadline - self._loop.time()))
+        if pending:
+            raise Unavailable("Redis at %s: no reply within %g s"
+                              % (self._endpoint.address, timeout))
+        return [f.result() for f in futs]
 
     def _watch(self, conn, last):
         """Closes `conn` when `last` has no reply within the connection's timeout (replies come

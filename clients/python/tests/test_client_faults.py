@@ -630,6 +630,48 @@ def test_a_wait_on_a_stalled_redis_ends_at_its_own_timeout(models_dir):
         f.stop()
 
 
+def test_a_stalled_redis_closes_the_connection_also_after_its_callers_left(models_dir):
+    # Each command's reply is watched for the connection's timeout (0.5 s here), whether its
+    # caller still waits or not: a caller cancelled (an unbounded command), one that gave up at
+    # its own bound, and a pipeline's cancelled caller each leave a stalled Redis to be found,
+    # and their connection closed, so that no later command waits behind it.
+    import signal
+    from ferry import _resp
+    from fleet import Fleet
+    f = Fleet(models_dir, workers=0)
+
+    async def leave(cmds, how):
+        if how == "bounded":
+            with pytest.raises(ferry.Unavailable):
+                await cmds.execute("GET", "k", timeout=0.1)
+            return
+        call = cmds.execute("GET", "k") if how == "cancelled" else \
+            cmds.execute_many([("GET", "k"), ("GET", "j")])
+        task = asyncio.ensure_future(call)
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        for how in ("cancelled", "bounded", "pipeline cancelled"):
+            cmds = _resp.Commands(_resp.parse_redis_url(f.redis_url), loop, 0.5)
+            assert await cmds.execute("PING") == "PONG"
+            f.redis_proc.send_signal(signal.SIGSTOP)
+            try:
+                await leave(cmds, how)
+                await asyncio.sleep(1.0)
+                assert not cmds.connected(), how + ": the stalled connection is still open"
+            finally:
+                f.redis_proc.send_signal(signal.SIGCONT)
+                cmds.close()
+    try:
+        asyncio.run(main())
+    finally:
+        f.stop()
+
+
 def test_waits_that_gave_up_on_a_stalled_redis_leave_no_error_unread(models_dir):
     # Waits that gave up at their own deadline leave their GETs on the connection; when the
     # connection's timeout closes it, those GETs fail with nobody awaiting them: their errors
