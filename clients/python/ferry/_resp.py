@@ -499,9 +499,14 @@ class Commands:
         else:
             conn = await self._connection()
         futs = [conn.call(*c) for c in commands]
-        for f in futs[:-1]:
-            f.add_done_callback(_retrieve)  # after the first error the rest are not looked at
-        self._watch(conn, futs[-1])
+        # A reply later than the connection's timeout closes it (replies come in order: the last
+        # one's timer watches them all); the timer goes with that reply. Errors are marked read,
+        # so that those nobody looks at (a caller that gave up, the rest of a pipeline after its
+        # first error) are not logged by asyncio as never retrieved.
+        timer = self._loop.call_later(self._timeout, _expire, conn, futs[-1])
+        futs[-1].add_done_callback(lambda f: timer.cancel())
+        for f in futs:
+            f.add_done_callback(_retrieve)
         # asyncio.wait neither cancels the commands nor raises on them: a caller that gives up
         # or is cancelled leaves their replies to the connection, whose timer still watches.
         _, pending = await asyncio.wait(
@@ -510,14 +515,6 @@ class Commands:
             raise Unavailable("Redis at %s: no reply within %g s"
                               % (self._endpoint.address, timeout))
         return [f.result() for f in futs]
-
-    def _watch(self, conn, last):
-        """Closes `conn` when `last` has no reply within the connection's timeout (replies come
-        in order: the others' came before it). The timer goes with the reply; and a reply's
-        error is marked read, so that one nobody awaits any more (its caller gave up) is not
-        logged by asyncio as never retrieved."""
-        timer = self._loop.call_later(self._timeout, _expire, conn, last)
-        last.add_done_callback(lambda f: (timer.cancel(), _retrieve(f)))
 
     def close(self):
         self.closed = True
