@@ -154,6 +154,11 @@ size_t InputFetcher::pending() const {
   return waiting_.size() + in_flight_;
 }
 
+size_t InputFetcher::reading() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_flight_;
+}
+
 void InputFetcher::Loop() {
   runtime::NameThisThread("ferry-fetch");
   while (true) {

@@ -26,7 +26,7 @@
 // Jobs go to the queue under the same lock as Cancel, so a job Cancel misses is in the queue by
 // the time Cancel returns, where JobQueue::Remove finds it.
 //
-// Thread-safety: Submit, Cancel and pending from any thread; Start/Stop from one owner.
+// Thread-safety: Submit, Cancel, pending and reading from any thread; Start/Stop from one owner.
 
 #include <condition_variable>
 #include <cstdint>
@@ -83,6 +83,8 @@ class InputFetcher {
 
   // Jobs handed in and not yet passed on (to the queue, or failed to the writer).
   size_t pending() const;
+  // Of those, the ones being read now (the rest wait for their turn).
+  size_t reading() const;
 
  private:
   void Loop();
