@@ -120,8 +120,10 @@ size_t InputFetcher::Cancel(const std::vector<std::string>& ids) {
     for (auto it = kept; it != waiting_.end(); ++it)
       dropped.push_back(CancelledResult(std::move(*it)));
     waiting_.erase(kept, waiting_.end());
-    for (const std::string& id : wanted)
-      if (in_flight_ids_.count(id) != 0 && cancelled_.insert(id).second) ++marked;
+    for (const std::string& id : wanted) {
+      const auto copies = in_flight_ids_.find(id);
+      if (copies != in_flight_ids_.end() && cancelled_.insert(id).second) marked += copies->second;
+    }
   }
   const size_t n = dropped.size() + marked;
   if (!dropped.empty()) writer_->Submit(std::move(dropped));
@@ -132,19 +134,17 @@ void InputFetcher::TakeCancelledLocked(std::vector<Job>* jobs, std::vector<JobRe
   if (cancelled_.empty()) return;
   auto kept = std::stable_partition(
       jobs->begin(), jobs->end(), [&](const Job& j) { return cancelled_.count(j.entry.id) == 0; });
-  for (auto it = kept; it != jobs->end(); ++it) {
-    cancelled_.erase(it->entry.id);
-    in_flight_ids_.erase(it->entry.id);
+  for (auto it = kept; it != jobs->end(); ++it)
     cancelled->push_back(CancelledResult(std::move(*it)));
-  }
   jobs->erase(kept, jobs->end());
 }
 
 void InputFetcher::SetInFlightLocked(const std::vector<Job>& jobs) {
   in_flight_ = jobs.size();
   in_flight_ids_.clear();
-  for (const Job& j : jobs) in_flight_ids_.insert(j.entry.id);
-  // Marks of jobs no longer here (failed, or passed on) go.
+  for (const Job& j : jobs) ++in_flight_ids_[j.entry.id];
+  // Marks of jobs no longer here (failed, cancelled, or passed on) go; a mark stays while a copy
+  // of its id is here (the broker may have sent the job again: see the header).
   for (auto it = cancelled_.begin(); it != cancelled_.end();)
     it = in_flight_ids_.count(*it) != 0 ? std::next(it) : cancelled_.erase(it);
 }
@@ -152,6 +152,11 @@ void InputFetcher::SetInFlightLocked(const std::vector<Job>& jobs) {
 size_t InputFetcher::pending() const {
   std::lock_guard<std::mutex> lock(mu_);
   return waiting_.size() + in_flight_;
+}
+
+size_t InputFetcher::reading() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return in_flight_;
 }
 
 void InputFetcher::Loop() {
@@ -351,8 +356,8 @@ Status InputFetcher::FetchOnce(std::vector<Job>* jobs) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     TakeCancelledLocked(&ready, &cancelled);
-    for (const Job& j : ready) in_flight_ids_.erase(j.entry.id);
     if (!ready.empty()) queue_->Push(std::move(ready));
+    SetInFlightLocked(*jobs);  // those left to retry
   }
   if (!cancelled.empty()) writer_->Submit(std::move(cancelled));
   return transient;

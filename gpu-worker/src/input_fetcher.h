@@ -24,9 +24,11 @@
 // The broker's CANCEL reaches jobs here too (Cancel): a job still waiting is failed `cancelled`
 // at once, one being read is failed `cancelled` when its read ends instead of going to the queue.
 // Jobs go to the queue under the same lock as Cancel, so a job Cancel misses is in the queue by
-// the time Cancel returns, where JobQueue::Remove finds it.
+// the time Cancel returns, where JobQueue::Remove finds it. The broker may send a job again to a
+// worker that still holds it (it presumed the worker dead, or the worker reconnected, and
+// requeued the job with attempt + 1; the id stays the same): Cancel drops every copy here.
 //
-// Thread-safety: Submit, Cancel and pending from any thread; Start/Stop from one owner.
+// Thread-safety: Submit, Cancel, pending and reading from any thread; Start/Stop from one owner.
 
 #include <condition_variable>
 #include <cstdint>
@@ -34,6 +36,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -83,6 +86,8 @@ class InputFetcher {
 
   // Jobs handed in and not yet passed on (to the queue, or failed to the writer).
   size_t pending() const;
+  // Of those, the ones being read now (the rest wait for their turn).
+  size_t reading() const;
 
  private:
   void Loop();
@@ -96,7 +101,9 @@ class InputFetcher {
   bool Backoff(int ms);
   // With mu_ held: moves the jobs of *jobs that Cancel marked into *cancelled (as results).
   void TakeCancelledLocked(std::vector<Job>* jobs, std::vector<JobResult>* cancelled);
-  // With mu_ held: `jobs` are the ones being read now (after a take or an attempt).
+  // With mu_ held: `jobs` are the ones being read now (after a take or an attempt). The one
+  // writer of in_flight_ and in_flight_ids_, and the one place where marks of ids no longer here
+  // go.
   void SetInFlightLocked(const std::vector<Job>& jobs);
 
   const Options options_;
@@ -106,9 +113,9 @@ class InputFetcher {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Job> waiting_;                       // guarded by mu_
-  size_t in_flight_ = 0;                           // guarded by mu_
-  std::unordered_set<std::string> in_flight_ids_;  // guarded by mu_: the jobs being read
+  std::vector<Job> waiting_;                               // guarded by mu_
+  size_t in_flight_ = 0;                                   // guarded by mu_
+  std::unordered_map<std::string, size_t> in_flight_ids_;  // guarded by mu_: id -> copies read
   std::unordered_set<std::string> cancelled_;      // guarded by mu_: of those, the cancelled
   bool stopping_ = false;                          // guarded by mu_
   bool aborted_ = false;                           // guarded by mu_

@@ -89,6 +89,21 @@ class InputFetcherTest : public ::testing::Test {
         << id << " has no result";
     return Stored(id);
   }
+  // How many times the DONE reports name `id`, waiting up to 10 s for `n` (this test stands in
+  // for the I/O thread that takes them).
+  size_t Reported(const std::string& id, size_t n) {
+    size_t count = 0;
+    testutil::WaitFor(
+        [&] {
+          std::vector<DoneReport> reports;
+          bool ready = false;
+          outbox_.TakeAll(&reports, &ready);
+          for (const auto& r : reports) count += std::count(r.ids.begin(), r.ids.end(), id);
+          return count >= n;
+        },
+        std::chrono::seconds(10));
+    return count;
+  }
   void Put(const std::string& key, const std::string& value) {
     protocol::RedisReply r;
     ASSERT_TRUE(client_->Command({"SET", key, value}, &r).ok());
@@ -264,6 +279,66 @@ TEST_F(InputFetcherTest, CancelledJobsInTheFetcherEndCancelledAndNeverReachTheQu
     ASSERT_TRUE(client_->Get(keys_.Input(id, 0), &value, &found).ok());
     EXPECT_FALSE(found) << id << "'s stored input outlived its result";
   }
+  EXPECT_TRUE(testutil::WaitFor([&] { return fetcher_->pending() == 0; }));
+  EXPECT_EQ(queue_.size(), 0u);
+}
+
+// The broker can send a job again to the worker that still holds it (it presumed the worker dead,
+// or the worker reconnected, and requeued the job with attempt + 1; the id stays the same): the
+// fetcher then holds two copies of one id. A CANCEL drops both -- here one being read and one
+// waiting behind it -- and each copy is reported (DONE names the id twice), so that the worker
+// accounts for every job it received.
+TEST_F(InputFetcherTest, ACancelDropsACopyBeingReadAndACopyWaiting) {
+  Put(keys_.Input("twice", 0), "twotwo!!");
+  Put(keys_.Input("keep-2", 0), "keepkeep");
+  redis_.Stop();
+  std::vector<Job> first;
+  first.push_back(MakeJob("twice", 1, {0}));
+  fetcher_->Submit(std::move(first));
+  ASSERT_TRUE(testutil::WaitFor([&] { return fetcher_->reading() == 1; }));
+  std::vector<Job> again;
+  again.push_back(MakeJob("twice", 1, {0}));
+  again.back().entry.attempt = 2;
+  again.push_back(MakeJob("keep-2", 1, {0}));
+  fetcher_->Submit(std::move(again));  // waiting behind it
+  EXPECT_EQ(fetcher_->Cancel({"twice"}), 2u);
+  redis_.Restart();
+  client_ = redis_.Connect();
+  ASSERT_NE(client_, nullptr);
+  std::vector<Job> got = Take(1);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].entry.id, "keep-2");
+  EXPECT_EQ(Finished("twice").error.code(), codes::kCancelled);
+  EXPECT_EQ(Reported("twice", 2), 2u);
+  EXPECT_TRUE(testutil::WaitFor([&] { return fetcher_->pending() == 0; }));
+  EXPECT_EQ(queue_.size(), 0u);
+}
+
+// Two copies of one id can also be read in the same turn (both waited behind a read that
+// ended): a CANCEL then drops both, and counts both.
+TEST_F(InputFetcherTest, ACancelDropsTwoCopiesBeingReadTogether) {
+  Put(keys_.Input("twice", 0), "twotwo!!");
+  redis_.Stop();
+  std::vector<Job> first;
+  first.push_back(MakeJob("ahead", 1, {0}));
+  fetcher_->Submit(std::move(first));
+  ASSERT_TRUE(testutil::WaitFor([&] { return fetcher_->reading() == 1; }));
+  for (int64_t attempt : {1, 2}) {
+    std::vector<Job> copy;
+    copy.push_back(MakeJob("twice", 1, {0}));
+    copy.back().entry.attempt = attempt;
+    fetcher_->Submit(std::move(copy));
+  }
+  // "ahead" leaves its turn at its next retry; the two copies are then read together.
+  EXPECT_EQ(fetcher_->Cancel({"ahead"}), 1u);
+  ASSERT_TRUE(testutil::WaitFor([&] { return fetcher_->reading() == 2; }));
+  EXPECT_EQ(fetcher_->Cancel({"twice"}), 2u);
+  redis_.Restart();
+  client_ = redis_.Connect();
+  ASSERT_NE(client_, nullptr);
+  EXPECT_EQ(Finished("twice").error.code(), codes::kCancelled);
+  EXPECT_EQ(Finished("ahead").error.code(), codes::kCancelled);
+  EXPECT_EQ(Reported("twice", 2), 2u);
   EXPECT_TRUE(testutil::WaitFor([&] { return fetcher_->pending() == 0; }));
   EXPECT_EQ(queue_.size(), 0u);
 }
