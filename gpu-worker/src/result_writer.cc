@@ -110,7 +110,7 @@ void ResultWriter::Loop() {
     std::vector<PackedResult> packed = Pack(&batch);
     int64_t duplicates = 0;
     const bool written = WriteWithRetries(&packed, &duplicates);
-    if (written) Report(batch, &packed, duplicates);
+    if (written) Report(&batch, &packed, duplicates);
     {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_ = 0;
@@ -361,8 +361,12 @@ bool ResultWriter::WriteBatchWithRetries(std::vector<PackedResult>* packed, int6
   }
 }
 
-void ResultWriter::Report(const std::vector<JobResult>& results, std::vector<PackedResult>* packed,
+void ResultWriter::Report(std::vector<JobResult>* batch, std::vector<PackedResult>* packed,
                           int64_t duplicates) {
+  // A job whose record Redis refused has a failure record in its place (or none): it failed.
+  for (size_t i = 0; i < batch->size(); ++i)
+    if ((*packed)[i].replaced) (*batch)[i].status = Status::Internal("Redis refused its result");
+  const std::vector<JobResult>& results = *batch;
   {
     std::lock_guard<std::mutex> lock(mu_);
     written_ += static_cast<int64_t>(results.size());

@@ -120,9 +120,9 @@ class ResultWriter {
   // `p`'s record becomes a failed result (code internal) saying why Redis refused it, written
   // plainly (no notice script), with the job's expiry as the record it replaces.
   void ReplaceWithFailure(PackedResult* p) const;
-  // Counts the written batch and hands its DoneReport to the outbox.
-  void Report(const std::vector<JobResult>& results, std::vector<PackedResult>* packed,
-              int64_t duplicates);
+  // Counts the written batch and hands its DoneReport to the outbox; a job whose record Redis
+  // refused (ReplaceWithFailure) counts as failed.
+  void Report(std::vector<JobResult>* batch, std::vector<PackedResult>* packed, int64_t duplicates);
   // Sleeps up to `ms` or until aborted; returns false when aborted.
   bool Backoff(int ms);
 

@@ -162,9 +162,10 @@ class Fleet:
         """Redis's Unix-domain socket (unix:// + this is its URL)."""
         return os.path.join(self.dir, "redis.sock")
 
-    def _redis_args(self):
-        """The broker's and workers' Redis flags (secrets in files)."""
-        argv = ["--redis", self.redis_url]
+    def _redis_args(self, url=None):
+        """The broker's and workers' Redis flags (secrets in files); `url` in place of
+        Redis's own (a proxy in front of it)."""
+        argv = ["--redis", url or self.redis_url]
         if self.password_file:
             argv += ["--redis-password-file", self.password_file]
         if self.redis_tls:
@@ -218,11 +219,12 @@ class Fleet:
                      "--allow-workers", os.path.join(self.dir, "allow-workers")]
         self.broker_proc = self._spawn("broker", argv + self.broker_args)
 
-    def start_worker(self, extra=()):
+    def start_worker(self, extra=(), redis_url=None):
+        """A worker; redis_url: it reaches Redis there (a proxy), not at Redis's own port."""
         i = len(self.worker_procs)
         argv = [binary("FERRY_WORKER_BIN", "gpu-worker/ferry-worker"),
                 "--broker", "tcp://127.0.0.1:%d" % self.backend_port,
-                "--device", "cpu", "--name", "py-worker-%d" % i] + self._redis_args()
+                "--device", "cpu", "--name", "py-worker-%d" % i] + self._redis_args(redis_url)
         if self.curve:
             argv += ["--curve-server-public", self.key("broker"),
                      "--curve-secret", self.key("worker", secret=True)]

@@ -2,6 +2,7 @@
 restarted mid-run, Redis killed and restarted."""
 
 import asyncio
+import uuid
 
 import numpy as np
 import pytest
@@ -287,4 +288,49 @@ def test_redis_killed_and_restarted(models_dir):
                 assert_tiny(await c.run("tiny", x, timeout=30), x)
         asyncio.run(main())
     finally:
+        f.stop()
+
+
+def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_ttl(models_dir):
+    # The worker reaches Redis through a proxy that refuses the first write of one job's result
+    # with an error reply that no retry cures (as a managed Redis or a proxy may for a value it
+    # will not take). The worker stores a `failed` record (code internal, saying why) in its
+    # place, plainly and with the job's own expiry (not the default); the producer waiting for
+    # it is told, the broker counts the job failed, and the worker goes on serving.
+    import urllib.request
+    from fleet import free_port
+    from resp_proxy import RefusingProxy
+    metrics = free_port()
+    f = Fleet(models_dir, models=("tiny",), workers=0,
+              broker_args=["--metrics-port", str(metrics)])
+    job = "py-refused-" + uuid.uuid4().hex[:8]
+    key = ("ferry:result:" + job).encode()
+
+    def refuse(argv):
+        name = argv[0].upper()
+        target = argv[1] if name == b"SET" else argv[3] if name == b"EVAL" else None
+        if target == key and not proxy.refused:
+            return "ERR the value is refused by the test proxy"
+        return None
+    proxy = RefusingProxy(f.redis_port, refuse)
+    x = np.linspace(-1, 1, 8).astype(np.float32)
+    try:
+        f.start_worker(redis_url="redis://127.0.0.1:%d" % proxy.port)
+        f.wait_workers(1)
+        with ferry.Client(f.frontend, f.redis_url) as c:
+            assert_tiny(c.run("tiny", x, timeout=30), x)  # through the proxy, untouched
+            c.submit("tiny", x, id=job, result_ttl_s=7777)
+            r = c.wait(job, timeout=60)
+            assert r.status == "failed" and r.error[0] == "internal", r
+            assert r.error[1] == ("Redis refused this job's result: ERR the value is refused "
+                                  "by the test proxy"), r
+            assert len(proxy.refused) == 1 and proxy.refused[0][0].upper() == b"EVAL"
+            ttl = f.redis().ttl(key)
+            assert 7000 < ttl <= 7777, ttl  # the job's, not the worker's --result-ttl-s
+            assert "Redis refused its result for good" in f.log_tail("worker0")
+            text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics).read()
+            assert b'ferry_jobs_finished_total{model="tiny",status="failed"} 1' in text, text
+            assert_tiny(c.run("tiny", x, timeout=30), x)  # still serving
+    finally:
+        proxy.close()
         f.stop()

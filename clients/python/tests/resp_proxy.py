@@ -1,0 +1,139 @@
+"""A Redis peer that lies: a TCP proxy in front of a real redis-server that forwards every
+command and reply unchanged, except the writes it is told to refuse, which it answers itself
+with an error reply (as a managed Redis or a proxy in front of one may, for a value it will not
+take) instead of forwarding them. One thread per connection, one command at a time (a pipeline
+is answered in order), plain RESP2 and RESP3 replies; for tests only.
+
+    proxy = RefusingProxy(redis_port, refuse=lambda argv: ...)  # argv: the command's bytes
+    ... point a process at proxy.port ...
+    proxy.close()
+"""
+
+import socket
+import threading
+
+
+class _Reader:
+    """RESP off a socket: whole commands (arrays of bulk strings) or whole replies, each
+    returned as its raw bytes (and, for a command, its arguments)."""
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.buf = b""
+        self.pos = 0
+        self.mark = 0  # where the item being read starts: kept until it is whole
+
+    def _fill(self):
+        chunk = self.sock.recv(1 << 16)
+        if not chunk:
+            raise EOFError
+        self.buf = self.buf[self.mark:] + chunk
+        self.pos -= self.mark
+        self.mark = 0
+
+    def _line(self):
+        while True:
+            end = self.buf.find(b"\r\n", self.pos)
+            if end >= 0:
+                line, self.pos = self.buf[self.pos:end], end + 2
+                return line
+            self._fill()
+
+    def _exactly(self, n):
+        while len(self.buf) - self.pos < n + 2:
+            self._fill()
+        data, self.pos = self.buf[self.pos:self.pos + n], self.pos + n + 2
+        return data
+
+    def command(self):
+        """(raw bytes, [arguments]) of the next command (a RESP array of bulk strings)."""
+        self.mark = self.pos
+        head = self._line()
+        if not head.startswith(b"*"):
+            raise ValueError("not a RESP command: %r" % head[:40])
+        argv = []
+        for _ in range(int(head[1:])):
+            size = self._line()
+            argv.append(self._exactly(int(size[1:])))
+        return self.buf[self.mark:self.pos], argv
+
+    def reply(self):
+        """The raw bytes of the next whole reply."""
+        self.mark = self.pos
+        self._skip_reply()
+        return self.buf[self.mark:self.pos]
+
+    def _skip_reply(self):
+        head = self._line()
+        kind, rest = head[:1], head[1:]
+        if kind in (b"$", b"=", b"!"):  # bulk string, verbatim string, bulk error
+            if int(rest) >= 0:
+                self._exactly(int(rest))
+        elif kind in (b"*", b"~", b">"):  # array, set, push
+            for _ in range(max(int(rest), 0)):
+                self._skip_reply()
+        elif kind == b"%":  # map
+            for _ in range(2 * int(rest)):
+                self._skip_reply()
+        elif kind == b"|":  # attributes, then the reply they describe
+            for _ in range(2 * int(rest)):
+                self._skip_reply()
+            self._skip_reply()
+        # + - : _ , # ( : one line
+
+
+class RefusingProxy:
+    """Listens on 127.0.0.1:`port` (free); each connection gets its own to Redis at
+    `redis_port`. A command for which refuse(argv) returns an error text (str) is answered
+    "-<text>" and never reaches Redis; `refused` lists the argv of each."""
+
+    def __init__(self, redis_port, refuse):
+        self.redis_port = redis_port
+        self.refuse = refuse
+        self.refused = []
+        self._lock = threading.Lock()
+        self._listener = socket.socket()
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        self.port = self._listener.getsockname()[1]
+        self._socks = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self):
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return  # closed
+            upstream = socket.create_connection(("127.0.0.1", self.redis_port))
+            with self._lock:
+                self._socks += [client, upstream]
+            threading.Thread(target=self._serve, args=(client, upstream), daemon=True).start()
+
+    def _serve(self, client, upstream):
+        commands, replies = _Reader(client), _Reader(upstream)
+        try:
+            while True:
+                raw, argv = commands.command()
+                error = self.refuse(argv)
+                if error is not None:
+                    with self._lock:
+                        self.refused.append(argv)
+                    client.sendall(b"-" + error.encode() + b"\r\n")
+                    continue
+                upstream.sendall(raw)
+                client.sendall(replies.reply())
+        except (EOFError, OSError, ValueError):
+            pass
+        finally:
+            client.close()
+            upstream.close()
+
+    def close(self):
+        self._listener.close()
+        with self._lock:
+            for s in self._socks:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
