@@ -292,24 +292,27 @@ def test_redis_killed_and_restarted(models_dir):
 
 
 def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_ttl(models_dir):
-    # The worker reaches Redis through a proxy that refuses the first write of one job's result
-    # with an error reply that no retry cures (as a managed Redis or a proxy may for a value it
-    # will not take). The worker stores a `failed` record (code internal, saying why) in its
-    # place, plainly and with the job's own expiry (not the default); the producer waiting for
-    # it is told, the broker counts the job failed, and the worker goes on serving.
+    # The worker reaches Redis through a proxy that refuses the first write of two jobs'
+    # results with an error reply that no retry cures (as a managed Redis or a proxy may for a
+    # value it will not take): a small record (the notice script) and one too big to go inline
+    # (SET, then PUBLISH). The worker stores a `failed` record (code internal, saying why) in
+    # its place, plainly and with the job's own expiry (not the default); the producer waiting
+    # for it is told, the broker counts the job failed, and the worker goes on serving.
     import urllib.request
     from fleet import free_port
     from resp_proxy import RefusingProxy
     metrics = free_port()
-    f = Fleet(models_dir, models=("tiny",), workers=0,
+    f = Fleet(models_dir, models=("tiny", "null"), workers=0,
               broker_args=["--metrics-port", str(metrics)])
-    job = "py-refused-" + uuid.uuid4().hex[:8]
-    key = ("ferry:result:" + job).encode()
+    small, big = ("py-refused-%s-%s" % (kind, uuid.uuid4().hex[:8]) for kind in ("small", "big"))
+    keys = {("ferry:result:" + job).encode(): job for job in (small, big)}
+    refused_keys = []
 
     def refuse(argv):
         name = argv[0].upper()
-        target = argv[1] if name == b"SET" else argv[3] if name == b"EVAL" else None
-        if target == key and not proxy.refused:
+        key = argv[1] if name == b"SET" else argv[3] if name == b"EVAL" else None
+        if key in keys and key not in refused_keys:
+            refused_keys.append(key)
             return "ERR the value is refused by the test proxy"
         return None
     proxy = RefusingProxy(f.redis_port, refuse)
@@ -319,17 +322,20 @@ def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_t
         f.wait_workers(1)
         with ferry.Client(f.frontend, f.redis_url) as c:
             assert_tiny(c.run("tiny", x, timeout=30), x)  # through the proxy, untouched
-            c.submit("tiny", x, id=job, result_ttl_s=7777)
-            r = c.wait(job, timeout=60)
-            assert r.status == "failed" and r.error[0] == "internal", r
-            assert r.error[1] == ("Redis refused this job's result: ERR the value is refused "
-                                  "by the test proxy"), r
-            assert len(proxy.refused) == 1 and proxy.refused[0][0].upper() == b"EVAL"
-            ttl = f.redis().ttl(key)
-            assert 7000 < ttl <= 7777, ttl  # the job's, not the worker's --result-ttl-s
+            c.submit("tiny", x, id=small, result_ttl_s=7777)
+            c.submit("null", np.ones(100000, np.float32), id=big, result_ttl_s=7777)
+            for job in (small, big):
+                r = c.wait(job, timeout=60)
+                assert r.status == "failed" and r.error[0] == "internal", (job, r)
+                assert r.error[1] == ("Redis refused this job's result: ERR the value is "
+                                      "refused by the test proxy"), r
+                ttl = f.redis().ttl("ferry:result:" + job)
+                assert 7000 < ttl <= 7777, ttl  # the job's, not the worker's --result-ttl-s
+            assert sorted(argv[0].upper() for argv in proxy.refused) == [b"EVAL", b"SET"]
             assert "Redis refused its result for good" in f.log_tail("worker0")
             text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics).read()
             assert b'ferry_jobs_finished_total{model="tiny",status="failed"} 1' in text, text
+            assert b'ferry_jobs_finished_total{model="null",status="failed"} 1' in text, text
             assert_tiny(c.run("tiny", x, timeout=30), x)  # still serving
     finally:
         proxy.close()
