@@ -247,15 +247,16 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
   if (s.ok() && replies.size() != notice_command.size())
     s = Status::Internal("redis answered " + std::to_string(replies.size()) + " of " +
                          std::to_string(notice_command.size()) + " commands");
-  // A Redis that refuses notices for good (an ACL without EVAL or PUBLISH: NOPERM; a managed
-  // service that disabled or renamed EVAL: unknown command) must not stop results from being
-  // written: stop using them, and let the retry write plain SETs. Other errors (LOADING, BUSY,
-  // READONLY, OOM...) pass; they are retried like any failed write.
+  // A Redis that refuses notices for good (an ACL without EVAL or PUBLISH: NOPERM, or inside
+  // the script a refusal without it; a managed service that disabled or renamed EVAL: unknown
+  // command) must not stop results from being written: stop using them, and let the retry write
+  // plain SETs (a record the script stored before its PUBLISH was refused makes that SET NX a
+  // nil, not counted on a retry). Other errors (LOADING, BUSY, READONLY, OOM...) pass; they are
+  // retried like any failed write.
   for (size_t i = 0; s.ok() && i < replies.size(); ++i) {
     const std::string& error = replies[i].str;
     if (notice_command[i] && replies[i].type == protocol::RedisReply::Type::kError &&
-        (error.find("NOPERM") != std::string::npos ||
-         error.find("unknown command") != std::string::npos)) {
+        (protocol::IsAclRefusal(error) || error.find("unknown command") != std::string::npos)) {
       scripts_ok_ = false;
       spdlog::error(
           "result writer: Redis refuses result notices ({}); writing results without notices "
@@ -321,6 +322,7 @@ bool ResultWriter::WriteWithRetries(std::vector<PackedResult>* packed, int64_t* 
           "reported without a result",
           p.id, p.refused);
       p.refused.clear();
+      p.unwritten = true;
       continue;
     }
     spdlog::error(
@@ -363,9 +365,14 @@ bool ResultWriter::WriteBatchWithRetries(std::vector<PackedResult>* packed, int6
 
 void ResultWriter::Report(std::vector<JobResult>* batch, std::vector<PackedResult>* packed,
                           int64_t duplicates) {
-  // A job whose record Redis refused has a failure record in its place (or none): it failed.
-  for (size_t i = 0; i < batch->size(); ++i)
-    if ((*packed)[i].replaced) (*batch)[i].status = Status::Internal("Redis refused its result");
+  // A job whose record Redis refused has a failure record in its place, or none: it failed. (A
+  // failure record that found a record there, SET NX's nil, leaves the job as it was: that
+  // record may be its own, stored by a write whose reply was lost.)
+  for (size_t i = 0; i < batch->size(); ++i) {
+    const PackedResult& p = (*packed)[i];
+    if (p.replaced && (p.stored || p.unwritten))
+      (*batch)[i].status = Status::Internal("Redis refused its result");
+  }
   const std::vector<JobResult>& results = *batch;
   {
     std::lock_guard<std::mutex> lock(mu_);

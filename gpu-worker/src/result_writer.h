@@ -103,7 +103,8 @@ class ResultWriter {
     // The writer then stores a failure record in its place, once; if that is refused too, the
     // job is reported without a result (logged with its id).
     std::string refused;
-    bool replaced = false;
+    bool replaced = false;   // `record` is that failure record
+    bool unwritten = false;  // Redis refused the failure record too: the job has no result
     std::string_view value() const { return {record.data(), record.size()}; }
   };
 

@@ -97,6 +97,7 @@ class RefusingProxy:
         self._listener.listen(16)
         self.port = self._listener.getsockname()[1]
         self._socks = []
+        self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
     def _accept(self):
@@ -105,8 +106,16 @@ class RefusingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return  # closed
-            upstream = socket.create_connection(("127.0.0.1", self.redis_port))
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.redis_port))
+            except OSError:
+                client.close()  # Redis is gone: so is this connection
+                continue
             with self._lock:
+                if self._closed:
+                    client.close()
+                    upstream.close()
+                    return
                 self._socks += [client, upstream]
             threading.Thread(target=self._serve, args=(client, upstream), daemon=True).start()
 
@@ -130,10 +139,17 @@ class RefusingProxy:
             upstream.close()
 
     def close(self):
-        self._listener.close()
+        """Stops listening and cuts every connection."""
         with self._lock:
-            for s in self._socks:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            self._closed = True
+            socks, self._socks = self._socks, []
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (close alone does not)
+        except OSError:
+            pass
+        self._listener.close()
+        for s in socks:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass

@@ -2,6 +2,8 @@
 restarted mid-run, Redis killed and restarted."""
 
 import asyncio
+import os
+import re
 import uuid
 
 import numpy as np
@@ -291,6 +293,15 @@ def test_redis_killed_and_restarted(models_dir):
         f.stop()
 
 
+def _finished(metrics_port, model, status):
+    """The broker's ferry_jobs_finished_total{model, status}, from its /metrics."""
+    import urllib.request
+    text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics_port).read().decode()
+    m = re.search(r'^ferry_jobs_finished_total\{model="%s",status="%s"\} (\S+)$'
+                  % (model, status), text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
 def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_ttl(models_dir):
     # The worker reaches Redis through a proxy that refuses the first write of two jobs'
     # results with an error reply that no retry cures (as a managed Redis or a proxy may for a
@@ -298,7 +309,6 @@ def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_t
     # (SET, then PUBLISH). The worker stores a `failed` record (code internal, saying why) in
     # its place, plainly and with the job's own expiry (not the default); the producer waiting
     # for it is told, the broker counts the job failed, and the worker goes on serving.
-    import urllib.request
     from fleet import free_port
     from resp_proxy import RefusingProxy
     metrics = free_port()
@@ -333,10 +343,80 @@ def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_t
                 assert 7000 < ttl <= 7777, ttl  # the job's, not the worker's --result-ttl-s
             assert sorted(argv[0].upper() for argv in proxy.refused) == [b"EVAL", b"SET"]
             assert "Redis refused its result for good" in f.log_tail("worker0")
-            text = urllib.request.urlopen("http://127.0.0.1:%d/metrics" % metrics).read()
-            assert b'ferry_jobs_finished_total{model="tiny",status="failed"} 1' in text, text
-            assert b'ferry_jobs_finished_total{model="null",status="failed"} 1' in text, text
+            # The DONE may reach the broker after the producer read the record.
+            for model in ("tiny", "null"):
+                wait_for(lambda: _finished(metrics, model, "failed") == 1, 10,
+                         "the broker's count of %s jobs failed" % model)
             assert_tiny(c.run("tiny", x, timeout=30), x)  # still serving
     finally:
+        f.stop()
         proxy.close()
+
+
+def test_a_refused_write_that_got_through_leaves_the_job_done(models_dir):
+    # The proxy runs the write on Redis and then answers it with a final error anyway (a write
+    # whose reply was lost in an outage and replaced by another, say). The worker's failure
+    # record then finds the job's own result there (SET NX: nil): the job stays `done`, in Redis
+    # and in the broker's count.
+    from fleet import free_port
+    from resp_proxy import RefusingProxy
+    metrics = free_port()
+    f = Fleet(models_dir, models=("tiny",), workers=0,
+              broker_args=["--metrics-port", str(metrics)])
+    job = "py-got-through-" + uuid.uuid4().hex[:8]
+    key = ("ferry:result:" + job).encode()
+    store = f.redis()
+
+    def refuse(argv):
+        name = argv[0].upper()
+        target = argv[1] if name == b"SET" else argv[3] if name == b"EVAL" else None
+        if target != key or proxy.refused:
+            return None
+        store.execute_command(*argv)  # it got through
+        return "ERR the reply is refused by the test proxy"
+    proxy = RefusingProxy(f.redis_port, refuse)
+    x = np.linspace(-1, 1, 8).astype(np.float32)
+    try:
+        f.start_worker(redis_url="redis://127.0.0.1:%d" % proxy.port)
+        f.wait_workers(1)
+        with ferry.Client(f.frontend, f.redis_url) as c:
+            c.submit("tiny", x, id=job)
+            assert_tiny(c.wait(job, timeout=60), x)
+            assert len(proxy.refused) == 1
+            wait_for(lambda: "Redis refused its result for good" in f.log_tail("worker0"), 10,
+                     "the worker's log of the refusal")
+            wait_for(lambda: _finished(metrics, "tiny", "done") == 1, 10,
+                     "the broker's count of jobs done")
+            assert _finished(metrics, "tiny", "failed") == 0
+    finally:
+        f.stop()
+        proxy.close()
+
+
+def test_an_acl_without_publish_makes_the_worker_write_results_without_notices(models_dir):
+    # The worker's ACL user may run the notice script but not PUBLISH: inside the script Redis 7
+    # says "The user executing the script can't run this command", without NOPERM, after the
+    # script's SET stored the record. The worker takes it for what it is: it writes results
+    # without notices from then on (the broker's FINISHED tells the producer), and no job is
+    # failed or logged as refused.
+    f = Fleet(models_dir, models=("tiny",), workers=0)
+    pw = uuid.uuid4().hex
+    f.redis().execute_command(
+        "ACL", "SETUSER", "py-no-publish", "on", ">" + pw, "resetchannels", "-@all", "+ping",
+        "(+set %W~ferry:result:*)", "(+eval ~ferry:result:*)", "(+get +del ~ferry:input:*)")
+    pw_file = os.path.join(f.dir, "no-publish.pw")
+    with open(pw_file, "w") as out:
+        out.write(pw + "\n")
+    xs = [np.linspace(-1, 1, 8).astype(np.float32) * k for k in range(1, 6)]
+    try:
+        f.start_worker(redis_url="redis://py-no-publish@127.0.0.1:%d" % f.redis_port,
+                       extra=["--redis-password-file", pw_file])
+        f.wait_workers(1)
+        with ferry.Client(f.frontend, f.redis_url) as c:
+            for x in xs:
+                assert_tiny(c.run("tiny", x, timeout=60), x)
+        log = f.log_tail("worker0", 200)
+        assert "writing results without notices from now on" in log, log
+        assert "refused its result" not in log, log
+    finally:
         f.stop()

@@ -11,11 +11,28 @@ namespace ferry::protocol {
 // True for error replies that go away by themselves (the server is loading, busy running a
 // script, a read-only replica, out of memory, failing over): the write is retried. Anything else
 // (ERR invalid expire time, WRONGTYPE, NOPERM, an unknown command) will fail the same way every
-// time: the caller must not retry that write forever.
+// time: the caller must not retry that write forever. Redis before 7.0 wraps an error raised
+// inside a script ("ERR Error running script (call to f_...): @user_script:1: -OOM command not
+// allowed ..."); 7.0 and later keep its code in front ("OOM command not allowed ... script: ...").
 inline bool IsTransientRedisError(std::string_view error) {
-  for (std::string_view prefix : {"LOADING", "BUSY", "READONLY", "OOM", "MASTERDOWN", "TRYAGAIN",
-                                  "CLUSTERDOWN", "NOREPLICAS", "MISCONF"}) {
-    if (error.substr(0, prefix.size()) == prefix) return true;
+  const bool in_script = error.find("Error running script") != std::string_view::npos;
+  for (std::string_view code : {"LOADING", "BUSY", "READONLY", "OOM", "MASTERDOWN", "TRYAGAIN",
+                                "CLUSTERDOWN", "NOREPLICAS", "MISCONF"}) {
+    if (error.substr(0, code.size()) == code) return true;
+    for (size_t at = error.find(code); in_script && at != std::string_view::npos;
+         at = error.find(code, at + 1)) {
+      if (at > 0 && error[at - 1] == '-') return true;
+    }
+  }
+  return false;
+}
+
+// True for an ACL refusal: NOPERM, or one inside a script, which carries no NOPERM: "The user
+// executing the script can't run this command or subcommand" (Redis 6.2 to 7.x), "ACL failure
+// in script" (Valkey 9).
+inline bool IsAclRefusal(std::string_view error) {
+  for (std::string_view text : {"NOPERM", "user executing the script", "ACL failure in script"}) {
+    if (error.find(text) != std::string_view::npos) return true;
   }
   return false;
 }
