@@ -274,15 +274,21 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
       s = Status::Internal("redis: " + replies[i].str);
   }
   for (size_t i = 0; i < packed->size() && s.ok(); ++i) {
+    PackedResult& p = (*packed)[i];
     const protocol::RedisReply& write = replies[write_reply[i]];
-    if (write.type == protocol::RedisReply::Type::kError) (*packed)[i].refused = write.str;
-    if (write.type == protocol::RedisReply::Type::kNil) ++nil;
+    if (write.type == protocol::RedisReply::Type::kError) p.refused = write.str;
+    // A failure record's nil is no duplicate: the record there may be the job's own, from the
+    // refused write (it got through after all).
+    if (write.type == protocol::RedisReply::Type::kNil && !p.replaced) ++nil;
   }
   // On a retry a nil may be our own earlier write that got through: count first tries only.
   if (s.ok() && first_try) {
     *duplicates = nil;
-    for (size_t i = 0; i < packed->size(); ++i)
-      (*packed)[i].stored = replies[write_reply[i]].type == protocol::RedisReply::Type::kStatus;
+    for (size_t i = 0; i < packed->size(); ++i) {
+      const protocol::RedisReply::Type type = replies[write_reply[i]].type;
+      (*packed)[i].stored = type == protocol::RedisReply::Type::kStatus;
+      (*packed)[i].found_there = type == protocol::RedisReply::Type::kNil;
+    }
   }
   return s;
 }
@@ -322,7 +328,6 @@ bool ResultWriter::WriteWithRetries(std::vector<PackedResult>* packed, int64_t* 
           "reported without a result",
           p.id, p.refused);
       p.refused.clear();
-      p.unwritten = true;
       continue;
     }
     spdlog::error(
@@ -367,10 +372,10 @@ void ResultWriter::Report(std::vector<JobResult>* batch, std::vector<PackedResul
                           int64_t duplicates) {
   // A job whose record Redis refused has a failure record in its place, or none: it failed. (A
   // failure record that found a record there, SET NX's nil, leaves the job as it was: that
-  // record may be its own, stored by a write whose reply was lost.)
+  // record may be its own, from the refused write.)
   for (size_t i = 0; i < batch->size(); ++i) {
     const PackedResult& p = (*packed)[i];
-    if (p.replaced && (p.stored || p.unwritten))
+    if (p.replaced && !p.found_there)
       (*batch)[i].status = Status::Internal("Redis refused its result");
   }
   const std::vector<JobResult>& results = *batch;

@@ -92,10 +92,11 @@ class ResultWriter {
     std::string key;
     msgpack::sbuffer record;  // the result record (moved, never copied, into the command)
     std::string ttl;
-    bool stored = false;    // SET NX stored it at the first try (it is the job's result)
-    std::string notify;     // the producer's channel ("" = none): the write also PUBLISHes
-    std::string notice;     // what it publishes there
-    bool scripted = false;  // the record is inside the notice: SET NX + PUBLISH as one script
+    bool stored = false;       // SET NX stored it at the first try (it is the job's result)
+    bool found_there = false;  // SET NX found a record there at the first try (nil)
+    std::string notify;        // the producer's channel ("" = none): the write also PUBLISHes
+    std::string notice;        // what it publishes there
+    bool scripted = false;     // the record is inside the notice: SET NX + PUBLISH as one script
     std::vector<std::string> stored_inputs;  // keys of the job's inputs in Redis: DEL
     std::string id, model;                   // for a failure record in its place (below)
     int64_t attempt = 1, batch_size = 0;
@@ -103,8 +104,7 @@ class ResultWriter {
     // The writer then stores a failure record in its place, once; if that is refused too, the
     // job is reported without a result (logged with its id).
     std::string refused;
-    bool replaced = false;   // `record` is that failure record
-    bool unwritten = false;  // Redis refused the failure record too: the job has no result
+    bool replaced = false;  // `record` is that failure record
     std::string_view value() const { return {record.data(), record.size()}; }
   };
 

@@ -199,7 +199,10 @@ class Fleet:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write("\n".join(conf) + "\n")
-        self.redis_proc = self._spawn("redis", ["redis-server", path])
+        # FERRY_TEST_REDIS_SERVER: another server to test against (a Valkey build, say), as
+        # the C++ tests do.
+        server = os.environ.get("FERRY_TEST_REDIS_SERVER") or "/usr/bin/redis-server"
+        self.redis_proc = self._spawn("redis", [server, path])
 
         def up():
             try:

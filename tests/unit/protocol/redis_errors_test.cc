@@ -32,9 +32,13 @@ TEST(RedisErrors, OtherErrorsAreFinal) {
       IsTransientRedisError("NOPERM this user has no permissions to run the 'get' command"));
   // A code's name inside other words, or a script error without one, is not the code.
   EXPECT_FALSE(IsTransientRedisError("ERR value refused: BUSY is not the reason"));
+  EXPECT_FALSE(IsTransientRedisError("BUSYGROUP Consumer Group name already exists"));
+  EXPECT_FALSE(IsTransientRedisError(
+      "ERR Error running script (call to f_0123): @user_script:1: -BUSYGROUP Consumer Group "
+      "name already exists"));
   EXPECT_FALSE(IsTransientRedisError(
       "ERR Error running script (call to f_0123): @user_script:1: attempt to compare nil "
-      "with number (BUSYGROUP)"));
+      "with number (OOM)"));
   EXPECT_FALSE(IsTransientRedisError(""));
 }
 
@@ -44,6 +48,10 @@ TEST(RedisErrors, AclRefusalsAreKnownInAScriptToo) {
   EXPECT_TRUE(
       IsAclRefusal("ERR The user executing the script can't run this command or subcommand script: "
                    "bbafd2b1a91deb815210bf22d9554351db06a514, on @user_script:1."));
+  EXPECT_TRUE(IsAclRefusal(
+      "ERR The user executing the script can't publish to the channel mentioned in the command "
+      "script: bbafd2b1a91deb815210bf22d9554351db06a514, on @user_script:1."));
+  // Redis 7.2 and Valkey.
   EXPECT_TRUE(IsAclRefusal("ERR ACL failure in script: this user has no permissions"));
   EXPECT_FALSE(IsAclRefusal("ERR unknown command 'EVAL'"));
   EXPECT_FALSE(IsAclRefusal("OOM command not allowed when used memory > 'maxmemory'."));

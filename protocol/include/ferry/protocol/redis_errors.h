@@ -18,10 +18,13 @@ inline bool IsTransientRedisError(std::string_view error) {
   const bool in_script = error.find("Error running script") != std::string_view::npos;
   for (std::string_view code : {"LOADING", "BUSY", "READONLY", "OOM", "MASTERDOWN", "TRYAGAIN",
                                 "CLUSTERDOWN", "NOREPLICAS", "MISCONF"}) {
-    if (error.substr(0, code.size()) == code) return true;
-    for (size_t at = error.find(code); in_script && at != std::string_view::npos;
+    // The code as a word: at the start, or after a '-' in a wrapped script error; then a space
+    // or the end (BUSYGROUP is not BUSY).
+    for (size_t at = error.find(code); at != std::string_view::npos;
          at = error.find(code, at + 1)) {
-      if (at > 0 && error[at - 1] == '-') return true;
+      const size_t end = at + code.size();
+      const bool word = end == error.size() || error[end] == ' ';
+      if (word && (at == 0 || (in_script && error[at - 1] == '-'))) return true;
     }
   }
   return false;
