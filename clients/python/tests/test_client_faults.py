@@ -479,24 +479,31 @@ def _store_result(r, key, y):
 
 
 def test_a_consuming_read_cut_off_keeps_the_result(fleet):
-    """consume_results: a read that Redis cuts off (here its reply is over the client output
-    buffer limit, so it closes the connection) deletes nothing: the next wait gets the result,
-    and only then is it deleted. (With GETDEL as the read, Redis deleted the record before the
-    reply was lost, and it was gone for good.)"""
+    """consume_results: a read cut off halfway through its reply (the connection closes, as
+    Redis does to a client over its output buffer limit; here a proxy in front of Redis does
+    it, which any server lets it) deletes nothing: the next wait gets the result, and only then
+    is it deleted. (With GETDEL as the read, Redis deleted the record before the reply was
+    lost, and it was gone for good.)"""
+    from redis_proxy import RedisProxy
     r = fleet.redis()
     i = uid("cut")
+    key = ("ferry:result:" + i).encode()
     y = np.arange(262144, dtype=np.float32)  # 1 MiB
-    _store_result(r, "ferry:result:" + i, y)
-    with ferry.Client(fleet.frontend, fleet.redis_url, consume_results=True) as c:
-        r.config_set("client-output-buffer-limit", "normal 65536 65536 0")
-        try:
+    _store_result(r, key, y)
+    cutting = True
+    proxy = RedisProxy(fleet.redis_port, cut=lambda argv: cutting and key in argv[1:2])
+    try:
+        with ferry.Client(fleet.frontend, "redis://127.0.0.1:%d" % proxy.port,
+                          consume_results=True, push_results=False) as c:
             with pytest.raises(ferry.Unavailable):
                 c.wait(i, timeout=0.5)
-        finally:
-            r.config_set("client-output-buffer-limit", "normal 0 0 0")
-        got = c.wait(i, timeout=30)
-        np.testing.assert_array_equal(got.outputs[0], y)
-        assert r.exists("ferry:result:" + i) == 0, "the read that got it did not delete it"
+            assert proxy.cut_off and r.exists(key) == 1
+            cutting = False
+            got = c.wait(i, timeout=30)
+            np.testing.assert_array_equal(got.outputs[0], y)
+            assert r.exists(key) == 0, "the read that got it did not delete it"
+    finally:
+        proxy.close()
 
 
 def test_consumed_results_are_deleted_by_a_user_that_may_only_getdel_them(fleet):

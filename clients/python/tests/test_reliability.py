@@ -316,7 +316,7 @@ def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_t
     # its place, plainly and with the job's own expiry (not the default); the producer waiting
     # for it is told, the broker counts the job failed, and the worker goes on serving.
     from fleet import free_port
-    from resp_proxy import RefusingProxy
+    from redis_proxy import RedisProxy
     metrics = free_port()
     f = Fleet(models_dir, models=("tiny", "null"), workers=0,
               broker_args=["--metrics-port", str(metrics)])
@@ -331,7 +331,7 @@ def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_t
             refused_keys.append(key)
             return "ERR the value is refused by the test proxy"
         return None
-    proxy = RefusingProxy(f.redis_port, refuse)
+    proxy = RedisProxy(f.redis_port, refuse)
     x = np.linspace(-1, 1, 8).astype(np.float32)
     try:
         f.start_worker(redis_url="redis://127.0.0.1:%d" % proxy.port)
@@ -365,7 +365,7 @@ def test_a_refused_write_that_got_through_leaves_the_job_done(models_dir):
     # record then finds the job's own result there (SET NX: nil): the job stays `done`, in Redis
     # and in the broker's count.
     from fleet import free_port
-    from resp_proxy import RefusingProxy
+    from redis_proxy import RedisProxy
     metrics = free_port()
     f = Fleet(models_dir, models=("tiny",), workers=0,
               broker_args=["--metrics-port", str(metrics)])
@@ -380,7 +380,7 @@ def test_a_refused_write_that_got_through_leaves_the_job_done(models_dir):
             return None
         store.execute_command(*argv)  # it got through
         return "ERR the reply is refused by the test proxy"
-    proxy = RefusingProxy(f.redis_port, refuse)
+    proxy = RedisProxy(f.redis_port, refuse)
     x = np.linspace(-1, 1, 8).astype(np.float32)
     try:
         f.start_worker(redis_url="redis://127.0.0.1:%d" % proxy.port)

@@ -1,10 +1,12 @@
 """A Redis peer that lies: a TCP proxy in front of a real redis-server that forwards every
 command and reply unchanged, except the writes it is told to refuse, which it answers itself
 with an error reply (as a managed Redis or a proxy in front of one may, for a value it will not
-take) instead of forwarding them. One thread per connection, one command at a time (a pipeline
-is answered in order), plain RESP2 and RESP3 replies; for tests only.
+take) instead of forwarding them, and the replies it is told to cut off (half of the reply, then
+the connection closes, as Redis does to a client over its output buffer limit). One thread per
+connection, one command at a time (a pipeline is answered in order), plain RESP2 and RESP3
+replies, no Pub/Sub; for tests only.
 
-    proxy = RefusingProxy(redis_port, refuse=lambda argv: ...)  # argv: the command's bytes
+    proxy = RedisProxy(redis_port, refuse=lambda argv: ..., cut=lambda argv: ...)
     ... point a process at proxy.port ...
     proxy.close()
 """
@@ -82,15 +84,19 @@ class _Reader:
         # + - : _ , # ( : one line
 
 
-class RefusingProxy:
+class RedisProxy:
     """Listens on 127.0.0.1:`port` (free); each connection gets its own to Redis at
     `redis_port`. A command for which refuse(argv) returns an error text (str) is answered
-    "-<text>" and never reaches Redis; `refused` lists the argv of each."""
+    "-<text>" and never reaches Redis; `refused` lists the argv of each. A command for which
+    cut(argv) is true reaches Redis, and its client gets half of the reply before the proxy
+    closes the connection; `cut_off` lists the argv of each."""
 
-    def __init__(self, redis_port, refuse):
+    def __init__(self, redis_port, refuse=None, cut=None):
         self.redis_port = redis_port
-        self.refuse = refuse
+        self.refuse = refuse or (lambda argv: None)
+        self.cut = cut or (lambda argv: False)
         self.refused = []
+        self.cut_off = []
         self._lock = threading.Lock()
         self._listener = socket.socket()
         self._listener.bind(("127.0.0.1", 0))
@@ -131,7 +137,13 @@ class RefusingProxy:
                     client.sendall(b"-" + error.encode() + b"\r\n")
                     continue
                 upstream.sendall(raw)
-                client.sendall(replies.reply())
+                reply = replies.reply()
+                if self.cut(argv):
+                    with self._lock:
+                        self.cut_off.append(argv)
+                    client.sendall(reply[:len(reply) // 2])
+                    return  # closes both
+                client.sendall(reply)
         except (EOFError, OSError, ValueError):
             pass
         finally:
