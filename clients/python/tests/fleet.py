@@ -34,6 +34,12 @@ def free_port():
         return s.getsockname()[1]
 
 
+def redis_server():
+    """The server the tests start: $FERRY_TEST_REDIS_SERVER (a Valkey build, say), as in the
+    C++ tests, else Debian's redis-server."""
+    return os.environ.get("FERRY_TEST_REDIS_SERVER") or "/usr/bin/redis-server"
+
+
 def wait_for(cond, timeout=30.0, what="condition", every=0.01):
     """Polls cond() until it is truthy (returns its value) or raises after `timeout` s."""
     deadline = time.monotonic() + timeout
@@ -199,10 +205,7 @@ class Fleet:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write("\n".join(conf) + "\n")
-        # FERRY_TEST_REDIS_SERVER: another server to test against (a Valkey build, say), as
-        # the C++ tests do.
-        server = os.environ.get("FERRY_TEST_REDIS_SERVER") or "/usr/bin/redis-server"
-        self.redis_proc = self._spawn("redis", [server, path])
+        self.redis_proc = self._spawn("redis", [redis_server(), path])
 
         def up():
             try:

@@ -496,7 +496,7 @@ def test_a_consuming_read_cut_off_keeps_the_result(fleet):
         with ferry.Client(fleet.frontend, "redis://127.0.0.1:%d" % proxy.port,
                           consume_results=True, push_results=False) as c:
             with pytest.raises(ferry.Unavailable):
-                c.wait(i, timeout=0.5)
+                c.wait(i, timeout=0)  # one read
             assert proxy.cut_off and r.exists(key) == 1
             cutting = False
             got = c.wait(i, timeout=30)

@@ -411,8 +411,8 @@ def test_redis_acl_user_and_tls_with_client_certificates(tmp_path):
     import shutil
     import socket
     import subprocess
-    from fleet import free_port, make_test_ca, wait_for
-    if shutil.which("openssl") is None or shutil.which("redis-server") is None:
+    from fleet import free_port, make_test_ca, redis_server, wait_for
+    if shutil.which("openssl") is None or shutil.which(redis_server()) is None:
         pytest.skip("needs openssl and redis-server")
     make_test_ca(str(tmp_path))
     port = free_port()
@@ -421,7 +421,7 @@ def test_redis_acl_user_and_tls_with_client_certificates(tmp_path):
         "tls-cert-file server.crt\ntls-key-file server.key\ntls-ca-cert-file ca.crt\n"
         "tls-auth-clients yes\nuser default off\n"
         "user producer on >s3cret ~ferry:* &ferry:notify:* +@all\n" % (port, tmp_path))
-    redis = subprocess.Popen(["redis-server", str(tmp_path / "redis.conf")], cwd=tmp_path,
+    redis = subprocess.Popen([redis_server(), str(tmp_path / "redis.conf")], cwd=tmp_path,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     (tmp_path / "pw").write_text("s3cret\n")
     tls = {"redis_tls_ca": str(tmp_path / "ca.crt"),
