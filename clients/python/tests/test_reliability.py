@@ -308,6 +308,23 @@ def _finished(metrics_port, model, status):
                    'ferry_jobs_finished_total{model="%s",status="%s"}' % (model, status))
 
 
+def _result_write_key(argv):
+    """The key of a result write as the worker sends it (SET, or the notice script's EVAL);
+    None for any other command."""
+    name = argv[0].upper()
+    return argv[1] if name == b"SET" else argv[3] if name == b"EVAL" else None
+
+
+def _worker_behind(f, refuse):
+    """A RedisProxy in front of f's Redis with `refuse`, and f's one worker reaching Redis
+    through it, at the broker. Returns the proxy."""
+    from redis_proxy import RedisProxy
+    proxy = RedisProxy(f.redis_port, refuse)
+    f.start_worker(redis_url="redis://127.0.0.1:%d" % proxy.port)
+    f.wait_workers(1)
+    return proxy
+
+
 def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_ttl(models_dir):
     # The worker reaches Redis through a proxy that refuses the first write of two jobs'
     # results with an error reply that no retry cures (as a managed Redis or a proxy may for a
@@ -316,7 +333,6 @@ def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_t
     # its place, plainly and with the job's own expiry (not the default); the producer waiting
     # for it is told, the broker counts the job failed, and the worker goes on serving.
     from fleet import free_port
-    from redis_proxy import RedisProxy
     metrics = free_port()
     f = Fleet(models_dir, models=("tiny", "null"), workers=0,
               broker_args=["--metrics-port", str(metrics)])
@@ -325,17 +341,15 @@ def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_t
     refused_keys = []
 
     def refuse(argv):
-        name = argv[0].upper()
-        key = argv[1] if name == b"SET" else argv[3] if name == b"EVAL" else None
+        key = _result_write_key(argv)
         if key in keys and key not in refused_keys:
             refused_keys.append(key)
             return "ERR the value is refused by the test proxy"
         return None
-    proxy = RedisProxy(f.redis_port, refuse)
     x = np.linspace(-1, 1, 8).astype(np.float32)
+    proxy = None
     try:
-        f.start_worker(redis_url="redis://127.0.0.1:%d" % proxy.port)
-        f.wait_workers(1)
+        proxy = _worker_behind(f, refuse)
         with ferry.Client(f.frontend, f.redis_url) as c:
             assert_tiny(c.run("tiny", x, timeout=30), x)  # through the proxy, untouched
             c.submit("tiny", x, id=small, result_ttl_s=7777)
@@ -356,7 +370,8 @@ def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_t
             assert_tiny(c.run("tiny", x, timeout=30), x)  # still serving
     finally:
         f.stop()
-        proxy.close()
+        if proxy is not None:
+            proxy.close()
 
 
 def test_a_refused_write_that_got_through_leaves_the_job_done(models_dir):
@@ -365,7 +380,6 @@ def test_a_refused_write_that_got_through_leaves_the_job_done(models_dir):
     # record then finds the job's own result there (SET NX: nil): the job stays `done`, in Redis
     # and in the broker's count.
     from fleet import free_port
-    from redis_proxy import RedisProxy
     metrics = free_port()
     f = Fleet(models_dir, models=("tiny",), workers=0,
               broker_args=["--metrics-port", str(metrics)])
@@ -374,17 +388,14 @@ def test_a_refused_write_that_got_through_leaves_the_job_done(models_dir):
     store = f.redis()
 
     def refuse(argv):
-        name = argv[0].upper()
-        target = argv[1] if name == b"SET" else argv[3] if name == b"EVAL" else None
-        if target != key or proxy.refused:
+        if _result_write_key(argv) != key or proxy.refused:
             return None
         store.execute_command(*argv)  # it got through
         return "ERR the reply is refused by the test proxy"
-    proxy = RedisProxy(f.redis_port, refuse)
     x = np.linspace(-1, 1, 8).astype(np.float32)
+    proxy = None
     try:
-        f.start_worker(redis_url="redis://127.0.0.1:%d" % proxy.port)
-        f.wait_workers(1)
+        proxy = _worker_behind(f, refuse)
         with ferry.Client(f.frontend, f.redis_url) as c:
             c.submit("tiny", x, id=job)
             assert_tiny(c.wait(job, timeout=60), x)
@@ -398,7 +409,8 @@ def test_a_refused_write_that_got_through_leaves_the_job_done(models_dir):
             assert _metric(metrics, "ferry_duplicates_suppressed_total") == 0
     finally:
         f.stop()
-        proxy.close()
+        if proxy is not None:
+            proxy.close()
 
 
 def test_an_acl_without_publish_makes_the_worker_write_results_without_notices(models_dir):
