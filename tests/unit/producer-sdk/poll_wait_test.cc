@@ -184,7 +184,9 @@ TEST_F(ClientPollWaitTest, ConsumeResultsDeletesWhatWaitReads) {
 // A consuming read cut off by the connection (here Redis closes it: the reply is over the
 // output buffer limit) must not have deleted the result: the next Wait gets it, and then it is
 // deleted. With GETDEL as the read, Redis deleted the record before the reply was lost, and it
-// was gone for good.
+// was gone for good. (Valkey 9 sends a big value straight from memory, past that limit: there
+// the cut cannot be made this way, and the test says so and skips. The Python client's like
+// test cuts the reply with a proxy, on any server.)
 TEST_F(ClientPollWaitTest, ConsumeKeepsAResultWhoseReadWasCutOff) {
   std::unique_ptr<Client> consumer = Consumer();
   ASSERT_NE(consumer, nullptr);
@@ -195,6 +197,17 @@ TEST_F(ClientPollWaitTest, ConsumeKeepsAResultWhoseReadWasCutOff) {
       writer_
           ->Command({"CONFIG", "SET", "client-output-buffer-limit", "normal 65536 65536 0"}, &reply)
           .ok());
+  {
+    std::unique_ptr<protocol::RedisClient> probe = redis_->Connect();
+    ASSERT_NE(probe, nullptr);
+    protocol::RedisReply got;
+    if (probe->Command({"GET", "test:result:cut-1"}, &got).ok()) {
+      ASSERT_TRUE(
+          writer_->Command({"CONFIG", "SET", "client-output-buffer-limit", "normal 0 0 0"}, &reply)
+              .ok());
+      GTEST_SKIP() << "this server does not cut a 1 MiB reply at its output buffer limit";
+    }
+  }
   Result r;
   const Status cut = consumer->Wait("cut-1", 300, &r);
   ASSERT_TRUE(
