@@ -1,6 +1,7 @@
 // What an error reply means for a write: retried (it goes away by itself) or final, and which
-// replies are ACL refusals -- as Redis 6.2, 7 and Valkey 9 word them, in a script or not. The
-// texts are the servers' own (Redis 7.0's as redis-server 7.0.15 answered them here).
+// replies are ACL refusals -- as Redis 6.2, 7.0 and Valkey 9 word them, in a script or not. The
+// texts are the servers' own, as redis-server 7.0.15 and valkey-server 9.1.2 answered them here,
+// but for Redis 6.2's wrapped form (from its source: no 6.2 server here).
 #include "ferry/protocol/redis_errors.h"
 
 #include <gtest/gtest.h>
@@ -44,15 +45,17 @@ TEST(RedisErrors, OtherErrorsAreFinal) {
 
 TEST(RedisErrors, AclRefusalsAreKnownInAScriptToo) {
   EXPECT_TRUE(IsAclRefusal("NOPERM this user has no permissions to access one of the channels"));
-  // Redis 7.0.15, a user with +eval but no PUBLISH permission, running the notice script.
+  // The notice script on redis-server 7.0.15: a user without the PUBLISH command, then one
+  // with it but on no channel.
   EXPECT_TRUE(
       IsAclRefusal("ERR The user executing the script can't run this command or subcommand script: "
                    "bbafd2b1a91deb815210bf22d9554351db06a514, on @user_script:1."));
   EXPECT_TRUE(IsAclRefusal(
       "ERR The user executing the script can't publish to the channel mentioned in the command "
       "script: bbafd2b1a91deb815210bf22d9554351db06a514, on @user_script:1."));
-  // Redis 7.2 and Valkey.
-  EXPECT_TRUE(IsAclRefusal("ERR ACL failure in script: this user has no permissions"));
+  // The second on valkey-server 9.1.2.
+  EXPECT_TRUE(IsAclRefusal(
+      "ERR ACL failure in script: No permissions to access a channel script: on @user_script:1."));
   EXPECT_FALSE(IsAclRefusal("ERR unknown command 'EVAL'"));
   EXPECT_FALSE(IsAclRefusal("OOM command not allowed when used memory > 'maxmemory'."));
 }

@@ -31,8 +31,7 @@ inline bool IsTransientRedisError(std::string_view error) {
 }
 
 // True for an ACL refusal: NOPERM, or one inside a script, which carries no NOPERM: "The user
-// executing the script can't run this command or subcommand" (Redis 6.2 to 7.0), "ACL failure
-// in script" (Redis 7.2, Valkey).
+// executing the script can't ..." (Redis 7.0), "ACL failure in script: ..." (Valkey 9).
 inline bool IsAclRefusal(std::string_view error) {
   for (std::string_view text : {"NOPERM", "user executing the script", "ACL failure in script"}) {
     if (error.find(text) != std::string_view::npos) return true;
