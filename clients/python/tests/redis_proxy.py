@@ -3,8 +3,8 @@ command and reply unchanged, except the writes it is told to refuse, which it an
 with an error reply (as a managed Redis or a proxy in front of one may, for a value it will not
 take) instead of forwarding them, and the replies it is told to cut off (half of the reply, then
 the connection closes, as Redis does to a client over its output buffer limit). One thread per
-connection, one command at a time (a pipeline is answered in order), plain RESP2 and RESP3
-replies, no Pub/Sub; for tests only.
+connection, one command at a time (a pipeline is answered in order), RESP2, no Pub/Sub; for
+tests only.
 
     proxy = RedisProxy(redis_port, refuse=lambda argv: ..., cut=lambda argv: ...)
     ... point a process at proxy.port ...
@@ -14,74 +14,31 @@ replies, no Pub/Sub; for tests only.
 import socket
 import threading
 
+from ferry._resp import _Incomplete, _parse
+
 
 class _Reader:
-    """RESP off a socket: whole commands (arrays of bulk strings) or whole replies, each
-    returned as its raw bytes (and, for a command, its arguments)."""
+    """Whole RESP2 items off a socket (what Ferry's clients and servers speak), parsed by the
+    client's own parser, each with its raw bytes to forward as they came."""
 
     def __init__(self, sock):
         self.sock = sock
-        self.buf = b""
-        self.pos = 0
-        self.mark = 0  # where the item being read starts: kept until it is whole
+        self.buf = bytearray()
 
-    def _fill(self):
-        chunk = self.sock.recv(1 << 16)
-        if not chunk:
-            raise EOFError
-        self.buf = self.buf[self.mark:] + chunk
-        self.pos -= self.mark
-        self.mark = 0
-
-    def _line(self):
+    def next(self):
+        """(raw bytes, value) of the next whole item: a command (a list of bytes) or a reply."""
         while True:
-            end = self.buf.find(b"\r\n", self.pos)
-            if end >= 0:
-                line, self.pos = self.buf[self.pos:end], end + 2
-                return line
-            self._fill()
-
-    def _exactly(self, n):
-        while len(self.buf) - self.pos < n + 2:
-            self._fill()
-        data, self.pos = self.buf[self.pos:self.pos + n], self.pos + n + 2
-        return data
-
-    def command(self):
-        """(raw bytes, [arguments]) of the next command (a RESP array of bulk strings)."""
-        self.mark = self.pos
-        head = self._line()
-        if not head.startswith(b"*"):
-            raise ValueError("not a RESP command: %r" % head[:40])
-        argv = []
-        for _ in range(int(head[1:])):
-            size = self._line()
-            argv.append(self._exactly(int(size[1:])))
-        return self.buf[self.mark:self.pos], argv
-
-    def reply(self):
-        """The raw bytes of the next whole reply."""
-        self.mark = self.pos
-        self._skip_reply()
-        return self.buf[self.mark:self.pos]
-
-    def _skip_reply(self):
-        head = self._line()
-        kind, rest = head[:1], head[1:]
-        if kind in (b"$", b"=", b"!"):  # bulk string, verbatim string, bulk error
-            if int(rest) >= 0:
-                self._exactly(int(rest))
-        elif kind in (b"*", b"~", b">"):  # array, set, push
-            for _ in range(max(int(rest), 0)):
-                self._skip_reply()
-        elif kind == b"%":  # map
-            for _ in range(2 * int(rest)):
-                self._skip_reply()
-        elif kind == b"|":  # attributes, then the reply they describe
-            for _ in range(2 * int(rest)):
-                self._skip_reply()
-            self._skip_reply()
-        # + - : _ , # ( : one line
+            try:
+                value, end = _parse(self.buf, 0, len(self.buf))
+            except _Incomplete:
+                chunk = self.sock.recv(1 << 16)
+                if not chunk:
+                    raise EOFError
+                self.buf += chunk
+                continue
+            raw = bytes(self.buf[:end])
+            del self.buf[:end]
+            return raw, value
 
 
 class RedisProxy:
@@ -129,7 +86,9 @@ class RedisProxy:
         commands, replies = _Reader(client), _Reader(upstream)
         try:
             while True:
-                raw, argv = commands.command()
+                raw, argv = commands.next()
+                if not isinstance(argv, list):
+                    raise ValueError("not a RESP command")
                 error = self.refuse(argv)
                 if error is not None:
                     with self._lock:
@@ -137,7 +96,7 @@ class RedisProxy:
                     client.sendall(b"-" + error.encode() + b"\r\n")
                     continue
                 upstream.sendall(raw)
-                reply = replies.reply()
+                reply, _ = replies.next()
                 if self.cut(argv):
                     with self._lock:
                         self.cut_off.append(argv)
