@@ -421,15 +421,16 @@ def test_an_acl_without_publish_makes_the_worker_write_results_without_notices(m
     # without notices from then on (the broker's FINISHED tells the producer), and no job is
     # failed or logged as refused. Flat rules, no selectors: Redis 6.2 takes them too.
     f = Fleet(models_dir, models=("tiny",), workers=0)
-    pw = uuid.uuid4().hex
-    f.redis().execute_command(
-        "ACL", "SETUSER", "py-no-publish", "on", ">" + pw, "resetchannels", "-@all", "+ping",
-        "+set", "+eval", "+publish", "+get", "+del", "~ferry:result:*", "~ferry:input:*")
-    pw_file = os.path.join(f.dir, "no-publish.pw")
-    with open(pw_file, "w") as out:
-        out.write(pw + "\n")
     xs = [np.linspace(-1, 1, 8).astype(np.float32) * k for k in range(1, 6)]
     try:
+        pw = uuid.uuid4().hex
+        f.redis().execute_command(
+            "ACL", "SETUSER", "py-no-publish", "on", ">" + pw, "resetchannels", "-@all",
+            "+ping", "+set", "+eval", "+publish", "+get", "+del", "~ferry:result:*",
+            "~ferry:input:*")
+        pw_file = os.path.join(f.dir, "no-publish.pw")
+        with open(pw_file, "w") as out:
+            out.write(pw + "\n")
         f.start_worker(redis_url="redis://py-no-publish@127.0.0.1:%d" % f.redis_port,
                        extra=["--redis-password-file", pw_file])
         f.wait_workers(1)
