@@ -108,9 +108,8 @@ void ResultWriter::Loop() {
       in_flight_ = batch.size();
     }
     std::vector<PackedResult> packed = Pack(&batch);
-    int64_t duplicates = 0;
-    const bool written = WriteWithRetries(&packed, &duplicates);
-    if (written) Report(&batch, &packed, duplicates);
+    const bool written = WriteWithRetries(&packed);
+    if (written) Report(&batch, &packed);
     {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_ = 0;
@@ -206,8 +205,7 @@ std::vector<ResultWriter::PackedResult> ResultWriter::Pack(std::vector<JobResult
   return packed;
 }
 
-Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try,
-                               int64_t* duplicates) {
+Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
   if (!client_) {
     FERRY_RETURN_IF_ERROR(
         protocol::RedisClient::Connect(options_.redis, options_.redis_timeout_ms, &client_));
@@ -247,13 +245,34 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
   if (s.ok() && replies.size() != notice_command.size())
     s = Status::Internal("redis answered " + std::to_string(replies.size()) + " of " +
                          std::to_string(notice_command.size()) + " commands");
+  if (!s.ok()) {  // no answers to go by: any write of this round may have got through
+    for (PackedResult& p : *packed) p.may_be_ours = p.may_be_ours || !p.decided;
+    return s;
+  }
+  // Each write's outcome, from the first attempt that answered it clearly, whether or not the
+  // round as a whole succeeds: the retry of a round that failed for another record's sake finds
+  // this one's own record there (nil), which says nothing.
+  for (size_t i = 0; i < packed->size(); ++i) {
+    PackedResult& p = (*packed)[i];
+    const protocol::RedisReply& write = replies[write_reply[i]];
+    if (p.decided) continue;
+    if (write.type == protocol::RedisReply::Type::kStatus) {
+      p.decided = p.stored = true;
+    } else if (write.type == protocol::RedisReply::Type::kNil) {
+      p.decided = true;
+      p.found_there = !p.may_be_ours;
+    } else if (write.type == protocol::RedisReply::Type::kError && notice_command[write_reply[i]] &&
+               !protocol::IsTransientRedisError(write.str)) {
+      p.may_be_ours = true;  // the script may have failed after its SET (PUBLISH refused)
+    }
+  }
   // A Redis that refuses notices for good (an ACL without EVAL or PUBLISH: NOPERM, or inside
   // the script a refusal without it; a managed service that disabled or renamed EVAL: unknown
   // command) must not stop results from being written: stop using them, and let the retry write
   // plain SETs (a record the script stored before its PUBLISH was refused makes that SET NX a
-  // nil, not counted on a retry). Other errors (LOADING, BUSY, READONLY, OOM...) pass; they are
-  // retried like any failed write.
-  for (size_t i = 0; s.ok() && i < replies.size(); ++i) {
+  // nil, which may_be_ours keeps from counting). Other errors (LOADING, BUSY, READONLY, OOM...)
+  // pass; they are retried like any failed write.
+  for (size_t i = 0; i < replies.size(); ++i) {
     const std::string& error = replies[i].str;
     if (notice_command[i] && replies[i].type == protocol::RedisReply::Type::kError &&
         (protocol::IsAclRefusal(error) || error.find("unknown command") != std::string::npos)) {
@@ -267,30 +286,17 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed, bool first_try
   }
   // An error reply that goes away by itself fails the round (retried); one that cannot is that
   // job's alone: its write is marked refused, the others stand.
-  int64_t nil = 0;
-  for (size_t i = 0; i < replies.size() && s.ok(); ++i) {
-    if (replies[i].type == protocol::RedisReply::Type::kError &&
-        protocol::IsTransientRedisError(replies[i].str))
-      s = Status::Internal("redis: " + replies[i].str);
+  for (const protocol::RedisReply& reply : replies) {
+    if (reply.type == protocol::RedisReply::Type::kError &&
+        protocol::IsTransientRedisError(reply.str))
+      return Status::Internal("redis: " + reply.str);
   }
-  for (size_t i = 0; i < packed->size() && s.ok(); ++i) {
+  for (size_t i = 0; i < packed->size(); ++i) {
     PackedResult& p = (*packed)[i];
     const protocol::RedisReply& write = replies[write_reply[i]];
-    if (write.type == protocol::RedisReply::Type::kError) p.refused = write.str;
-    // A failure record's nil is no duplicate: the record there may be the job's own, from the
-    // refused write (it got through after all).
-    if (write.type == protocol::RedisReply::Type::kNil && !p.replaced) ++nil;
+    if (write.type == protocol::RedisReply::Type::kError && !p.decided) p.refused = write.str;
   }
-  // On a retry a nil may be our own earlier write that got through: count first tries only.
-  if (s.ok() && first_try) {
-    *duplicates = nil;
-    for (size_t i = 0; i < packed->size(); ++i) {
-      const protocol::RedisReply::Type type = replies[write_reply[i]].type;
-      (*packed)[i].stored = type == protocol::RedisReply::Type::kStatus;
-      (*packed)[i].found_there = type == protocol::RedisReply::Type::kNil;
-    }
-  }
-  return s;
+  return Status::Ok();
 }
 
 void ResultWriter::ReplaceWithFailure(PackedResult* p) const {
@@ -313,10 +319,13 @@ void ResultWriter::ReplaceWithFailure(PackedResult* p) const {
   p->scripted = false;
   p->refused.clear();
   p->replaced = true;
+  // The failure record's write starts afresh; a nil for it is read as for any record (and a
+  // record found there may be the job's own, from the refused write: Report).
+  p->decided = p->stored = p->found_there = p->may_be_ours = false;
 }
 
-bool ResultWriter::WriteWithRetries(std::vector<PackedResult>* packed, int64_t* duplicates) {
-  if (!WriteBatchWithRetries(packed, duplicates)) return false;
+bool ResultWriter::WriteWithRetries(std::vector<PackedResult>* packed) {
+  if (!WriteBatchWithRetries(packed)) return false;
   // Records Redis refused for good: a failure record in their place, written once more.
   std::vector<size_t> redo;
   for (size_t i = 0; i < packed->size(); ++i) {
@@ -340,18 +349,15 @@ bool ResultWriter::WriteWithRetries(std::vector<PackedResult>* packed, int64_t* 
   if (redo.empty()) return true;
   std::vector<PackedResult> again;
   for (size_t i : redo) again.push_back(std::move((*packed)[i]));
-  int64_t more_duplicates = 0;
-  const bool ok = WriteWithRetries(&again, &more_duplicates);
+  const bool ok = WriteWithRetries(&again);
   for (size_t k = 0; k < redo.size(); ++k) (*packed)[redo[k]] = std::move(again[k]);
-  *duplicates += more_duplicates;
   return ok;
 }
 
-bool ResultWriter::WriteBatchWithRetries(std::vector<PackedResult>* packed, int64_t* duplicates) {
-  *duplicates = 0;
+bool ResultWriter::WriteBatchWithRetries(std::vector<PackedResult>* packed) {
   int backoff_ms = options_.backoff_initial_ms;
   for (int64_t attempt = 1;; ++attempt) {
-    const Status s = WriteOnce(packed, attempt == 1, duplicates);
+    const Status s = WriteOnce(packed);
     if (s.ok()) {
       if (attempt > 1)
         spdlog::info("result writer: redis back, wrote {} results after {} attempts",
@@ -368,15 +374,16 @@ bool ResultWriter::WriteBatchWithRetries(std::vector<PackedResult>* packed, int6
   }
 }
 
-void ResultWriter::Report(std::vector<JobResult>* batch, std::vector<PackedResult>* packed,
-                          int64_t duplicates) {
+void ResultWriter::Report(std::vector<JobResult>* batch, std::vector<PackedResult>* packed) {
   // A job whose record Redis refused has a failure record in its place, or none: it failed. (A
   // failure record that found a record there, SET NX's nil, leaves the job as it was: that
-  // record may be its own, from the refused write.)
+  // record may be its own, from the refused write; so it is no duplicate either.)
+  int64_t duplicates = 0;
   for (size_t i = 0; i < batch->size(); ++i) {
     const PackedResult& p = (*packed)[i];
     if (p.replaced && !p.found_there)
       (*batch)[i].status = Status::Internal("Redis refused its result");
+    if (p.found_there && !p.replaced) ++duplicates;
   }
   const std::vector<JobResult>& results = *batch;
   {

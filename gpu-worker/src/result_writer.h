@@ -11,8 +11,9 @@
 // the results and retries the whole round trip with backoff (50 ms doubling to 2 s) until it
 // works. Only then does it hand the batch's DoneReport to the I/O thread through the Outbox; so
 // DONE always follows the write. Records of at most `inline_result_bytes` that this write stored
-// (SET NX answered OK at the first try) travel in the report ("results"), for the broker to
-// hand to producers that asked for them: the same bytes as in Redis.
+// (SET NX answered OK, at the first attempt that got an answer for it) travel in the report
+// ("results"), for the broker to hand to producers that asked for them: the same bytes as in
+// Redis.
 //
 // Result notices straight to the producer: a job whose CHUNK entry names a "notify" channel also
 // gets PUBLISH <channel> <notice> (a FINISHED body for the job) in the same pipeline, after its
@@ -92,11 +93,19 @@ class ResultWriter {
     std::string key;
     msgpack::sbuffer record;  // the result record (moved, never copied, into the command)
     std::string ttl;
-    bool stored = false;       // SET NX stored it at the first try (it is the job's result)
-    bool found_there = false;  // SET NX found a record there at the first try (nil)
-    std::string notify;        // the producer's channel ("" = none): the write also PUBLISHes
-    std::string notice;        // what it publishes there
-    bool scripted = false;     // the record is inside the notice: SET NX + PUBLISH as one script
+    // What the write did, taken from the first attempt that had a clear answer for this record,
+    // whatever the other records of the round got (a retry resends them all):
+    bool decided = false;      // an attempt got OK or nil for this write
+    bool stored = false;       // it stored the record: OK (it is the job's result)
+    bool found_there = false;  // it found another record there: nil, and no earlier attempt
+                               // can have stored this one
+    // An attempt got no clear answer but may have stored the record (its reply was lost, or the
+    // notice script failed after its SET): a later nil may be this write's own record, and is
+    // then neither stored nor found_there.
+    bool may_be_ours = false;
+    std::string notify;     // the producer's channel ("" = none): the write also PUBLISHes
+    std::string notice;     // what it publishes there
+    bool scripted = false;  // the record is inside the notice: SET NX + PUBLISH as one script
     std::vector<std::string> stored_inputs;  // keys of the job's inputs in Redis: DEL
     std::string id, model;                   // for a failure record in its place (below)
     int64_t attempt = 1, batch_size = 0;
@@ -111,19 +120,20 @@ class ResultWriter {
   void Loop();
   // Packs each result into its SET arguments (and releases the outputs' memory).
   std::vector<PackedResult> Pack(std::vector<JobResult>* results) const;
-  // One pipelined round trip of SET NX (or the notice script) for `packed`. On the first try
-  // records which were stored and counts the nils in *duplicates.
-  Status WriteOnce(std::vector<PackedResult>* packed, bool first_try, int64_t* duplicates);
+  // One pipelined round trip of SET NX (or the notice script) for `packed`; records each
+  // write's outcome (decided, stored, found_there) the first time it is clear.
+  Status WriteOnce(std::vector<PackedResult>* packed);
   // Writes `packed`, retrying with backoff until Redis accepts it or the writer is aborted
   // (returns false only then).
-  bool WriteWithRetries(std::vector<PackedResult>* packed, int64_t* duplicates);
-  bool WriteBatchWithRetries(std::vector<PackedResult>* packed, int64_t* duplicates);
+  bool WriteWithRetries(std::vector<PackedResult>* packed);
+  bool WriteBatchWithRetries(std::vector<PackedResult>* packed);
   // `p`'s record becomes a failed result (code internal) saying why Redis refused it, written
   // plainly (no notice script), with the job's expiry as the record it replaces.
   void ReplaceWithFailure(PackedResult* p) const;
   // Counts the written batch and hands its DoneReport to the outbox; a job whose record Redis
-  // refused (ReplaceWithFailure) counts as failed.
-  void Report(std::vector<JobResult>* batch, std::vector<PackedResult>* packed, int64_t duplicates);
+  // refused (ReplaceWithFailure) counts as failed, a record that found another there as a
+  // duplicate.
+  void Report(std::vector<JobResult>* batch, std::vector<PackedResult>* packed);
   // Sleeps up to `ms` or until aborted; returns false when aborted.
   bool Backoff(int ms);
 

@@ -413,6 +413,48 @@ def test_a_refused_write_that_got_through_leaves_the_job_done(models_dir):
             proxy.close()
 
 
+def test_a_round_retried_for_one_result_still_counts_anothers_duplicate(models_dir):
+    # Two jobs' results in one write round: job a's write gets an error reply that says to wait
+    # (LOADING, once), job b's finds a record there (b was run before under the same id: its
+    # SET NX answers nil, a duplicate). The worker writes the round again; its retry finds b's
+    # record there once more, but that nil is the same answer, not news: b counts as one
+    # duplicate (before, a retried round counted none), a is stored, and b's first result stands.
+    from fleet import free_port
+    metrics = free_port()
+    f = Fleet(models_dir, models=("tiny",), workers=0,
+              broker_args=["--metrics-port", str(metrics)])
+    a, b = ("py-retried-%s-%s" % (k, uuid.uuid4().hex[:8]) for k in "ab")
+    key_a = ("ferry:result:" + a).encode()
+    armed = []
+
+    def refuse(argv):
+        if armed and _result_write_key(argv) == key_a and not proxy.refused:
+            return "LOADING Redis is loading the dataset in memory"
+        return None
+    x = np.linspace(-1, 1, 8).astype(np.float32)
+    proxy = None
+    try:
+        proxy = _worker_behind(f, refuse)
+        with ferry.Client(f.frontend, f.redis_url) as c:
+            assert_tiny(c.run("tiny", x, id=b, timeout=30), x)
+            armed.append(True)
+            c.submit_many([{"model": "tiny", "inputs": [x * 2], "id": a},
+                           {"model": "tiny", "inputs": [x * 3], "id": b}])
+            assert_tiny(c.wait(a, timeout=30), x * 2)
+            assert len(proxy.refused) == 1
+            # One SUBMIT, one CHUNK, one batch: one round of two writes, written twice.
+            wait_for(lambda: "2 results not written (attempt 1)" in f.log_tail("worker0"), 10,
+                     "the worker's log of the retried round")
+            wait_for(lambda: _metric(metrics, "ferry_duplicates_suppressed_total") == 1, 10,
+                     "the broker's count of duplicates")
+            assert_tiny(c.wait(b, timeout=30), x)  # the first result of b stands
+            assert _finished(metrics, "tiny", "failed") == 0
+    finally:
+        f.stop()
+        if proxy is not None:
+            proxy.close()
+
+
 def test_an_acl_without_publish_makes_the_worker_write_results_without_notices(models_dir):
     # The worker's ACL user may run the notice script and PUBLISH, but on no channel (the
     # `&ferry:notify:*` of deploy/redis/users.acl forgotten): inside the script Redis 7.0 says
