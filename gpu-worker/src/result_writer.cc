@@ -206,64 +206,85 @@ std::vector<ResultWriter::PackedResult> ResultWriter::Pack(std::vector<JobResult
 }
 
 Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
+  // Connected before anything is queued: a round that fails here sent nothing.
   if (!client_) {
     FERRY_RETURN_IF_ERROR(
         protocol::RedisClient::Connect(options_.redis, options_.redis_timeout_ms, &client_));
   }
-  // Per result, the index of its write's reply (SET or the script); per command, whether it
-  // carries a notice (the script, or PUBLISH).
+  FERRY_RETURN_IF_ERROR(client_->EnsureConnected());
+  // Per command sent, whose and what. A retry sends a record only what it still lacks: the
+  // write (until it is decided), the notice of a big record stored without it, the DEL.
+  enum class Kind { kWrite, kScript, kPublish, kDelete };
+  struct Sent {
+    size_t record;
+    Kind kind;
+  };
   const bool scripts = scripts_ok_;
-  std::vector<size_t> write_reply(packed->size());
-  std::vector<bool> notice_command;
+  std::vector<Sent> sent;
   for (size_t i = 0; i < packed->size(); ++i) {
     PackedResult& p = (*packed)[i];
     if (!scripts) p.notify.clear();  // plain writes; the broker's FINISHED tells the producer
-    write_reply[i] = notice_command.size();
     // By reference: the records (kept in `packed` until the write is done) are not copied.
-    if (p.notify.empty()) {
+    if (!p.decided && (p.notify.empty() || !p.scripted)) {
       client_->AppendByRef({"SET", p.key, p.value(), "EX", p.ttl, "NX"});
-      notice_command.push_back(false);
-    } else if (p.scripted) {
+      sent.push_back({i, Kind::kWrite});
+    } else if (!p.decided) {
       client_->AppendByRef(
           {"EVAL", kSetAndPublish, "1", p.key, p.value(), p.ttl, p.notify, p.notice});
-      notice_command.push_back(true);
-    } else {
-      client_->AppendByRef({"SET", p.key, p.value(), "EX", p.ttl, "NX"});
-      client_->Append({"PUBLISH", p.notify, p.notice});
-      notice_command.push_back(false);
-      notice_command.push_back(true);
+      sent.push_back({i, Kind::kScript});
     }
-    if (!p.stored_inputs.empty()) {  // the job's inputs in Redis go with its final result
+    if (!p.notify.empty() && !p.scripted && !p.notice_published && (!p.decided || p.stored)) {
+      client_->Append({"PUBLISH", p.notify, p.notice});
+      sent.push_back({i, Kind::kPublish});
+    }
+    if (!p.stored_inputs.empty() && !p.inputs_deleted) {
+      // the job's inputs in Redis go with its final result
       std::vector<std::string_view> argv{"DEL"};
       for (const auto& k : p.stored_inputs) argv.push_back(k);
       client_->Append(argv);
-      notice_command.push_back(false);
+      sent.push_back({i, Kind::kDelete});
     }
   }
   std::vector<protocol::RedisReply> replies;
   Status s = client_->Flush(&replies);
-  if (s.ok() && replies.size() != notice_command.size())
+  if (s.ok() && replies.size() != sent.size())
     s = Status::Internal("redis answered " + std::to_string(replies.size()) + " of " +
-                         std::to_string(notice_command.size()) + " commands");
-  if (!s.ok()) {  // no answers to go by: any write of this round may have got through
-    for (PackedResult& p : *packed) p.may_be_ours = p.may_be_ours || !p.decided;
+                         std::to_string(sent.size()) + " commands");
+  if (!s.ok()) {  // no answers to go by: any write sent in this round may have got through
+    for (const Sent& c : sent) {
+      PackedResult& p = (*packed)[c.record];
+      if (c.kind == Kind::kWrite || c.kind == Kind::kScript) p.may_be_ours = true;
+    }
     return s;
   }
-  // Each write's outcome, from the first attempt that answered it clearly, whether or not the
-  // round as a whole succeeds: the retry of a round that failed for another record's sake finds
-  // this one's own record there (nil), which says nothing.
-  for (size_t i = 0; i < packed->size(); ++i) {
-    PackedResult& p = (*packed)[i];
-    const protocol::RedisReply& write = replies[write_reply[i]];
-    if (p.decided) continue;
-    if (write.type == protocol::RedisReply::Type::kStatus) {
-      p.decided = p.stored = true;
-    } else if (write.type == protocol::RedisReply::Type::kNil) {
-      p.decided = true;
-      p.found_there = !p.may_be_ours;
-    } else if (write.type == protocol::RedisReply::Type::kError && notice_command[write_reply[i]] &&
-               !protocol::IsTransientRedisError(write.str)) {
-      p.may_be_ours = true;  // the script may have failed after its SET (PUBLISH refused)
+  // What each command did, taken the first time it is clear, whether or not the round as a
+  // whole succeeds: the retry of a round that failed for another record's sake sends this one
+  // only what it still lacks.
+  for (size_t k = 0; k < sent.size(); ++k) {
+    PackedResult& p = (*packed)[sent[k].record];
+    const protocol::RedisReply& reply = replies[k];
+    const bool error = reply.type == protocol::RedisReply::Type::kError;
+    switch (sent[k].kind) {
+      case Kind::kWrite:
+      case Kind::kScript:
+        if (reply.type == protocol::RedisReply::Type::kStatus) {
+          p.decided = p.stored = true;
+          p.notice_published = sent[k].kind == Kind::kScript;  // the script published it
+        } else if (reply.type == protocol::RedisReply::Type::kNil) {
+          p.decided = true;
+          p.found_there = !p.may_be_ours;
+        } else if (error && !protocol::IsTransientRedisError(reply.str)) {
+          // Refused, perhaps after it was stored (a reply lost and replaced; a script whose
+          // PUBLISH was refused after its SET): a later nil may be this record.
+          p.may_be_ours = true;
+        }
+        break;
+      case Kind::kPublish:  // after its write: a notice counts once the record is there
+        if (!error && p.stored) p.notice_published = true;
+        break;
+      case Kind::kDelete:
+        if (!error) p.inputs_deleted = true;
+        break;
     }
   }
   // A Redis that refuses notices for good (an ACL without EVAL or PUBLISH: NOPERM, or inside
@@ -272,9 +293,10 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
   // plain SETs (a record the script stored before its PUBLISH was refused makes that SET NX a
   // nil, which may_be_ours keeps from counting). Other errors (LOADING, BUSY, READONLY, OOM...)
   // pass; they are retried like any failed write.
-  for (size_t i = 0; i < replies.size(); ++i) {
-    const std::string& error = replies[i].str;
-    if (notice_command[i] && replies[i].type == protocol::RedisReply::Type::kError &&
+  for (size_t k = 0; k < sent.size(); ++k) {
+    const std::string& error = replies[k].str;
+    if ((sent[k].kind == Kind::kScript || sent[k].kind == Kind::kPublish) &&
+        replies[k].type == protocol::RedisReply::Type::kError &&
         (protocol::IsAclRefusal(error) || error.find("unknown command") != std::string::npos)) {
       scripts_ok_ = false;
       spdlog::error(
@@ -285,16 +307,18 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
     }
   }
   // An error reply that goes away by itself fails the round (retried); one that cannot is that
-  // job's alone: its write is marked refused, the others stand.
+  // job's alone: its write is marked refused, the others stand. (A DEL refused for good is left:
+  // the inputs expire.)
   for (const protocol::RedisReply& reply : replies) {
     if (reply.type == protocol::RedisReply::Type::kError &&
         protocol::IsTransientRedisError(reply.str))
       return Status::Internal("redis: " + reply.str);
   }
-  for (size_t i = 0; i < packed->size(); ++i) {
-    PackedResult& p = (*packed)[i];
-    const protocol::RedisReply& write = replies[write_reply[i]];
-    if (write.type == protocol::RedisReply::Type::kError && !p.decided) p.refused = write.str;
+  for (size_t k = 0; k < sent.size(); ++k) {
+    PackedResult& p = (*packed)[sent[k].record];
+    if ((sent[k].kind == Kind::kWrite || sent[k].kind == Kind::kScript) && !p.decided &&
+        replies[k].type == protocol::RedisReply::Type::kError)
+      p.refused = replies[k].str;
   }
   return Status::Ok();
 }
@@ -321,7 +345,7 @@ void ResultWriter::ReplaceWithFailure(PackedResult* p) const {
   p->replaced = true;
   // The failure record's write starts afresh; a nil for it is read as for any record (and a
   // record found there may be the job's own, from the refused write: Report).
-  p->decided = p->stored = p->found_there = p->may_be_ours = false;
+  p->decided = p->stored = p->found_there = p->may_be_ours = p->notice_published = false;
 }
 
 bool ResultWriter::WriteWithRetries(std::vector<PackedResult>* packed) {
@@ -405,7 +429,7 @@ void ResultWriter::Report(std::vector<JobResult>* batch, std::vector<PackedResul
     if (!r.status.ok()) report.not_done.emplace_back(r.job.entry.id, ResultStatus(r.status));
     PackedResult& p = (*packed)[i];
     if (!p.stored) continue;
-    if (!p.notify.empty()) {
+    if (p.notice_published) {
       report.notified.push_back(r.job.entry.id);  // its producer has the record already
     } else if (p.record.size() <= options_.inline_result_bytes) {
       report.inline_results.emplace_back(r.job.entry.id, std::string(p.value()));

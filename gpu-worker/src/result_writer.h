@@ -8,12 +8,12 @@
 // late, or a result the broker already wrote (expired, cancelled, poisoned), is never
 // overwritten; such nil replies are counted as duplicates and reported in DONE. NX also makes a
 // retried write harmless. When Redis is unreachable or answers with an error, the thread keeps
-// the results and retries the whole round trip with backoff (50 ms doubling to 2 s) until it
-// works. Only then does it hand the batch's DoneReport to the I/O thread through the Outbox; so
-// DONE always follows the write. Records of at most `inline_result_bytes` that this write stored
-// (SET NX answered OK, at the first attempt that got an answer for it) travel in the report
-// ("results"), for the broker to hand to producers that asked for them: the same bytes as in
-// Redis.
+// the results and retries the round trip with backoff (50 ms doubling to 2 s) until it works
+// (each record sends again only what has not gone through: its write, notice or DEL). Only
+// then does it hand the batch's DoneReport to the I/O thread through the Outbox; so DONE always
+// follows the write. Records of at most `inline_result_bytes` that this write stored (SET NX
+// answered OK) travel in the report ("results"), for the broker to hand to producers that
+// asked for them: the same bytes as in Redis.
 //
 // Result notices straight to the producer: a job whose CHUNK entry names a "notify" channel also
 // gets PUBLISH <channel> <notice> (a FINISHED body for the job) in the same pipeline, after its
@@ -103,8 +103,10 @@ class ResultWriter {
     // notice script failed after its SET): a later nil may be this write's own record, and is
     // then neither stored nor found_there.
     bool may_be_ours = false;
-    std::string notify;     // the producer's channel ("" = none): the write also PUBLISHes
-    std::string notice;     // what it publishes there
+    bool notice_published = false;  // its producer was sent the notice of the stored record
+    bool inputs_deleted = false;    // the DEL of its stored inputs went through
+    std::string notify;             // the producer's channel ("" = none): the write also PUBLISHes
+    std::string notice;             // what it publishes there
     bool scripted = false;  // the record is inside the notice: SET NX + PUBLISH as one script
     std::vector<std::string> stored_inputs;  // keys of the job's inputs in Redis: DEL
     std::string id, model;                   // for a failure record in its place (below)
@@ -120,8 +122,9 @@ class ResultWriter {
   void Loop();
   // Packs each result into its SET arguments (and releases the outputs' memory).
   std::vector<PackedResult> Pack(std::vector<JobResult>* results) const;
-  // One pipelined round trip of SET NX (or the notice script) for `packed`; records each
-  // write's outcome (decided, stored, found_there) the first time it is clear.
+  // One pipelined round trip of SET NX (or the notice script), PUBLISH and DEL for `packed`;
+  // records what each did the first time it is clear, and sends a record only what it still
+  // lacks (a round is retried whole when any reply says to wait).
   Status WriteOnce(std::vector<PackedResult>* packed);
   // Writes `packed`, retrying with backoff until Redis accepts it or the writer is aborted
   // (returns false only then).

@@ -413,24 +413,28 @@ def test_a_refused_write_that_got_through_leaves_the_job_done(models_dir):
             proxy.close()
 
 
-def test_a_round_retried_for_one_result_still_counts_anothers_duplicate(models_dir):
-    # Two jobs' results in one write round: job a's write gets an error reply that says to wait
-    # (LOADING, once), job b's finds a record there (b was run before under the same id: its
-    # SET NX answers nil, a duplicate). The worker writes the round again; its retry finds b's
-    # record there once more, but that nil is the same answer, not news: b counts as one
-    # duplicate (before, a retried round counted none), a is stored, and b's first result stands.
+def test_a_round_retried_for_one_result_keeps_the_others_answers(models_dir):
+    # Three jobs' results in one write round: job a's write gets an error reply that says to
+    # wait (LOADING, once); job b's finds a record there (b ran before under the same id: SET NX
+    # answers nil, a duplicate); job c's is stored. The worker writes the round again, sending
+    # only a's write: b counts as one duplicate (before, a retried round counted none, its nil
+    # being its own answer again), c's record and notice are not sent twice, b's first result
+    # stands.
     from fleet import free_port
     metrics = free_port()
     f = Fleet(models_dir, models=("tiny",), workers=0,
               broker_args=["--metrics-port", str(metrics)])
-    a, b = ("py-retried-%s-%s" % (k, uuid.uuid4().hex[:8]) for k in "ab")
-    key_a = ("ferry:result:" + a).encode()
-    armed = []
+    a, b, c_ = ("py-retried-%s-%s" % (k, uuid.uuid4().hex[:8]) for k in "abc")
+    key = {job: ("ferry:result:" + job).encode() for job in (a, b, c_)}
+    writes = []  # the result keys the worker wrote, in order, once the round is under way
 
     def refuse(argv):
-        if armed and _result_write_key(argv) == key_a and not proxy.refused:
-            return "LOADING Redis is loading the dataset in memory"
-        return None
+        k = _result_write_key(argv)
+        if k is None or not armed:
+            return None
+        writes.append(k)
+        return "LOADING Redis is loading the dataset in memory" if writes == [key[a]] else None
+    armed = []
     x = np.linspace(-1, 1, 8).astype(np.float32)
     proxy = None
     try:
@@ -438,17 +442,64 @@ def test_a_round_retried_for_one_result_still_counts_anothers_duplicate(models_d
         with ferry.Client(f.frontend, f.redis_url) as c:
             assert_tiny(c.run("tiny", x, id=b, timeout=30), x)
             armed.append(True)
-            c.submit_many([{"model": "tiny", "inputs": [x * 2], "id": a},
-                           {"model": "tiny", "inputs": [x * 3], "id": b}])
+            c.submit_many([{"model": "tiny", "inputs": [x * (k + 2)], "id": job}
+                           for k, job in enumerate((a, b, c_))])
             assert_tiny(c.wait(a, timeout=30), x * 2)
-            assert len(proxy.refused) == 1
-            # One SUBMIT, one CHUNK, one batch: one round of two writes, written twice.
-            wait_for(lambda: "2 results not written (attempt 1)" in f.log_tail("worker0"), 10,
+            assert_tiny(c.wait(c_, timeout=30), x * 4)
+            # One SUBMIT, one CHUNK, one batch: one round of three writes, then a's again.
+            wait_for(lambda: "3 results not written (attempt 1)" in f.log_tail("worker0"), 10,
                      "the worker's log of the retried round")
             wait_for(lambda: _metric(metrics, "ferry_duplicates_suppressed_total") == 1, 10,
                      "the broker's count of duplicates")
+            assert writes == [key[a], key[b], key[c_], key[a]], writes
             assert_tiny(c.wait(b, timeout=30), x)  # the first result of b stands
             assert _finished(metrics, "tiny", "failed") == 0
+    finally:
+        f.stop()
+        if proxy is not None:
+            proxy.close()
+
+
+def test_a_write_refused_after_it_got_through_is_no_duplicate_when_its_round_is_retried(
+        models_dir):
+    # Two big results (plain SET, then PUBLISH) in one round: a's write gets LOADING (once), d's
+    # is run on Redis and then answered with an error no retry cures (its reply lost and
+    # replaced, say). The round is retried for a's sake, and d's write with it: its SET NX finds
+    # d's own record (nil). That is no duplicate and no refusal: both jobs are done.
+    from fleet import free_port
+    metrics = free_port()
+    f = Fleet(models_dir, models=("null",), workers=0,
+              broker_args=["--metrics-port", str(metrics)])
+    a, d = ("py-got-through-%s-%s" % (k, uuid.uuid4().hex[:8]) for k in "ad")
+    key_a, key_d = (("ferry:result:" + job).encode() for job in (a, d))
+    store = f.redis()
+    answered = set()
+
+    def refuse(argv):
+        k = _result_write_key(argv)
+        if k not in (key_a, key_d) or k in answered:
+            return None
+        answered.add(k)
+        if k == key_a:
+            return "LOADING Redis is loading the dataset in memory"
+        store.execute_command(*argv)  # it got through
+        return "ERR the reply is refused by the test proxy"
+    xs = {a: np.full(100000, 2, np.float32), d: np.full(100000, 3, np.float32)}
+    proxy = None
+    try:
+        proxy = _worker_behind(f, refuse)
+        with ferry.Client(f.frontend, f.redis_url) as c:
+            c.submit_many([{"model": "null", "inputs": [xs[job]], "id": job} for job in (a, d)])
+            for job in (a, d):
+                r = c.wait(job, timeout=30)
+                assert r.status == "done", (job, r)
+                np.testing.assert_array_equal(r.outputs[0], xs[job])
+            wait_for(lambda: "2 results not written (attempt 1)" in f.log_tail("worker0"), 10,
+                     "the worker's log of the retried round")
+            wait_for(lambda: _finished(metrics, "null", "done") == 2, 10,
+                     "the broker's count of jobs done")
+            assert _metric(metrics, "ferry_duplicates_suppressed_total") == 0
+            assert "refused its result" not in f.log_tail("worker0")
     finally:
         f.stop()
         if proxy is not None:

@@ -57,6 +57,9 @@ class RedisClient {
   // `timeout_ms` (> 0) instead of the one given at Connect: for a caller with a deadline of its
   // own (a Wait), so that a stalled Redis holds it no longer than that.
   void SetTimeout(int timeout_ms);
+  // Connects if not connected (at first, or again after a failure), as Flush does first: for a
+  // caller that must know whether a failed Flush can have sent anything.
+  Status EnsureConnected();
   // Sends every appended command in one round trip and reads all replies in order. Error replies
   // come back as RedisReply::Type::kError (the first also makes the Status kInternal when
   // `replies` is null). Transport failures return kUnavailable.
@@ -91,7 +94,6 @@ class RedisClient {
 
  private:
   explicit RedisClient(const RedisEndpoint& endpoint, int timeout_ms);
-  Status EnsureConnected();
   void Drop();
 
   RedisEndpoint endpoint_;
