@@ -224,6 +224,8 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
   for (size_t i = 0; i < packed->size(); ++i) {
     PackedResult& p = (*packed)[i];
     if (!scripts) p.notify.clear();  // plain writes; the broker's FINISHED tells the producer
+    const bool first_try = !p.tried;
+    if (!p.decided) p.tried = true;
     // By reference: the records (kept in `packed` until the write is done) are not copied.
     if (!p.decided && (p.notify.empty() || !p.scripted)) {
       client_->AppendByRef({"SET", p.key, p.value(), "EX", p.ttl, "NX"});
@@ -233,7 +235,10 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
           {"EVAL", kSetAndPublish, "1", p.key, p.value(), p.ttl, p.notify, p.notice});
       sent.push_back({i, Kind::kScript});
     }
-    if (!p.notify.empty() && !p.scripted && !p.notice_published && (!p.decided || p.stored)) {
+    // A big record's notice goes right behind its write the first time (it reaches Redis even
+    // when the write is refused: then before the record); after that, only once it is stored.
+    if (!p.notify.empty() && !p.scripted && !p.notice_published &&
+        (p.stored || (first_try && !p.decided))) {
       client_->Append({"PUBLISH", p.notify, p.notice});
       sent.push_back({i, Kind::kPublish});
     }
@@ -345,7 +350,7 @@ void ResultWriter::ReplaceWithFailure(PackedResult* p) const {
   p->replaced = true;
   // The failure record's write starts afresh; a nil for it is read as for any record (and a
   // record found there may be the job's own, from the refused write: Report).
-  p->decided = p->stored = p->found_there = p->may_be_ours = p->notice_published = false;
+  p->decided = p->stored = p->found_there = p->may_be_ours = p->notice_published = p->tried = false;
 }
 
 bool ResultWriter::WriteWithRetries(std::vector<PackedResult>* packed) {

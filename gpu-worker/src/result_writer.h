@@ -7,13 +7,13 @@
 // NX is the fencing: the first final result wins, so a worker presumed dead that comes back
 // late, or a result the broker already wrote (expired, cancelled, poisoned), is never
 // overwritten; such nil replies are counted as duplicates and reported in DONE. NX also makes a
-// retried write harmless. When Redis is unreachable or answers with an error, the thread keeps
-// the results and retries the round trip with backoff (50 ms doubling to 2 s) until it works
-// (each record sends again only what has not gone through: its write, notice or DEL). Only
-// then does it hand the batch's DoneReport to the I/O thread through the Outbox; so DONE always
-// follows the write. Records of at most `inline_result_bytes` that this write stored (SET NX
-// answered OK) travel in the report ("results"), for the broker to hand to producers that
-// asked for them: the same bytes as in Redis.
+// retried write harmless. When Redis is unreachable or answers with an error that says to wait
+// (LOADING, BUSY, OOM...), the thread keeps the results and retries the round trip with backoff
+// (50 ms doubling to 2 s) until it works (each record sends again only what has not gone
+// through: its write, notice or DEL). Only then does it hand the batch's DoneReport to the I/O
+// thread through the Outbox; so DONE always follows the write. Records of at most
+// `inline_result_bytes` that this write stored (SET NX answered OK) travel in the report
+// ("results"), for the broker to hand to producers that asked for them: the same bytes as in Redis.
 //
 // Result notices straight to the producer: a job whose CHUNK entry names a "notify" channel also
 // gets PUBLISH <channel> <notice> (a FINISHED body for the job) in the same pipeline, after its
@@ -22,9 +22,10 @@
 // record that lost to an earlier result. A bigger record goes as SET NX followed by PUBLISH of
 // a notice without it (no script: Lua would copy the record in and out, ~1.6 ms of Redis CPU
 // per MB); that notice may then follow a losing write, and names an id whose winning result is
-// in Redis. At light load the producer has its result one Redis hop after the write instead of
-// after DONE and FINISHED travel through the broker. A Redis that refuses the script (or
-// PUBLISH) gets plain SETs from then on (logged once).
+// in Redis, or a write Redis refused (it is sent once, not with the retries). At light load the
+// producer has its result one Redis hop after the write instead of after DONE and FINISHED travel
+// through the broker. A Redis that refuses the script (or PUBLISH) gets plain SETs from then on
+// (logged once).
 //
 // A job whose inputs the producer stored in Redis (Keys::Input) has them deleted in the same
 // pipeline, after its write: the job is finished, whichever result won.
@@ -94,7 +95,9 @@ class ResultWriter {
     msgpack::sbuffer record;  // the result record (moved, never copied, into the command)
     std::string ttl;
     // What the write did, taken from the first attempt that had a clear answer for this record,
-    // whatever the other records of the round got (a retry resends them all):
+    // whatever the other records of the round got (a retry sends each record only what it
+    // still lacks):
+    bool tried = false;        // the write was sent
     bool decided = false;      // an attempt got OK or nil for this write
     bool stored = false;       // it stored the record: OK (it is the job's result)
     bool found_there = false;  // it found another record there: nil, and no earlier attempt
@@ -124,7 +127,7 @@ class ResultWriter {
   std::vector<PackedResult> Pack(std::vector<JobResult>* results) const;
   // One pipelined round trip of SET NX (or the notice script), PUBLISH and DEL for `packed`;
   // records what each did the first time it is clear, and sends a record only what it still
-  // lacks (a round is retried whole when any reply says to wait).
+  // lacks. Fails (to be retried) when any reply says to wait or the connection fails.
   Status WriteOnce(std::vector<PackedResult>* packed);
   // Writes `packed`, retrying with backoff until Redis accepts it or the writer is aborted
   // (returns false only then).

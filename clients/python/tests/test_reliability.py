@@ -506,6 +506,62 @@ def test_a_write_refused_after_it_got_through_is_no_duplicate_when_its_round_is_
             proxy.close()
 
 
+def test_a_big_results_notice_goes_once_however_often_its_write_is_retried(models_dir):
+    # A record too big for the notice script goes as SET NX, then PUBLISH of a notice naming
+    # the job, in one pipeline. Redis answers the SET three times with LOADING (it still runs
+    # the PUBLISH): the notice went out with the first try, and the retries, which store the
+    # record at the fourth, do not send it again. The producer gets its result all the same.
+    from fleet import free_port
+    metrics = free_port()
+    f = Fleet(models_dir, models=("null",), workers=0,
+              broker_args=["--metrics-port", str(metrics)])
+    job = "py-notice-once-" + uuid.uuid4().hex[:8]
+    key = ("ferry:result:" + job).encode()
+    loading = []
+
+    def refuse(argv):
+        if _result_write_key(argv) != key or len(loading) == 3:
+            return None
+        loading.append(argv)
+        return "LOADING Redis is loading the dataset in memory"
+    notices = f.redis().pubsub()
+    notices.psubscribe("ferry:notify:*")
+    x = np.full(100000, 5, np.float32)
+    proxy = None
+    def notices_of(job_id):
+        n = 0
+        while True:
+            m = notices.get_message(timeout=1)
+            if m is None:
+                return n
+            if m["type"] == "pmessage" and job_id.encode() in m["data"]:
+                n += 1
+    try:
+        proxy = _worker_behind(f, refuse)
+        with ferry.Client(f.frontend, f.redis_url) as c:
+            warm_ups = []
+
+            def subscribed():  # the client subscribes to its channel on its first job
+                warm_up = "py-warm-up-" + uuid.uuid4().hex[:8]
+                warm_ups.append(warm_up)
+                assert c.run("null", np.ones(4, np.float32), id=warm_up, timeout=30).ok
+                return notices_of(warm_up) == 1
+            wait_for(subscribed, 20, "a notice of a warm-up job")
+            r = c.run("null", x, id=job, timeout=30)
+            assert r.status == "done", r
+            np.testing.assert_array_equal(r.outputs[0], x)
+            assert len(loading) == 3
+            # DONE follows the last round: every notice there will be has been published.
+            wait_for(lambda: _finished(metrics, "null", "done") == len(warm_ups) + 1, 10,
+                     "the broker's count of jobs done")
+            assert notices_of(job) == 1
+    finally:
+        notices.close()
+        f.stop()
+        if proxy is not None:
+            proxy.close()
+
+
 def test_an_acl_without_publish_makes_the_worker_write_results_without_notices(models_dir):
     # The worker's ACL user may run the notice script and PUBLISH, but on no channel (the
     # `&ferry:notify:*` of deploy/redis/users.acl forgotten): inside the script Redis 7.0 says
