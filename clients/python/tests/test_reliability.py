@@ -308,6 +308,15 @@ def _finished(metrics_port, model, status):
                    'ferry_jobs_finished_total{model="%s",status="%s"}' % (model, status))
 
 
+def _metered_fleet(models_dir, models):
+    """A Fleet serving `models`, no worker started yet, its broker's /metrics on a free port:
+    (fleet, that port)."""
+    from fleet import free_port
+    metrics = free_port()
+    return Fleet(models_dir, models=models, workers=0,
+                 broker_args=["--metrics-port", str(metrics)]), metrics
+
+
 def _result_write_key(argv):
     """The key of a result write as the worker sends it (SET, or the notice script's EVAL);
     None for any other command."""
@@ -332,10 +341,7 @@ def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_t
     # (SET, then PUBLISH). The worker stores a `failed` record (code internal, saying why) in
     # its place, plainly and with the job's own expiry (not the default); the producer waiting
     # for it is told, the broker counts the job failed, and the worker goes on serving.
-    from fleet import free_port
-    metrics = free_port()
-    f = Fleet(models_dir, models=("tiny", "null"), workers=0,
-              broker_args=["--metrics-port", str(metrics)])
+    f, metrics = _metered_fleet(models_dir, ("tiny", "null"))
     small, big = ("py-refused-%s-%s" % (kind, uuid.uuid4().hex[:8]) for kind in ("small", "big"))
     keys = {("ferry:result:" + job).encode(): job for job in (small, big)}
     refused_keys = []
@@ -379,10 +385,7 @@ def test_a_refused_write_that_got_through_leaves_the_job_done(models_dir):
     # whose reply was lost in an outage and replaced by another, say). The worker's failure
     # record then finds the job's own result there (SET NX: nil): the job stays `done`, in Redis
     # and in the broker's count.
-    from fleet import free_port
-    metrics = free_port()
-    f = Fleet(models_dir, models=("tiny",), workers=0,
-              broker_args=["--metrics-port", str(metrics)])
+    f, metrics = _metered_fleet(models_dir, ("tiny",))
     job = "py-got-through-" + uuid.uuid4().hex[:8]
     key = ("ferry:result:" + job).encode()
     store = f.redis()
@@ -420,10 +423,7 @@ def test_a_round_retried_for_one_result_keeps_the_others_answers(models_dir):
     # only a's write: b counts as one duplicate (before, a retried round counted none, its nil
     # being its own answer again), c's record and notice are not sent twice, b's first result
     # stands.
-    from fleet import free_port
-    metrics = free_port()
-    f = Fleet(models_dir, models=("tiny",), workers=0,
-              broker_args=["--metrics-port", str(metrics)])
+    f, metrics = _metered_fleet(models_dir, ("tiny",))
     a, b, c_ = ("py-retried-%s-%s" % (k, uuid.uuid4().hex[:8]) for k in "abc")
     key = {job: ("ferry:result:" + job).encode() for job in (a, b, c_)}
     writes = []  # the result keys the worker wrote, in order, once the round is under way
@@ -466,10 +466,7 @@ def test_a_write_refused_after_it_got_through_is_no_duplicate_when_its_round_is_
     # is run on Redis and then answered with an error no retry cures (its reply lost and
     # replaced, say). The round is retried for a's sake, and d's write with it: its SET NX finds
     # d's own record (nil). That is no duplicate and no refusal: both jobs are done.
-    from fleet import free_port
-    metrics = free_port()
-    f = Fleet(models_dir, models=("null",), workers=0,
-              broker_args=["--metrics-port", str(metrics)])
+    f, metrics = _metered_fleet(models_dir, ("null",))
     a, d = ("py-got-through-%s-%s" % (k, uuid.uuid4().hex[:8]) for k in "ad")
     key_a, key_d = (("ferry:result:" + job).encode() for job in (a, d))
     store = f.redis()
@@ -511,10 +508,7 @@ def test_a_big_results_notice_goes_once_however_often_its_write_is_retried(model
     # the job, in one pipeline. Redis answers the SET three times with LOADING (it still runs
     # the PUBLISH): the notice went out with the first try, and the retries, which store the
     # record at the fourth, do not send it again. The producer gets its result all the same.
-    from fleet import free_port
-    metrics = free_port()
-    f = Fleet(models_dir, models=("null",), workers=0,
-              broker_args=["--metrics-port", str(metrics)])
+    f, metrics = _metered_fleet(models_dir, ("null",))
     job = "py-notice-once-" + uuid.uuid4().hex[:8]
     key = ("ferry:result:" + job).encode()
     loading = []
