@@ -22,10 +22,10 @@
 // record that lost to an earlier result. A bigger record goes as SET NX followed by PUBLISH of
 // a notice without it (no script: Lua would copy the record in and out, ~1.6 ms of Redis CPU
 // per MB); that notice may then follow a losing write, and names an id whose winning result is
-// in Redis, or a write Redis refused (it is sent once, not with the retries). At light load the
-// producer has its result one Redis hop after the write instead of after DONE and FINISHED travel
-// through the broker. A Redis that refuses the script (or PUBLISH) gets plain SETs from then on
-// (logged once).
+// in Redis, or a write Redis refused (it goes with the write's first try only; after that, only
+// once the record is stored). At light load the producer has its result one Redis hop after
+// the write instead of after DONE and FINISHED travel through the broker. A Redis that refuses
+// the script (or PUBLISH) gets plain SETs from then on (logged once).
 //
 // A job whose inputs the producer stored in Redis (Keys::Input) has them deleted in the same
 // pipeline, after its write: the job is finished, whichever result won.
