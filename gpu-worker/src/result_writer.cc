@@ -237,8 +237,7 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
     }
     // A big record's notice goes right behind its write the first time (it reaches Redis even
     // when the write is refused: then before the record); after that, only once it is stored.
-    if (!p.notify.empty() && !p.scripted && !p.notice_published &&
-        (p.stored || (first_try && !p.decided))) {
+    if (!p.notify.empty() && !p.scripted && !p.notice_published && (p.stored || first_try)) {
       client_->Append({"PUBLISH", p.notify, p.notice});
       sent.push_back({i, Kind::kPublish});
     }

@@ -308,6 +308,10 @@ def _finished(metrics_port, model, status):
                    'ferry_jobs_finished_total{model="%s",status="%s"}' % (model, status))
 
 
+# The error reply Redis gives while it loads its data: one that says to wait (retried).
+_LOADING = "LOADING Redis is loading the dataset in memory"
+
+
 def _metered_fleet(models_dir, models):
     """A Fleet serving `models`, no worker started yet, its broker's /metrics on a free port:
     (fleet, that port)."""
@@ -433,7 +437,7 @@ def test_a_round_retried_for_one_result_keeps_the_others_answers(models_dir):
         if k is None or not armed:
             return None
         writes.append(k)
-        return "LOADING Redis is loading the dataset in memory" if writes == [key[a]] else None
+        return _LOADING if writes == [key[a]] else None
     armed = []
     x = np.linspace(-1, 1, 8).astype(np.float32)
     proxy = None
@@ -478,7 +482,7 @@ def test_a_write_refused_after_it_got_through_is_no_duplicate_when_its_round_is_
             return None
         answered.add(k)
         if k == key_a:
-            return "LOADING Redis is loading the dataset in memory"
+            return _LOADING
         store.execute_command(*argv)  # it got through
         return "ERR the reply is refused by the test proxy"
     xs = {a: np.full(100000, 2, np.float32), d: np.full(100000, 3, np.float32)}
@@ -517,7 +521,7 @@ def test_a_big_results_notice_goes_once_however_often_its_write_is_retried(model
         if _result_write_key(argv) != key or len(loading) == 3:
             return None
         loading.append(argv)
-        return "LOADING Redis is loading the dataset in memory"
+        return _LOADING
     notices = f.redis().pubsub()
     notices.psubscribe("ferry:notify:*")
     x = np.full(100000, 5, np.float32)
