@@ -7,8 +7,6 @@
 namespace ferry::client {
 namespace {
 
-constexpr auto kFirstRecheck = std::chrono::milliseconds(50);
-constexpr auto kMaxRecheck = std::chrono::milliseconds(1000);
 constexpr auto kSweepEvery = std::chrono::seconds(5);
 
 }  // namespace
@@ -95,7 +93,7 @@ void ResultTracker::Notify(
     std::lock_guard<std::mutex> lock(mu_);
     for (const auto& [id, record] : records) {
       auto it = entries_.find(std::string(id));
-      if (it == entries_.end() || it->second->has_result) continue;
+      if (it == entries_.end() || !it->second->record.empty()) continue;
       Entry* e = it->second.get();
       if (e->waiters == 0 && held_bytes_ + record.size() > kMaxHeldBytes) continue;  // read later
       e->record.assign(record.data(), record.size());
@@ -105,7 +103,11 @@ void ResultTracker::Notify(
     }
     for (const auto& id : ids) {
       auto it = entries_.find(id);
-      if (it == entries_.end() || it->second->has_result) continue;  // not ours, not waited on
+      if (it == entries_.end()) continue;  // not ours, not waited on
+      const Entry& e = *it->second;
+      // A second notice for an id with a result but no record wakes its Waits to read again:
+      // the first may have come before the record was stored (a write Redis refused at first).
+      if (e.has_result && (!e.record.empty() || e.waiters == 0)) continue;
       it->second->has_result = true;
       Changed(it->second, &wake);
     }
@@ -172,7 +174,7 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out,
   const bool forever = timeout_ms < 0;
   const Clock::time_point start = Clock::now();
   const Clock::time_point deadline = start + std::chrono::milliseconds(std::max(0, timeout_ms));
-  Clock::duration backoff = kFirstRecheck;
+  Clock::duration backoff = rechecks_.first;
 
   std::unique_lock<std::mutex> lock(mu_);
   auto it = entries_.find(id);
@@ -187,7 +189,7 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out,
   Clock::time_point next_read = start;
   if (e->ours && !e->has_result && !e->recheck && timeout_ms != 0) {
     next_read = start + backoff;
-    backoff = std::min<Clock::duration>(backoff * 2, kMaxRecheck);
+    backoff = std::min<Clock::duration>(backoff * 2, rechecks_.max);
   }
   uint64_t seen = e->version;
   Status last;
@@ -254,7 +256,7 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out,
       // A read cut off by the Wait's own bound: Redis is slow, not gone, and the Wait timed out.
       last_ran_out = read_timeout_ms > 0 && Clock::now() + std::chrono::milliseconds(1) >= deadline;
       next_read = Clock::now() + backoff;
-      backoff = std::min<Clock::duration>(backoff * 2, kMaxRecheck);
+      backoff = std::min<Clock::duration>(backoff * 2, rechecks_.max);
       continue;  // a notice may have come during the read
     }
     if (!forever && now >= deadline) {

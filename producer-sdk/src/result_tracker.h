@@ -11,7 +11,10 @@
 //     (the notice says when to read).
 //   - Notify(ids, records), from the I/O thread (FINISHED from the broker, or a worker's notice
 //     on our channel), marks ours or waited-on ids as having a result and keeps inline records.
-//     It never touches Redis.
+//     It never touches Redis. A later notice for an id that has a result but no record wakes
+//     its Waits to read again: a worker's first notice may come before its record is stored
+//     (docs/protocol.md, notices), and a Wait that read nothing then must not sleep until its
+//     next re-check.
 //   - Wait(id) returns the inline record when there is one (decoded on the waiting thread),
 //     reads Redis once when a notice came without it, and otherwise re-checks Redis on its own
 //     every 50 ms backing off to 1 s: the safety net for lost notices (a broker restart) and
@@ -47,6 +50,13 @@
 
 namespace ferry::client {
 
+// How often a Wait re-checks Redis on its own: first after `first`, doubling to `max`. Tests set
+// them long, so that only a notice can make a Wait read.
+struct RecheckTimes {
+  std::chrono::steady_clock::duration first = std::chrono::milliseconds(50);
+  std::chrono::steady_clock::duration max = std::chrono::milliseconds(1000);
+};
+
 class ResultTracker {
  public:
   using Clock = std::chrono::steady_clock;
@@ -62,8 +72,9 @@ class ResultTracker {
   // that came inline (in a notice, not read from Redis): Client uses it to delete that result
   // from Redis too under consume_results. May be empty.
   using InlineTakenFn = std::function<void(const std::string& id)>;
-  explicit ResultTracker(ReadFn read, InlineTakenFn inline_taken = nullptr)
-      : read_(std::move(read)), inline_taken_(std::move(inline_taken)) {}
+  explicit ResultTracker(ReadFn read, InlineTakenFn inline_taken = nullptr,
+                         RecheckTimes rechecks = {})
+      : read_(std::move(read)), inline_taken_(std::move(inline_taken)), rechecks_(rechecks) {}
 
   // Marks ids as submitted by this client (call before sending them).
   void Track(const std::vector<std::string>& ids);
@@ -133,6 +144,7 @@ class ResultTracker {
 
   const ReadFn read_;
   const InlineTakenFn inline_taken_;
+  const RecheckTimes rechecks_;
   mutable std::mutex mu_;
   EntryMap entries_;                // guarded by mu_
   size_t held_bytes_ = 0;           // guarded by mu_: inline records kept

@@ -131,12 +131,17 @@ class Results:
         _wake_waiters(e)
 
     def finished(self, ids, records):
-        """A FINISHED body (or a worker's notice): these ids' results are in Redis."""
+        """A FINISHED body (or a worker's notice): these ids' results are in Redis.
+
+        A second notice for an id that has a result but no record is not ignored: a worker
+        whose write Redis refused at first may have published its notice before the record was
+        stored (protocol.md, notices), so a waiter may have read nothing since. It reads again
+        now, not at its next re-check."""
         entries = self.entries
         if records:
             for id, rec in records.items():
                 e = entries.get(id)
-                if e is None or e.has_result or type(rec) is not bytes:
+                if e is None or e.record is not None or type(rec) is not bytes:
                     continue
                 if e.nwait == 0 and self.held_bytes + len(rec) > MAX_HELD_BYTES:
                     continue  # read from Redis when someone waits
@@ -146,7 +151,7 @@ class Results:
                 self._changed(e)
         for id in ids:
             e = entries.get(id)
-            if e is None or e.has_result:
+            if e is None or (e.has_result and (e.record is not None or e.nwait == 0)):
                 continue
             e.has_result = True
             self._changed(e)

@@ -507,6 +507,37 @@ def test_a_write_refused_after_it_got_through_is_no_duplicate_when_its_round_is_
             proxy.close()
 
 
+def _notice_counter(f):
+    """A pattern subscription to every client's notice channel in f's Redis, and a function that
+    counts the notices naming a job that came since the last call (each waits 1 s for more)."""
+    notices = f.redis().pubsub()
+    notices.psubscribe("ferry:notify:*")
+
+    def notices_of(job_id):
+        n = 0
+        while True:
+            m = notices.get_message(timeout=1)
+            if m is None:
+                return n
+            if m["type"] == "pmessage" and job_id.encode() in m["data"]:
+                n += 1
+    return notices, notices_of
+
+
+def _until_subscribed(c, notices_of):
+    """Runs warm-up jobs on `c` until one's notice comes on its channel (a client subscribes to
+    its channel on its first job). Returns how many it ran."""
+    warm_ups = []
+
+    def subscribed():
+        warm_up = "py-warm-up-" + uuid.uuid4().hex[:8]
+        warm_ups.append(warm_up)
+        assert c.run("null", np.ones(4, np.float32), id=warm_up, timeout=30).ok
+        return notices_of(warm_up) == 1
+    wait_for(subscribed, 20, "a notice of a warm-up job")
+    return len(warm_ups)
+
+
 def test_a_big_results_notice_goes_once_however_often_its_write_is_retried(models_dir):
     # A record too big for the notice script goes as SET NX, then PUBLISH of a notice naming
     # the job, in one pipeline. Redis answers the SET three times with LOADING (it still runs
@@ -522,38 +553,80 @@ def test_a_big_results_notice_goes_once_however_often_its_write_is_retried(model
             return None
         loading.append(argv)
         return _LOADING
-    notices = f.redis().pubsub()
-    notices.psubscribe("ferry:notify:*")
+    notices, notices_of = _notice_counter(f)
     x = np.full(100000, 5, np.float32)
     proxy = None
-    def notices_of(job_id):
-        n = 0
-        while True:
-            m = notices.get_message(timeout=1)
-            if m is None:
-                return n
-            if m["type"] == "pmessage" and job_id.encode() in m["data"]:
-                n += 1
     try:
         proxy = _worker_behind(f, refuse)
         with ferry.Client(f.frontend, f.redis_url) as c:
-            warm_ups = []
-
-            def subscribed():  # the client subscribes to its channel on its first job
-                warm_up = "py-warm-up-" + uuid.uuid4().hex[:8]
-                warm_ups.append(warm_up)
-                assert c.run("null", np.ones(4, np.float32), id=warm_up, timeout=30).ok
-                return notices_of(warm_up) == 1
-            wait_for(subscribed, 20, "a notice of a warm-up job")
+            warm_ups = _until_subscribed(c, notices_of)
             r = c.run("null", x, id=job, timeout=30)
             assert r.status == "done", r
             np.testing.assert_array_equal(r.outputs[0], x)
             assert [argv[0].upper() for argv in loading] == [b"SET"] * 3  # not the script
             # DONE follows the last round: every notice there will be has been published.
-            wait_for(lambda: _finished(metrics, "null", "done") == len(warm_ups) + 1, 10,
+            wait_for(lambda: _finished(metrics, "null", "done") == warm_ups + 1, 10,
                      "the broker's count of jobs done")
             assert notices_of(job) == 1
     finally:
+        notices.close()
+        f.stop()
+        if proxy is not None:
+            proxy.close()
+
+
+def test_a_result_read_before_its_early_notice_came_true_is_read_again_on_finished(
+        models_dir, monkeypatch):
+    # The notice of a big record goes with the first try of its write: when Redis refuses that
+    # SET (LOADING), the producer hears of a record that is not there yet and reads nothing.
+    # The worker's next try stores it -- held back here until the test has seen, through
+    # MONITOR, the producer's GET that found nothing -- and the broker's FINISHED (the job is
+    # not in DONE's `notified`) must make the producer read again. Its own re-checks are set to
+    # ten minutes, so without that the run times out.
+    import threading
+    from ferry import _results
+    monkeypatch.setattr(_results, "FIRST_RECHECK", 600.0)
+    monkeypatch.setattr(_results, "MAX_RECHECK", 600.0)
+    f, metrics = _metered_fleet(models_dir, ("null",))
+    job = "py-read-again-" + uuid.uuid4().hex[:8]
+    key = ("ferry:result:" + job).encode()
+    read_nothing = threading.Event()
+    loading = []
+
+    def refuse(argv):
+        if _result_write_key(argv) != key:
+            return None
+        if not loading:
+            loading.append(argv)
+            return _LOADING
+        assert read_nothing.wait(30), "the producer never read the result early"
+        return None
+
+    def watch(monitor):
+        for command in monitor.listen():
+            if command["command"] == "GET " + key.decode():
+                read_nothing.set()
+                return
+    notices, notices_of = _notice_counter(f)
+    monitor = f.redis().monitor()
+    monitor.__enter__()
+    watcher = threading.Thread(target=watch, args=(monitor,), daemon=True)
+    x = np.full(100000, 7, np.float32)
+    proxy = None
+    try:
+        proxy = _worker_behind(f, refuse)
+        with ferry.Client(f.frontend, f.redis_url) as c:
+            warm_ups = _until_subscribed(c, notices_of)
+            watcher.start()
+            r = c.run("null", x, id=job, timeout=20)
+            assert r.status == "done", r
+            np.testing.assert_array_equal(r.outputs[0], x)
+            assert read_nothing.is_set()
+            assert [argv[0].upper() for argv in loading] == [b"SET"]
+            assert notices_of(job) == 1  # the early one, and no other
+            assert _finished(metrics, "null", "done") == warm_ups + 1
+    finally:
+        monitor.__exit__(None, None, None)
         notices.close()
         f.stop()
         if proxy is not None:

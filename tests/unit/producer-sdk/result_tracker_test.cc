@@ -2,7 +2,8 @@
 // the SDK's RedisStore: a Wait that ends by an exception leaves nothing behind (the regression
 // test for the use-after-scope of the leader/follower SDK, whose Wait left its stack Waiter
 // registered when the socket's callback threw, so the next notice signaled a dead object), a
-// record is delivered once, ids of ours skip the first read, and RecheckOurs makes waits read.
+// record is delivered once, ids of ours skip the first read, RecheckOurs makes waits read, and a
+// notice after one that came before its record makes them read again.
 
 #include "result_tracker.h"  // producer-sdk/src
 
@@ -149,6 +150,47 @@ TEST_F(ResultTrackerTest, RecheckOursWakesWaitsToRead) {
   ASSERT_TRUE(s.ok()) << s.ToString();
   EXPECT_EQ(r.batch_size, 9);
   EXPECT_EQ(reads_, reads + 1);
+}
+
+// A worker whose write Redis refused at first publishes its notice before the record is stored
+// (docs/protocol.md, notices): the Wait reads nothing. The notice that follows once the record
+// is there (the broker's FINISHED) makes it read again at once, or hands it the record inline.
+// Re-checks are set to ten minutes and Waits to 20 s, so only that second notice can end them.
+TEST_F(ResultTrackerTest, ANoticeAfterAnEarlyOneMakesTheWaitReadAgain) {
+  std::atomic<int> reads{0};
+  ResultTracker tracker(
+      [&](const std::string& id, int, Result* out) {
+        ++reads;
+        return store_.Read(id, out);
+      },
+      nullptr, RecheckTimes{std::chrono::minutes(10), std::chrono::minutes(10)});
+  auto early_notice = [&](const std::string& id, Result* r, Status* s) {
+    tracker.Track({id});
+    const int before = reads;
+    std::thread waiter([&tracker, id, r, s] { *s = tracker.Wait(id, 20000, r); });
+    EXPECT_TRUE(testutil::WaitFor([&] { return tracker.Waiters(id) == 1; }));
+    tracker.Notify({id});  // no record in Redis yet
+    EXPECT_TRUE(testutil::WaitFor([&] { return reads == before + 1; })) << "no read after it";
+    EXPECT_EQ(tracker.Waiters(id), 1) << "the Wait ended on a record that is not there";
+    return waiter;
+  };
+
+  Result r;
+  Status s;
+  std::thread waiter = early_notice("late-1", &r, &s);
+  WriteDone(redis_, "late-1", 4);
+  tracker.Notify({"late-1"});  // FINISHED, once it is stored
+  waiter.join();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(r.batch_size, 4);
+  EXPECT_EQ(reads, 2);
+
+  waiter = early_notice("late-2", &r, &s);
+  tracker.Notify({"late-2"}, {{"late-2", DoneRecord("late-2", 6)}});  // with the record inline
+  waiter.join();
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(r.batch_size, 6);
+  EXPECT_EQ(reads, 3) << "the inline record needed no read";
 }
 
 // A rejection ends only the Wait given that verdict; another Wait on the same id goes on.
