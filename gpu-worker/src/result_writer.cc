@@ -249,22 +249,21 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
       sent.push_back({i, Kind::kDelete});
     }
   }
+  // On a connection that broke while the replies were read, `replies` holds those read before.
   std::vector<protocol::RedisReply> replies;
   Status s = client_->Flush(&replies);
   if (s.ok() && replies.size() != sent.size())
     s = Status::Internal("redis answered " + std::to_string(replies.size()) + " of " +
                          std::to_string(sent.size()) + " commands");
-  if (!s.ok()) {  // no answers to go by: any write sent in this round may have got through
-    for (const Sent& c : sent) {
-      PackedResult& p = (*packed)[c.record];
-      if (c.kind == Kind::kWrite || c.kind == Kind::kScript) p.may_be_ours = true;
-    }
-    return s;
+  const size_t answered = std::min(replies.size(), sent.size());
+  for (size_t k = answered; k < sent.size(); ++k) {  // no answer: it may have got through
+    if (sent[k].kind == Kind::kWrite || sent[k].kind == Kind::kScript)
+      (*packed)[sent[k].record].may_be_ours = true;
   }
-  // What each command did, taken the first time it is clear, whether or not the round as a
-  // whole succeeds: the retry of a round that failed for another record's sake sends this one
-  // only what it still lacks.
-  for (size_t k = 0; k < sent.size(); ++k) {
+  // What each answered command did, taken the first time it is clear, whether or not the round
+  // as a whole succeeds: the retry of a round that failed for another record's sake (an error
+  // reply, or the connection lost partway) sends this one only what it still lacks.
+  for (size_t k = 0; k < answered; ++k) {
     PackedResult& p = (*packed)[sent[k].record];
     const protocol::RedisReply& reply = replies[k];
     const bool error = reply.type == protocol::RedisReply::Type::kError;
@@ -291,6 +290,7 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
         break;
     }
   }
+  if (!s.ok()) return s;
   // A Redis that refuses notices for good (an ACL without EVAL or PUBLISH: NOPERM, or inside
   // the script a refusal without it; a managed service that disabled or renamed EVAL: unknown
   // command) must not stop results from being written: stop using them, and let the retry write

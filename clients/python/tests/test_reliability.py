@@ -328,11 +328,11 @@ def _result_write_key(argv):
     return argv[1] if name == b"SET" else argv[3] if name == b"EVAL" else None
 
 
-def _worker_behind(f, refuse):
-    """A RedisProxy in front of f's Redis with `refuse`, and f's one worker reaching Redis
-    through it, at the broker. Returns the proxy."""
+def _worker_behind(f, refuse, cut=None):
+    """A RedisProxy in front of f's Redis with `refuse` (and `cut`), and f's one worker reaching
+    Redis through it, at the broker. Returns the proxy."""
     from redis_proxy import RedisProxy
-    proxy = RedisProxy(f.redis_port, refuse)
+    proxy = RedisProxy(f.redis_port, refuse, cut)
     f.start_worker(redis_url="redis://127.0.0.1:%d" % proxy.port)
     f.wait_workers(1)
     return proxy
@@ -458,6 +458,46 @@ def test_a_round_retried_for_one_result_keeps_the_others_answers(models_dir):
             assert writes == [key[a], key[b], key[c_], key[a]], writes
             assert_tiny(c.wait(b, timeout=30), x)  # the first result of b stands
             assert _finished(metrics, "tiny", "failed") == 0
+    finally:
+        f.stop()
+        if proxy is not None:
+            proxy.close()
+
+
+def test_a_round_cut_off_partway_keeps_the_answers_it_read(models_dir):
+    # Two jobs' results in one write round: a's write is answered OK; the connection breaks in
+    # the middle of b's reply (the proxy sends half of it and closes). The worker writes the
+    # round again on a new connection, sending only b's write, which finds b's record there
+    # (it got through): no duplicate, since its answer was lost, not refused. Before, a broken
+    # connection threw away the answers read before it, and the retry wrote a again too.
+    f, metrics = _metered_fleet(models_dir, ("tiny",))
+    a, b = ("py-cut-%s-%s" % (k, uuid.uuid4().hex[:8]) for k in "ab")
+    key = {job: ("ferry:result:" + job).encode() for job in (a, b)}
+    writes = []  # the result keys the worker wrote, in order
+
+    def seen(argv):
+        k = _result_write_key(argv)
+        if k is not None:
+            writes.append(k)
+        return None
+
+    def cut(argv):
+        return _result_write_key(argv) == key[b] and writes.count(key[b]) == 1
+    x = np.linspace(-1, 1, 8).astype(np.float32)
+    proxy = None
+    try:
+        proxy = _worker_behind(f, seen, cut)
+        with ferry.Client(f.frontend, f.redis_url) as c:
+            c.submit_many([{"model": "tiny", "inputs": [x * (k + 2)], "id": job}
+                           for k, job in enumerate((a, b))])
+            assert_tiny(c.wait(a, timeout=30), x * 2)
+            assert_tiny(c.wait(b, timeout=30), x * 3)
+            # One SUBMIT, one CHUNK, one batch: one round of two writes, then b's again.
+            assert len(proxy.cut_off) == 1
+            wait_for(lambda: _finished(metrics, "tiny", "done") == 2, 10,
+                     "the broker's count of jobs done")
+            assert writes == [key[a], key[b], key[b]], writes
+            assert _metric(metrics, "ferry_duplicates_suppressed_total") == 0
     finally:
         f.stop()
         if proxy is not None:

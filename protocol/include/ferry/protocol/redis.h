@@ -62,7 +62,8 @@ class RedisClient {
   Status EnsureConnected();
   // Sends every appended command in one round trip and reads all replies in order. Error replies
   // come back as RedisReply::Type::kError (the first also makes the Status kInternal when
-  // `replies` is null). Transport failures return kUnavailable.
+  // `replies` is null). Transport failures return kUnavailable; when the connection broke while
+  // the replies were read, `replies` holds the ones read before it (the first commands').
   Status Flush(std::vector<RedisReply>* replies);
 
   // One command, one round trip; an error reply becomes a failed Status.
