@@ -2,6 +2,7 @@
 restarted mid-run, Redis killed and restarted."""
 
 import asyncio
+import contextlib
 import os
 import re
 import uuid
@@ -312,15 +313,6 @@ def _finished(metrics_port, model, status):
 _LOADING = "LOADING Redis is loading the dataset in memory"
 
 
-def _metered_fleet(models_dir, models):
-    """A Fleet serving `models`, no worker started yet, its broker's /metrics on a free port:
-    (fleet, that port)."""
-    from fleet import free_port
-    metrics = free_port()
-    return Fleet(models_dir, models=models, workers=0,
-                 broker_args=["--metrics-port", str(metrics)]), metrics
-
-
 def _result_write_key(argv):
     """The key of a result write as the worker sends it (SET, or the notice script's EVAL);
     None for any other command."""
@@ -328,14 +320,27 @@ def _result_write_key(argv):
     return argv[1] if name == b"SET" else argv[3] if name == b"EVAL" else None
 
 
-def _worker_behind(f, refuse, cut=None):
-    """A RedisProxy in front of f's Redis with `refuse` (and `cut`), and f's one worker reaching
-    Redis through it, at the broker. Returns the proxy."""
+@contextlib.contextmanager
+def _proxied_fleet(models_dir, models, refuse, cut=None):
+    """A Fleet serving `models`, its broker's /metrics on a free port, and one worker that
+    reaches the fleet's Redis through a RedisProxy with `refuse` (and `cut`), at the broker:
+    yields (fleet, metrics port, proxy), and stops them after. `refuse` and `cut` see the
+    worker's first commands (its PING) before the yield: the names they use that the test binds
+    in the `with` (the proxy, a Redis connection) are for result writes, which come later."""
+    from fleet import free_port
     from redis_proxy import RedisProxy
-    proxy = RedisProxy(f.redis_port, refuse, cut)
-    f.start_worker(redis_url="redis://127.0.0.1:%d" % proxy.port)
-    f.wait_workers(1)
-    return proxy
+    metrics = free_port()
+    f = Fleet(models_dir, models=models, workers=0, broker_args=["--metrics-port", str(metrics)])
+    proxy = None
+    try:
+        proxy = RedisProxy(f.redis_port, refuse, cut)
+        f.start_worker(redis_url="redis://127.0.0.1:%d" % proxy.port)
+        f.wait_workers(1)
+        yield f, metrics, proxy
+    finally:
+        f.stop()
+        if proxy is not None:
+            proxy.close()
 
 
 def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_ttl(models_dir):
@@ -345,7 +350,6 @@ def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_t
     # (SET, then PUBLISH). The worker stores a `failed` record (code internal, saying why) in
     # its place, plainly and with the job's own expiry (not the default); the producer waiting
     # for it is told, the broker counts the job failed, and the worker goes on serving.
-    f, metrics = _metered_fleet(models_dir, ("tiny", "null"))
     small, big = ("py-refused-%s-%s" % (kind, uuid.uuid4().hex[:8]) for kind in ("small", "big"))
     keys = {("ferry:result:" + job).encode(): job for job in (small, big)}
     refused_keys = []
@@ -357,9 +361,7 @@ def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_t
             return "ERR the value is refused by the test proxy"
         return None
     x = np.linspace(-1, 1, 8).astype(np.float32)
-    proxy = None
-    try:
-        proxy = _worker_behind(f, refuse)
+    with _proxied_fleet(models_dir, ("tiny", "null"), refuse) as (f, metrics, proxy):
         with ferry.Client(f.frontend, f.redis_url) as c:
             assert_tiny(c.run("tiny", x, timeout=30), x)  # through the proxy, untouched
             c.submit("tiny", x, id=small, result_ttl_s=7777)
@@ -378,10 +380,6 @@ def test_a_result_redis_refuses_for_good_becomes_a_failure_that_keeps_the_jobs_t
                 wait_for(lambda: _finished(metrics, model, "failed") == 1, 10,
                          "the broker's count of %s jobs failed" % model)
             assert_tiny(c.run("tiny", x, timeout=30), x)  # still serving
-    finally:
-        f.stop()
-        if proxy is not None:
-            proxy.close()
 
 
 def test_a_refused_write_that_got_through_leaves_the_job_done(models_dir):
@@ -389,10 +387,8 @@ def test_a_refused_write_that_got_through_leaves_the_job_done(models_dir):
     # whose reply was lost in an outage and replaced by another, say). The worker's failure
     # record then finds the job's own result there (SET NX: nil): the job stays `done`, in Redis
     # and in the broker's count.
-    f, metrics = _metered_fleet(models_dir, ("tiny",))
     job = "py-got-through-" + uuid.uuid4().hex[:8]
     key = ("ferry:result:" + job).encode()
-    store = f.redis()
 
     def refuse(argv):
         if _result_write_key(argv) != key or proxy.refused:
@@ -400,9 +396,8 @@ def test_a_refused_write_that_got_through_leaves_the_job_done(models_dir):
         store.execute_command(*argv)  # it got through
         return "ERR the reply is refused by the test proxy"
     x = np.linspace(-1, 1, 8).astype(np.float32)
-    proxy = None
-    try:
-        proxy = _worker_behind(f, refuse)
+    with _proxied_fleet(models_dir, ("tiny",), refuse) as (f, metrics, proxy):
+        store = f.redis()
         with ferry.Client(f.frontend, f.redis_url) as c:
             c.submit("tiny", x, id=job)
             assert_tiny(c.wait(job, timeout=60), x)
@@ -414,10 +409,6 @@ def test_a_refused_write_that_got_through_leaves_the_job_done(models_dir):
                      "the broker's count of jobs done")
             assert _finished(metrics, "tiny", "failed") == 0
             assert _metric(metrics, "ferry_duplicates_suppressed_total") == 0
-    finally:
-        f.stop()
-        if proxy is not None:
-            proxy.close()
 
 
 def test_a_round_retried_for_one_result_keeps_the_others_answers(models_dir):
@@ -427,7 +418,6 @@ def test_a_round_retried_for_one_result_keeps_the_others_answers(models_dir):
     # only a's write: b counts as one duplicate (before, a retried round counted none, its nil
     # being its own answer again), c's record and notice are not sent twice, b's first result
     # stands.
-    f, metrics = _metered_fleet(models_dir, ("tiny",))
     a, b, c_ = ("py-retried-%s-%s" % (k, uuid.uuid4().hex[:8]) for k in "abc")
     key = {job: ("ferry:result:" + job).encode() for job in (a, b, c_)}
     writes = []  # the result keys the worker wrote, in order, once the round is under way
@@ -440,9 +430,7 @@ def test_a_round_retried_for_one_result_keeps_the_others_answers(models_dir):
         return _LOADING if writes == [key[a]] else None
     armed = []
     x = np.linspace(-1, 1, 8).astype(np.float32)
-    proxy = None
-    try:
-        proxy = _worker_behind(f, refuse)
+    with _proxied_fleet(models_dir, ("tiny",), refuse) as (f, metrics, proxy):
         with ferry.Client(f.frontend, f.redis_url) as c:
             assert_tiny(c.run("tiny", x, id=b, timeout=30), x)
             armed.append(True)
@@ -458,10 +446,6 @@ def test_a_round_retried_for_one_result_keeps_the_others_answers(models_dir):
             assert writes == [key[a], key[b], key[c_], key[a]], writes
             assert_tiny(c.wait(b, timeout=30), x)  # the first result of b stands
             assert _finished(metrics, "tiny", "failed") == 0
-    finally:
-        f.stop()
-        if proxy is not None:
-            proxy.close()
 
 
 def test_a_round_cut_off_partway_keeps_the_answers_it_read(models_dir):
@@ -470,7 +454,6 @@ def test_a_round_cut_off_partway_keeps_the_answers_it_read(models_dir):
     # round again on a new connection, sending only b's write, which finds b's record there
     # (it got through): no duplicate, since its answer was lost, not refused. Before, a broken
     # connection threw away the answers read before it, and the retry wrote a again too.
-    f, metrics = _metered_fleet(models_dir, ("tiny",))
     a, b = ("py-cut-%s-%s" % (k, uuid.uuid4().hex[:8]) for k in "ab")
     key = {job: ("ferry:result:" + job).encode() for job in (a, b)}
     writes = []  # the result keys the worker wrote, in order
@@ -484,9 +467,7 @@ def test_a_round_cut_off_partway_keeps_the_answers_it_read(models_dir):
     def cut(argv):
         return _result_write_key(argv) == key[b] and writes.count(key[b]) == 1
     x = np.linspace(-1, 1, 8).astype(np.float32)
-    proxy = None
-    try:
-        proxy = _worker_behind(f, seen, cut)
+    with _proxied_fleet(models_dir, ("tiny",), seen, cut) as (f, metrics, proxy):
         with ferry.Client(f.frontend, f.redis_url) as c:
             c.submit_many([{"model": "tiny", "inputs": [x * (k + 2)], "id": job}
                            for k, job in enumerate((a, b))])
@@ -498,10 +479,6 @@ def test_a_round_cut_off_partway_keeps_the_answers_it_read(models_dir):
                      "the broker's count of jobs done")
             assert writes == [key[a], key[b], key[b]], writes
             assert _metric(metrics, "ferry_duplicates_suppressed_total") == 0
-    finally:
-        f.stop()
-        if proxy is not None:
-            proxy.close()
 
 
 def test_a_write_refused_after_it_got_through_is_no_duplicate_when_its_round_is_retried(
@@ -510,10 +487,8 @@ def test_a_write_refused_after_it_got_through_is_no_duplicate_when_its_round_is_
     # is run on Redis and then answered with an error no retry cures (its reply lost and
     # replaced, say). The round is retried for a's sake, and d's write with it: its SET NX finds
     # d's own record (nil). That is no duplicate and no refusal: both jobs are done.
-    f, metrics = _metered_fleet(models_dir, ("null",))
     a, d = ("py-got-through-%s-%s" % (k, uuid.uuid4().hex[:8]) for k in "ad")
     key_a, key_d = (("ferry:result:" + job).encode() for job in (a, d))
-    store = f.redis()
     answered = set()
 
     def refuse(argv):
@@ -526,9 +501,8 @@ def test_a_write_refused_after_it_got_through_is_no_duplicate_when_its_round_is_
         store.execute_command(*argv)  # it got through
         return "ERR the reply is refused by the test proxy"
     xs = {a: np.full(100000, 2, np.float32), d: np.full(100000, 3, np.float32)}
-    proxy = None
-    try:
-        proxy = _worker_behind(f, refuse)
+    with _proxied_fleet(models_dir, ("null",), refuse) as (f, metrics, proxy):
+        store = f.redis()
         with ferry.Client(f.frontend, f.redis_url) as c:
             c.submit_many([{"model": "null", "inputs": [xs[job]], "id": job} for job in (a, d)])
             for job in (a, d):
@@ -541,15 +515,13 @@ def test_a_write_refused_after_it_got_through_is_no_duplicate_when_its_round_is_
                      "the broker's count of jobs done")
             assert _metric(metrics, "ferry_duplicates_suppressed_total") == 0
             assert "refused its result" not in f.log_tail("worker0")
-    finally:
-        f.stop()
-        if proxy is not None:
-            proxy.close()
 
 
+@contextlib.contextmanager
 def _notice_counter(f):
-    """A pattern subscription to every client's notice channel in f's Redis, and a function that
-    counts the notices naming a job that came since the last call (each waits 1 s for more)."""
+    """A pattern subscription to every client's notice channel in f's Redis, for as long as the
+    `with` lasts. Yields a function that counts the notices naming a job that came since its
+    last call (each waits 1 s for more)."""
     notices = f.redis().pubsub()
     notices.psubscribe("ferry:notify:*")
 
@@ -561,7 +533,10 @@ def _notice_counter(f):
                 return n
             if m["type"] == "pmessage" and job_id.encode() in m["data"]:
                 n += 1
-    return notices, notices_of
+    try:
+        yield notices_of
+    finally:
+        notices.close()
 
 
 def _until_subscribed(c, notices_of):
@@ -583,7 +558,6 @@ def test_a_big_results_notice_goes_once_however_often_its_write_is_retried(model
     # the job, in one pipeline. Redis answers the SET three times with LOADING (it still runs
     # the PUBLISH): the notice went out with the first try, and the retries, which store the
     # record at the fourth, do not send it again. The producer gets its result all the same.
-    f, metrics = _metered_fleet(models_dir, ("null",))
     job = "py-notice-once-" + uuid.uuid4().hex[:8]
     key = ("ferry:result:" + job).encode()
     loading = []
@@ -593,26 +567,18 @@ def test_a_big_results_notice_goes_once_however_often_its_write_is_retried(model
             return None
         loading.append(argv)
         return _LOADING
-    notices, notices_of = _notice_counter(f)
     x = np.full(100000, 5, np.float32)
-    proxy = None
-    try:
-        proxy = _worker_behind(f, refuse)
-        with ferry.Client(f.frontend, f.redis_url) as c:
-            warm_ups = _until_subscribed(c, notices_of)
-            r = c.run("null", x, id=job, timeout=30)
-            assert r.status == "done", r
-            np.testing.assert_array_equal(r.outputs[0], x)
-            assert [argv[0].upper() for argv in loading] == [b"SET"] * 3  # not the script
-            # DONE follows the last round: every notice there will be has been published.
-            wait_for(lambda: _finished(metrics, "null", "done") == warm_ups + 1, 10,
-                     "the broker's count of jobs done")
-            assert notices_of(job) == 1
-    finally:
-        notices.close()
-        f.stop()
-        if proxy is not None:
-            proxy.close()
+    with _proxied_fleet(models_dir, ("null",), refuse) as (f, metrics, proxy), \
+            _notice_counter(f) as notices_of, ferry.Client(f.frontend, f.redis_url) as c:
+        warm_ups = _until_subscribed(c, notices_of)
+        r = c.run("null", x, id=job, timeout=30)
+        assert r.status == "done", r
+        np.testing.assert_array_equal(r.outputs[0], x)
+        assert [argv[0].upper() for argv in loading] == [b"SET"] * 3  # not the script
+        # DONE follows the last round: every notice there will be has been published.
+        wait_for(lambda: _finished(metrics, "null", "done") == warm_ups + 1, 10,
+                 "the broker's count of jobs done")
+        assert notices_of(job) == 1
 
 
 def test_a_result_read_before_its_early_notice_came_true_is_read_again_on_finished(
@@ -627,7 +593,6 @@ def test_a_result_read_before_its_early_notice_came_true_is_read_again_on_finish
     from ferry import _results
     monkeypatch.setattr(_results, "FIRST_RECHECK", 600.0)
     monkeypatch.setattr(_results, "MAX_RECHECK", 600.0)
-    f, metrics = _metered_fleet(models_dir, ("null",))
     job = "py-read-again-" + uuid.uuid4().hex[:8]
     key = ("ferry:result:" + job).encode()
     read_nothing = threading.Event()
@@ -647,30 +612,19 @@ def test_a_result_read_before_its_early_notice_came_true_is_read_again_on_finish
             if command["command"] == "GET " + key.decode():
                 read_nothing.set()
                 return
-    notices, notices_of = _notice_counter(f)
-    monitor = f.redis().monitor()
-    monitor.__enter__()
-    watcher = threading.Thread(target=watch, args=(monitor,), daemon=True)
     x = np.full(100000, 7, np.float32)
-    proxy = None
-    try:
-        proxy = _worker_behind(f, refuse)
-        with ferry.Client(f.frontend, f.redis_url) as c:
-            warm_ups = _until_subscribed(c, notices_of)
-            watcher.start()
-            r = c.run("null", x, id=job, timeout=20)
-            assert r.status == "done", r
-            np.testing.assert_array_equal(r.outputs[0], x)
-            assert read_nothing.is_set()
-            assert [argv[0].upper() for argv in loading] == [b"SET"]
-            assert notices_of(job) == 1  # the early one, and no other
-            assert _finished(metrics, "null", "done") == warm_ups + 1
-    finally:
-        monitor.__exit__(None, None, None)
-        notices.close()
-        f.stop()
-        if proxy is not None:
-            proxy.close()
+    with _proxied_fleet(models_dir, ("null",), refuse) as (f, metrics, proxy), \
+            _notice_counter(f) as notices_of, f.redis().monitor() as monitor, \
+            ferry.Client(f.frontend, f.redis_url) as c:
+        warm_ups = _until_subscribed(c, notices_of)
+        threading.Thread(target=watch, args=(monitor,), daemon=True).start()
+        r = c.run("null", x, id=job, timeout=20)
+        assert r.status == "done", r
+        np.testing.assert_array_equal(r.outputs[0], x)
+        assert read_nothing.is_set()
+        assert [argv[0].upper() for argv in loading] == [b"SET"]
+        assert notices_of(job) == 1  # the early one, and no other
+        assert _finished(metrics, "null", "done") == warm_ups + 1
 
 
 def test_an_acl_without_publish_makes_the_worker_write_results_without_notices(models_dir):
