@@ -252,10 +252,12 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
   // On a connection that broke while the replies were read, `replies` holds those read before.
   std::vector<protocol::RedisReply> replies;
   Status s = client_->Flush(&replies);
-  if (s.ok() && replies.size() != sent.size())
+  size_t answered = std::min(replies.size(), sent.size());
+  if (s.ok() && replies.size() != sent.size()) {
     s = Status::Internal("redis answered " + std::to_string(replies.size()) + " of " +
                          std::to_string(sent.size()) + " commands");
-  const size_t answered = std::min(replies.size(), sent.size());
+    answered = 0;  // not known to match what was sent: no answer counts
+  }
   for (size_t k = answered; k < sent.size(); ++k) {  // no answer: it may have got through
     if (sent[k].kind == Kind::kWrite || sent[k].kind == Kind::kScript)
       (*packed)[sent[k].record].may_be_ours = true;

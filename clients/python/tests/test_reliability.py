@@ -474,6 +474,8 @@ def test_a_round_cut_off_partway_keeps_the_answers_it_read(models_dir):
             assert_tiny(c.wait(a, timeout=30), x * 2)
             assert_tiny(c.wait(b, timeout=30), x * 3)
             # One SUBMIT, one CHUNK, one batch: one round of two writes, then b's again.
+            wait_for(lambda: "2 results not written (attempt 1)" in f.log_tail("worker0"), 10,
+                     "the worker's log of the retried round")
             assert len(proxy.cut_off) == 1
             wait_for(lambda: _finished(metrics, "tiny", "done") == 2, 10,
                      "the broker's count of jobs done")

@@ -160,8 +160,9 @@ TEST_F(ResultTrackerTest, ANoticeAfterAnEarlyOneMakesTheWaitReadAgain) {
   std::atomic<int> reads{0};
   ResultTracker tracker(
       [&](const std::string& id, int, Result* out) {
-        ++reads;
-        return store_.Read(id, out);
+        const Status s = store_.Read(id, out);
+        ++reads;  // once it returned: what it found was there before the count moved
+        return s;
       },
       nullptr, RecheckTimes{std::chrono::minutes(10), std::chrono::minutes(10)});
   auto early_notice = [&](const std::string& id, Result* r, Status* s) {
