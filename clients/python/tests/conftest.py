@@ -1,6 +1,8 @@
+import contextlib
 import os
 import sys
 import tempfile
+import threading
 import uuid
 
 import numpy as np
@@ -78,6 +80,41 @@ def answered_limits(router, frames, **limits):
         answer["rid"] = rid
     router.send_multipart([frames[0], frames[1], b"LIMITS", msgpack.packb(answer)])
     return True
+
+
+@contextlib.contextmanager
+def stub_broker(handle, ctx=None, setup=None, limits=True):
+    """A stub broker: a ROUTER on 127.0.0.1 that one thread serves, calling handle(router,
+    frames) for each message it reads (frames as received: peer, tag, command, body, data).
+    It answers a LIMITS itself unless `limits` is false. setup(router) runs before the bind
+    (CURVE options); a `ctx` given is the caller's to end. Yields its frontend's address; on
+    leaving, the thread stops and the socket closes."""
+    import zmq
+    own = ctx is None
+    ctx = ctx or zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    if setup:
+        setup(router)
+    port = router.bind_to_random_port("tcp://127.0.0.1")
+    stop = threading.Event()
+
+    def serve():
+        while not stop.is_set():
+            if not router.poll(20):
+                continue
+            frames = router.recv_multipart()
+            if not (limits and answered_limits(router, frames)):
+                handle(router, frames)
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield "tcp://127.0.0.1:%d" % port
+    finally:
+        stop.set()
+        t.join(10)
+        router.close(0)
+        if own:
+            ctx.term()
 
 
 def spy_submits(engine):

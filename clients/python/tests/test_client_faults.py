@@ -2,6 +2,7 @@
 rejects late, Redis cut off or refusing, close() while calls wait."""
 
 import asyncio
+import contextlib
 import threading
 import time
 import uuid
@@ -10,7 +11,7 @@ import numpy as np
 import pytest
 
 import ferry
-from conftest import answered_limits, spy_submits, uid
+from conftest import answered_limits, spy_submits, stub_broker, uid
 from fleet import wait_for
 
 
@@ -24,54 +25,37 @@ def _done_record(y, model, worker):
 
 
 def _run_against_a_stub_broker(fleet, prefix, x, y, on_submit):
-    """c.run("tiny", x) against a stub broker: a ROUTER on a thread. For each SUBMIT,
-    on_submit(n, body, reply, serve) (n counts from 1): reply(command, body) answers on the
-    socket; serve(job_id) answers as a worker does: SET the record (output y), then PUBLISH
-    the notice (record inline) on the job's notify channel, or send FINISHED without one.
-    Returns (the result, the SUBMIT bodies, their data frames)."""
+    """c.run("tiny", x) against a stub broker. For each SUBMIT, on_submit(n, body, reply,
+    serve) (n counts from 1): reply(command, body) answers on the socket; serve(job_id) answers
+    as a worker does: SET the record (output y), then PUBLISH the notice (record inline) on the
+    job's notify channel, or send FINISHED without one. Returns (the result, the SUBMIT
+    bodies, their data frames)."""
     import msgpack
-    import zmq
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    seen, seen_frames, stop = [], [], threading.Event()
+    seen, seen_frames = [], []
     store = fleet.redis()
     record = _done_record(y, "tiny", "stub")
 
-    def serve_loop():
-        while not stop.is_set():
-            if not router.poll(50):
-                continue
-            message = router.recv_multipart()
-            if answered_limits(router, message):
-                continue
-            peer, tag, command, body, *frames = message
-            body = msgpack.unpackb(body)
-            seen.append(body)
-            seen_frames.append(frames)
+    def handle(router, message):
+        peer, tag, command, body, *frames = message
+        body = msgpack.unpackb(body)
+        seen.append(body)
+        seen_frames.append(frames)
 
-            def reply(command, answer):
-                router.send_multipart([peer, tag, command, msgpack.packb(answer)])
+        def reply(command, answer):
+            router.send_multipart([peer, tag, command, msgpack.packb(answer)])
 
-            def serve(job_id):
-                store.set(prefix + "result:" + job_id, record)
-                notice = msgpack.packb({"ids": [job_id], "results": {job_id: record}})
-                if body.get("notify"):
-                    store.publish(body["notify"], notice)
-                else:
-                    router.send_multipart([peer, tag, b"FINISHED", notice])
-            on_submit(len(seen), body, reply, serve)
-    t = threading.Thread(target=serve_loop)
-    t.start()
-    try:
-        with ferry.Client("tcp://127.0.0.1:%d" % port, fleet.redis_url, redis_prefix=prefix,
+        def serve(job_id):
+            store.set(prefix + "result:" + job_id, record)
+            notice = msgpack.packb({"ids": [job_id], "results": {job_id: record}})
+            if body.get("notify"):
+                store.publish(body["notify"], notice)
+            else:
+                router.send_multipart([peer, tag, b"FINISHED", notice])
+        on_submit(len(seen), body, reply, serve)
+    with stub_broker(handle) as frontend:
+        with ferry.Client(frontend, fleet.redis_url, redis_prefix=prefix,
                           request_timeout_ms=300) as c:
             r = c.run("tiny", x, timeout=30)
-    finally:
-        stop.set()
-        t.join()
-        router.close(0)
-        ctx.term()
     return r, seen, seen_frames
 
 
@@ -259,39 +243,21 @@ def test_consuming_waiters_share_a_result_too_big_to_come_inline(fleet):
     assert fleet.redis().exists("ferry:result:" + i) == 0
 
 
+@contextlib.contextmanager
 def swallowing_broker():
-    """A ROUTER that reads every message and answers none but LIMITS (else a client sends
-    nothing more): (its frontend, what else it got, stop)."""
-    import zmq
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    got, done = [], threading.Event()
-
-    def serve():
-        while not done.is_set():
-            if router.poll(20):
-                message = router.recv_multipart()
-                if not answered_limits(router, message):
-                    got.append(message)
-        router.close(0)
-        ctx.term()
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-
-    def stop():
-        done.set()
-        t.join(5)
-    return "tcp://127.0.0.1:%d" % port, got, stop
+    """A stub broker that reads every message and answers none but LIMITS (else a client sends
+    nothing more): yields (its frontend, what else it got)."""
+    got = []
+    with stub_broker(lambda router, message: got.append(message)) as frontend:
+        yield frontend, got
 
 
 def test_close_ends_the_calls_other_threads_wait_in():
     """Client.close() while other threads wait for the broker's answer (submit, submit_many,
     stats) or a result (run): each raises Unavailable at once, none waits for
     request_timeout_ms (20 s here). AsyncClient.close() ends an awaited submit the same way."""
-    frontend, got, stop = swallowing_broker()
     x = np.ones(8, np.float32)
-    try:
+    with swallowing_broker() as (frontend, got):
         c = ferry.Client(frontend, "redis://127.0.0.1:9", request_timeout_ms=20000,
                          push_results=False)
         calls = {"submit": lambda: c.submit("tiny", x),
@@ -330,8 +296,6 @@ def test_close_ends_the_calls_other_threads_wait_in():
             with pytest.raises(ferry.Unavailable):
                 await asyncio.wait_for(task, 5)
         asyncio.run(main())
-    finally:
-        stop()
 
 
 def test_nothing_goes_out_before_limits_is_answered_and_an_error_falls_back():
@@ -339,13 +303,9 @@ def test_nothing_goes_out_before_limits_is_answered_and_an_error_falls_back():
     answer; a broker from before LIMITS answers ERROR unknown_command: the client keeps to its
     configured max_message_bytes (and 10,000 jobs a SUBMIT) and goes on."""
     import msgpack
-    import zmq
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    got, early, stop = [], [], threading.Event()
+    got, early = [], []
 
-    def answer(peer, tag, command, body):
+    def answer(router, peer, tag, command, body):
         rid = msgpack.unpackb(body)["rid"]
         if command == b"LIMITS":
             # Anything the client sends before this answer is caught here (but LIMITS again:
@@ -359,30 +319,20 @@ def test_nothing_goes_out_before_limits_is_answered_and_an_error_falls_back():
             router.send_multipart([peer, tag, b"ERROR", msgpack.packb(
                 {"code": "unknown_command", "message": 'unknown command "LIMITS"', "rid": rid})])
             for message in early:
-                answer(*message)
+                answer(router, *message)
         else:
             router.send_multipart([peer, tag, command, msgpack.packb({"rid": rid})])
 
-    def serve():
-        while not stop.is_set():
-            if router.poll(20):
-                message = router.recv_multipart()
-                got.append(message[2])
-                answer(*message)
-    t = threading.Thread(target=serve)
-    t.start()
-    try:
-        with ferry.Client("tcp://127.0.0.1:%d" % port, "redis://127.0.0.1:9",
-                          push_results=False, max_message_bytes=1 << 20) as c:
+    def handle(router, message):
+        got.append(message[2])
+        answer(router, *message)
+    with stub_broker(handle, limits=False) as frontend:
+        with ferry.Client(frontend, "redis://127.0.0.1:9", push_results=False,
+                          max_message_bytes=1 << 20) as c:
             assert c.stats() == {}
             engine = c._aio._engine
             assert engine._limits == (1 << 20, 10000, 0)
-        assert got == [b"LIMITS", b"STATS"] and early == []
-    finally:
-        stop.set()
-        t.join()
-        router.close(0)
-        ctx.term()
+    assert got == [b"LIMITS", b"STATS"] and early == []
 
 
 def test_a_limits_left_unanswered_is_sent_again():
@@ -390,35 +340,20 @@ def test_a_limits_left_unanswered_is_sent_again():
     connection's pipe) goes out again, with the same rid, while a request waits behind it: the
     request is answered, not held for ever."""
     import msgpack
-    import zmq
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    got, stop = [], threading.Event()
+    got = []
 
-    def serve():
-        while not stop.is_set():
-            if not router.poll(20):
-                continue
-            frames = router.recv_multipart()
-            got.append((frames[2], msgpack.unpackb(frames[3])["rid"]))
-            if frames[2] == b"LIMITS" and len(got) == 1:
-                continue  # the first one is lost
-            if not answered_limits(router, frames):
-                router.send_multipart([frames[0], frames[1], frames[2], frames[3]])
-    t = threading.Thread(target=serve)
-    t.start()
-    try:
-        with ferry.Client("tcp://127.0.0.1:%d" % port, "redis://127.0.0.1:9",
-                          push_results=False, request_timeout_ms=5000) as c:
+    def handle(router, frames):
+        got.append((frames[2], msgpack.unpackb(frames[3])["rid"]))
+        if frames[2] == b"LIMITS" and len(got) == 1:
+            return  # the first one is lost
+        if not answered_limits(router, frames):
+            router.send_multipart(frames)  # an echo: STATS {"rid"}
+    with stub_broker(handle, limits=False) as frontend:
+        with ferry.Client(frontend, "redis://127.0.0.1:9", push_results=False,
+                          request_timeout_ms=5000) as c:
             assert c.stats() == {}
-        assert [command for command, _ in got] == [b"LIMITS", b"LIMITS", b"STATS"]
-        assert got[0][1] == got[1][1]
-    finally:
-        stop.set()
-        t.join()
-        router.close(0)
-        ctx.term()
+    assert [command for command, _ in got] == [b"LIMITS", b"LIMITS", b"STATS"]
+    assert got[0][1] == got[1][1]
 
 
 def test_a_submit_never_sent_deletes_its_stored_inputs(fleet):
@@ -721,26 +656,13 @@ def test_a_run_on_a_stalled_redis_sends_no_resubmit_past_its_timeout(models_dir)
     # and wrote the stored input to the stalled Redis, holding the run for up to a request
     # timeout more. The engine calls a resubmit makes are recorded with their times.
     import signal
-    import zmq
     from fleet import Fleet
-    f = Fleet(models_dir, workers=0)
-    ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    stop = threading.Event()
-
-    def silent():
-        while not stop.is_set():
-            if router.poll(50):
-                answered_limits(router, router.recv_multipart())
-    t = threading.Thread(target=silent)
-    t.start()
     x = np.arange(50000, dtype=np.float32)  # stored in Redis
     calls = []
 
-    async def main():
+    async def main(frontend):
         # input_ttl_s 1: the client of before wrote the input again at such a resubmit.
-        async with ferry.AsyncClient("tcp://127.0.0.1:%d" % port, f.redis_url,
+        async with ferry.AsyncClient(frontend, f.redis_url,
                                      request_timeout_ms=3000, input_ttl_s=1) as c:
             loop = asyncio.get_running_loop()
             engine = c._get_engine()
@@ -755,14 +677,12 @@ def test_a_run_on_a_stalled_redis_sends_no_resubmit_past_its_timeout(models_dir)
             with pytest.raises(ferry.Timeout):
                 await c.run("tiny", x, timeout=3.5)
             return deadline
+    f = Fleet(models_dir, workers=0)
     try:
-        deadline = asyncio.run(main())
+        with stub_broker(lambda router, message: None) as frontend:  # never answers
+            deadline = asyncio.run(main(frontend))
     finally:
         f.redis_proc.send_signal(signal.SIGCONT)
-        stop.set()
-        t.join()
-        router.close(0)
-        ctx.term()
         f.stop()
     assert [name for name, _ in calls[:2]] == ["store_inputs", "queue_run"], calls  # the first
     late = [(name, at - deadline) for name, at in calls if at >= deadline]

@@ -6,7 +6,7 @@ import pytest
 
 import ferry
 from ferry import _protocol, _record, _resp, _tensor
-from conftest import answered_limits
+from conftest import stub_broker
 
 
 @pytest.mark.parametrize("name", sorted(ferry.DTYPES))
@@ -284,7 +284,6 @@ def test_options_and_urls(tmp_path, monkeypatch):
 def test_curve_keys_from_zmq_certificates_against_a_curve_server(tmp_path):
     """CURVE with pyzmq's certificate files, against a stub broker (a CURVE ROUTER behind a
     ZAP handler that allows one client key) that answers STATS."""
-    import threading
     import zmq
     import zmq.auth
     from zmq.auth.thread import ThreadAuthenticator
@@ -296,44 +295,31 @@ def test_curve_keys_from_zmq_certificates_against_a_curve_server(tmp_path):
     _, other_secret = zmq.auth.create_certificates(str(keys), "other")
     (allowed / "client.key").write_bytes(open(client_pub, "rb").read())
 
+    def curve_server(router):
+        router.curve_server = True
+        router.curve_publickey, router.curve_secretkey = zmq.auth.load_certificate(server_secret)
+
+    def answer_stats(router, message):
+        peer, tag, command, body = message
+        rid = msgpack.unpackb(body)["rid"]
+        router.send_multipart([peer, tag, b"STATS", msgpack.packb({"workers": [], "rid": rid})])
     ctx = zmq.Context()
     auth = ThreadAuthenticator(ctx)
     auth.start()
     auth.configure_curve(domain="*", location=str(allowed))
-    router = ctx.socket(zmq.ROUTER)
-    router.curve_server = True
-    router.curve_publickey, router.curve_secretkey = zmq.auth.load_certificate(server_secret)
-    port = router.bind_to_random_port("tcp://127.0.0.1")
-    stop = threading.Event()
-
-    def serve():
-        while not stop.is_set():
-            if router.poll(50):
-                message = router.recv_multipart()
-                if answered_limits(router, message):
-                    continue
-                peer, tag, command, body = message
-                rid = msgpack.unpackb(body)["rid"]
-                router.send_multipart([peer, tag, b"STATS",
-                                       msgpack.packb({"workers": [], "rid": rid})])
-    t = threading.Thread(target=serve)
-    t.start()
-    endpoint = "tcp://127.0.0.1:%d" % port
     try:
-        with ferry.Client(endpoint, curve_server_public=server_pub,
-                          curve_secret=client_secret) as c:
-            assert c.stats() == {"workers": []}
-        for secret, server in ((other_secret, server_pub),      # a key the server refuses
-                               (client_secret, client_pub)):    # the wrong server key
-            with ferry.Client(endpoint, curve_server_public=server, curve_secret=secret,
-                              request_timeout_ms=300) as c:
-                with pytest.raises(ferry.Unavailable) as e:
-                    c.stats()
-                assert "CURVE" in str(e.value)
+        with stub_broker(answer_stats, ctx=ctx, setup=curve_server) as endpoint:
+            with ferry.Client(endpoint, curve_server_public=server_pub,
+                              curve_secret=client_secret) as c:
+                assert c.stats() == {"workers": []}
+            for secret, server in ((other_secret, server_pub),      # a key the server refuses
+                                   (client_secret, client_pub)):    # the wrong server key
+                with ferry.Client(endpoint, curve_server_public=server, curve_secret=secret,
+                                  request_timeout_ms=300) as c:
+                    with pytest.raises(ferry.Unavailable) as e:
+                        c.stats()
+                    assert "CURVE" in str(e.value)
     finally:
-        stop.set()
-        t.join()
-        router.close(0)
         auth.stop()
         ctx.term()
     with pytest.raises(ferry.InvalidArgument):  # a public certificate where the secret goes
