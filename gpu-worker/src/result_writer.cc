@@ -241,8 +241,10 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
       client_->Append({"PUBLISH", p.notify, p.notice});
       sent.push_back({i, Kind::kPublish});
     }
-    if (!p.stored_inputs.empty() && !p.inputs_deleted) {
-      // the job's inputs in Redis go with its final result
+    if (!p.stored_inputs.empty() && !p.inputs_deleted && p.decided) {
+      // The job's inputs in Redis go once its final result is there (decided in an earlier
+      // round), never beside the write: Redis at maxmemory refuses the SET (OOM) but takes the
+      // DEL, and a worker that died then would leave the job with neither.
       std::vector<std::string_view> argv{"DEL"};
       for (const auto& k : p.stored_inputs) argv.push_back(k);
       client_->Append(argv);
@@ -287,8 +289,8 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
       case Kind::kPublish:  // after its write: a notice counts once the record is there
         if (!error && p.stored) p.notice_published = true;
         break;
-      case Kind::kDelete:
-        if (!error) p.inputs_deleted = true;
+      case Kind::kDelete:  // refused for good: left, the inputs expire
+        if (!error || !protocol::IsTransientRedisError(reply.str)) p.inputs_deleted = true;
         break;
     }
   }
@@ -313,8 +315,7 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
     }
   }
   // An error reply that goes away by itself fails the round (retried); one that cannot is that
-  // job's alone: its write is marked refused, the others stand. (A DEL refused for good is left:
-  // the inputs expire.)
+  // job's alone: its write is marked refused, the others stand.
   for (const protocol::RedisReply& reply : replies) {
     if (reply.type == protocol::RedisReply::Type::kError &&
         protocol::IsTransientRedisError(reply.str))
@@ -386,8 +387,15 @@ bool ResultWriter::WriteWithRetries(std::vector<PackedResult>* packed) {
 
 bool ResultWriter::WriteBatchWithRetries(std::vector<PackedResult>* packed) {
   int backoff_ms = options_.backoff_initial_ms;
+  // Whether a record is decided but its stored inputs are not yet deleted: one more round.
+  auto owes_deletes = [packed] {
+    return std::any_of(packed->begin(), packed->end(), [](const PackedResult& p) {
+      return p.decided && !p.stored_inputs.empty() && !p.inputs_deleted;
+    });
+  };
   for (int64_t attempt = 1;; ++attempt) {
-    const Status s = WriteOnce(packed);
+    Status s = WriteOnce(packed);
+    if (s.ok() && owes_deletes()) s = WriteOnce(packed);  // the inputs of records now stored
     if (s.ok()) {
       if (attempt > 1)
         spdlog::info("result writer: redis back, wrote {} results after {} attempts",

@@ -107,11 +107,13 @@ class ResultWriter {
     // then neither stored nor found_there.
     bool may_be_ours = false;
     bool notice_published = false;  // its producer was sent the notice of the stored record
-    bool inputs_deleted = false;    // the DEL of its stored inputs went through
+    bool inputs_deleted = false;    // the DEL of its stored inputs is done with: it went
+                                    // through, or Redis refused it for good (they expire)
     std::string notify;             // the producer's channel ("" = none): the write also PUBLISHes
     std::string notice;             // what it publishes there
     bool scripted = false;  // the record is inside the notice: SET NX + PUBLISH as one script
-    std::vector<std::string> stored_inputs;  // keys of the job's inputs in Redis: DEL
+    std::vector<std::string> stored_inputs;  // keys of the job's inputs in Redis: DEL once
+                                             // the write is decided
     std::string id, model;                   // for a failure record in its place (below)
     int64_t attempt = 1, batch_size = 0;
     // Redis refused this record for good (an error reply that retrying cannot cure): the text.

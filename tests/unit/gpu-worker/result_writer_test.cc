@@ -253,6 +253,17 @@ int64_t Calls(protocol::RedisClient& c, const std::string& command) {
   return at == std::string::npos ? 0 : std::stoll(info.str.substr(at + key.size()));
 }
 
+// Calls of `command` Redis refused before running them (OOM, ...), from INFO commandstats.
+int64_t Rejected(protocol::RedisClient& c, const std::string& command) {
+  protocol::RedisReply info;
+  EXPECT_TRUE(c.Command({"INFO", "commandstats"}, &info).ok());
+  const size_t at = info.str.find("cmdstat_" + command + ":");
+  if (at == std::string::npos) return 0;
+  const std::string line = info.str.substr(at, info.str.find('\n', at) - at);
+  const size_t field = line.find("rejected_calls=");
+  return field == std::string::npos ? 0 : std::stoll(line.substr(field + 15));
+}
+
 TEST_F(ResultWriterTest, NotifyJobsArePublishedWithTheStoredRecordDuplicatesAreNot) {
   NoticeListener listener(redis_.endpoint(), "ferry:notify:writer-test");
   const std::string channel = listener.channel();
@@ -342,6 +353,32 @@ TEST_F(ResultWriterTest, RedisWithoutScriptsGetsPlainWritesAndNoNotices) {
   Result decoded;
   ASSERT_TRUE(protocol::DecodeResult(record.data(), record.size(), &decoded).ok());
   EXPECT_EQ(decoded.id, "job-acl");
+}
+
+// Redis at maxmemory (noeviction) refuses the result's SET with OOM but would take a DEL: the
+// job's stored inputs stay until its result is in Redis, so that a worker that died meanwhile
+// leaves a job another worker can still run. Once Redis takes the SET, the inputs go before DONE.
+TEST_F(ResultWriterTest, StoredInputsStayUntilTheResultIsStored) {
+  protocol::RedisReply reply;
+  const std::string input = keys_.Input("job-oom", 0);
+  ASSERT_TRUE(client_->Command({"SET", input, "the input's bytes"}, &reply).ok());
+  ASSERT_TRUE(client_->Command({"CONFIG", "RESETSTAT"}, &reply).ok());
+  ASSERT_TRUE(client_->Command({"CONFIG", "SET", "maxmemory", "1"}, &reply).ok());
+  std::vector<JobResult> v = One("job-oom");
+  v[0].job.entry.stored_inputs = {0};
+  writer_->Submit(std::move(v));
+  // Two rounds refused (OOM: commandstats count it as rejected): the second a retry.
+  ASSERT_TRUE(testutil::WaitFor([&] { return Rejected(*client_, "set") >= 2; }));
+  EXPECT_EQ(Calls(*client_, "del"), 0);
+  ASSERT_TRUE(client_->Command({"EXISTS", input}, &reply).ok());
+  EXPECT_EQ(reply.integer, 1) << "the inputs went while the result was refused";
+  EXPECT_FALSE(AnyDoneWithin(0));
+  ASSERT_TRUE(client_->Command({"CONFIG", "SET", "maxmemory", "0"}, &reply).ok());
+  DoneReport d = NextDone();
+  EXPECT_EQ(d.ids, std::vector<std::string>{"job-oom"});
+  EXPECT_FALSE(Stored("job-oom").empty());
+  ASSERT_TRUE(client_->Command({"EXISTS", input}, &reply).ok());
+  EXPECT_EQ(reply.integer, 0) << "the inputs stayed after the result was stored";
 }
 
 }  // namespace
