@@ -78,6 +78,9 @@ class Client::Impl {
   Status Run(const Job& job, int timeout_ms, Result* out, std::string* id);
   Status Stats(std::string* json);
   Status Cancel(const std::vector<std::string>& ids, CancelReport* report);
+  // The most bytes and jobs (or ids) one SUBMIT (or CANCEL) may carry: the SDK's own limits, or
+  // the broker's from LIMITS where lower (read again for each message: they may arrive meanwhile).
+  std::pair<size_t, size_t> MessageLimits() const;
   Status Poll(const std::string& id, Result* out) {
     if (!protocol::IsValidJobId(id))
       return Status::InvalidArgument("job id \"" + id + "\" is not a valid Ferry id");
@@ -108,7 +111,8 @@ class Client::Impl {
   }
   // The Redis keys of `job`'s stored inputs, appended to *keys.
   void AppendInputKeys(const Job& job, const std::string& id, std::vector<std::string>* keys) const;
-  // Writes the stored inputs of jobs[i], i in `part` (one round trip), before their SUBMIT.
+  // Writes the stored inputs of jobs[i], i in `part` (one round trip), before their SUBMIT. When
+  // that fails, deletes them again (some may have been written) before it returns the error.
   Status StoreInputs(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
                      const std::vector<SubmitOutcome>& outcomes);
   // Sends jobs[i] for i in `part` as one SUBMIT and records each verdict in *outcomes.

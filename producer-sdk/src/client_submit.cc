@@ -67,15 +67,7 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
   // configured ones stand, and a SUBMIT over the broker's is refused whole (too_large: by the
   // I/O thread before sending, or by the broker): its jobs are split again under the limits now
   // known and sent. A single job over the broker's message limit is refused alone; the rest go.
-  auto limits = [&] {
-    size_t max_bytes = std::min(kMaxSubmitBytes, static_cast<size_t>(options_.max_message_bytes));
-    size_t max_jobs = static_cast<size_t>(protocol::kMaxJobsPerMessage);
-    if (const int64_t broker = io_->broker_max_message_bytes(); broker > 0)
-      max_bytes = std::min(max_bytes, static_cast<size_t>(broker));
-    if (const int64_t broker = io_->broker_max_jobs_per_message(); broker > 0)
-      max_jobs = std::min(max_jobs, static_cast<size_t>(broker));
-    return std::make_pair(max_bytes, max_jobs);
-  };
+  auto limits = [this] { return MessageLimits(); };
   int splits_again = 0;  // bounded: limits that change at every answer cannot loop for ever
   size_t begin = 0;
   while (begin < sent.size()) {
@@ -107,6 +99,16 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
     begin = end;
   }
   return Status::Ok();
+}
+
+std::pair<size_t, size_t> Client::Impl::MessageLimits() const {
+  size_t max_bytes = std::min(kMaxSubmitBytes, static_cast<size_t>(options_.max_message_bytes));
+  size_t max_jobs = static_cast<size_t>(protocol::kMaxJobsPerMessage);
+  if (const int64_t broker = io_->broker_max_message_bytes(); broker > 0)
+    max_bytes = std::min(max_bytes, static_cast<size_t>(broker));
+  if (const int64_t broker = io_->broker_max_jobs_per_message(); broker > 0)
+    max_jobs = std::min(max_jobs, static_cast<size_t>(broker));
+  return {max_bytes, max_jobs};
 }
 
 std::string Client::Impl::NotifyChannel(size_t tracked) {
@@ -168,7 +170,7 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs, const std::v
   Status stored = StoreInputs(jobs, part, *outcomes);
   if (!stored.ok()) {
     for (size_t i : part) (*outcomes)[i].status = stored;
-    return stored;
+    return stored;  // StoreInputs deleted what it wrote: the SUBMIT is never sent
   }
   const int64_t rid = io_->NextRid();
   std::vector<std::string> ids;
@@ -238,8 +240,11 @@ Status Client::Impl::StoreInputs(const std::vector<const Job*>& jobs,
     }
   }
   Status s = store_.PutInputs(keys, values, options_.input_ttl_s);
-  if (!s.ok()) return Status(s.code(), "storing big inputs in Redis: " + s.message());
-  return Status::Ok();
+  if (s.ok()) return Status::Ok();
+  // Some SETs may have gone through (Redis at maxmemory takes the first ones, then answers OOM;
+  // a timeout may come after all of them): the SUBMIT is not sent, so nobody reads them.
+  (void)store_.Delete(keys);  // else they expire
+  return Status(s.code(), "storing big inputs in Redis: " + s.message());
 }
 
 Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::string* id_out) {

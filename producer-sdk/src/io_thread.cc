@@ -314,14 +314,12 @@ void IoThread::SendQueued() {
       unsent_.pop_front();
       continue;
     }
-    if (r.command == protocol::kSubmit) {
-      size_t bytes = r.body.size();
-      for (const auto& f : r.frames) bytes += f.size();
-      if (bytes > static_cast<size_t>(limits_.max_message_bytes)) {
-        RefuseTooLarge(r, bytes);
-        unsent_.pop_front();
-        continue;
-      }
+    size_t bytes = r.body.size();
+    for (const auto& f : r.frames) bytes += f.size();
+    if (bytes > static_cast<size_t>(limits_.max_message_bytes)) {  // a SUBMIT, a CANCEL
+      RefuseTooLarge(r, bytes);
+      unsent_.pop_front();
+      continue;
     }
     if (writable) writable = Writable();
     if (!writable) return;
@@ -339,12 +337,13 @@ void IoThread::RefuseTooLarge(Request& r, size_t bytes) {
   if (!r.phase.compare_exchange_strong(queued, Request::kSent)) return;
   awaiting_.erase(r.rid);
   if (!r.on_reply) return;
-  const std::string message =
-      "a SUBMIT of " + std::to_string(bytes) + " bytes is over the broker's limit of " +
-      std::to_string(limits_.max_message_bytes) +
-      " bytes a message (its --max-message-bytes; set max_message_bytes to it): not sent, as "
-      "the broker would drop the connection without an answer; store big inputs in Redis "
-      "(stored_input_bytes) or submit fewer jobs at once";
+  std::string message = "a " + r.command + " of " + std::to_string(bytes) +
+                        " bytes is over the broker's limit of " +
+                        std::to_string(limits_.max_message_bytes) +
+                        " bytes a message (its --max-message-bytes; set max_message_bytes to "
+                        "it): not sent, as the broker would drop the connection without an answer";
+  if (r.command == protocol::kSubmit)
+    message += "; store big inputs in Redis (stored_input_bytes) or submit fewer jobs at once";
   RunCallback([&] {
     r.on_reply(Reply{std::string(protocol::kError),
                      protocol::EncodeError(r.rid, codes::kTooLarge, message)});

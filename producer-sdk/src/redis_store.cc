@@ -106,6 +106,8 @@ Status RedisStore::Delete(const std::vector<std::string>& keys) {
   for (const auto& k : keys) argv.push_back(k);
   protocol::RedisReply reply;
   Status s = conn->Command(argv, &reply);
+  if (s.code() == codes::kUnavailable && !conn->connected())
+    s = conn->Command(argv, &reply);  // it reconnects
   Release(std::move(conn));
   return s;
 }

@@ -46,7 +46,8 @@ class RedisStore {
   // results (one set up before this SDK: GETDEL only) GETDEL, whose values are skipped as they
   // arrive; after one NOPERM, GETDEL from then on.
   Status DeleteResults(const std::vector<std::string>& ids);
-  // Deletes `keys` (one round trip).
+  // Deletes `keys` (one round trip; a second, on a new connection, when the first connection
+  // was found broken: Redis may have closed a pooled one, as it does after a protocol error).
   Status Delete(const std::vector<std::string>& keys);
 
  private:

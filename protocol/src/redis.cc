@@ -9,10 +9,20 @@
 #include <cstring>
 #include <memory>
 
+#include "ferry/protocol/redis_errors.h"
 #include "redis_transport.h"
 
 namespace ferry::protocol {
+
 namespace {
+
+// An error reply as a Status: unavailable when it goes away by itself (LOADING, BUSY, OOM, ...:
+// the caller retries, as when Redis is down), else internal.
+Status ReplyError(std::string_view text) {
+  std::string message = "redis: " + std::string(text);
+  return IsTransientRedisError(text) ? Status::Unavailable(std::move(message))
+                                     : Status::Internal(std::move(message));
+}
 
 RedisReply Convert(const redisReply* r) {
   RedisReply out;
@@ -147,7 +157,7 @@ Status RedisClient::Flush(std::vector<RedisReply>* replies) {
       return s;
     }
     if (r->type == REDIS_REPLY_ERROR && first_error.ok())
-      first_error = Status::Internal("redis: " + std::string(r->str, r->len));
+      first_error = ReplyError(std::string_view(r->str, r->len));
     if (replies) replies->push_back(Convert(r));
     freeReplyObject(r);
   }
@@ -159,7 +169,7 @@ Status RedisClient::Command(const std::vector<std::string_view>& argv, RedisRepl
   std::vector<RedisReply> replies;
   FERRY_RETURN_IF_ERROR(Flush(&replies));
   *reply = std::move(replies.at(0));
-  if (reply->type == RedisReply::Type::kError) return Status::Internal("redis: " + reply->str);
+  if (reply->type == RedisReply::Type::kError) return ReplyError(reply->str);
   return Status::Ok();
 }
 
@@ -284,7 +294,7 @@ Status RedisClient::GetManyInto(const std::vector<std::string_view>& keys, const
     if (errors)
       (*errors)[i] = std::move(text);
     else if (error.ok())
-      error = Status::Internal("redis: " + text);
+      error = ReplyError(text);
   };
   for (auto key : keys) Append({consume ? "GETDEL" : "GET", key});
   if (conn_->buffered()) {  // the parser holds unread bytes: read through it

@@ -241,6 +241,37 @@ TEST(WireLimits, TheSdkLearnsTheBrokersLimitsAndKeepsToThem) {
   ASSERT_NO_FATAL_FAILURE(SubmitManyAndExpectEchoes(c.get(), jobs, fleet));
 }
 
+// CancelMany keeps to the broker's limits too: 2,000 ids of 104 characters (~210 KB) against a
+// broker that takes 100 ids and 64 KiB a message. Before, the SDK split at 10,000 ids: the broker
+// refused the CANCEL whole (too_large), or, over its message limit, dropped the connection without
+// an answer (unavailable after the request timeout).
+TEST(WireLimits, CancelManyIsSplitUnderTheBrokersLimits) {
+  FleetOptions fo;
+  fo.workers = 0;
+  fo.broker_args = {"--max-message-bytes", "65536", "--max-jobs-per-message", "100"};
+  Fleet fleet(fo);
+  client::ClientOptions o;
+  o.frontend = fleet.frontend();
+  o.redis = fleet.redis().url();
+  o.request_timeout_ms = 20000;
+  std::unique_ptr<client::Client> c;
+  ASSERT_TRUE(client::Client::Create(o, &c).ok());
+  std::vector<std::string> ids;
+  for (int i = 0; i < 2000; ++i) {
+    std::string id = "cancel-" + std::to_string(i) + "-";
+    ids.push_back(id + std::string(104 - id.size(), 'x'));
+  }
+  client::CancelReport report;
+  Status s = c->CancelMany(ids, &report);  // the first CANCEL is split before LIMITS is known
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(report.not_found, ids);  // none pending
+  EXPECT_TRUE(report.cancelled.empty());
+  EXPECT_TRUE(report.running.empty());
+  s = c->CancelMany(ids, &report);  // and with the limits known
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(report.not_found.size(), ids.size());
+}
+
 // LIMITS on each new connection, and still answered after many broker kills: libzmq can take a
 // LIMITS sent just as the connection drops into the dead connection's pipe, and without a resend
 // the SDK held every request behind it for ever (seen after ~10 kills here). A second thread

@@ -251,8 +251,8 @@ class Client {
   // The job is copied; the caller keeps ownership.
   Status Run(const Job& job, int timeout_ms, Result* out, std::string* id = nullptr);
 
-  // Cancels jobs (one CANCEL message, one round trip, per 10,000 ids) and says what happened
-  // to each id.
+  // Cancels jobs (one CANCEL message, one round trip, per 10,000 ids, or per the broker's
+  // --max-jobs-per-message and --max-message-bytes when lower) and says what happened to each id.
   // Errors: invalid_argument (a bad id; nothing is sent), unavailable (no answer in time).
   Status CancelMany(const std::vector<std::string>& ids, CancelReport* report);
   // Cancels one job: ok when it was queued or running (see CancelReport), not_found when the

@@ -245,6 +245,38 @@ TEST(ClientRedisStalledTest, WaitEndsByItsTimeoutWhileRedisIsStalled) {
   EXPECT_EQ(wait.get(), codes::kTimeout) << "Redis is slow, not gone: the Wait timed out";
 }
 
+// Redis busy running a script answers BUSY to every read: Poll reports that as unavailable (not
+// internal: a bug), and Wait takes it as Redis down for now and reads again until its deadline;
+// once the script is killed it finds the result.
+TEST_F(ClientPollWaitTest, WaitRidesOutARedisBusyWithAScript) {
+  WriteResult("job-busy", "done", {});
+  protocol::RedisReply r;
+  ASSERT_TRUE(writer_->Command({"CONFIG", "SET", "lua-time-limit", "50"}, &r).ok());
+  std::thread script([] {
+    auto busy = redis_->Connect();
+    protocol::RedisReply reply;
+    if (busy) busy->Command({"EVAL", "while true do end", "0"}, &reply);  // until SCRIPT KILL
+  });
+  ASSERT_TRUE(testutil::WaitFor([&] {
+    protocol::RedisReply pong;
+    return writer_->Command({"PING"}, &pong).message().find("BUSY") != std::string::npos;
+  }));
+  Result polled;
+  const Status p = client_->Poll("job-busy", &polled);
+  EXPECT_EQ(p.code(), codes::kUnavailable) << p.ToString();
+  auto wait = std::async(std::launch::async, [&] {
+    Result w;
+    Status s = client_->Wait("job-busy", 30000, &w);
+    return s.ok() && w.state != JobState::kDone ? Status::Internal("not done") : s;
+  });
+  // Far longer than a failed read takes: the Wait is still reading again, not ended.
+  const bool ended = wait.wait_for(std::chrono::milliseconds(500)) == std::future_status::ready;
+  ASSERT_TRUE(writer_->Command({"SCRIPT", "KILL"}, &r).ok());
+  script.join();
+  EXPECT_FALSE(ended) << "Wait ended on BUSY: " << wait.get().ToString();
+  if (!ended) EXPECT_TRUE(wait.get().ok());
+}
+
 TEST_F(ClientPollWaitTest, WaitTimesOutWhenNeverWritten) {
   Result r;
   auto start = Clock::now();

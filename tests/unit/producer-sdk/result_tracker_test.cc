@@ -135,6 +135,20 @@ TEST_F(ResultTrackerTest, OursWaitsForTheNoticeOthersReadAtOnce) {
   EXPECT_EQ(reads_, 2);
 }
 
+// A Wait on an id of ours shorter than the first re-check (50 ms) still reads Redis once, at its
+// deadline, instead of timing out unread: its notice may have been lost (a broker that restarted
+// sent FINISHED on a dead connection), and a caller polling with short waits would otherwise
+// never see the result.
+TEST_F(ResultTrackerTest, AShortWaitOnAnIdOfOursReadsOnceBeforeItTimesOut) {
+  tracker_.Track({"s-1"});
+  Result r;
+  EXPECT_EQ(tracker_.Wait("s-1", 20, &r).code(), codes::kTimeout);
+  EXPECT_EQ(reads_, 1);
+  WriteDone(redis_, "s-1", 4);
+  ASSERT_TRUE(tracker_.Wait("s-1", 20, &r).ok());
+  EXPECT_EQ(r.batch_size, 4);
+}
+
 // A lost subscription: RecheckOurs makes every Wait on an id of ours read now, not at its next
 // backed-off re-check.
 TEST_F(ResultTrackerTest, RecheckOursWakesWaitsToRead) {

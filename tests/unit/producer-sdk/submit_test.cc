@@ -79,6 +79,41 @@ TEST_F(ClientSubmitTest, StoredInputsOfASubmitNeverSentAreDeleted) {
   EXPECT_EQ(keys.elements.size(), 0u) << "the input of a SUBMIT never sent was left in Redis";
 }
 
+// Redis refusing to store a big input fails the Submit before anything is sent: at maxmemory
+// (OOM) as unavailable, a state that passes; and when it took the first of a job's inputs and
+// refused the next (here: over its proto-max-bulk-len), the input it did store is deleted again
+// (the SUBMIT is not sent: nobody would read it).
+TEST_F(ClientSubmitTest, InputsStoredBeforeRedisRefusedTheRestAreDeleted) {
+  testutil::RedisServer redis;
+  options_.redis = redis.url();
+  options_.push_results = false;
+  auto client = MakeClient();
+  auto c = redis.Connect();
+  ASSERT_NE(c, nullptr);
+  protocol::RedisReply reply;
+  auto input = [](size_t floats) {
+    return Tensor::From<float>(std::vector<float>(floats), {static_cast<int64_t>(floats)},
+                               DType::kFloat32);
+  };
+  Job job = MakeJob("m", "refused-1");
+  job.inputs.push_back(input(1 << 18));  // 1 MiB: stored
+  job.inputs.push_back(input(1 << 20));  // 4 MiB: stored
+  std::string id;
+  ASSERT_TRUE(c->Command({"CONFIG", "SET", "maxmemory", "1"}, &reply).ok());
+  Status s = client->Submit(job, &id);
+  EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("OOM"), std::string::npos) << s.message();
+  ASSERT_TRUE(c->Command({"CONFIG", "SET", "maxmemory", "0"}, &reply).ok());
+
+  ASSERT_TRUE(c->Command({"CONFIG", "SET", "proto-max-bulk-len", "2mb"}, &reply).ok());
+  s = client->Submit(job, &id);
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(client_test::CommandCalls(redis, "set"), 1) << "the first input was not stored";
+  protocol::RedisReply keys;
+  ASSERT_TRUE(c->Command({"KEYS", "test:input:*"}, &keys).ok());
+  EXPECT_EQ(keys.elements.size(), 0u) << "an input stored before the refusal was left in Redis";
+}
+
 TEST_F(ClientSubmitTest, InvalidJobsFailLocallyWithoutTheNetwork) {
   auto client = MakeClient();
   std::string id;

@@ -53,6 +53,9 @@ class RedisClient {
   static constexpr size_t kByRefBytes = 16 * 1024;
   void AppendByRef(const std::vector<std::string_view>& argv);
   size_t pending() const { return pending_; }
+  // False before the first connect and after a transport failure dropped the connection (the
+  // next command connects again).
+  bool connected() const { return conn_ != nullptr; }
   // Bounds each later connect, read and write (and those of the open connection) by
   // `timeout_ms` (> 0) instead of the one given at Connect: for a caller with a deadline of its
   // own (a Wait), so that a stalled Redis holds it no longer than that.
@@ -61,20 +64,23 @@ class RedisClient {
   // caller that must know whether a failed Flush can have sent anything.
   Status EnsureConnected();
   // Sends every appended command in one round trip and reads all replies in order. Error replies
-  // come back as RedisReply::Type::kError (the first also makes the Status kInternal when
-  // `replies` is null). Transport failures return kUnavailable; when the connection broke while
-  // the replies were read, `replies` holds the ones read before it (the first commands').
+  // come back as RedisReply::Type::kError (the first also fails the Status when `replies` is
+  // null: kUnavailable for one that goes away by itself, LOADING, BUSY, OOM, ...:
+  // IsTransientRedisError; else kInternal). Transport failures return kUnavailable; when the
+  // connection broke while the replies were read, `replies` holds the ones read before it (the
+  // first commands').
   Status Flush(std::vector<RedisReply>* replies);
 
-  // One command, one round trip; an error reply becomes a failed Status.
+  // One command, one round trip; an error reply becomes a failed Status (as in Flush).
   Status Command(const std::vector<std::string_view>& argv, RedisReply* reply);
   // GET (through GetMany): `found` false when the key does not exist.
   Status Get(std::string_view key, std::string* value, bool* found);
   // One GET per key, pipelined in one round trip, each value read from the socket straight
   // into its string (one copy, by the kernel -- or by OpenSSL's decryption under TLS: for big
   // values, no staging buffer and no extra copy). (*values)[i] is keys[i]'s value; nullopt when the
-  // key does not exist. An error reply (e.g. WRONGTYPE) fails the call with internal (after every
-  // reply is read: the connection stays usable); transport failures with unavailable.
+  // key does not exist. An error reply fails the call, as in Flush (WRONGTYPE: internal; LOADING:
+  // unavailable), after every reply is read: the connection stays usable; transport failures
+  // with unavailable.
   // `consume`: GETDEL instead of GET -- each key is deleted as it is read (Redis >= 6.2).
   Status GetMany(const std::vector<std::string_view>& keys,
                  std::vector<std::optional<std::string>>* values, bool consume = false);
@@ -85,7 +91,7 @@ class RedisClient {
   // memory); it is not called for a key that does not exist or whose reply is an error.
   // (*found)[i]: whether keys[i] existed (also when its value was skipped). With `errors`,
   // (*errors)[i] is keys[i]'s error reply (e.g. "WRONGTYPE ..."; empty: none) and error replies
-  // do not fail the call; without, the first fails it with internal. Either way every reply is
+  // do not fail the call; without, the first fails it (as in Flush). Either way every reply is
   // read: the connection stays in step. Transport failures: unavailable (and the connection is
   // dropped, the next call reconnects). An exception from `into` fails the call with internal.
   using Destination = std::function<char*(size_t index, size_t size)>;
