@@ -5,7 +5,7 @@ import asyncio
 from . import _protocol
 from ._engine import Engine
 from ._requests import RunJob
-from ._errors import FerryError, InvalidArgument, Timeout, Unavailable
+from ._errors import FerryError, InvalidArgument, Timeout, TooLarge, Unavailable
 
 __all__ = ["AsyncClient", "CancelReport"]
 
@@ -163,19 +163,27 @@ class AsyncClient:
     async def _submit_prepared(self, preps):
         engine = self._get_engine()
         ids = [p.id for p in preps]
-        await engine.store_inputs(preps)
+        await self._store_inputs(engine, preps)
         engine.results.track(ids)  # before sending: a result may come before the reply
         call = engine.queue_submit(preps)
         try:
             verdicts = await asyncio.wait_for(call.future, engine.timeout)
         except asyncio.TimeoutError:
-            engine.results.untrack(ids)  # maybe accepted: a wait then reads Redis before sleeping
+            # A call split into several SUBMITs may have verdicts for some: those stand. The
+            # others may be accepted: untracked, a wait then reads Redis before sleeping.
+            verdicts = dict(call.verdicts)
+            rejected = {i: v for i, v in verdicts.items() if v is not None}
+            engine.results.untrack([i for i in ids if i not in verdicts or i in rejected])
             # The jobs that never went out (no broker connected) will not now: their stored
-            # inputs are nobody's. Those sent may be accepted: theirs stay (input_ttl_s).
-            engine.delete_inputs(engine.unsent_preps(call))
+            # inputs are nobody's, nor are those of jobs rejected for good. Those sent and not
+            # answered may be accepted: theirs stay (input_ttl_s).
+            engine.delete_inputs(engine.unsent_preps(call) + [
+                p for p in preps if p.id in rejected and owns_inputs(rejected[p.id])])
             err = Unavailable(engine.silence_message("SUBMIT", self.options.request_timeout_ms),
-                              id=ids[0])
-            err.ids, err.accepted, err.errors = ids, [], {i: err for i in ids}
+                              id=next((i for i in ids if i not in verdicts), ids[0]))
+            err.ids = ids
+            err.accepted = [i for i in ids if i in verdicts and i not in rejected]
+            err.errors = {i: rejected.get(i, err) for i in ids if i not in err.accepted}
             raise err
         except BaseException:  # cancelled, or the client closed (Engine.close deletes then)
             engine.results.untrack(ids)
@@ -193,6 +201,18 @@ class AsyncClient:
         first.accepted = [i for i in ids if i not in errors]
         first.errors = errors
         raise first
+
+    @staticmethod
+    async def _store_inputs(engine, preps):
+        """Writes the jobs' stored inputs before their SUBMIT; if that fails or is cancelled
+        partway (Redis took some, then refused one; asyncio.wait_for around a run), deletes them
+        again: the SUBMIT is not sent, so nobody reads them."""
+        try:
+            await engine.store_inputs(preps)
+        except BaseException:
+            if not engine.closed:
+                engine.delete_inputs([p for p in preps if p.stored])
+            raise
 
     async def wait(self, id, timeout=None):
         """The result of job `id` (status done, failed, cancelled or expired), waiting up to
@@ -262,7 +282,7 @@ class AsyncClient:
             engine.queue_run(job)
 
         if prep.stored:
-            await engine.store_inputs([prep])
+            await self._store_inputs(engine, [prep])
         engine.results.track((id,))
         engine.queue_run(job)
         ok = False
@@ -301,19 +321,38 @@ class AsyncClient:
                     engine.delete_inputs([prep])  # nobody will read them
 
     async def cancel(self, *ids):
-        """Cancels jobs (one CANCEL per 10,000 ids); returns a CancelReport (cancelled,
-        running, not_found)."""
+        """Cancels jobs (one CANCEL per 10,000 ids, or per the broker's --max-jobs-per-message
+        and --max-message-bytes when lower); returns a CancelReport (cancelled, running,
+        not_found)."""
         if len(ids) == 1 and isinstance(ids[0], (list, tuple)):
             ids = tuple(ids[0])
         for i in ids:
             _protocol.check_id(i)
+        engine = self._get_engine()
         report = CancelReport([], [], [])
-        step = _protocol.MAX_JOBS_PER_MESSAGE  # the broker refuses a bigger CANCEL whole
-        for k in range(0, len(ids), step):
-            body = await self._get_engine().request(b"CANCEL", {"ids": list(ids[k:k + step])},
-                                                    "CANCELLED")
+        # The broker refuses more ids whole and drops the connection on a bigger frame (the
+        # engine answers such a CANCEL too_large instead of sending it). One refused because the
+        # broker's limits came meanwhile is split again under them.
+        begin, splits_again = 0, 0
+        while begin < len(ids):
+            limits = engine.message_limits()
+            max_bytes, max_ids = limits
+            end, size = begin, 64  # the map and rid; each id: its bytes and a msgpack head
+            while end < len(ids) and end - begin < max_ids and (
+                    end == begin or size + len(ids[end]) + 3 <= max_bytes):
+                size += len(ids[end]) + 3
+                end += 1
+            try:
+                body = await engine.request(b"CANCEL", {"ids": list(ids[begin:end])},
+                                            "CANCELLED")
+            except TooLarge:
+                if end - begin > 1 and engine.message_limits() != limits and splits_again < 3:
+                    splits_again += 1
+                    continue
+                raise
             for into, key in zip(report, ("ids", "running", "not_found")):
                 into.extend(body.get(key) or ())
+            begin = end
         return report
 
     async def stats(self):

@@ -91,12 +91,15 @@ def decode_limits(command, body):
     return got[0], got[2], got[1]
 
 
-def too_large_message(nbytes, limit):
-    """The C++ SDK's word for a SUBMIT over the broker's limit, refused before it is sent."""
-    return ("a SUBMIT of %d bytes is over the broker's limit of %d bytes a message (its "
-            "--max-message-bytes; set max_message_bytes to it): not sent, as the broker would "
-            "drop the connection without an answer; store big inputs in Redis "
-            "(stored_input_bytes) or submit fewer jobs at once" % (nbytes, limit))
+def too_large_message(nbytes, limit, command="SUBMIT"):
+    """The C++ SDK's word for a message over the broker's limit, refused before it is sent."""
+    message = ("a %s of %d bytes is over the broker's limit of %d bytes a message (its "
+               "--max-message-bytes; set max_message_bytes to it): not sent, as the broker "
+               "would drop the connection without an answer" % (command, nbytes, limit))
+    if command == "SUBMIT":
+        message += ("; store big inputs in Redis (stored_input_bytes) or submit fewer jobs at "
+                    "once")
+    return message
 
 
 class Engine:
@@ -305,7 +308,9 @@ class Engine:
                 rid = next(self._rids)
                 body["rid"] = rid
                 self._awaiting[rid] = handler
-                self._send(command, _pack(body))
+                packed = _pack(body)
+                if not self._refused(rid, packed, (), command.decode()):  # a big CANCEL
+                    self._send(command, packed)
             elif self._submits:
                 self._send_submits()
             else:
@@ -348,14 +353,21 @@ class Engine:
             return self._limits
         return self.opts.max_message_bytes, _protocol.MAX_JOBS_PER_MESSAGE, 0
 
+    def message_limits(self):
+        """The most bytes and jobs (or ids) one SUBMIT (or CANCEL) may carry: this client's
+        limits, or the broker's where lower once its LIMITS answer came."""
+        broker_bytes, broker_jobs, _ = self._broker_limits()
+        return (min(_protocol.MAX_MESSAGE_BYTES, self.opts.max_message_bytes, broker_bytes),
+                min(_protocol.MAX_JOBS_PER_MESSAGE, broker_jobs))
+
     def broker_max_job_bytes(self):
         """The broker's --max-job-bytes from this connection's LIMITS; 0 while unknown (or a
         broker from before LIMITS). Read from any thread: one attribute read."""
         limits = self._limits
         return limits[2] if limits is not None else 0
 
-    def _refused(self, rid, body, frames):
-        """Whether the SUBMIT `rid` is over the broker's max_message_bytes, and so answered here
+    def _refused(self, rid, body, frames, command="SUBMIT"):
+        """Whether request `rid` is over the broker's max_message_bytes, and so answered here
         instead of sent, as if the broker had answered ERROR too_large: a frame over its limit
         makes its libzmq drop the connection without an answer (a run would resubmit for
         ever)."""
@@ -366,7 +378,7 @@ class Engine:
         handler = self._awaiting.pop(rid, None)
         if handler is not None:
             handler.reply("ERROR", {"code": "too_large", "rid": rid,
-                                    "message": too_large_message(nbytes, limit)})
+                                    "message": too_large_message(nbytes, limit, command)})
         return True
 
     def _take(self, queue, prep_of):
@@ -375,9 +387,7 @@ class Engine:
         max_message_bytes, or the broker's, if less) of body and data frames (one job more)."""
         taken, ids = [], set()
         size = _protocol.submit_header_bytes(self.opts.redis_prefix)
-        broker_bytes, broker_jobs, _ = self._broker_limits()
-        limit = min(_protocol.MAX_MESSAGE_BYTES, self.opts.max_message_bytes, broker_bytes)
-        max_jobs = min(_protocol.MAX_JOBS_PER_MESSAGE, broker_jobs)
+        limit, max_jobs = self.message_limits()
         n = 0
         for item in queue:
             p = prep_of(item)

@@ -261,7 +261,9 @@ class Results:
             backoff = FIRST_RECHECK
             next_read = now
             if e.ours and not e.has_result and not e.recheck and timeout != 0:
-                next_read = now + backoff
+                # The notice says when to read; not past the deadline though: a wait shorter
+                # than the first re-check still reads once (its notice may have been lost).
+                next_read = now + backoff if deadline is None else min(now + backoff, deadline)
                 backoff = FIRST_RECHECK * 2
             seen = e.version
             last_error = None

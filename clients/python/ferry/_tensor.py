@@ -137,7 +137,9 @@ def decode(t):
         a = np.frombuffer(bytearray(data), dtype=dt)  # a writable array of its own
     a = a.reshape(shape)
     if name == "bfloat16":
-        return (a.astype("<u4") << 16).view("<f4")
+        b = a.astype("<u4")  # shifted in place: `<< 16` makes a 0-d array's uint32 an int64
+        np.left_shift(b, np.uint32(16), out=b)
+        return b.view("<f4")
     if dt.byteorder == "<":  # little-endian wire; native arrays on every host
         a = a.astype(dt.newbyteorder("="), copy=False)
     return a

@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-from . import AsyncClient, Client, DTYPES, FerryError
+from . import AsyncClient, Client, DTYPES, FerryError, bfloat16
 
 INPUT_POOL = 64
 STAGES = ("submit", "queue", "dispatch", "compute", "delivery")
@@ -96,7 +96,9 @@ def make_inputs(args):
     dt = DTYPES[args.dtype]
     pool = []
     for _ in range(INPUT_POOL):
-        if args.dtype.startswith("float"):
+        if args.dtype == "bfloat16":  # the bits in uint16: tagged, not a plain uint16 array
+            a = bfloat16(rng.uniform(-1, 1, args.shape))
+        elif args.dtype.startswith("float"):
             a = rng.uniform(-1, 1, args.shape).astype(np.float32).astype(dt)
         elif args.dtype == "bool":
             a = rng.integers(0, 2, args.shape).astype(bool)

@@ -687,3 +687,101 @@ def test_a_run_on_a_stalled_redis_sends_no_resubmit_past_its_timeout(models_dir)
     assert [name for name, _ in calls[:2]] == ["store_inputs", "queue_run"], calls  # the first
     late = [(name, at - deadline) for name, at in calls if at >= deadline]
     assert not late, "resubmitted past the run's deadline: %s" % late
+
+
+def _accepting(router, message, swallow_after=None, seen=None):
+    """For a stub broker: answers a SUBMIT ACCEPTED (every job), or none past `swallow_after`
+    SUBMITs (counted in `seen`)."""
+    import msgpack
+    peer, tag, command, body, *_ = message
+    if command != b"SUBMIT":
+        return
+    body = msgpack.unpackb(body)
+    if seen is not None:
+        seen.append(body)
+        if swallow_after is not None and len(seen) > swallow_after:
+            return
+    ids = [j["id"] for j in body["jobs"]]
+    router.send_multipart([peer, tag, b"ACCEPTED",
+                           msgpack.packb({"ids": ids, "rejected": [], "rid": body["rid"]})])
+
+
+def test_a_short_wait_on_a_job_of_ours_reads_redis_before_it_times_out(fleet):
+    """A wait shorter than the first re-check (50 ms) on a job this client submitted still reads
+    Redis once, at its deadline: the job's notice may have been lost (a broker that restarted
+    sent FINISHED on a dead connection). Before, every such wait timed out unread."""
+    prefix = "pyshort-%s:" % uuid.uuid4().hex[:8]
+    with stub_broker(_accepting) as frontend:
+        with ferry.Client(frontend, fleet.redis_url, redis_prefix=prefix,
+                          push_results=False) as c:
+            x = np.ones(8, np.float32)
+            id = c.submit("tiny", x)
+            with pytest.raises(ferry.Timeout):
+                c.wait(id, timeout=0.02)
+            fleet.redis().set(prefix + "result:" + id, _done_record(x, "tiny", "stub"))
+            r = c.wait(id, timeout=0.02)
+            assert r.status == "done" and r.worker == "stub"
+
+
+def test_submit_many_split_in_two_keeps_the_verdicts_of_the_part_answered(fleet):
+    """submit_many split into two SUBMITs (the broker takes one job a message) whose second gets
+    no answer: the Unavailable it raises lists the first job as accepted (it is: wait for it),
+    and only the second as unanswered. Before, it said none was accepted, and a caller that
+    resubmitted them all got Duplicate for the first."""
+    seen = []
+
+    def handle(router, message):
+        if not answered_limits(router, message, max_jobs_per_message=1):
+            _accepting(router, message, swallow_after=1, seen=seen)
+    x = np.ones(8, np.float32)
+    with stub_broker(handle, limits=False) as frontend:
+        with ferry.Client(frontend, fleet.redis_url, push_results=False,
+                          request_timeout_ms=500) as c:
+            with pytest.raises(ferry.Unavailable) as e:
+                c.submit_many([ferry.Job("tiny", x, id="py-split-a"),
+                               ferry.Job("tiny", x, id="py-split-b")])
+    assert [[j["id"] for j in b["jobs"]] for b in seen] == [["py-split-a"], ["py-split-b"]]
+    assert e.value.ids == ["py-split-a", "py-split-b"]
+    assert e.value.accepted == ["py-split-a"]
+    assert list(e.value.errors) == ["py-split-b"]
+    assert e.value.id == "py-split-b"
+
+
+def test_cancel_is_split_under_the_brokers_limits(models_dir):
+    """cancel() keeps to the broker's LIMITS: 2,000 ids of 104 characters (~210 KB) against a
+    broker that takes 100 ids and 64 KiB a message. Before, the client split at 10,000 ids: the
+    broker refused the CANCEL whole (TooLarge), or dropped the connection on the frame over its
+    limit (Unavailable after the request timeout)."""
+    from fleet import Fleet
+    f = Fleet(models_dir, workers=0,
+              broker_args=["--max-message-bytes", "65536", "--max-jobs-per-message", "100"])
+    try:
+        ids = []
+        for i in range(2000):
+            head = "py-cancel-%d-" % i
+            ids.append(head + "x" * (104 - len(head)))
+        with ferry.Client(f.frontend, f.redis_url, request_timeout_ms=20000) as c:
+            report = c.cancel(*ids)  # split before the limits are known, then again under them
+            assert report.not_found == ids and report.cancelled == [] and report.running == []
+            assert c.cancel(*ids).not_found == ids  # with the limits known
+    finally:
+        f.stop()
+
+
+def test_inputs_stored_before_redis_refused_the_rest_are_deleted(models_dir):
+    """Redis takes the first of a job's big inputs and refuses the next (here: over its
+    proto-max-bulk-len): the submit fails before anything is sent, and the input Redis did take
+    is deleted again (nobody would read it; before, it stayed for input_ttl_s)."""
+    from fleet import Fleet
+    f = Fleet(models_dir, workers=0)
+    try:
+        r = f.redis()
+        r.config_set("proto-max-bulk-len", "2mb")
+        r.config_resetstat()
+        with ferry.Client(f.frontend, f.redis_url, push_results=False) as c:
+            with pytest.raises(ferry.FerryError):
+                c.submit("null", np.zeros(1 << 18, np.float32), np.zeros(1 << 20, np.float32))
+            assert r.info("commandstats")["cmdstat_set"]["calls"] == 1  # the first was stored
+            wait_for(lambda: not r.keys("ferry:input:*"), 10, "the stored input deleted")
+    finally:
+        f.stop()

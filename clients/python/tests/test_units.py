@@ -99,6 +99,17 @@ def test_tensor_and_bfloat16_keep_a_scalar_a_scalar():
     assert ferry.Tensor(np.asfortranarray(np.ones((2, 3), ">f8")), "float32").shape == [2, 3]
 
 
+def test_a_bfloat16_output_of_any_shape_decodes_including_a_scalar():
+    """A bf16 model that returns one value per job gives each job a shape-[] output: numpy made
+    its `<< 16` an int64, and the float32 view of it failed (the result raised malformed)."""
+    for shape, values in (([], [-2.5]), ([3], [1.0, 0.0, 7.0]), ([0], []), ([2, 2], [1, 2, 3, 4])):
+        bits = ferry.bfloat16(np.array(values, np.float32).reshape(shape)).data
+        for data in (bits, memoryview(bytearray(bits))):  # copied, or the record's own bytes
+            back = _tensor.decode({"dtype": "bfloat16", "shape": shape, "data": data})
+            assert back.dtype == np.float32 and list(back.shape) == shape and back.flags.writeable
+            np.testing.assert_array_equal(back, np.array(values, np.float32).reshape(shape))
+
+
 def record(**fields):
     base = {"id": "j1", "status": "done", "outputs": [], "model": "m", "worker": "w",
             "batch_size": 3, "attempt": 1, "timing": {"submitted": 1}}
