@@ -1,93 +1,11 @@
 // Worker-facing handlers: READY, DONE, HEARTBEAT, BYE; dropping workers; finishing jobs.
 #include <spdlog/spdlog.h>
 
-#include <set>
-
 #include "broker_impl.h"
+#include "ferry/protocol/hello_check.h"
 #include "ferry/protocol/util.h"
 
 namespace ferry::broker {
-
-namespace {
-
-constexpr size_t kMaxModelsPerWorker = 256;
-constexpr int64_t kMaxCapacity = 1 << 16;
-constexpr int64_t kMaxBatch = 1 << 16;
-
-// 1..max characters of printable ASCII (no space).
-bool PrintableName(const std::string& s, size_t max) {
-  if (s.empty() || s.size() > max) return false;
-  for (char c : s)
-    if (c <= 0x20 || c >= 0x7f) return false;
-  return true;
-}
-
-// Model names: 1-128 characters of [A-Za-z0-9._:/-] (they become metric labels, log fields,
-// Redis hash fields and CLI output).
-bool ValidModelName(const std::string& s) {
-  if (s.empty() || s.size() > 128) return false;
-  for (char c : s) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == ':' || c == '/' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
-
-// Input names in a READY's "inputs": 1-64 characters of [A-Za-z0-9._-].
-bool ValidInputName(const std::string& s) {
-  if (s.empty() || s.size() > 64) return false;
-  for (char c : s) {
-    const bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
-                    c == '.' || c == '_' || c == '-';
-    if (!ok) return false;
-  }
-  return true;
-}
-
-// What a READY may announce; a clear message for the first field out of bounds.
-Status CheckHello(const protocol::WorkerHello& h) {
-  if (!PrintableName(h.worker, 128))
-    return Status::InvalidArgument("READY \"worker\" must be 1-128 printable characters");
-  if (!h.device.empty() && !PrintableName(h.device, 64))
-    return Status::InvalidArgument("READY \"device\" must be at most 64 printable characters");
-  if (!h.host.empty() && !PrintableName(h.host, 255))
-    return Status::InvalidArgument("READY \"host\" must be at most 255 printable characters");
-  if (h.pid < 0) return Status::InvalidArgument("READY \"pid\" must not be negative");
-  if (h.capacity < 1 || h.capacity > kMaxCapacity)
-    return Status::InvalidArgument("READY \"capacity\" must be 1.." + std::to_string(kMaxCapacity));
-  if (h.models.empty() || h.models.size() > kMaxModelsPerWorker)
-    return Status::InvalidArgument("READY must announce 1.." + std::to_string(kMaxModelsPerWorker) +
-                                   " models");
-  std::set<std::string> names;
-  for (const auto& mi : h.models) {
-    if (!ValidModelName(mi.name))
-      return Status::InvalidArgument("READY model name \"" + protocol::Printable(mi.name) +
-                                     "\": 1-128 characters of [A-Za-z0-9._:/-]");
-    if (mi.max_batch < 1 || mi.max_batch > kMaxBatch)
-      return Status::InvalidArgument("READY max_batch of \"" + mi.name + "\" must be 1.." +
-                                     std::to_string(kMaxBatch));
-    if (!names.insert(mi.name).second)
-      return Status::InvalidArgument("READY announces \"" + mi.name + "\" twice");
-    // "inputs": count, rank, dims and dtypes were checked by DecodeHello; the names here.
-    if (mi.inputs) {
-      for (const auto& in : *mi.inputs)
-        if (!in.name.empty() && !ValidInputName(in.name))
-          return Status::InvalidArgument("READY input name \"" + protocol::Printable(in.name) +
-                                         "\" of \"" + mi.name +
-                                         "\": 1-64 characters of [A-Za-z0-9._-]");
-    }
-  }
-  if (h.resident) {
-    for (const auto& r : *h.resident)
-      if (names.count(r) == 0)
-        return Status::InvalidArgument("READY \"resident\" names \"" + protocol::Printable(r) +
-                                       "\", which it does not announce");
-  }
-  return Status::Ok();
-}
-
-}  // namespace
 
 void Broker::Impl::LimitedWarn(LogLimiter& limiter, const std::string& text) {
   int64_t suppressed = 0;
@@ -140,7 +58,7 @@ void Broker::Impl::HandleReady(protocol::Message& m, const msgpack::object& body
   const std::string worker(m.envelope[0].to_string_view());
   protocol::WorkerHello hello;
   Status s = protocol::DecodeHello(body, &hello);
-  if (s.ok()) s = CheckHello(hello);
+  if (s.ok()) s = protocol::CheckHello(hello);
   if (s.ok()) {
     // A worker name is unique: the same name on a new connection is that worker reconnected,
     // and the old connection is dead -- unless, with CURVE, the new connection has another key:

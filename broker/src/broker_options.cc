@@ -28,7 +28,9 @@ Status ValidateBrokerOptions(const BrokerOptions& o) {
   FERRY_RETURN_IF_ERROR(Range("--max-pending-bytes", o.max_pending_bytes, 1, int64_t{1} << 50));
   FERRY_RETURN_IF_ERROR(Range("--aging-every", o.aging_every, 0, 1000000));
   FERRY_RETURN_IF_ERROR(Range("--redis-timeout-ms", o.redis_timeout_ms, 1, 600000));
-  FERRY_RETURN_IF_ERROR(Range("--max-jobs-per-message", o.max_jobs_per_message, 1, 1000000));
+  // At most the decoder's array limit (codec.cc): a bigger SUBMIT would be malformed, not
+  // too_large, while LIMITS promised it.
+  FERRY_RETURN_IF_ERROR(Range("--max-jobs-per-message", o.max_jobs_per_message, 1, 65536));
   FERRY_RETURN_IF_ERROR(
       Range("--max-inline-backlog-bytes", o.max_inline_backlog_bytes, 0, int64_t{1} << 40));
   FERRY_RETURN_IF_ERROR(Range("--orphan-timeout-s", o.orphan_timeout_s, 0, kTenYears));

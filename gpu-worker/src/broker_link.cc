@@ -224,6 +224,19 @@ void BrokerLink::HandleBroker(protocol::Message* m) {
     HandleCancel(m->body);
   } else if (m->command == protocol::kHeartbeat) {
     // Only its arrival time matters (kept by the caller).
+  } else if (m->command == protocol::kError) {
+    // The broker refused a READY (a worker name another key holds, with CURVE; limits the
+    // worker checked at start make the rest unlikely): no work comes until one is taken. Said
+    // once per reason, not at every re-announce.
+    msgpack::object_handle oh;
+    Status refused = Status::Internal("an ERROR that cannot be read");
+    if (protocol::UnpackMap(m->body.data(), m->body.size(), &oh).ok())
+      (void)protocol::DecodeError(oh.get(), &refused);
+    if (protocol::Printable(refused.ToString(), 300) != last_refusal_) {
+      last_refusal_ = protocol::Printable(refused.ToString(), 300);
+      spdlog::error("worker {}: the broker refused it: {}; it gets no work until it is taken",
+                    options_.hello.worker, last_refusal_);
+    }
   } else {
     spdlog::warn("unexpected command {} from the broker ignored", m->command);
   }

@@ -139,6 +139,7 @@ class BrokerLink {
   std::atomic<bool> draining_{false};  // written by the loop thread only
   // The loop thread's own.
   bool broker_silent_ = false;         // for one log line per silence
+  std::string last_refusal_;           // the broker's last ERROR: logged once
   DoneReport held_;                    // held DONEs, merged (see "Holding DONEs" above)
   int64_t hold_until_us_ = 0;          // monotonic; when notified DONEs held outside a drain go out
   int64_t reconnect_interval_us_ = 0;  // current backoff

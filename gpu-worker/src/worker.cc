@@ -15,6 +15,7 @@
 #include "ferry/metrics/names.h"
 #include "ferry/metrics/redis_probe.h"
 #include "ferry/metrics/registry.h"
+#include "ferry/protocol/hello_check.h"
 #include "ferry/protocol/redis.h"
 #include "ferry/protocol/util.h"
 #include "ferry/protocol/wire.h"
@@ -68,6 +69,24 @@ void Worker::RequestStop() { impl_->RequestStop(); }
 const WorkerOptions& Worker::options() const { return impl_->options_; }
 int Worker::metrics_port() const { return impl_->metrics_port(); }
 
+namespace {
+
+// What this worker's READY says, with `resident` the models loaded now.
+protocol::WorkerHello MakeHello(const WorkerOptions& options, std::vector<std::string> resident) {
+  protocol::WorkerHello hello;
+  hello.worker = options.name;
+  hello.device = options.device;
+  hello.host = protocol::HostName();
+  hello.pid = getpid();
+  hello.capacity = options.capacity();
+  for (const ModelConfig& m : options.models)
+    hello.models.push_back({m.name, m.max_batch, m.inputs});  // inputs: nullopt when undeclared
+  hello.resident = std::move(resident);
+  return hello;
+}
+
+}  // namespace
+
 Status Worker::Create(WorkerOptions options, std::unique_ptr<Worker>* out) {
   // Before the models load (minutes, for big ones): a wrong password, CA or database stops the
   // worker now. A Redis that is down does not; the result writer retries.
@@ -83,6 +102,13 @@ Status Worker::Create(WorkerOptions options, std::unique_ptr<Worker>* out) {
     spdlog::warn("redis {}: {}; results wait until it answers", redis.Describe(), access.message());
   SetTorchThreads(static_cast<int>(options.threads));
   ResolveModelDefaults(&options);
+  // A READY the broker refuses (ERROR) would leave this worker idle for good: said now.
+  if (Status s = protocol::CheckHello(MakeHello(options, {})); !s.ok()) {
+    const bool capacity = s.message().find("capacity") != std::string::npos;
+    return Status::InvalidArgument(
+        "the broker would refuse this worker's READY: " + s.message() +
+        (capacity ? " (the worker's capacity is the largest max batch x (--instances + 1))" : ""));
+  }
   ModelRegistry::Options ropts;
   ropts.memory_budget = options.memory_budget;
   auto registry = std::make_unique<ModelRegistry>(ropts, options.models);
@@ -123,16 +149,7 @@ Worker::Impl::~Impl() {
 }
 
 protocol::WorkerHello Worker::Impl::Hello() const {
-  protocol::WorkerHello hello;
-  hello.worker = options_.name;
-  hello.device = options_.device;
-  hello.host = protocol::HostName();
-  hello.pid = getpid();
-  hello.capacity = options_.capacity();
-  for (const ModelConfig& m : options_.models)
-    hello.models.push_back({m.name, m.max_batch, m.inputs});  // inputs: nullopt when undeclared
-  hello.resident = registry_->Resident();
-  return hello;
+  return MakeHello(options_, registry_->Resident());
 }
 
 void Worker::Impl::AnnounceResidency() {

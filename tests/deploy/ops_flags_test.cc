@@ -66,7 +66,8 @@ TEST(BrokerFlags, OutOfRangeValuesExitTwoNamingTheFlag) {
       {{"--max-pending-bytes", "-1"}, "--max-pending-bytes must be 1.."},
       {{"--aging-every", "-1"}, "--aging-every must be 0..1000000"},
       {{"--redis-timeout-ms", "0"}, "--redis-timeout-ms must be 1..600000"},
-      {{"--max-jobs-per-message", "0"}, "--max-jobs-per-message must be 1..1000000"},
+      {{"--max-jobs-per-message", "0"}, "--max-jobs-per-message must be 1..65536"},
+      {{"--max-jobs-per-message", "65537"}, "--max-jobs-per-message must be 1..65536, got 65537"},
       {{"--orphan-timeout-s", "-1"}, "--orphan-timeout-s must be 0.."},
       {{"--metrics-port", "70000"}, "--metrics-port must be 0..65535"},
       {{"--frontend", "tcp://127.0.0.1:7001", "--backend", "tcp://127.0.0.1:7001"},
@@ -78,6 +79,31 @@ TEST(BrokerFlags, OutOfRangeValuesExitTwoNamingTheFlag) {
     std::string out;
     EXPECT_EQ(RunBin(dir, argv, &out), 2) << args[0] << ": " << out;
     EXPECT_NE(out.find(message), std::string::npos) << args[0] << ": " << out;
+  }
+}
+
+// A worker whose READY the broker would refuse (ERROR: it would get no work for ever, its
+// /readyz saying ready) stops at start, saying why: a capacity over 65,536 (40,000 x 2), a
+// model name the broker does not take.
+TEST(WorkerFlags, AReadyTheBrokerWouldRefuseStopsTheWorkerAtStart) {
+  if (WorkerBin().empty()) GTEST_SKIP() << "built without ferry-worker (no libtorch)";
+  TempDir dir;
+  const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+      {{"--model", "tiny=" + ModelPath("tiny"), "--max-batch", "40000", "--instances", "1"},
+       "READY \"capacity\" must be 1..65536 (the worker's capacity is the largest max batch"},
+      {{"--model", "tiny model=" + ModelPath("tiny")},
+       "READY model name \"tiny model\": 1-128 characters of [A-Za-z0-9._:/-]"},
+  };
+  for (const auto& [args, message] : cases) {
+    std::vector<std::string> argv = {
+        WorkerBin(), "--broker", "tcp://127.0.0.1:1", "--redis", "redis://127.0.0.1:1",
+        "--device",  "cpu"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::string out;
+    EXPECT_EQ(RunBin(dir, argv, &out), 1) << out;
+    EXPECT_NE(out.find("the broker would refuse this worker's READY: " + message),
+              std::string::npos)
+        << out;
   }
 }
 

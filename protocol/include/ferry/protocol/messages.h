@@ -84,7 +84,7 @@ Status DecodeCancelled(const msgpack::object& body, Cancelled* out);
 // ---- READY ----------------------------------------------------------------------------------
 // A model entry is {"name", "max_batch", "inputs"?: [{"name"?, "dtype", "shape"}]}. The decoder
 // checks the structure of "inputs" (at most kMaxInputsPerJob entries, known dtypes, at most
-// kMaxTensorDims dims, each >= -1); the broker checks the names and the rest (CheckHello).
+// kMaxTensorDims dims, each >= -1); the names and the rest: CheckHello (hello_check.h).
 zmq::message_t EncodeHello(const WorkerHello& h);
 Status DecodeHello(const msgpack::object& body, WorkerHello* out);
 // The "inputs" array of a READY model entry (also STATS' "models"); `out` is cleared first.
