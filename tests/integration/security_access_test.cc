@@ -169,6 +169,33 @@ TEST_F(Curve, AnUnlistedWorkerSaysInItsLogThatItsKeyWasRefused) {
   EXPECT_EQ(Workers(), 1);
 }
 
+// A listed worker that takes the name of another key's worker gets ERROR for its READY: it says
+// why in its log, once (not at each re-announce), and gets no work; the first keeps serving.
+TEST_F(Curve, AWorkerWhoseReadyIsRefusedSaysWhyInItsLogOnce) {
+  Result r;
+  ASSERT_TRUE(client_->Run(TinyJob(), 30000, &r).ok());
+  const std::string taken = r.worker;  // the fleet's worker's name
+  keys_.Make("worker2", "workers");
+  fleet_->broker().Signal(SIGHUP);
+  std::unique_ptr<testutil::Process> second =
+      StartWorker("worker2", {"--name", taken, "--heartbeat-ms", "100"});
+  const std::string why = "the broker refused it: invalid_argument: worker name \"" + taken +
+                          "\" is in use by a connection with another key";
+  auto count = [&](const std::string& text) {
+    const std::string log = second->Log();
+    int n = 0;
+    for (size_t at = log.find(text); at != std::string::npos; at = log.find(text, at + 1)) ++n;
+    return n;
+  };
+  // Refused, then asked to re-announce at its heartbeats and refused again, three times over.
+  ASSERT_TRUE(testutil::WaitFor([&] { return count("re-announce; sending READY") >= 3; },
+                                std::chrono::seconds(60)))
+      << second->Log();
+  EXPECT_EQ(count(why), 1) << second->Log();
+  EXPECT_EQ(Workers(), 1);
+  ExpectRuns(*client_);
+}
+
 // Without CURVE, the broker binds only loopback: another address needs --curve-secret or, said
 // out loud, --insecure.
 TEST(CurveStartup, ANonLoopbackBindWithoutCurveIsRefused) {
