@@ -18,10 +18,10 @@
 #include "ferry/protocol/redis.h"
 #include "ferry/protocol/wire.h"
 #include "final_results.h"
-#include "inline_backlog.h"
 #include "journal.h"
 #include "log_limiter.h"
 #include "orphan_watch.h"
+#include "reply_backlog.h"
 #include "scheduler.h"
 #include "zap_handler.h"
 
@@ -41,7 +41,7 @@ struct Broker::Impl {
   Scheduler scheduler;
   Journal journal;
   FinalResults final_results;
-  InlineBacklog inline_backlog{options.max_inline_backlog_bytes};  // FINISHED's records queued
+  ReplyBacklog reply_backlog{options.max_inline_backlog_bytes};  // replies queued, in bytes
   // Models without workers (orphan_watch.h); after `options`, which it is built from.
   OrphanWatch orphans{options.orphan_timeout_s, protocol::NowMicros(), options.heartbeat_ms,
                       options.liveness};

@@ -50,7 +50,7 @@ class BrokerMetrics {
   // A message dropped unread (see names.h kMessagesRefused); a reply that could not be sent.
   void OnRefusedMessage() { refused_->Inc(); }
   void OnReplyDropped() { replies_dropped_->Inc(); }
-  // Inline results left out of FINISHED (inline_backlog.h).
+  // Inline results left out of FINISHED (reply_backlog.h).
   void OnInlineResultsWithheld(int64_t n) { inline_withheld_->Inc(static_cast<uint64_t>(n)); }
 
   // Refreshes the gauges from the scheduler, at most every 100 ms (always with `force`).

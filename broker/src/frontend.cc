@@ -66,7 +66,15 @@ void PackModels(protocol::Packer& pk, const Scheduler& scheduler) {
 void Broker::Impl::Reply(const std::vector<zmq::message_t>& envelope, std::string_view command,
                          zmq::message_t body) {
   // The frontend never blocks (SNDTIMEO 0, ROUTER_MANDATORY): a producer that does not read its
-  // replies, or has gone, loses this one -- counted -- instead of growing the broker's memory.
+  // replies, or has gone, loses this one -- counted -- instead of growing the broker's memory:
+  // past ZeroMQ's 10,000 messages queued for it, or past its bytes queued (reply_backlog.h).
+  const std::string_view producer = envelope.at(0).to_string_view();
+  const auto bytes = static_cast<int64_t>(body.size());
+  if (!reply_backlog.Admits(producer, bytes)) {
+    telemetry.OnReplyDropped();
+    return;
+  }
+  body = reply_backlog.Track(producer, std::move(body), bytes);
   if (!protocol::SendMessage(frontend, &envelope, command, std::move(body)).ok())
     telemetry.OnReplyDropped();
 }
@@ -438,8 +446,8 @@ void Broker::Impl::NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs,
     auto it = record_of.find(j->id);
     if (it == record_of.end()) continue;
     const auto bytes = static_cast<int64_t>(it->second.size());
-    if (!inline_backlog.Fits(j->producer, n.inline_bytes + bytes)) {
-      ++withheld;  // the producer reads this one from Redis (inline_backlog.h)
+    if (!reply_backlog.Fits(j->producer, n.inline_bytes + bytes)) {
+      ++withheld;  // the producer reads this one from Redis (reply_backlog.h)
       continue;
     }
     n.results.emplace_back(j->id, it->second);
@@ -447,32 +455,27 @@ void Broker::Impl::NotifyFinished(const std::vector<std::unique_ptr<Job>>& jobs,
   }
   if (withheld > 0) telemetry.OnInlineResultsWithheld(withheld);
   auto send = [&](std::string_view producer, const std::vector<std::string>& ids,
-                  const protocol::InlineResults& results, int64_t inline_bytes) {
+                  const protocol::InlineResults& results) {
     std::vector<zmq::message_t> envelope(1);
     envelope[0] = zmq::message_t(producer.data(), producer.size());
-    Reply(envelope, protocol::kFinished,
-          inline_backlog.Track(producer, protocol::EncodeFinished(ids, results), inline_bytes));
+    Reply(envelope, protocol::kFinished, protocol::EncodeFinished(ids, results));
   };
   // One FINISHED per kMaxMapEntries ids at most: its "results" map must decode (codec limits).
   for (auto& [producer, n] : by_producer) {
     if (n.ids.size() <= protocol::kMaxMapEntries) {  // the usual case: one notice
-      send(producer, n.ids, n.results, n.inline_bytes);
+      send(producer, n.ids, n.results);
       continue;
     }
     for (size_t begin = 0; begin < n.ids.size(); begin += protocol::kMaxMapEntries) {
       const size_t end = std::min(n.ids.size(), begin + protocol::kMaxMapEntries);
       std::vector<std::string> ids(n.ids.begin() + begin, n.ids.begin() + end);
       protocol::InlineResults results;
-      int64_t inline_bytes = 0;
       if (!n.results.empty()) {
         std::unordered_set<std::string_view> part(ids.begin(), ids.end());
-        for (const auto& r : n.results) {
-          if (part.count(r.first) == 0) continue;
-          results.push_back(r);
-          inline_bytes += static_cast<int64_t>(r.second.size());
-        }
+        for (const auto& r : n.results)
+          if (part.count(r.first) > 0) results.push_back(r);
       }
-      send(producer, ids, results, inline_bytes);
+      send(producer, ids, results);
     }
   }
 }

@@ -74,8 +74,9 @@ int main(int argc, char** argv) {
   flags.Int("max-jobs-per-message", &o.max_jobs_per_message,
             "most jobs in one SUBMIT and ids in one CANCEL (more: the message fails too_large)");
   flags.Int("max-inline-backlog-bytes", &o.max_inline_backlog_bytes,
-            "inline results queued for one producer connection and not yet read; beyond it, "
-            "FINISHED notices carry ids only (the producer reads those results from Redis)");
+            "replies queued for one producer connection and not yet read; beyond it, "
+            "FINISHED notices carry ids only (the producer reads those results from Redis), "
+            "and 64 MiB beyond it replies are dropped");
   flags.Int("orphan-timeout-s", &o.orphan_timeout_s,
             "queued jobs of a model that no connected worker serves fail `unavailable` after "
             "this long without one (0: they wait forever)");

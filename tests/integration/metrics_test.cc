@@ -450,6 +450,51 @@ void ExpectOneLinePerEvent(const std::string& log, const std::string& forged) {
 // Text-mode logs: one line per event, whatever the texts in it hold -- a worker name with a
 // newline and a forged log line in it, which must not start a line of its own -- and the model
 // error of a failed job on the one line that names the job.
+// A producer that stops reading while it sends SUBMITs whose ACCEPTED is big (10,000 rejected
+// ids of 256 characters: ~2.8 MB each) pins at most --max-inline-backlog-bytes + 64 MiB of
+// replies in the broker: the rest are dropped and counted. Before, only ZeroMQ's 10,000 messages
+// a connection bounded them (28 GB here).
+TEST(Metrics, RepliesToAProducerThatStopsReadingAreBoundedInBytes) {
+  const int broker_port = testutil::FreePort();
+  FleetOptions o;
+  o.workers = 0;
+  o.broker_args = {"--metrics-port", std::to_string(broker_port), "--max-inline-backlog-bytes",
+                   "0"};
+  Fleet fleet(o);
+  Scraper broker{Url(broker_port, "/metrics")};
+  zmq::context_t ctx(1);
+  zmq::socket_t s(ctx, zmq::socket_type::dealer);
+  s.set(zmq::sockopt::linger, 0);
+  s.set(zmq::sockopt::rcvhwm, 1);  // hold as little as possible on this side
+  s.set(zmq::sockopt::rcvbuf, 65536);
+  s.connect(fleet.frontend());
+  msgpack::sbuffer buf;
+  protocol::Packer pk(buf);
+  pk.pack_map(1);
+  protocol::PackString(pk, "jobs");
+  pk.pack_array(10000);
+  const std::string bad_id(256, '!');  // not a valid id: rejected, echoed back
+  for (int i = 0; i < 10000; ++i)
+    protocol::PackSubmitJob(pk, bad_id, "tiny", {testutil::RandomFloats({8}, 1)}, 0, 0, 0);
+  constexpr int kSubmits = 60;
+  const std::string body(buf.data(), buf.size());
+  for (int i = 0; i < kSubmits; ++i) testutil::RawSend(s, {"FERRY1", "SUBMIT", body});
+  // Each ACCEPTED is ~2.8 MB: 64 MiB holds ~23 of them, whatever the socket buffers took.
+  ASSERT_TRUE(testutil::WaitFor([&] {
+    return broker.Scrape() && broker.Sum(names::kRepliesDropped) >= kSubmits - 30;
+  })) << broker.Sum(names::kRepliesDropped)
+      << " dropped\n"
+      << fleet.Logs();
+  // The broker still answers others.
+  ClientOptions co;
+  co.frontend = fleet.frontend();
+  co.redis = fleet.redis().url();
+  std::unique_ptr<Client> c;
+  ASSERT_TRUE(Client::Create(co, &c).ok());
+  std::string json;
+  EXPECT_TRUE(c->Stats(&json).ok());
+}
+
 TEST(Metrics, TextLogsAreOneLinePerEvent) {
   const std::string forged = "[2026-01-01 00:00:00.000] [info] forged";
   FleetOptions o;

@@ -64,8 +64,9 @@ struct BrokerOptions {
   int64_t max_result_ttl_s = 7 * 24 * 3600;  // SUBMIT result_ttl_s above it: invalid_argument
   int64_t max_jobs_per_message = 10000;      // jobs per SUBMIT, ids per CANCEL (protocol's
                                              // kMaxJobsPerMessage: the clients split at it)
-  // Inline results (FINISHED "results") queued for one producer connection and not yet written
-  // out; past it, FINISHED carries ids only until the producer reads (src/inline_backlog.h).
+  // Replies queued for one producer connection and not yet written out; past it, FINISHED
+  // carries ids only, and 64 MiB past it replies are dropped, until the producer reads
+  // (src/reply_backlog.h).
   int64_t max_inline_backlog_bytes = int64_t{64} << 20;
 
   // Queued jobs of a model that no connected worker serves fail `unavailable` once the model
