@@ -86,10 +86,13 @@ ModelRegistry::Room ModelRegistry::MakeRoom(const std::string& for_model, int64_
                                             std::vector<std::shared_ptr<const Model>>* dropped) {
   const int64_t budget = options_.memory_budget;
   if (budget <= 0 || used_ + need <= budget) return Room::kFits;
-  int64_t fixed = 0;  // bytes no eviction can free: pinned or loading models
+  // Bytes no eviction can ever free: pinned models, resident or loading. (A model loading that
+  // is not pinned is idle once loaded: evictable then, like one with a batch running; waited
+  // for below, kWait, not counted here.)
+  int64_t fixed = 0;
   for (const auto& [name, e] : entries_) {
     if (name == for_model) continue;
-    if (e.state == State::kLoading || (e.state == State::kResident && e.config.pinned))
+    if (e.config.pinned && (e.state == State::kLoading || e.state == State::kResident))
       fixed += e.bytes;
   }
   if (fixed + need > budget) return Room::kNever;

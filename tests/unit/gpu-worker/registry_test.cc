@@ -9,6 +9,7 @@
 
 #include "ferry/protocol/util.h"
 #include "model_registry.h"
+#include "process.h"  // testutil::WaitFor
 #include "test_models.h"
 
 namespace ferry::worker {
@@ -105,6 +106,26 @@ TEST(RegistryTest, AModelWithABatchRunningIsNotEvicted) {
   other.join();
   EXPECT_TRUE(loaded.load());
   EXPECT_EQ(r.Resident(), std::vector<std::string>({"big_b"}));
+}
+
+// A model that is loading (here: a long warmup) holds its bytes only until it is loaded and
+// idle: another model that needs them waits for it and then evicts it. Before, a loading model
+// counted as pinned, and the other failed too_large at once, for good.
+TEST(RegistryTest, ALoadWaitsForAModelLoadingInsteadOfFailingTooLarge) {
+  ModelConfig slow = Big('a');
+  slow.warmup.inputs = {TensorSpec{DType::kFloat32, {1 << 20}}};  // 4 MiB of zeros a batch
+  slow.warmup.batch_sizes = {1};
+  slow.warmup.iterations = 1000;  // ~1 s here
+  ModelRegistry r(Budget(kMiB + kMiB / 2), {slow, Big('b')});
+  std::thread loader([&] { EXPECT_TRUE(Touch(r, "big_a").ok()); });
+  // big_a is loading: its bytes are reserved, and it is not resident yet.
+  ASSERT_TRUE(testutil::WaitFor([&] { return r.used_bytes() > 0; }));
+  EXPECT_TRUE(r.Resident().empty()) << "big_a loaded before the test looked: warm it up longer";
+  const Status s = Touch(r, "big_b");
+  loader.join();
+  EXPECT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(r.Resident(), std::vector<std::string>({"big_b"}));
+  EXPECT_EQ(r.evictions(), 1);
 }
 
 TEST(RegistryTest, LoadWaitingTooLongForBusyModelsFails) {
