@@ -254,8 +254,11 @@ void Broker::Impl::CommitAndReply(bool quiet) {
       // worker (Dispatch runs before the commit so that the worker starts while the journal
       // write is in flight); that worker still runs them and its result lands in Redis, which a
       // retry with the same id then finds (the retry's own result is fenced as a duplicate).
-      // A job that already ended in this turn (cancelled, expired) stays accepted: its result
-      // is written, and a rejection beside it would tell the producer two fates.
+      // A job that already ended in this turn (cancelled, expired) stays accepted when its
+      // result is in Redis: a rejection beside it would tell the producer two fates. One whose
+      // result still waits for Redis (down, as the journal write just showed) is not durable --
+      // a broker that died now would leave neither record nor result -- so its result is taken
+      // back and it is rejected like the others.
       spdlog::warn("journal write failed ({}); rejecting this turn's jobs as unavailable",
                    s.message());
       int64_t n = 0;
@@ -265,11 +268,14 @@ void Broker::Impl::CommitAndReply(bool quiet) {
           std::string& id = reply.accepted.ids[i];
           const Job* job = scheduler.Find(id);
           if (job == nullptr || job->seq != reply.seqs[i]) {  // not this SUBMIT's job any more
-            ended.push_back(std::move(id));
-            ended_models.push_back(std::move(reply.models[i]));
-            continue;
+            if (!final_results.Remove(id, reply.seqs[i])) {
+              ended.push_back(std::move(id));
+              ended_models.push_back(std::move(reply.models[i]));
+              continue;
+            }
+          } else {
+            scheduler.Take(id);
           }
-          scheduler.Take(id);
           reply.accepted.rejected.push_back(
               {id, codes::kUnavailable, "the broker cannot journal jobs: Redis: " + s.message()});
           ++n;

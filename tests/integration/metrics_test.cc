@@ -12,6 +12,7 @@
 #include "ferry/metrics/metrics_server.h"
 #include "ferry/metrics/names.h"
 #include "ferry/metrics/text_format.h"
+#include "ferry/protocol/keys.h"
 #include "fleet.h"
 #include "json.h"
 #include "raw_wire.h"
@@ -400,6 +401,69 @@ TEST(Metrics, AJobCancelledInItsAcceptanceTurnIsCountedAccepted) {
 // consume_results: every result a Wait or Run returned is gone from Redis once the client is
 // done -- small ones too, which arrive inline in notices and are never read from Redis (a
 // background thread deletes them in batches). Without it they stay until their TTL.
+// The same while Redis is down: the job's `cancelled` result cannot be written, nor its journal
+// record, so a broker that died then would leave neither for a job it had accepted. It is
+// rejected `unavailable` instead (its result taken back), and once Redis is back no result
+// appears for it: the producer submits it again.
+TEST(Metrics, AJobEndedInItsAcceptanceTurnWhileRedisIsDownIsRejected) {
+  const int broker_port = testutil::FreePort();
+  FleetOptions o;
+  o.workers = 1;
+  o.broker_args = {"--metrics-port", std::to_string(broker_port)};
+  Fleet fleet(o);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  zmq::context_t ctx(1);
+  zmq::socket_t s = testutil::RawDealer(ctx, fleet.frontend(), 20000);
+  ASSERT_EQ(testutil::RawExchange(s, {"FERRY1", "STATS", ""}), "STATS") << fleet.Logs();
+  const std::string id = "cancelled-while-redis-is-down";
+  msgpack::sbuffer submit;
+  protocol::Packer pk(submit);
+  pk.pack_map(1);
+  protocol::PackString(pk, "jobs");
+  pk.pack_array(1);
+  protocol::PackSubmitJob(pk, id, "tiny", {testutil::RandomFloats({8}, 7)}, 0, 0, 0);
+  const zmq::message_t cancel = protocol::EncodeIds({id}, 2);
+  fleet.broker().Signal(SIGSTOP);
+  fleet.redis().Stop();
+  testutil::RawSend(s, {"FERRY1", "SUBMIT", std::string(submit.data(), submit.size())});
+  testutil::RawSend(
+      s, {"FERRY1", "CANCEL", std::string(static_cast<const char*>(cancel.data()), cancel.size())});
+  fleet.broker().Signal(SIGCONT);
+  protocol::Accepted accepted;
+  bool got_accepted = false;
+  while (!got_accepted) {
+    protocol::Message m;
+    ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) << fleet.Logs();
+    if (m.command != protocol::kAccepted) continue;
+    msgpack::object_handle oh;
+    ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+    ASSERT_TRUE(protocol::DecodeAccepted(oh.get(), &accepted).ok());
+    got_accepted = true;
+  }
+  EXPECT_TRUE(accepted.ids.empty()) << "accepted with neither journal record nor result";
+  ASSERT_EQ(accepted.rejected.size(), 1u);
+  EXPECT_EQ(accepted.rejected[0].id, id);
+  EXPECT_EQ(accepted.rejected[0].code, codes::kUnavailable);
+
+  fleet.redis().Restart();
+  ClientOptions co;
+  co.frontend = fleet.frontend();
+  co.redis = fleet.redis().url();
+  std::unique_ptr<Client> c;
+  ASSERT_TRUE(Client::Create(co, &c).ok());
+  Result r;  // a job after it runs: the broker's writes of before have been tried by then
+  ASSERT_TRUE(c->Run(TinyJob(3), 60000, &r).ok()) << fleet.Logs();
+  Scraper broker{Url(broker_port, "/metrics")};
+  ASSERT_TRUE(broker.Scrape());
+  EXPECT_EQ(broker.Sum(names::kJobsAccepted, {{"model", "tiny"}}), 1);  // the Run's alone
+  EXPECT_EQ(broker.Sum(names::kJobsRejected, {{"code", "unavailable"}}), 1);
+  auto redis = fleet.redis().Connect();
+  ASSERT_TRUE(redis);
+  protocol::RedisReply exists;
+  ASSERT_TRUE(redis->Command({"EXISTS", protocol::Keys().Result(id)}, &exists).ok());
+  EXPECT_EQ(exists.integer, 0) << "a result for a job the broker did not accept";
+}
+
 TEST(Metrics, ConsumeDeletesResultsThatCameInlineToo) {
   FleetOptions o;
   o.workers = 1;
