@@ -6,6 +6,12 @@
 #include "ferry/protocol/util.h"
 
 namespace ferry::broker {
+namespace {
+
+// The most models a broker knows (announced by workers, or restored from its journal).
+constexpr size_t kMaxKnownModels = 4096;
+
+}  // namespace
 
 void Broker::Impl::LimitedWarn(LogLimiter& limiter, const std::string& text) {
   int64_t suppressed = 0;
@@ -59,6 +65,17 @@ void Broker::Impl::HandleReady(protocol::Message& m, const msgpack::object& body
   protocol::WorkerHello hello;
   Status s = protocol::DecodeHello(body, &hello);
   if (s.ok()) s = protocol::CheckHello(hello);
+  if (s.ok()) {
+    // Every model ever announced is kept (its queue, input specs, metric series, journal set):
+    // a worker announcing new names at each READY would grow them without end.
+    size_t fresh = 0;
+    for (const auto& mi : hello.models) fresh += scheduler.KnowsModel(mi.name) ? 0 : 1;
+    if (fresh > 0 && scheduler.known_models().size() + fresh > kMaxKnownModels)
+      s = Status::InvalidArgument("READY announces " + std::to_string(fresh) +
+                                  " model(s) new to the broker, which knows " +
+                                  std::to_string(scheduler.known_models().size()) +
+                                  " already: at most " + std::to_string(kMaxKnownModels));
+  }
   if (s.ok()) {
     // A worker name is unique: the same name on a new connection is that worker reconnected,
     // and the old connection is dead -- unless, with CURVE, the new connection has another key:

@@ -155,6 +155,48 @@ TEST_F(Wire, EveryAnnouncementRenewsTheModelsWeek) {
       << "TTL " << ttl() << ": the announcement did not renew the set";
 }
 
+// A member announcing new model names at every READY: the broker takes them until it knows
+// 4,096 models (each keeps a queue, specs, metric series and a place in ferry:models), then
+// refuses such a READY -- ERROR naming the limit -- and goes on serving. Before, they grew
+// without end (1.9 GB and 37 s STATS after 400 READYs).
+TEST_F(Wire, ABrokerKnowsAtMost4096Models) {
+  zmq::context_t ctx(1);
+  zmq::socket_t w = RawDealer(ctx, fleet_->backend(), 20000);
+  protocol::WorkerHello hello;
+  hello.worker = "churn";
+  hello.device = "cpu";
+  hello.host = "h";
+  hello.pid = 1;
+  hello.capacity = 1;
+  for (int round = 0; round < 17; ++round) {  // 17 x 256 names, besides tiny: 4,353
+    hello.models.clear();
+    for (int i = 0; i < 256; ++i)
+      hello.models.push_back({"churn-" + std::to_string(round * 256 + i), 1, std::nullopt});
+    const zmq::message_t m = protocol::EncodeHello(hello);
+    RawSend(w, {"FERRY1", "READY", std::string(static_cast<const char*>(m.data()), m.size())});
+  }
+  std::string refused;
+  while (refused.empty()) {
+    protocol::Message m;
+    ASSERT_TRUE(protocol::RecvMessage(w, false, &m, /*dont_wait=*/false).ok()) << "no ERROR\n"
+                                                                               << fleet_->Logs();
+    if (m.command == protocol::kError) refused = std::string(m.body.to_string_view());
+  }
+  EXPECT_NE(refused.find("model(s) new to the broker, which knows 3841 already: at most 4096"),
+            std::string::npos)
+      << refused;
+  std::string json;
+  ASSERT_TRUE(client_->Stats(&json).ok());
+  EXPECT_NE(json.find("\"churn-3839\""), std::string::npos);  // the last READY taken
+  EXPECT_EQ(json.find("\"churn-3840\""), std::string::npos) << "a refused READY's model is known";
+  Result r;
+  client::Job j;
+  j.model = "tiny";
+  j.inputs.push_back(testutil::RandomFloats({8}, 2));
+  ASSERT_TRUE(client_->Run(j, 30000, &r).ok()) << fleet_->Logs();
+  EXPECT_EQ(r.state, JobState::kDone);
+}
+
 // A worker that stops (SIGSTOP: silent, its connection open) while the fleet keeps the broker
 // busy is still found silent: the broker reads what waits before it judges, instead of judging
 // only when nothing waits (on a busy fleet, whose messages keep arriving, a dead worker's jobs
