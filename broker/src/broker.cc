@@ -178,6 +178,7 @@ Status Broker::Impl::Restore() {
                           why + "); the job did not run: submit it again");
   }
   for (const auto& m : models) scheduler.AddKnownModel(m);
+  if (!jobs.empty()) scheduler.NumberAfter(jobs.back()->seq);  // Load sorted them by it
   size_t n = 0;
   for (auto& job : jobs) {
     // Its model was known when it was accepted (the set of names may have expired since): so

@@ -19,6 +19,7 @@
 // priorities. Low priorities therefore get at least 1/aging_every of the dispatches while they
 // wait, and FIFO order still holds within each priority.
 
+#include <algorithm>
 #include <cstdint>
 #include <deque>
 #include <list>
@@ -73,8 +74,13 @@ class Scheduler {
  public:
   explicit Scheduler(int64_t aging_every = 8) : aging_every_(aging_every) {}
 
-  // Adds an accepted job. Fails with kDuplicate when the id is pending.
+  // Adds an accepted job, numbered (seq) after every job before it. Fails with kDuplicate when
+  // the id is pending.
   Status Add(std::unique_ptr<Job> job);
+  // Numbers the jobs added from now on after `seq`: after those restored from the journal, whose
+  // records keep the numbers of the broker that accepted them (so that the next restart, which
+  // orders the records by number, keeps the order of acceptance).
+  void NumberAfter(int64_t seq) { next_seq_ = std::max(next_seq_, seq + 1); }
   bool IsPending(const std::string& id) const { return jobs_.count(id) != 0; }
   // True once any worker has announced the model (since this broker started, or as restored
   // from the journal by AddKnownModel).

@@ -329,6 +329,51 @@ TEST(Reliability, BrokerSigtermKeepsQueuedJobsForTheNextBroker) {
 // A journal record the next broker cannot read (damaged, or written by a newer broker) is an
 // accepted job all the same: it fails with a result that says why, instead of vanishing, and its
 // record goes. The record here is put in place of a real one while the broker is down.
+// Queued jobs keep their order across two broker restarts. A broker numbers the jobs it accepts
+// from 0, and its journal records keep those numbers, by which the next broker orders what it
+// restores; so a broker that restored jobs numbered 5 and 6 must number its own after them.
+// Before, it started again at 0: after a second restart its first job ran before them.
+TEST(Reliability, QueuedJobsKeepTheirOrderAcrossTwoBrokerRestarts) {
+  FleetOptions fo;
+  fo.workers = 1;
+  fo.models = {"slow"};
+  fo.max_batch = 1;
+  fo.broker_args = kFastHeartbeats;
+  fo.worker_args = Concat(kFastHeartbeats, {"--instances", "1"});
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet, 1000);
+  std::vector<std::string> warm;  // jobs 0..4 of the first broker, done
+  for (int i = 0; i < 5; ++i) warm.push_back("order-warm-" + std::to_string(i));
+  std::vector<Job> warm_jobs;
+  for (const auto& id : warm) warm_jobs.push_back(SlowJob(id, 1));
+  SubmitUntilAccepted(*c, warm_jobs);
+  for (const auto& [id, r] : WaitAll(*c, warm)) ASSERT_EQ(r.state, JobState::kDone) << id;
+  // No worker from here on: the jobs wait at the broker (the model stays known).
+  fleet.worker(0).Signal(SIGKILL);
+  fleet.worker(0).Wait();
+  ASSERT_TRUE(fleet.WaitForWorkers(0)) << fleet.Logs();
+  SubmitUntilAccepted(*c, {SlowJob("order-a", 1)});  // 5 and 6 at the first broker
+  SubmitUntilAccepted(*c, {SlowJob("order-b", 1)});
+  fleet.broker().Signal(SIGTERM);
+  ASSERT_EQ(fleet.broker().Wait(std::chrono::seconds(30)), 0) << fleet.broker().Log();
+  fleet.StartBroker();
+  SubmitUntilAccepted(*c, {SlowJob("order-c", 1)});  // the second broker's first
+  fleet.broker().Signal(SIGTERM);
+  ASSERT_EQ(fleet.broker().Wait(std::chrono::seconds(30)), 0) << fleet.broker().Log();
+  fleet.StartBroker();
+  fleet.StartWorker(0);  // one job at a time now: max batch 1, in queue order
+  const auto results = WaitAll(*c, {"order-a", "order-b", "order-c"});
+  auto dispatched = [&](const std::string& id) {
+    const Result& r = results.at(id);
+    EXPECT_EQ(r.state, JobState::kDone) << id << " " << r.error.ToString();
+    auto it = r.timing_us.find("dispatched");
+    return it == r.timing_us.end() ? int64_t{0} : it->second;
+  };
+  EXPECT_LT(dispatched("order-a"), dispatched("order-b"));
+  EXPECT_LT(dispatched("order-b"), dispatched("order-c")) << "a later job ran first";
+}
+
 TEST(Reliability, AJobWhoseJournalRecordCannotBeReadFailsAfterARestart) {
   FleetOptions fo;
   fo.workers = 0;
