@@ -13,7 +13,8 @@
 
 Other numpy dtypes (uint16, uint32, uint64, complex, object, strings) have no protocol dtype and
 are refused with InvalidArgument: cast them first. Arrays are sent little-endian and C-contiguous
-(converted when they are not). Outputs are writable arrays that own their memory.
+(converted when they are not). Outputs are writable arrays of their own (a big one a view of the
+record read from Redis, which only it holds).
 """
 
 import numpy as np
