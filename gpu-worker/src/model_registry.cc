@@ -127,6 +127,7 @@ Status ModelRegistry::Acquire(const std::string& name, Lease* out, const cuda::S
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(options_.wait_for_room_ms);
   std::vector<std::shared_ptr<const Model>> dropped;
+  bool held = false;
   while (e.state != State::kResident) {
     if (e.state == State::kLoading) {  // another executor loads it: wait for that
       cv_.wait(lock);
@@ -155,8 +156,9 @@ Status ModelRegistry::Acquire(const std::string& name, Lease* out, const cuda::S
       continue;
     }
     FERRY_RETURN_IF_ERROR(Load(&e, stream, &lock));
+    held = true;  // Load held it for us
   }
-  ++e.in_use;
+  if (!held) ++e.in_use;
   e.last_used = ++clock_;
   out->registry_ = this;
   out->name_ = name;
@@ -211,6 +213,9 @@ Status ModelRegistry::Load(Entry* e, const cuda::Stream* stream,
   if (options_.memory_budget > 0 && used_ > options_.memory_budget)
     spdlog::warn("models use {}, over the {} budget (the rest is pinned or busy)", Mib(used_),
                  Mib(options_.memory_budget));
+  // Held for the caller before the lock goes: a load waiting for room would otherwise evict it
+  // while the listener runs.
+  ++e->in_use;
   cv_.notify_all();
   lock->unlock();
   dropped.clear();

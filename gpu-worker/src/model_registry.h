@@ -114,6 +114,8 @@ class ModelRegistry {
   Room MakeRoom(const std::string& for_model, int64_t need,
                 std::vector<std::shared_ptr<const Model>>* dropped);
   int64_t Estimate(const Entry& e) const;
+  // Loads `e` (the lock released meanwhile) and, once it is resident, holds it for the caller
+  // (in_use + 1) before the lock is released again for the listener.
   Status Load(Entry* e, const cuda::Stream* stream, std::unique_lock<std::mutex>* lock);
   void Notify();
 

@@ -109,15 +109,39 @@ void ResultWriter::Loop() {
     }
     std::vector<PackedResult> packed = Pack(&batch);
     const bool written = WriteWithRetries(&packed);
-    if (written) Report(&batch, &packed);
+    if (written) {
+      OweInputDeletes(packed);
+      Report(&batch, &packed);
+    }
+    bool idle = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
       in_flight_ = 0;
+      idle = queue_.empty();
     }
     if (!written) {
       spdlog::error("result writer: aborted with {} results unwritten", batch.size());
       break;
     }
+    // Under load the owed DELs ride with the next batch's writes; idle, they go now.
+    if (idle && !owed_deletes_.empty()) {
+      std::vector<PackedResult> none;
+      (void)WriteOnce(&none);  // on failure they stay owed
+    }
+  }
+}
+
+void ResultWriter::OweInputDeletes(const std::vector<PackedResult>& packed) {
+  // A job's stored inputs go once its final result is in Redis (decided: stored, or another
+  // final result found there), never beside the write: Redis at maxmemory refuses the SET (OOM)
+  // but takes a DEL, and a worker that died then would leave the job with neither.
+  for (const PackedResult& p : packed)
+    if (p.decided)
+      owed_deletes_.insert(owed_deletes_.end(), p.stored_inputs.begin(), p.stored_inputs.end());
+  if (owed_deletes_.size() > kMaxOwedDeletes) {  // Redis refuses DELs, takes writes: they expire
+    const size_t dropped = owed_deletes_.size() - kMaxOwedDeletes;
+    owed_deletes_.erase(owed_deletes_.begin(), owed_deletes_.begin() + dropped);
+    spdlog::warn("result writer: {} stored inputs left to expire (their DELs failed)", dropped);
   }
 }
 
@@ -213,14 +237,22 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
   }
   FERRY_RETURN_IF_ERROR(client_->EnsureConnected());
   // Per command sent, whose and what. A retry sends a record only what it still lacks: the
-  // write (until it is decided), the notice of a big record stored without it, the DEL.
+  // write (until it is decided), the notice of a big record stored without it.
   enum class Kind { kWrite, kScript, kPublish, kDelete };
   struct Sent {
-    size_t record;
+    size_t record;  // (none for kDelete)
     Kind kind;
   };
   const bool scripts = scripts_ok_;
   std::vector<Sent> sent;
+  // First the DEL of the stored inputs of results already in Redis (OweInputDeletes).
+  const size_t owed = owed_deletes_.size();
+  if (owed > 0) {
+    std::vector<std::string_view> argv{"DEL"};
+    argv.insert(argv.end(), owed_deletes_.begin(), owed_deletes_.end());
+    client_->Append(argv);
+    sent.push_back({0, Kind::kDelete});
+  }
   for (size_t i = 0; i < packed->size(); ++i) {
     PackedResult& p = (*packed)[i];
     if (!scripts) p.notify.clear();  // plain writes; the broker's FINISHED tells the producer
@@ -241,15 +273,6 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
       client_->Append({"PUBLISH", p.notify, p.notice});
       sent.push_back({i, Kind::kPublish});
     }
-    if (!p.stored_inputs.empty() && !p.inputs_deleted && p.decided) {
-      // The job's inputs in Redis go once its final result is there (decided in an earlier
-      // round), never beside the write: Redis at maxmemory refuses the SET (OOM) but takes the
-      // DEL, and a worker that died then would leave the job with neither.
-      std::vector<std::string_view> argv{"DEL"};
-      for (const auto& k : p.stored_inputs) argv.push_back(k);
-      client_->Append(argv);
-      sent.push_back({i, Kind::kDelete});
-    }
   }
   // On a connection that broke while the replies were read, `replies` holds those read before.
   std::vector<protocol::RedisReply> replies;
@@ -268,9 +291,14 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
   // as a whole succeeds: the retry of a round that failed for another record's sake (an error
   // reply, or the connection lost partway) sends this one only what it still lacks.
   for (size_t k = 0; k < answered; ++k) {
-    PackedResult& p = (*packed)[sent[k].record];
     const protocol::RedisReply& reply = replies[k];
     const bool error = reply.type == protocol::RedisReply::Type::kError;
+    if (sent[k].kind == Kind::kDelete) {  // refused for good: left, the inputs expire
+      if (!error || !protocol::IsTransientRedisError(reply.str))
+        owed_deletes_.erase(owed_deletes_.begin(), owed_deletes_.begin() + owed);
+      continue;
+    }
+    PackedResult& p = (*packed)[sent[k].record];
     switch (sent[k].kind) {
       case Kind::kWrite:
       case Kind::kScript:
@@ -289,8 +317,7 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
       case Kind::kPublish:  // after its write: a notice counts once the record is there
         if (!error && p.stored) p.notice_published = true;
         break;
-      case Kind::kDelete:  // refused for good: left, the inputs expire
-        if (!error || !protocol::IsTransientRedisError(reply.str)) p.inputs_deleted = true;
+      case Kind::kDelete:
         break;
     }
   }
@@ -322,9 +349,9 @@ Status ResultWriter::WriteOnce(std::vector<PackedResult>* packed) {
       return Status::Internal("redis: " + reply.str);
   }
   for (size_t k = 0; k < sent.size(); ++k) {
+    if (sent[k].kind != Kind::kWrite && sent[k].kind != Kind::kScript) continue;
     PackedResult& p = (*packed)[sent[k].record];
-    if ((sent[k].kind == Kind::kWrite || sent[k].kind == Kind::kScript) && !p.decided &&
-        replies[k].type == protocol::RedisReply::Type::kError)
+    if (!p.decided && replies[k].type == protocol::RedisReply::Type::kError)
       p.refused = replies[k].str;
   }
   return Status::Ok();
@@ -387,15 +414,8 @@ bool ResultWriter::WriteWithRetries(std::vector<PackedResult>* packed) {
 
 bool ResultWriter::WriteBatchWithRetries(std::vector<PackedResult>* packed) {
   int backoff_ms = options_.backoff_initial_ms;
-  // Whether a record is decided but its stored inputs are not yet deleted: one more round.
-  auto owes_deletes = [packed] {
-    return std::any_of(packed->begin(), packed->end(), [](const PackedResult& p) {
-      return p.decided && !p.stored_inputs.empty() && !p.inputs_deleted;
-    });
-  };
   for (int64_t attempt = 1;; ++attempt) {
-    Status s = WriteOnce(packed);
-    if (s.ok() && owes_deletes()) s = WriteOnce(packed);  // the inputs of records now stored
+    const Status s = WriteOnce(packed);
     if (s.ok()) {
       if (attempt > 1)
         spdlog::info("result writer: redis back, wrote {} results after {} attempts",

@@ -107,13 +107,11 @@ class ResultWriter {
     // then neither stored nor found_there.
     bool may_be_ours = false;
     bool notice_published = false;  // its producer was sent the notice of the stored record
-    bool inputs_deleted = false;    // the DEL of its stored inputs is done with: it went
-                                    // through, or Redis refused it for good (they expire)
     std::string notify;             // the producer's channel ("" = none): the write also PUBLISHes
     std::string notice;             // what it publishes there
     bool scripted = false;  // the record is inside the notice: SET NX + PUBLISH as one script
     std::vector<std::string> stored_inputs;  // keys of the job's inputs in Redis: DEL once
-                                             // the write is decided
+                                             // the write is decided (OweInputDeletes)
     std::string id, model;                   // for a failure record in its place (below)
     int64_t attempt = 1, batch_size = 0;
     // Redis refused this record for good (an error reply that retrying cannot cure): the text.
@@ -127,10 +125,14 @@ class ResultWriter {
   void Loop();
   // Packs each result into its SET arguments (and releases the outputs' memory).
   std::vector<PackedResult> Pack(std::vector<JobResult>* results) const;
-  // One pipelined round trip of SET NX (or the notice script), PUBLISH and DEL for `packed`;
-  // records what each did the first time it is clear, and sends a record only what it still
-  // lacks. Fails (to be retried) when any reply says to wait or the connection fails.
+  // One pipelined round trip: the owed DEL (below), then SET NX (or the notice script) and
+  // PUBLISH for `packed`; records what each did the first time it is clear, and sends a record
+  // only what it still lacks. Fails (to be retried) when any reply says to wait or the
+  // connection fails.
   Status WriteOnce(std::vector<PackedResult>* packed);
+  // Owes the DEL of the stored inputs of `packed`'s decided records: it goes first in the next
+  // round (the next batch's, or one of its own once the writer is idle).
+  void OweInputDeletes(const std::vector<PackedResult>& packed);
   // Writes `packed`, retrying with backoff until Redis accepts it or the writer is aborted
   // (returns false only then).
   bool WriteWithRetries(std::vector<PackedResult>* packed);
@@ -160,6 +162,10 @@ class ResultWriter {
   // The thread's own.
   bool scripts_ok_ = true;  // cleared for good when Redis refuses the notice script
   std::unique_ptr<protocol::RedisClient> client_;  // null until connected
+  // Keys of stored inputs whose jobs' results are in Redis, not yet deleted (at most
+  // kMaxOwedDeletes: past it the oldest are left to expire). The writer thread's.
+  static constexpr size_t kMaxOwedDeletes = 1 << 16;
+  std::vector<std::string> owed_deletes_;
   std::thread thread_;
 };
 

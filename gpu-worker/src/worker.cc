@@ -106,7 +106,8 @@ Status Worker::Create(WorkerOptions options, std::unique_ptr<Worker>* out) {
   if (Status s = protocol::CheckHello(MakeHello(options, {})); !s.ok()) {
     const bool capacity = s.message().find("capacity") != std::string::npos;
     return Status::InvalidArgument(
-        "the broker would refuse this worker's READY: " + s.message() +
+        "the broker would refuse the READY of worker " + options.name.substr(0, 200) +
+        ": " + s.message() +
         (capacity ? " (the worker's capacity is the largest max batch x (--instances + 1))" : ""));
   }
   ModelRegistry::Options ropts;

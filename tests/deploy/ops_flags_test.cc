@@ -94,14 +94,21 @@ TEST(WorkerFlags, AReadyTheBrokerWouldRefuseStopsTheWorkerAtStart) {
       {{"--model", "tiny model=" + ModelPath("tiny")},
        "READY model name \"tiny model\": 1-128 characters of [A-Za-z0-9._:/-]"},
   };
+  const std::string name = "refused-worker";
   for (const auto& [args, message] : cases) {
-    std::vector<std::string> argv = {
-        WorkerBin(), "--broker", "tcp://127.0.0.1:1", "--redis", "redis://127.0.0.1:1",
-        "--device",  "cpu"};
+    std::vector<std::string> argv = {WorkerBin(),
+                                     "--broker",
+                                     "tcp://127.0.0.1:1",
+                                     "--redis",
+                                     "redis://127.0.0.1:1",
+                                     "--device",
+                                     "cpu",
+                                     "--name",
+                                     name};
     argv.insert(argv.end(), args.begin(), args.end());
     std::string out;
     EXPECT_EQ(RunBin(dir, argv, &out), 1) << out;
-    EXPECT_NE(out.find("the broker would refuse this worker's READY: " + message),
+    EXPECT_NE(out.find("the broker would refuse the READY of worker " + name + ": " + message),
               std::string::npos)
         << out;
   }
