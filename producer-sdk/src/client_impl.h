@@ -109,10 +109,14 @@ class Client::Impl {
     return !Stored(t) && options_.attached_input_bytes > 0 &&
            t.data.size() >= static_cast<size_t>(options_.attached_input_bytes);
   }
+  // Whether the SDK made `job`'s id (none was given), so that no other job can have it. The
+  // stored inputs of a job whose SUBMIT never reached the broker are deleted only then: a
+  // caller's id may be a pending job's, submitted before (a retry), whose inputs those keys are.
+  static bool OwnId(const Job& job) { return job.id.empty(); }
   // The Redis keys of `job`'s stored inputs, appended to *keys.
   void AppendInputKeys(const Job& job, const std::string& id, std::vector<std::string>* keys) const;
   // Writes the stored inputs of jobs[i], i in `part` (one round trip), before their SUBMIT. When
-  // that fails, deletes them again (some may have been written) before it returns the error.
+  // that fails, deletes those of jobs with OwnId again (some may have been written).
   Status StoreInputs(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
                      const std::vector<SubmitOutcome>& outcomes);
   // Sends jobs[i] for i in `part` as one SUBMIT and records each verdict in *outcomes.

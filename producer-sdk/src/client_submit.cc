@@ -191,10 +191,12 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs, const std::v
     for (size_t i : part) (*outcomes)[i].status = s;
     tracker_.Untrack(ids);  // maybe accepted: Wait then reads before sleeping
     // Never sent (and never will be), or refused whole (too_large: by the broker, or over its
-    // limit before sending): nobody reads its stored inputs.
+    // limit before sending): nobody reads its stored inputs -- of an unsent one, those of jobs
+    // whose id the SDK made (OwnId).
     if (unsent || s.code() == codes::kTooLarge) {
       std::vector<std::string> keys;
-      for (size_t i : part) AppendInputKeys(*jobs[i], (*outcomes)[i].id, &keys);
+      for (size_t i : part)
+        if (!unsent || OwnId(*jobs[i])) AppendInputKeys(*jobs[i], (*outcomes)[i].id, &keys);
       if (!keys.empty()) (void)store_.Delete(keys);  // else they expire
     }
     return s;
@@ -229,7 +231,7 @@ void Client::Impl::AppendInputKeys(const Job& job, const std::string& id,
 Status Client::Impl::StoreInputs(const std::vector<const Job*>& jobs,
                                  const std::vector<size_t>& part,
                                  const std::vector<SubmitOutcome>& outcomes) {
-  std::vector<std::string> keys;
+  std::vector<std::string> keys, own_keys;
   std::vector<std::string_view> values;
   for (size_t i : part) {
     const Job& j = *jobs[i];
@@ -237,13 +239,15 @@ Status Client::Impl::StoreInputs(const std::vector<const Job*>& jobs,
       if (!Stored(j.inputs[k])) continue;
       keys.push_back(keys_.Input(outcomes[i].id, k));
       values.emplace_back(j.inputs[k].data);
+      if (OwnId(j)) own_keys.push_back(keys.back());
     }
   }
   Status s = store_.PutInputs(keys, values, options_.input_ttl_s);
   if (s.ok()) return Status::Ok();
   // Some SETs may have gone through (Redis at maxmemory takes the first ones, then answers OOM;
-  // a timeout may come after all of them): the SUBMIT is not sent, so nobody reads them.
-  (void)store_.Delete(keys);  // else they expire
+  // a timeout may come after all of them): the SUBMIT is not sent, so nobody reads them (those of
+  // jobs with ids the SDK made: OwnId).
+  if (!own_keys.empty()) (void)store_.Delete(own_keys);  // else they expire
   return Status(s.code(), "storing big inputs in Redis: " + s.message());
 }
 
@@ -294,7 +298,8 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
   }
   tracker_.Untrack({id});  // no result of ours to expect: not sent, rejected, or no Redis
   Status rejection;
-  if (unsent || (tracker_.Rejected(*verdict, &rejection) && !InputsMayBeRead(rejection))) {
+  if ((unsent && OwnId(job)) ||
+      (tracker_.Rejected(*verdict, &rejection) && !InputsMayBeRead(rejection))) {
     std::vector<std::string> keys;
     AppendInputKeys(job, id, &keys);
     if (!keys.empty()) (void)store_.Delete(keys);  // else they expire

@@ -185,12 +185,13 @@ Status ResultTracker::Wait(const std::string& id, int timeout_ms, Result* out,
   Entry* e = it->second.get();  // stable: entries with waiters are never erased
   WaitScope scope(this, &lock, id, e);
   // Ours and no result yet: the notice says when to read, so skip the first GET (unless the
-  // caller asked for exactly one check), though not past the deadline: a Wait shorter than the
-  // first re-check still reads once (its notice may have been lost with a broker).
+  // caller asked for exactly one check), though not for all of a Wait shorter than the first
+  // re-check: that one reads halfway (its notice may have been lost with a broker), with the
+  // other half for the read.
   Clock::time_point next_read = start;
   if (e->ours && !e->has_result && !e->recheck && timeout_ms != 0) {
-    next_read = start + backoff;
-    if (!forever) next_read = std::min(next_read, deadline);
+    next_read =
+        start + (forever ? backoff : std::min<Clock::duration>(backoff, (deadline - start) / 2));
     backoff = std::min<Clock::duration>(backoff * 2, rechecks_.max);
   }
   uint64_t seen = e->version;

@@ -137,8 +137,10 @@ class AsyncClient:
                 seen.add(id)
                 ids.append(id)
                 try:
-                    preps.append(self._prepare(j.model, j.inputs, id, j.priority, j.timeout_ms,
-                                               j.result_ttl_s))
+                    prep = self._prepare(j.model, j.inputs, id, j.priority, j.timeout_ms,
+                                         j.result_ttl_s)
+                    prep.own_id = j.id is None  # made here, above
+                    preps.append(prep)
                 except FerryError as e:
                     local[id] = e
         except FerryError as e:  # nothing is sent
@@ -177,8 +179,9 @@ class AsyncClient:
             # The jobs that never went out (no broker connected) will not now: their stored
             # inputs are nobody's, nor are those of jobs rejected for good. Those sent and not
             # answered may be accepted: theirs stay (input_ttl_s).
-            engine.delete_inputs(engine.unsent_preps(call) + [
-                p for p in preps if p.id in rejected and owns_inputs(rejected[p.id])])
+            engine.delete_unsent_inputs(engine.unsent_preps(call))
+            engine.delete_inputs([p for p in preps
+                                  if p.id in rejected and owns_inputs(rejected[p.id])])
             err = Unavailable(engine.silence_message("SUBMIT", self.options.request_timeout_ms),
                               id=next((i for i in ids if i not in verdicts), ids[0]))
             err.ids = ids
@@ -188,7 +191,7 @@ class AsyncClient:
         except BaseException:  # cancelled, or the client closed (Engine.close deletes then)
             engine.results.untrack(ids)
             if not engine.closed:
-                engine.delete_inputs(engine.unsent_preps(call))
+                engine.delete_unsent_inputs(engine.unsent_preps(call))
             raise
         errors = {i: v for i, v in verdicts.items() if v is not None}
         if not errors:
@@ -206,12 +209,12 @@ class AsyncClient:
     async def _store_inputs(engine, preps):
         """Writes the jobs' stored inputs before their SUBMIT; if that fails or is cancelled
         partway (Redis took some, then refused one; asyncio.wait_for around a run), deletes them
-        again: the SUBMIT is not sent, so nobody reads them."""
+        again: the SUBMIT is not sent, so nobody reads them (delete_unsent_inputs)."""
         try:
             await engine.store_inputs(preps)
         except BaseException:
             if not engine.closed:
-                engine.delete_inputs([p for p in preps if p.stored])
+                engine.delete_unsent_inputs(preps)
             raise
 
     async def wait(self, id, timeout=None):
@@ -316,9 +319,10 @@ class AsyncClient:
             job.cancelled = True
             if not ok:
                 engine.results.untrack((id,))
-                if prep.stored and (not job.ever_sent
-                                    or job.error is not None and owns_inputs(job.error)):
-                    engine.delete_inputs([prep])  # nobody will read them
+                if not job.ever_sent:
+                    engine.delete_unsent_inputs([prep])  # nobody will read them
+                elif job.error is not None and owns_inputs(job.error):
+                    engine.delete_inputs([prep])
 
     async def cancel(self, *ids):
         """Cancels jobs (one CANCEL per 10,000 ids, or per the broker's --max-jobs-per-message

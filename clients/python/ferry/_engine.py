@@ -618,6 +618,12 @@ class Engine:
             await self._set_inputs(
                 lost, None if deadline is None else max(0.0, deadline - self.loop.time()))
 
+    def delete_unsent_inputs(self, preps):
+        """Deletes the stored inputs of jobs whose SUBMIT never reached the broker (not sent, or
+        their inputs' write failed) -- those whose id this client made. A caller's id may be a
+        pending job's, submitted before (a retry): the keys are then that job's, and expire."""
+        self.delete_inputs([p for p in preps if p.own_id])
+
     def delete_inputs(self, preps):
         keys = [key for p in preps if p.stored for key, _ in p.stored]
         if keys:
@@ -663,9 +669,10 @@ class Engine:
             if not call.future.done():
                 call.future.set_exception(closed())
         self._requests, self._submits, self._runs, self._stalled = [], [], [], None
-        # The stored inputs of jobs that never went out are nobody's: deleted now, on the
-        # connection Redis has open (none is opened for it; else they expire, input_ttl_s).
-        keys = [key for p in unsent if p.stored for key, _ in p.stored]
+        # The stored inputs of jobs that never went out are nobody's (with ids made here:
+        # delete_unsent_inputs): deleted now, on the connection Redis has open (none is opened
+        # for it; else they expire, input_ttl_s).
+        keys = [key for p in unsent if p.stored and p.own_id for key, _ in p.stored]
         if keys and self.redis.connected():
             try:
                 await asyncio.wait_for(self.redis.execute("DEL", *keys), min(self.timeout, 1.0))

@@ -151,9 +151,10 @@ class Prepared:
     (key, bytes) of its inputs that go to Redis first (the claim check); `frames` the bytes of
     its attached inputs, in input order, sent as data frames after the SUBMIT body (memoryviews
     of the arrays where they are big: sent without a copy); `size` what it adds to a SUBMIT,
-    body and frames. stored and frames are None when there are none."""
+    body and frames. stored and frames are None when there are none. `own_id`: the client made
+    the id (none was given), so no other job can have it."""
 
-    __slots__ = ("id", "packed", "stored", "frames", "size")
+    __slots__ = ("id", "packed", "stored", "frames", "size", "own_id")
 
 
 def _int(name, v, low=0):
@@ -174,7 +175,8 @@ def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes,
     job whose other inputs need more than max_message_bytes in its SUBMIT is TooLarge, and so
     is one with more than max_job_bytes of inputs in all (the broker's --max-job-bytes from
     LIMITS; 0: not known), before its stored inputs are written."""
-    id = new_id() if id is None else check_id(id)
+    own_id = id is None
+    id = new_id() if own_id else check_id(id)
     if type(model) is not str or not 0 < len(model) <= MAX_MODEL_NAME:
         raise InvalidArgument("model must be a string of 1-128 characters", id=id)
     if len(inputs) > MAX_INPUTS:
@@ -220,6 +222,7 @@ def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes,
         raise
     p = Prepared()
     p.id = id
+    p.own_id = own_id
     p.packed = _packb(job)
     # What the job adds to a SUBMIT's body and data frames, and whether one SUBMIT holds it.
     p.size = len(p.packed) + attached

@@ -261,9 +261,10 @@ class Results:
             backoff = FIRST_RECHECK
             next_read = now
             if e.ours and not e.has_result and not e.recheck and timeout != 0:
-                # The notice says when to read; not past the deadline though: a wait shorter
-                # than the first re-check still reads once (its notice may have been lost).
-                next_read = now + backoff if deadline is None else min(now + backoff, deadline)
+                # The notice says when to read; though not for all of a wait shorter than the
+                # first re-check: that one reads halfway (its notice may have been lost), with
+                # the other half for the read.
+                next_read = now + (backoff if deadline is None else min(backoff, timeout / 2))
                 backoff = FIRST_RECHECK * 2
             seen = e.version
             last_error = None

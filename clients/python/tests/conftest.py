@@ -88,7 +88,7 @@ def stub_broker(handle, ctx=None, setup=None, limits=True):
     frames) for each message it reads (frames as received: peer, tag, command, body, data).
     It answers a LIMITS itself unless `limits` is false. setup(router) runs before the bind
     (CURVE options); a `ctx` given is the caller's to end. Yields its frontend's address; on
-    leaving, the thread stops and the socket closes."""
+    leaving, the thread stops and the socket closes, and what `handle` raised is raised."""
     import zmq
     own = ctx is None
     ctx = ctx or zmq.Context()
@@ -97,14 +97,18 @@ def stub_broker(handle, ctx=None, setup=None, limits=True):
         setup(router)
     port = router.bind_to_random_port("tcp://127.0.0.1")
     stop = threading.Event()
+    failed = []  # what `handle` raised: raised again on leaving, so that the test fails
 
     def serve():
-        while not stop.is_set():
-            if not router.poll(20):
-                continue
-            frames = router.recv_multipart()
-            if not (limits and answered_limits(router, frames)):
-                handle(router, frames)
+        try:
+            while not stop.is_set():
+                if not router.poll(20):
+                    continue
+                frames = router.recv_multipart()
+                if not (limits and answered_limits(router, frames)):
+                    handle(router, frames)
+        except BaseException as e:  # noqa: B902 (raised again below)
+            failed.append(e)
     t = threading.Thread(target=serve, daemon=True)
     t.start()
     try:
@@ -112,9 +116,15 @@ def stub_broker(handle, ctx=None, setup=None, limits=True):
     finally:
         stop.set()
         t.join(10)
-        router.close(0)
-        if own:
-            ctx.term()
+        alive = t.is_alive()
+        if not alive:
+            router.close(0)
+            if own:
+                ctx.term()
+    if alive:
+        raise AssertionError("the stub broker's thread did not stop")
+    if failed:
+        raise failed[0]
 
 
 def spy_submits(engine):

@@ -358,7 +358,9 @@ def test_a_limits_left_unanswered_is_sent_again():
 
 def test_a_submit_never_sent_deletes_its_stored_inputs(fleet):
     """No broker took the SUBMIT (none listens there): at the timeout its jobs' stored inputs
-    are deleted, as run's are; they would otherwise stay for input_ttl_s."""
+    are deleted, as run's are; they would otherwise stay for input_ttl_s -- for ids the client
+    made. A caller's id may be a pending job's (a retry of it): its keys are then that job's
+    inputs, and are left to expire."""
     from fleet import free_port
     x = np.arange(40000, dtype=np.float32)  # stored
     prefix = "pyunsent-%s:" % uuid.uuid4().hex[:8]
@@ -366,13 +368,20 @@ def test_a_submit_never_sent_deletes_its_stored_inputs(fleet):
     with ferry.Client("tcp://127.0.0.1:%d" % free_port(), fleet.redis_url, redis_prefix=prefix,
                       request_timeout_ms=300, push_results=False) as c:
         with pytest.raises(ferry.Unavailable):
-            c.submit("null", x, id=uid("unsent"))
+            c.submit("null", x)
         with pytest.raises(ferry.Unavailable):
             c.submit_many([ferry.Job("null", x), ferry.Job("null", x)])
         with pytest.raises(ferry.Unavailable):
             c.run("null", x, timeout=0.3)
         c.poll(uid("flush"))  # after the DELs, on the same connection
         assert r.keys(prefix + "*") == []
+        given = uid("unsent")
+        with pytest.raises(ferry.Unavailable):
+            c.submit("null", x, id=given)
+        with pytest.raises(ferry.Unavailable):
+            c.run("null", x, id=given, timeout=0.3)
+        c.poll(uid("flush"))
+        assert r.keys(prefix + "*") == [(prefix + "input:%s:0" % given).encode()]
 
 
 def test_close_mid_run_opens_no_redis_connection(fleet):

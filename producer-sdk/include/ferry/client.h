@@ -227,7 +227,8 @@ class Client {
   // as soon as the broker's FINISHED notice arrives for jobs submitted through this client;
   // otherwise re-checks Redis every 50 ms, backing off to every 1 s. For a job this client
   // submitted whose notice has not come yet the first check is the 50 ms one (the notice says when
-  // to read), except with timeout_ms == 0.
+  // to read), or halfway to the deadline if that is sooner (a notice may have been lost), except
+  // with timeout_ms == 0.
   Status Wait(const std::string& id, int timeout_ms, Result* out);
 
   // Submit + Wait in one call, for a caller that wants the result now (a request handler): the

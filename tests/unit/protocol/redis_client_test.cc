@@ -75,6 +75,25 @@ TEST_F(RedisClientTest, AnErrorReplyInThePipelineKeepsTheOthersInOrder) {
   EXPECT_EQ(reply.str, "42");
 }
 
+// An error reply that goes away by itself (here OOM: Redis at maxmemory) fails a call as
+// unavailable -- retried by callers, as Redis down is -- and one that never will (WRONGTYPE) as
+// internal; in Flush without replies, in Command and in GetMany alike.
+TEST_F(RedisClientTest, AnErrorReplyThatPassesIsUnavailableOneThatDoesNotInternal) {
+  RedisReply reply;
+  ASSERT_TRUE(client_->Command({"SET", "k:n", "1"}, &reply).ok());
+  ASSERT_TRUE(client_->Command({"CONFIG", "SET", "maxmemory", "1"}, &reply).ok());
+  Status s = client_->Command({"SET", "k:m", "2"}, &reply);
+  EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("OOM"), std::string::npos) << s.message();
+  client_->Append({"SET", "k:m", "2"});
+  EXPECT_EQ(client_->Flush(nullptr).code(), codes::kUnavailable);
+  ASSERT_TRUE(client_->Command({"CONFIG", "SET", "maxmemory", "0"}, &reply).ok());
+  EXPECT_EQ(client_->Command({"LPUSH", "k:n", "x"}, &reply).code(), codes::kInternal);
+  ASSERT_TRUE(client_->Command({"LPUSH", "k:list", "x"}, &reply).ok());
+  std::vector<std::optional<std::string>> values;
+  EXPECT_EQ(client_->GetMany({"k:list"}, &values).code(), codes::kInternal);  // WRONGTYPE
+}
+
 TEST_F(RedisClientTest, AFlushWithNothingAppendedSendsNothing) {
   std::vector<RedisReply> replies{RedisReply{}};
   EXPECT_TRUE(client_->Flush(&replies).ok());
