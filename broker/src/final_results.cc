@@ -26,12 +26,13 @@ std::unordered_set<std::string_view> FinalResults::PendingIds() const {
   return ids;
 }
 
-bool FinalResults::Remove(std::string_view id, int64_t seq) {
+std::string FinalResults::Remove(std::string_view id, int64_t seq) {
   auto it = std::find_if(entries_.begin(), entries_.end(),
                          [&](const Entry& e) { return e.job->id == id && e.job->seq == seq; });
-  if (it == entries_.end()) return false;
+  if (it == entries_.end()) return "";
+  std::string what = it->status == "failed" ? it->code : it->status;
   entries_.erase(it);
-  return true;
+  return what;
 }
 
 Status FinalResults::Flush(std::vector<std::unique_ptr<Job>>* written) {

@@ -31,9 +31,9 @@ class FinalResults {
   std::unordered_set<std::string_view> PendingIds() const;
   size_t size() const { return entries_.size(); }
   // Takes back the entry of job `id` accepted as `seq`, if Redis has not taken it: for a job
-  // whose acceptance is withdrawn (the journal write of the turn it ended in failed). Whether
-  // there was one.
-  bool Remove(std::string_view id, int64_t seq);
+  // whose acceptance is withdrawn (the journal write of the turn it ended in failed). Returns
+  // what it was (its status; for a failure, its code), or "" when there was none.
+  std::string Remove(std::string_view id, int64_t seq);
 
   // Writes every entry (SET NX EX; and DEL of the job's stored inputs) in one round trip, and
   // moves into *written (for FINISHED notices and journal removal) the jobs whose write Redis

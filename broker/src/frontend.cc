@@ -268,11 +268,16 @@ void Broker::Impl::CommitAndReply(bool quiet) {
           std::string& id = reply.accepted.ids[i];
           const Job* job = scheduler.Find(id);
           if (job == nullptr || job->seq != reply.seqs[i]) {  // not this SUBMIT's job any more
-            if (!final_results.Remove(id, reply.seqs[i])) {
+            const std::string what = final_results.Remove(id, reply.seqs[i]);
+            if (what.empty()) {
               ended.push_back(std::move(id));
               ended_models.push_back(std::move(reply.models[i]));
               continue;
             }
+            SchedulerCounters& c = scheduler.mutable_counters();  // it did not end after all
+            if (what == codes::kCancelled) --c.cancelled;
+            if (what == codes::kExpired) --c.expired;
+            if (what == codes::kPoisoned) --c.poisoned;
           } else {
             scheduler.Take(id);
           }

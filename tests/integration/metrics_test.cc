@@ -398,9 +398,6 @@ TEST(Metrics, AJobCancelledInItsAcceptanceTurnIsCountedAccepted) {
   EXPECT_EQ(broker.Sum(names::kJobsDispatched), 0);  // cancelled before any dispatch
 }
 
-// consume_results: every result a Wait or Run returned is gone from Redis once the client is
-// done -- small ones too, which arrive inline in notices and are never read from Redis (a
-// background thread deletes them in batches). Without it they stay until their TTL.
 // The same while Redis is down: the job's `cancelled` result cannot be written, nor its journal
 // record, so a broker that died then would leave neither for a job it had accepted. It is
 // rejected `unavailable` instead (its result taken back), and once Redis is back no result
@@ -430,16 +427,26 @@ TEST(Metrics, AJobEndedInItsAcceptanceTurnWhileRedisIsDownIsRejected) {
       s, {"FERRY1", "CANCEL", std::string(static_cast<const char*>(cancel.data()), cancel.size())});
   fleet.broker().Signal(SIGCONT);
   protocol::Accepted accepted;
-  bool got_accepted = false;
-  while (!got_accepted) {
+  protocol::Cancelled cancelled;
+  bool got_accepted = false, got_cancelled = false;
+  while (!got_accepted || !got_cancelled) {
     protocol::Message m;
     ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) << fleet.Logs();
-    if (m.command != protocol::kAccepted) continue;
     msgpack::object_handle oh;
     ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
-    ASSERT_TRUE(protocol::DecodeAccepted(oh.get(), &accepted).ok());
-    got_accepted = true;
+    if (m.command == protocol::kAccepted) {
+      ASSERT_TRUE(protocol::DecodeAccepted(oh.get(), &accepted).ok());
+      got_accepted = true;
+    } else if (m.command == protocol::kCancelled) {
+      ASSERT_TRUE(protocol::DecodeCancelled(oh.get(), &cancelled).ok());
+      got_cancelled = true;
+    }
   }
+  // Cancelled while queued, its result not taken by Redis: reported `running` (protocol.md,
+  // CANCEL). So both were read in one turn: else the CANCEL found nothing (`not_found`).
+  ASSERT_EQ(cancelled.running, std::vector<std::string>{id})
+      << cancelled.ids.size() << " cancelled, " << cancelled.not_found.size() << " not found\n"
+      << fleet.Logs();
   EXPECT_TRUE(accepted.ids.empty()) << "accepted with neither journal record nor result";
   ASSERT_EQ(accepted.rejected.size(), 1u);
   EXPECT_EQ(accepted.rejected[0].id, id);
@@ -464,6 +471,9 @@ TEST(Metrics, AJobEndedInItsAcceptanceTurnWhileRedisIsDownIsRejected) {
   EXPECT_EQ(exists.integer, 0) << "a result for a job the broker did not accept";
 }
 
+// consume_results: every result a Wait or Run returned is gone from Redis once the client is
+// done -- small ones too, which arrive inline in notices and are never read from Redis (a
+// background thread deletes them in batches). Without it they stay until their TTL.
 TEST(Metrics, ConsumeDeletesResultsThatCameInlineToo) {
   FleetOptions o;
   o.workers = 1;
@@ -511,9 +521,6 @@ void ExpectOneLinePerEvent(const std::string& log, const std::string& forged) {
   }
 }
 
-// Text-mode logs: one line per event, whatever the texts in it hold -- a worker name with a
-// newline and a forged log line in it, which must not start a line of its own -- and the model
-// error of a failed job on the one line that names the job.
 // A producer that stops reading while it sends SUBMITs whose ACCEPTED is big (10,000 rejected
 // ids of 256 characters: ~2.8 MB each) pins at most --max-inline-backlog-bytes + 64 MiB of
 // replies in the broker: the rest are dropped and counted. Before, only ZeroMQ's 10,000 messages
@@ -543,9 +550,9 @@ TEST(Metrics, RepliesToAProducerThatStopsReadingAreBoundedInBytes) {
   constexpr int kSubmits = 60;
   const std::string body(buf.data(), buf.size());
   for (int i = 0; i < kSubmits; ++i) testutil::RawSend(s, {"FERRY1", "SUBMIT", body});
-  // Each ACCEPTED is ~2.8 MB: 64 MiB holds ~23 of them, whatever the socket buffers took.
+  // Each ACCEPTED is ~2.8 MB: 64 MiB holds ~23 of them, and the socket buffers a few more.
   ASSERT_TRUE(testutil::WaitFor([&] {
-    return broker.Scrape() && broker.Sum(names::kRepliesDropped) >= kSubmits - 30;
+    return broker.Scrape() && broker.Sum(names::kRepliesDropped) >= kSubmits / 3;
   })) << broker.Sum(names::kRepliesDropped)
       << " dropped\n"
       << fleet.Logs();
@@ -559,6 +566,9 @@ TEST(Metrics, RepliesToAProducerThatStopsReadingAreBoundedInBytes) {
   EXPECT_TRUE(c->Stats(&json).ok());
 }
 
+// Text-mode logs: one line per event, whatever the texts in it hold -- a worker name with a
+// newline and a forged log line in it, which must not start a line of its own -- and the model
+// error of a failed job on the one line that names the job.
 TEST(Metrics, TextLogsAreOneLinePerEvent) {
   const std::string forged = "[2026-01-01 00:00:00.000] [info] forged";
   FleetOptions o;
@@ -590,18 +600,14 @@ TEST(Metrics, TextLogsAreOneLinePerEvent) {
   }
   EXPECT_EQ(failed_lines, 1) << log;
 
-  // A second worker whose name holds a newline (the broker refuses such a name; the worker
-  // logs it in its own lines meanwhile): escaped, on the line of its event.
+  // A second worker whose name holds a newline (the broker refuses such a name, so the worker
+  // refuses to start, saying why): the name escaped, on the line of its event.
   testutil::TempDir dir;
   testutil::Process odd(
       {testutil::WorkerBin(), "--broker", fleet.backend(), "--redis", fleet.redis().url(),
        "--model", "tiny=" + testutil::ModelPath("tiny"), "--name", "w1\n" + forged},
       dir.path() + "/odd.log");
-  ASSERT_TRUE(testutil::WaitFor([&] {
-    return odd.Log().find("running on cpu") != std::string::npos;
-  })) << odd.Log();
-  odd.Signal(SIGTERM);
-  odd.Wait();
+  EXPECT_EQ(odd.Wait(), 1) << odd.Log();
   ExpectOneLinePerEvent(odd.Log(), forged);
   EXPECT_NE(odd.Log().find("worker w1\\n" + forged), std::string::npos) << odd.Log();
 }
