@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <csignal>
+#include <functional>
 #include <sstream>
 
 #include "ferry/client.h"
@@ -359,6 +360,41 @@ TEST(Metrics, ARestoredJobOfAModelNobodyServesFailsAfterTheOrphanTimeout) {
   EXPECT_EQ(result.error.code(), codes::kUnavailable) << result.error.ToString();
 }
 
+// Sends a SUBMIT of one `tiny` job `id` and a CANCEL of it over `s` while the broker is stopped
+// (SIGSTOP), so that it reads both in one turn; `while_stopped` runs meanwhile. Reads the
+// ACCEPTED and the CANCELLED.
+void SubmitAndCancelInOneTurn(Fleet& fleet, zmq::socket_t& s, const std::string& id,
+                              protocol::Accepted* accepted, protocol::Cancelled* cancelled,
+                              const std::function<void()>& while_stopped = {}) {
+  msgpack::sbuffer submit;
+  protocol::Packer pk(submit);
+  pk.pack_map(1);
+  protocol::PackString(pk, "jobs");
+  pk.pack_array(1);
+  protocol::PackSubmitJob(pk, id, "tiny", {testutil::RandomFloats({8}, 7)}, 0, 0, 0);
+  const zmq::message_t cancel = protocol::EncodeIds({id}, 2);
+  fleet.broker().Signal(SIGSTOP);
+  if (while_stopped) while_stopped();
+  testutil::RawSend(s, {"FERRY1", "SUBMIT", std::string(submit.data(), submit.size())});
+  testutil::RawSend(
+      s, {"FERRY1", "CANCEL", std::string(static_cast<const char*>(cancel.data()), cancel.size())});
+  fleet.broker().Signal(SIGCONT);
+  bool got_accepted = false, got_cancelled = false;
+  while (!got_accepted || !got_cancelled) {
+    protocol::Message m;
+    ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) << fleet.Logs();
+    msgpack::object_handle oh;
+    ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+    if (m.command == protocol::kAccepted) {
+      ASSERT_TRUE(protocol::DecodeAccepted(oh.get(), accepted).ok());
+      got_accepted = true;
+    } else if (m.command == protocol::kCancelled) {
+      ASSERT_TRUE(protocol::DecodeCancelled(oh.get(), cancelled).ok());
+      got_cancelled = true;
+    }
+  }
+}
+
 // A job that ends in the turn it is accepted in (here a CANCEL read in the same turn as its
 // SUBMIT: the broker is stopped while both reach its socket) is counted accepted, as the
 // broker's STATS count it, and finished cancelled: every finished job was accepted first.
@@ -372,26 +408,11 @@ TEST(Metrics, AJobCancelledInItsAcceptanceTurnIsCountedAccepted) {
   zmq::context_t ctx(1);
   zmq::socket_t s = testutil::RawDealer(ctx, fleet.frontend(), 20000);
   ASSERT_EQ(testutil::RawExchange(s, {"FERRY1", "STATS", ""}), "STATS") << fleet.Logs();
-  const std::string id = "cancelled-at-once";
-  msgpack::sbuffer submit;
-  protocol::Packer pk(submit);
-  pk.pack_map(1);
-  protocol::PackString(pk, "jobs");
-  pk.pack_array(1);
-  protocol::PackSubmitJob(pk, id, "tiny", {testutil::RandomFloats({8}, 7)}, 0, 0, 0);
-  const zmq::message_t cancel = protocol::EncodeIds({id}, 2);
-  fleet.broker().Signal(SIGSTOP);
-  testutil::RawSend(s, {"FERRY1", "SUBMIT", std::string(submit.data(), submit.size())});
-  testutil::RawSend(
-      s, {"FERRY1", "CANCEL", std::string(static_cast<const char*>(cancel.data()), cancel.size())});
-  fleet.broker().Signal(SIGCONT);
-  bool accepted = false, cancelled = false;
-  while (!accepted || !cancelled) {
-    protocol::Message m;
-    ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) << fleet.Logs();
-    accepted = accepted || m.command == protocol::kAccepted;
-    cancelled = cancelled || m.command == protocol::kCancelled;
-  }
+  protocol::Accepted accepted;
+  protocol::Cancelled cancelled;
+  ASSERT_NO_FATAL_FAILURE(
+      SubmitAndCancelInOneTurn(fleet, s, "cancelled-at-once", &accepted, &cancelled));
+  EXPECT_EQ(accepted.ids, std::vector<std::string>{"cancelled-at-once"});
   Scraper broker{Url(broker_port, "/metrics")};
   ASSERT_TRUE(broker.WaitFor(names::kJobsFinished, {{"status", "cancelled"}}, 1)) << fleet.Logs();
   EXPECT_EQ(broker.Sum(names::kJobsAccepted, {{"model", "tiny"}}), 1);
@@ -413,35 +434,10 @@ TEST(Metrics, AJobEndedInItsAcceptanceTurnWhileRedisIsDownIsRejected) {
   zmq::socket_t s = testutil::RawDealer(ctx, fleet.frontend(), 20000);
   ASSERT_EQ(testutil::RawExchange(s, {"FERRY1", "STATS", ""}), "STATS") << fleet.Logs();
   const std::string id = "cancelled-while-redis-is-down";
-  msgpack::sbuffer submit;
-  protocol::Packer pk(submit);
-  pk.pack_map(1);
-  protocol::PackString(pk, "jobs");
-  pk.pack_array(1);
-  protocol::PackSubmitJob(pk, id, "tiny", {testutil::RandomFloats({8}, 7)}, 0, 0, 0);
-  const zmq::message_t cancel = protocol::EncodeIds({id}, 2);
-  fleet.broker().Signal(SIGSTOP);
-  fleet.redis().Stop();
-  testutil::RawSend(s, {"FERRY1", "SUBMIT", std::string(submit.data(), submit.size())});
-  testutil::RawSend(
-      s, {"FERRY1", "CANCEL", std::string(static_cast<const char*>(cancel.data()), cancel.size())});
-  fleet.broker().Signal(SIGCONT);
   protocol::Accepted accepted;
   protocol::Cancelled cancelled;
-  bool got_accepted = false, got_cancelled = false;
-  while (!got_accepted || !got_cancelled) {
-    protocol::Message m;
-    ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) << fleet.Logs();
-    msgpack::object_handle oh;
-    ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
-    if (m.command == protocol::kAccepted) {
-      ASSERT_TRUE(protocol::DecodeAccepted(oh.get(), &accepted).ok());
-      got_accepted = true;
-    } else if (m.command == protocol::kCancelled) {
-      ASSERT_TRUE(protocol::DecodeCancelled(oh.get(), &cancelled).ok());
-      got_cancelled = true;
-    }
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      SubmitAndCancelInOneTurn(fleet, s, id, &accepted, &cancelled, [&] { fleet.redis().Stop(); }));
   // Cancelled while queued, its result not taken by Redis: reported `running` (protocol.md,
   // CANCEL). So both were read in one turn: else the CANCEL found nothing (`not_found`).
   ASSERT_EQ(cancelled.running, std::vector<std::string>{id})

@@ -157,13 +157,18 @@ inline FleetOptions OneSlowLane() {
   return fo;
 }
 
-// OneSlowLane serving `null` too, with fast heartbeats: big `null` jobs (BigNullJob) wait behind
-// a slow one, and a killed member is noticed within ~300 ms.
-inline FleetOptions BigJobsBehindASlowLane() {
+// OneSlowLane with fast heartbeats: a killed member is noticed within ~300 ms.
+inline FleetOptions OneFastSlowLane() {
   FleetOptions fo = OneSlowLane();
-  fo.models = {"slow", "null"};
   fo.broker_args = kFastHeartbeats;
   fo.worker_args = Concat(kFastHeartbeats, {"--instances", "1"});
+  return fo;
+}
+
+// OneFastSlowLane serving `null` too: big `null` jobs (BigNullJob) wait behind a slow one.
+inline FleetOptions BigJobsBehindASlowLane() {
+  FleetOptions fo = OneFastSlowLane();
+  fo.models = {"slow", "null"};
   return fo;
 }
 

@@ -297,13 +297,7 @@ TEST(Reliability, WorkerDrainsUnderLoadAndExitsZero) {
 }
 
 TEST(Reliability, BrokerSigtermKeepsQueuedJobsForTheNextBroker) {
-  FleetOptions fo;
-  fo.workers = 1;
-  fo.models = {"slow"};
-  fo.max_batch = 1;
-  fo.broker_args = kFastHeartbeats;
-  fo.worker_args = Concat(kFastHeartbeats, {"--instances", "1"});
-  Fleet fleet(fo);
+  Fleet fleet(OneFastSlowLane());
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
   auto c = MakeClient(fleet, 1000);
   std::vector<Job> jobs = {SlowJob("sig-blocker", 1500)};
@@ -331,13 +325,7 @@ TEST(Reliability, BrokerSigtermKeepsQueuedJobsForTheNextBroker) {
 // restores; so a broker that restored jobs numbered 5 and 6 must number its own after them.
 // Before, it started again at 0: after a second restart its first job ran before them.
 TEST(Reliability, QueuedJobsKeepTheirOrderAcrossTwoBrokerRestarts) {
-  FleetOptions fo;
-  fo.workers = 1;
-  fo.models = {"slow"};
-  fo.max_batch = 1;
-  fo.broker_args = kFastHeartbeats;
-  fo.worker_args = Concat(kFastHeartbeats, {"--instances", "1"});
-  Fleet fleet(fo);
+  Fleet fleet(OneFastSlowLane());
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
   auto c = MakeClient(fleet, 1000);
   std::vector<std::string> warm;  // jobs 0..4 of the first broker, done
