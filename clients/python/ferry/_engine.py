@@ -630,10 +630,16 @@ class Engine:
             self.loop.create_task(self._delete(keys))
 
     async def _delete(self, keys):
-        try:
-            await self.redis.execute("DEL", *keys)
-        except Exception:
-            pass  # they expire (input_ttl_s)
+        # A second try on a new connection when the first found the open one broken: Redis may
+        # have closed it (as it does after a protocol error) before the client saw.
+        for _ in range(2):
+            try:
+                await self.redis.execute("DEL", *keys)
+                return
+            except Unavailable:
+                continue
+            except Exception:
+                return  # they expire (input_ttl_s)
 
     async def close(self):
         if self.closed:
