@@ -165,12 +165,17 @@ std::vector<std::unique_ptr<Job>> Scheduler::Complete(const std::string& routing
                                                       const std::vector<std::string>& ids,
                                                       std::vector<std::string>* not_held) {
   std::vector<std::unique_ptr<Job>> done;
+  auto w = workers_.find(routing_id);
   for (const auto& id : ids) {
     auto it = jobs_.find(id);
-    if (it == jobs_.end()) continue;
+    if (it == jobs_.end()) {  // ended already; if it ran here too, the credit comes back now
+      if (w != workers_.end()) w->second.in_flight.erase(id);
+      continue;
+    }
     const Job& job = *it->second;
     if (job.phase == JobPhase::kDispatched && job.worker == routing_id) {
       done.push_back(Take(id));
+      if (w != workers_.end()) w->second.in_flight.erase(id);
     } else {
       not_held->push_back(id);
     }
@@ -186,11 +191,8 @@ std::unique_ptr<Job> Scheduler::Take(const std::string& id) {
   jobs_.erase(it);
   pending_bytes_ -=
       static_cast<int64_t>(job->inputs_raw.size()) + job->stored_bytes + job->attached_bytes;
-  if (job->phase == JobPhase::kQueued) {
-    Unqueue(job.get());
-  } else if (auto w = workers_.find(job->worker); w != workers_.end()) {
-    w->second.in_flight.erase(id);
-  }
+  if (job->phase == JobPhase::kQueued) Unqueue(job.get());
+  // (A dispatched job's id stays in its worker's in_flight: see scheduler.h.)
   return job;
 }
 

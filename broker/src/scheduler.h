@@ -42,7 +42,9 @@ struct WorkerState {
   std::string key;  // with CURVE: the public key its connection was admitted with
   protocol::WorkerHello hello;
   std::map<std::string, int64_t> max_batch;  // model -> max batch
-  std::set<std::string> in_flight;           // job ids
+  // Job ids it runs. One taken on another's word (Take) stays until this worker's own DONE
+  // names it: the worker still runs it, so its credit comes back only then.
+  std::set<std::string> in_flight;
   int64_t last_seen_us = 0;                  // monotonic
   bool leaving = false;  // said bye (draining): no more work, while its last DONEs come in
   int64_t credit() const {
@@ -118,11 +120,15 @@ class Scheduler {
   // (dispatched to this routing id), removed from the scheduler. The other ids that are pending
   // -- a job requeued after its worker was presumed dead, running elsewhere, or a DONE from a
   // connection that never held it -- go to *not_held: the caller finishes them only once it has
-  // seen their result in Redis (a DONE is a claim, not a proof). Unknown ids are ignored.
+  // seen their result in Redis (a DONE is a claim, not a proof). An unknown id that this
+  // worker still has in flight (its job was taken on another's word) returns its credit; other
+  // unknown ids are ignored.
   std::vector<std::unique_ptr<Job>> Complete(const std::string& routing_id,
                                              const std::vector<std::string>& ids,
                                              std::vector<std::string>* not_held);
-  // Removes a job wherever it is (queued or dispatched); null when not pending.
+  // Removes a job wherever it is (queued or dispatched); null when not pending. A dispatched
+  // job's id stays in its worker's in_flight, holding that credit until the worker's DONE names
+  // it (Complete) or the worker is removed: the worker still runs it.
   std::unique_ptr<Job> Take(const std::string& id);
   // Removes and returns queued jobs whose deadline is before `now_us` (wall clock).
   std::vector<std::unique_ptr<Job>> TakeExpired(int64_t now_us);

@@ -219,6 +219,35 @@ TEST(Scheduler, LostWorkerRequeuesAtFrontWithNextAttempt) {
   EXPECT_EQ(s.workers().at("w2").in_flight.size(), 3u);
 }
 
+TEST(Scheduler, AJobTakenOnAnotherWorkersWordKeepsItsHoldersCreditUntilItsOwnDone) {
+  // w1 was presumed dead and its job went to w2; w1's late DONE then proves the result is in
+  // Redis and the broker takes the job (Take). w2 still runs it: its credit must not come back
+  // before w2's own DONE, or the next chunk gives w2 more jobs than it has room for.
+  Scheduler s;
+  s.AddWorker("w1", Hello("w1", 1, {{"m", 1}}), 0);
+  ASSERT_TRUE(s.Add(MakeJob("a", "m")).ok());
+  Chunk c;
+  ASSERT_TRUE(s.NextChunk(&c));
+  s.RemoveWorker("w1");
+  s.AddWorker("w2", Hello("w2", 1, {{"m", 1}}), 0);
+  ASSERT_TRUE(s.NextChunk(&c));
+  ASSERT_EQ(c.worker, "w2");
+  ASSERT_NE(s.Take("a"), nullptr);  // finished on w1's word
+  EXPECT_FALSE(s.IsPending("a"));
+  ASSERT_TRUE(s.Add(MakeJob("b", "m")).ok());
+  EXPECT_EQ(s.workers().at("w2").credit(), 0);
+  EXPECT_FALSE(s.NextChunk(&c));  // w2 is still busy with a
+  std::vector<std::string> not_held;
+  EXPECT_TRUE(s.Complete("w2", {"a"}, &not_held).empty());  // a ended already
+  EXPECT_TRUE(not_held.empty());
+  EXPECT_EQ(s.workers().at("w2").credit(), 1);
+  ASSERT_TRUE(s.NextChunk(&c));
+  EXPECT_EQ(Ids(c), (std::vector<std::string>{"b"}));
+  // An id it never ran gives nothing back.
+  EXPECT_TRUE(s.Complete("w2", {"a", "unknown"}, &not_held).empty());
+  EXPECT_EQ(s.workers().at("w2").credit(), 0);
+}
+
 TEST(Scheduler, DoneForAJobTheSenderDoesNotHoldFinishesNothing) {
   Scheduler s;
   ASSERT_TRUE(s.Add(MakeJob("a", "m")).ok());
