@@ -58,43 +58,33 @@ Status Client::Impl::Cancel(const std::vector<std::string>& ids, CancelReport* r
     if (!protocol::IsValidJobId(id))
       return Status::InvalidArgument("job id \"" + id + "\" is not a valid Ferry id");
   }
-  // One CANCEL per max_jobs_per_message ids and under max_message_bytes (MessageLimits): the
-  // broker refuses more ids whole, and drops the connection on a bigger frame (the I/O thread
-  // refuses to send one: too_large). One refused because the broker's limits came meanwhile is
-  // split again under them.
+  // One CANCEL per max_jobs_per_message ids and under max_message_bytes: the broker refuses
+  // more ids whole, and drops the connection on a bigger frame (the I/O thread refuses to send
+  // one: too_large).
   constexpr size_t kHeaderBytes = 64, kPerIdBytes = 3;  // the map, rid; each id's msgpack head
   auto append = [](std::vector<std::string>* to, std::vector<std::string>* from) {
     to->insert(to->end(), std::make_move_iterator(from->begin()),
                std::make_move_iterator(from->end()));
   };
-  int splits_again = 0;
-  size_t begin = 0;
-  while (begin < ids.size()) {
-    const auto limits = MessageLimits();
-    const auto [max_bytes, max_ids] = limits;
-    size_t end = begin, bytes = kHeaderBytes;
-    while (end < ids.size() && end - begin < max_ids &&
-           (end == begin || bytes + ids[end].size() + kPerIdBytes <= max_bytes))
-      bytes += ids[end++].size() + kPerIdBytes;
+  auto send = [&](size_t begin, size_t end) -> Status {
     std::vector<std::string> part(ids.begin() + begin, ids.begin() + end);
     int64_t rid = io_->NextRid();
     IoThread::Reply reply;
     FERRY_RETURN_IF_ERROR(io_->Call(rid, protocol::kCancel, protocol::EncodeIds(part, rid),
                                     options_.request_timeout_ms, &reply));
     msgpack::object_handle body;
-    Status s = CheckReply(reply, protocol::kCancelled, &body);
-    if (s.code() == codes::kTooLarge && part.size() > 1 && MessageLimits() != limits &&
-        splits_again++ < 3)
-      continue;
-    FERRY_RETURN_IF_ERROR(s);
+    FERRY_RETURN_IF_ERROR(CheckReply(reply, protocol::kCancelled, &body));
     protocol::Cancelled c;
     FERRY_RETURN_IF_ERROR(protocol::DecodeCancelled(body.get(), &c));
     append(&report->cancelled, &c.ids);
     append(&report->running, &c.running);
     append(&report->not_found, &c.not_found);
-    begin = end;
-  }
-  return Status::Ok();
+    return Status::Ok();
+  };
+  size_t stopped_at = 0;
+  return SendInParts(
+      ids.size(), kHeaderBytes, [&](size_t i) { return ids[i].size() + kPerIdBytes; }, send,
+      &stopped_at);
 }
 
 // ---- Client: forwarding; no exception leaves the SDK -------------------------------------------

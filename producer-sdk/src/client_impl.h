@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -119,6 +120,16 @@ class Client::Impl {
   // that fails, deletes those of jobs with OwnId again (some may have been written).
   Status StoreInputs(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
                      const std::vector<SubmitOutcome>& outcomes);
+  // Sends items 0..count-1 in as few messages as the limits allow (MessageLimits, read again for
+  // each message): at most its count of items, and `header_bytes` plus their `item_bytes` under
+  // its bytes (an item bigger alone goes alone). `send(begin, end)` sends items [begin, end) as
+  // one message. One refused too_large because the broker's limits came meanwhile (its LIMITS
+  // answer follows each connect) is split again under them, at most 3 times a call: limits that
+  // change at every answer cannot loop for ever. Returns the first error of `send`, with
+  // *stopped_at the first item not sent (count when all went).
+  Status SendInParts(size_t count, size_t header_bytes,
+                     const std::function<size_t(size_t)>& item_bytes,
+                     const std::function<Status(size_t, size_t)>& send, size_t* stopped_at);
   // Sends jobs[i] for i in `part` as one SUBMIT and records each verdict in *outcomes.
   Status SubmitOne(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
                    std::vector<SubmitOutcome>* outcomes);

@@ -63,41 +63,53 @@ Status Client::Impl::SubmitMany(const std::vector<const Job*>& jobs,
   // One SUBMIT per kMaxSubmitBytes of tensor data (or max_message_bytes, or the broker's limit
   // from LIMITS, if less; a single bigger job goes alone) and per kMaxJobsPerMessage jobs (or
   // the broker's, if less): brokers refuse bigger messages (and drop peers that send a bigger
-  // frame). The limits are read again for each SUBMIT. Before the broker has answered LIMITS the
-  // configured ones stand, and a SUBMIT over the broker's is refused whole (too_large: by the
-  // I/O thread before sending, or by the broker): its jobs are split again under the limits now
-  // known and sent. A single job over the broker's message limit is refused alone; the rest go.
-  auto limits = [this] { return MessageLimits(); };
-  int splits_again = 0;  // bounded: limits that change at every answer cannot loop for ever
+  // frame). Before the broker has answered LIMITS the configured limits stand, and a SUBMIT over
+  // the broker's is refused whole (too_large: by the I/O thread before sending, or by the
+  // broker): SendInParts splits its jobs again under the limits now known. A single job over
+  // the broker's message limit is refused alone (its outcome says why); the rest go.
+  auto job_bytes = [&](size_t k) {
+    return SubmitBytes(*jobs[sent[k]], (*outcomes)[sent[k]].id, options_.stored_input_bytes);
+  };
+  auto send = [&](size_t begin, size_t end) -> Status {
+    Status s =
+        SubmitOne(jobs, std::vector<size_t>(sent.begin() + begin, sent.begin() + end), outcomes);
+    return s.code() == codes::kTooLarge && end - begin == 1 ? Status::Ok() : s;
+  };
+  size_t stopped_at = 0;
+  Status s = SendInParts(sent.size(), SubmitHeaderBytes(options_), job_bytes, send, &stopped_at);
+  // The broker is not answering (or refused a SUBMIT whole under limits already known): the
+  // rest is not sent (nor waited for).
+  for (size_t k = stopped_at; k < sent.size(); ++k) (*outcomes)[sent[k]].status = s;
+  return s;
+}
+
+Status Client::Impl::SendInParts(size_t count, size_t header_bytes,
+                                 const std::function<size_t(size_t)>& item_bytes,
+                                 const std::function<Status(size_t, size_t)>& send,
+                                 size_t* stopped_at) {
+  int splits_again = 0;
   size_t begin = 0;
-  while (begin < sent.size()) {
-    const auto [max_bytes, max_jobs] = limits();
-    size_t end = begin, bytes = SubmitHeaderBytes(options_);
-    while (end < sent.size() && end - begin < max_jobs) {
-      const size_t job_bytes =
-          SubmitBytes(*jobs[sent[end]], (*outcomes)[sent[end]].id, options_.stored_input_bytes);
-      if (end > begin && bytes + job_bytes > max_bytes) break;
-      bytes += job_bytes;
+  while (begin < count) {
+    const auto limits = MessageLimits();
+    const auto [max_bytes, max_items] = limits;
+    size_t end = begin, bytes = header_bytes;
+    while (end < count && end - begin < max_items) {
+      const size_t b = item_bytes(end);
+      if (end > begin && bytes + b > max_bytes) break;
+      bytes += b;
       ++end;
     }
-    std::vector<size_t> part(sent.begin() + begin, sent.begin() + end);
-    Status s = SubmitOne(jobs, part, outcomes);
-    if (s.code() == codes::kTooLarge) {
-      if (part.size() > 1 && limits() != std::make_pair(max_bytes, max_jobs) && splits_again++ < 3)
-        continue;              // split under the limits learned meanwhile
-      if (part.size() == 1) {  // that job alone: its outcome says why
-        begin = end;
-        continue;
-      }
-    }
+    Status s = send(begin, end);
+    if (s.code() == codes::kTooLarge && end - begin > 1 && MessageLimits() != limits &&
+        splits_again++ < 3)
+      continue;  // split under the limits learned meanwhile
     if (!s.ok()) {
-      // The broker is not answering (or refused the SUBMIT whole under limits already known):
-      // do not send (and wait for) the rest.
-      for (size_t k = end; k < sent.size(); ++k) (*outcomes)[sent[k]].status = s;
+      *stopped_at = end;
       return s;
     }
     begin = end;
   }
+  *stopped_at = count;
   return Status::Ok();
 }
 
