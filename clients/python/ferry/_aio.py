@@ -86,13 +86,14 @@ class AsyncClient:
         self._engine = Engine(self.options, asyncio.get_running_loop())
         return self._engine
 
-    def _prepare(self, model, inputs, id, priority, timeout_ms, result_ttl_s):
+    def _prepare(self, model, inputs, id, priority, timeout_ms, result_ttl_s, own_id=False):
         o = self.options
         engine = self._engine
         return _protocol.prepare(model, inputs, id, priority, timeout_ms, result_ttl_s,
                                  o.stored_input_bytes, o.redis_prefix, o.attached_input_bytes,
                                  o.max_message_bytes,
-                                 engine.broker_max_job_bytes() if engine is not None else 0)
+                                 engine.broker_max_job_bytes() if engine is not None else 0,
+                                 own_id)
 
     @staticmethod
     def _timeout(timeout):
@@ -137,10 +138,8 @@ class AsyncClient:
                 seen.add(id)
                 ids.append(id)
                 try:
-                    prep = self._prepare(j.model, j.inputs, id, j.priority, j.timeout_ms,
-                                         j.result_ttl_s)
-                    prep.own_id = j.id is None  # made here, above
-                    preps.append(prep)
+                    preps.append(self._prepare(j.model, j.inputs, id, j.priority, j.timeout_ms,
+                                               j.result_ttl_s, own_id=j.id is None))
                 except FerryError as e:
                     local[id] = e
         except FerryError as e:  # nothing is sent

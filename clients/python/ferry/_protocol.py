@@ -168,15 +168,17 @@ def _int(name, v, low=0):
 
 
 def prepare(model, inputs, id, priority, timeout_ms, result_ttl_s, stored_bytes, prefix,
-            attached_bytes=0, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, max_job_bytes=0):
+            attached_bytes=0, max_message_bytes=DEFAULT_MAX_MESSAGE_BYTES, max_job_bytes=0,
+            own_id=False):
     """Checks one job and encodes it (InvalidArgument / TooLarge when it cannot be sent).
     Inputs of >= stored_bytes are stored, other inputs of >= attached_bytes attached (0: none
     of either), as the C++ SDK's ClientOptions::stored_input_bytes / attached_input_bytes; a
     job whose other inputs need more than max_message_bytes in its SUBMIT is TooLarge, and so
     is one with more than max_job_bytes of inputs in all (the broker's --max-job-bytes from
-    LIMITS; 0: not known), before its stored inputs are written."""
-    own_id = id is None
-    id = new_id() if own_id else check_id(id)
+    LIMITS; 0: not known), before its stored inputs are written. An id of None is made here;
+    `own_id` says the caller made `id` so (the job's Prepared.own_id is true either way)."""
+    own_id = own_id or id is None
+    id = new_id() if id is None else check_id(id)
     if type(model) is not str or not 0 < len(model) <= MAX_MODEL_NAME:
         raise InvalidArgument("model must be a string of 1-128 characters", id=id)
     if len(inputs) > MAX_INPUTS:
