@@ -73,6 +73,9 @@ Status CheckInputs(const std::string& model,
 
 Status Admit(const protocol::SubmitJob& in, const Scheduler& scheduler,
              const BrokerOptions& options) {
+  // First: any other rejection then says the id is not pending, so the producer may delete the
+  // job's stored inputs (a duplicate's are the pending job's: the same id, the same keys).
+  if (scheduler.IsPending(in.id)) return Status(codes::kDuplicate, "a job with this id is pending");
   if (!scheduler.KnowsModel(in.model))
     return Status(codes::kUnknownModel,
                   "no worker serves model \"" + protocol::Printable(in.model) + "\"");
@@ -101,7 +104,6 @@ Status Admit(const protocol::SubmitJob& in, const Scheduler& scheduler,
                         " (Redis's largest value is 512 MiB): store them in Redis (the claim "
                         "check) or run the broker with --no-journal");
   }
-  if (scheduler.IsPending(in.id)) return Status(codes::kDuplicate, "a job with this id is pending");
   if (static_cast<int64_t>(scheduler.QueueDepth(in.model)) >= options.max_queue)
     return Status(codes::kQueueFull, "the queue of model \"" + in.model + "\" holds " +
                                          std::to_string(options.max_queue) + " jobs; retry later");

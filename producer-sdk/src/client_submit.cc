@@ -203,12 +203,12 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs, const std::v
     for (size_t i : part) (*outcomes)[i].status = s;
     tracker_.Untrack(ids);  // maybe accepted: Wait then reads before sleeping
     // Never sent (and never will be), or refused whole (too_large: by the broker, or over its
-    // limit before sending): nobody reads its stored inputs -- of an unsent one, those of jobs
-    // whose id the SDK made (OwnId).
+    // limit before sending): nobody reads its stored inputs -- those of jobs whose id the SDK
+    // made (OwnId). The broker did not look at the jobs: a caller's id may be a pending job's.
     if (unsent || s.code() == codes::kTooLarge) {
       std::vector<std::string> keys;
       for (size_t i : part)
-        if (!unsent || OwnId(*jobs[i])) AppendInputKeys(*jobs[i], (*outcomes)[i].id, &keys);
+        if (OwnId(*jobs[i])) AppendInputKeys(*jobs[i], (*outcomes)[i].id, &keys);
       if (!keys.empty()) (void)store_.Delete(keys);  // else they expire
     }
     return s;

@@ -233,6 +233,30 @@ TEST(WireLimits, TheSdkLearnsTheBrokersLimitsAndKeepsToThem) {
   EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
   EXPECT_NE(s.message().find("--max-job-bytes"), std::string::npos) << s.ToString();
 
+  // A job refused whole (over the broker's message limit, before it is sent): its stored input
+  // is deleted under an id the SDK made, and kept under the caller's, which may be a pending
+  // job's (a retry) whose input that key is.
+  client::ClientOptions mixed = o;
+  mixed.stored_input_bytes = 1 << 21;  // 2.4 MB stored; 1.2 MB in a frame: over 1 MiB
+  std::unique_ptr<client::Client> c4;
+  ASSERT_TRUE(client::Client::Create(mixed, &c4).ok());
+  ASSERT_TRUE(c4->Stats(&json).ok());
+  auto refused_whole = [](const std::string& job_id) {
+    client::Job j = NullJob(job_id, 600000);
+    j.inputs.push_back(Tensor::From<float>(std::vector<float>(300000), {300000}, DType::kFloat32));
+    return j;
+  };
+  s = c4->Submit(refused_whole(""), &id);
+  EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
+  s = c4->Submit(refused_whole("a-callers-retry"), &id);
+  EXPECT_EQ(s.code(), codes::kTooLarge) << s.ToString();
+  auto redis = fleet.redis().Connect();
+  ASSERT_NE(redis, nullptr);
+  protocol::RedisReply keys;
+  ASSERT_TRUE(redis->Command({"KEYS", "ferry:input:*"}, &keys).ok());
+  ASSERT_EQ(keys.elements.size(), 1u);
+  EXPECT_EQ(keys.elements[0].str, "ferry:input:a-callers-retry:0");
+
   // Eight jobs of 320 KB: one SUBMIT would be 2.5 MiB, refused whole; 600 small ones are more
   // than the broker's 500 a message.
   std::vector<client::Job> jobs;

@@ -30,12 +30,16 @@ class CancelReport(tuple):
         return "CancelReport(cancelled=%r, running=%r, not_found=%r)" % self
 
 
-def owns_inputs(rejection):
+def owns_inputs(rejection, prep):
     """Whether a rejected job's stored inputs are nobody's once it is rejected, so the client
     deletes them: not for `duplicate` (they are the pending job's, same id, same keys) nor for
     `unavailable` (the broker may have dispatched the job before its journal write failed: the
-    worker still reads them). Those expire (input_ttl_s) or the worker deletes them."""
-    return rejection.code not in ("duplicate", "unavailable")
+    worker still reads them). Those expire (input_ttl_s) or the worker deletes them. A SUBMIT
+    refused whole (an ERROR, naming no job: the broker read none of them) says nothing about a
+    caller's id, which may be a pending job's: only those of ids the client made go then."""
+    if rejection.code in ("duplicate", "unavailable"):
+        return False
+    return rejection.id is not None or prep.own_id
 
 
 class AsyncClient:
@@ -180,7 +184,7 @@ class AsyncClient:
             # answered may be accepted: theirs stay (input_ttl_s).
             engine.delete_unsent_inputs(engine.unsent_preps(call))
             engine.delete_inputs([p for p in preps
-                                  if p.id in rejected and owns_inputs(rejected[p.id])])
+                                  if p.id in rejected and owns_inputs(rejected[p.id], p)])
             err = Unavailable(engine.silence_message("SUBMIT", self.options.request_timeout_ms),
                               id=next((i for i in ids if i not in verdicts), ids[0]))
             err.ids = ids
@@ -197,7 +201,7 @@ class AsyncClient:
             return ids
         engine.results.untrack(list(errors))
         engine.delete_inputs([p for p in preps
-                              if p.id in errors and owns_inputs(errors[p.id])])
+                              if p.id in errors and owns_inputs(errors[p.id], p)])
         first = next(errors[i] for i in ids if i in errors)
         first.ids = ids
         first.accepted = [i for i in ids if i not in errors]
@@ -320,7 +324,7 @@ class AsyncClient:
                 engine.results.untrack((id,))
                 if not job.ever_sent:
                     engine.delete_unsent_inputs([prep])  # nobody will read them
-                elif job.error is not None and owns_inputs(job.error):
+                elif job.error is not None and owns_inputs(job.error, prep):
                     engine.delete_inputs([prep])
 
     async def cancel(self, *ids):

@@ -132,7 +132,9 @@ def test_the_client_learns_the_brokers_message_limit_on_each_connection(models_d
             small = np.arange(8, dtype=np.float32)
             r = await asyncio.wait_for(c.run("null", small, timeout=60), 90)
             np.testing.assert_array_equal(r.outputs[0], small)
-        # A job refused whole before it was sent: its stored inputs are nobody's, deleted.
+        # A job refused whole before it was sent: its stored inputs are nobody's, deleted --
+        # under ids the client made. A caller's id may be a pending job's (a retry), whose
+        # inputs those keys are: they stay (and expire).
         async with ferry.AsyncClient(f.frontend, f.redis_url, stored_input_bytes=1 << 20) as c:
             stored, attached = np.ones(1 << 19, np.float32), np.ones(1 << 17, np.float32)
             with pytest.raises(ferry.TooLarge):
@@ -141,6 +143,17 @@ def test_the_client_learns_the_brokers_message_limit_on_each_connection(models_d
                 await asyncio.wait_for(c.submit("null", stored, attached), 60)
             await loop.run_in_executor(None, lambda: wait_for(
                 lambda: f.redis().keys("ferry:input:*") == [], 10, "stored inputs deleted"))
+            with pytest.raises(ferry.TooLarge):
+                await asyncio.wait_for(c.submit("null", stored, attached, id="a-retry"), 60)
+            with pytest.raises(ferry.TooLarge):
+                await asyncio.wait_for(
+                    c.run("null", stored, attached, id="a-run-retry", timeout=None), 60)
+            with pytest.raises(ferry.TooLarge):  # its DEL goes after any of theirs
+                await asyncio.wait_for(c.submit("null", stored, attached), 60)
+            kept = [b"ferry:input:a-retry:0", b"ferry:input:a-run-retry:0"]
+            await loop.run_in_executor(None, lambda: wait_for(
+                lambda: sorted(f.redis().keys("ferry:input:*")) == kept, 10,
+                "only the inputs of the client's own ids deleted"))
 
     try:
         f.wait_workers(1)

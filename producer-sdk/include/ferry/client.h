@@ -112,9 +112,9 @@ struct ClientOptions {
   // carries only its dtype and shape. The worker reads it from Redis and deletes it with the
   // job's result; the client deletes the inputs of jobs the broker rejects (but `duplicate`,
   // whose keys are the pending job's, and `unavailable`: such a job may already be on a worker;
-  // those expire after input_ttl_s) and of a SUBMIT it never sent (no broker connected). So the
-  // broker never touches those bytes, and its journal stays small. 0: every input travels in
-  // the SUBMIT.
+  // those expire after input_ttl_s) and, under ids it made, of a SUBMIT it never sent (no
+  // broker connected) or that was refused whole (too_large). So the broker never touches those
+  // bytes, and its journal stays small. 0: every input travels in the SUBMIT.
   int64_t stored_input_bytes = 64 * 1024;
   // Inputs that are not stored but have at least this many bytes travel through the broker in
   // ZeroMQ frames of their own after the SUBMIT's body (docs/protocol.md, "Attached inputs"):

@@ -315,11 +315,16 @@ TEST_F(AdmissionTest, UnknownModelComesBeforeTooLarge) {
   EXPECT_EQ(AdmitJob(Submit("a", "nope", {101})).code(), codes::kUnknownModel);
 }
 
-TEST_F(AdmissionTest, TooLargeComesBeforeDuplicateAndQueueLimits) {
+// A pending id is a duplicate whatever else is wrong with the job, so any other rejection tells
+// the producer the id is not pending: the job's stored inputs are its own to delete (a
+// duplicate's keys are the pending job's).
+TEST_F(AdmissionTest, DuplicateComesBeforeEveryOtherCheck) {
   options_.max_pending_bytes = 0;
   Queue("a", "m");
   Queue("b", "m");
-  EXPECT_EQ(AdmitJob(Submit("a", "m", {101})).code(), codes::kTooLarge);
+  EXPECT_EQ(AdmitJob(Submit("a", "m", {101})).code(), codes::kDuplicate);  // too large too
+  EXPECT_EQ(AdmitJob(Submit("a", "nope")).code(), codes::kDuplicate);       // unknown model too
+  EXPECT_EQ(AdmitJob(Submit("c", "m", {101})).code(), codes::kTooLarge);
 }
 
 TEST_F(AdmissionTest, DuplicateComesBeforeQueueLimits) {
