@@ -45,8 +45,8 @@ struct WorkerState {
   // Job ids it runs. One taken on another's word (Take) stays until this worker's own DONE
   // names it: the worker still runs it, so its credit comes back only then.
   std::set<std::string> in_flight;
-  int64_t last_seen_us = 0;                  // monotonic
-  bool leaving = false;  // said bye (draining): no more work, while its last DONEs come in
+  int64_t last_seen_us = 0;  // monotonic
+  bool leaving = false;      // said bye (draining): no more work, while its last DONEs come in
   int64_t credit() const {
     return leaving ? 0 : hello.capacity - static_cast<int64_t>(in_flight.size());
   }

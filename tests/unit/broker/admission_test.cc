@@ -323,7 +323,7 @@ TEST_F(AdmissionTest, DuplicateComesBeforeEveryOtherCheck) {
   Queue("a", "m");
   Queue("b", "m");
   EXPECT_EQ(AdmitJob(Submit("a", "m", {101})).code(), codes::kDuplicate);  // too large too
-  EXPECT_EQ(AdmitJob(Submit("a", "nope")).code(), codes::kDuplicate);       // unknown model too
+  EXPECT_EQ(AdmitJob(Submit("a", "nope")).code(), codes::kDuplicate);      // unknown model too
   EXPECT_EQ(AdmitJob(Submit("c", "m", {101})).code(), codes::kTooLarge);
 }
 
