@@ -5,7 +5,9 @@
 # workers. Every other argument goes to each ferry-worker unchanged (but --name NAME becomes
 # NAME-gpuK and --metrics-port P becomes P+K for the K-th worker). SIGINT/SIGTERM are
 # forwarded to every worker (which drain: finish and report held jobs, then leave), and the
-# launcher waits for all of them; it exits non-zero when any worker did.
+# launcher waits for all of them; it exits non-zero when any worker did. A worker that ends on
+# its own (a crash) stops the others too, and the launcher exits 1, for its supervisor to
+# restart it.
 #
 #   deploy/ferry-launch-gpus.sh [launcher options] [--] ferry-worker arguments...
 #
@@ -155,22 +157,38 @@ else
 fi
 [ "$dry_run" -eq 1 ] && exit 0
 
+draining=0
 forward() {  # a signal: pass it to every worker still running (a second one stops them now)
-  echo "ferry-launch-gpus: SIG$1: forwarding to ${#pids[@]} worker(s)" >&2
-  for p in "${pids[@]}"; do kill -s "$1" "$p" 2>/dev/null; done
+  draining=1
+  echo "ferry-launch-gpus: SIG$1: forwarding to ${#running[@]} worker(s)" >&2
+  for p in "${running[@]}"; do kill -s "$1" "$p" 2>/dev/null; done
 }
 trap 'forward TERM' TERM
 trap 'forward INT' INT
 
+# Waits for the workers as they end. One that ends on its own (crashed, OOM-killed) while the
+# others run stops them all (drained, as on SIGTERM) and the launcher exits 1: its supervisor
+# (docker's restart policy, systemd, Kubernetes) then starts it again, and no GPU stays idle
+# behind a launcher that is still alive.
+declare -A label_of
+for k in "${!pids[@]}"; do label_of[${pids[$k]}]=${labels[$k]}; done
+running=("${pids[@]}")
 status=0
-for k in "${!pids[@]}"; do
-  # `wait` returns early when a trapped signal arrives: wait again until the worker is gone.
-  while true; do
-    wait "${pids[$k]}"
-    rc=$?
-    kill -0 "${pids[$k]}" 2>/dev/null || break
-  done
-  echo "ferry-launch-gpus: ${labels[$k]} (pid ${pids[$k]}) exited with $rc" >&2
+while [ ${#running[@]} -gt 0 ]; do
+  gone=""
+  wait -n -p gone "${running[@]}"
+  rc=$?
+  [ -z "${gone:-}" ] && continue  # a trapped signal ended the wait, not a worker
+  echo "ferry-launch-gpus: ${label_of[$gone]} (pid $gone) exited with $rc" >&2
   [ "$rc" -ne 0 ] && status=1
+  left=()
+  for p in "${running[@]}"; do [ "$p" != "$gone" ] && left+=("$p"); done
+  running=("${left[@]}")
+  if [ "$draining" -eq 0 ] && [ ${#running[@]} -gt 0 ]; then
+    echo "ferry-launch-gpus: ${label_of[$gone]} stopped on its own; stopping the others so" \
+      "that the launcher exits and is restarted" >&2
+    status=1
+    forward TERM
+  fi
 done
 exit $status

@@ -55,6 +55,14 @@ int Leave(int rc) {
   return rc;
 }
 
+// The configuration's fault -- a CURVE key it cannot read, a model repository entry, a READY
+// the broker would refuse -- exits 2, as a bad flag does, and is not restarted
+// (RestartPreventExitStatus=2); Redis, a device or a model file not there now exits 1.
+int ExitCode(const ferry::Status& s) {
+  if (s.ok()) return 0;
+  return s.code() == ferry::codes::kInvalidArgument ? 2 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -90,7 +98,7 @@ int main(int argc, char** argv) {
   s = Worker::Create(options, &worker);
   if (!s.ok()) {
     spdlog::critical("ferry-worker: {}", s.ToString());
-    return Leave(1);  // a model may have been loaded on the GPU before the failure
+    return Leave(ExitCode(s));  // a model may have been loaded on the GPU before the failure
   }
 
   std::atomic<bool> finished{false};
@@ -115,5 +123,5 @@ int main(int argc, char** argv) {
   watcher.join();
   worker.reset();  // our own teardown, in order: executors, models, streams, connections
   if (!s.ok()) spdlog::critical("ferry-worker: {}", s.ToString());
-  return Leave(s.ok() ? 0 : 1);
+  return Leave(ExitCode(s));
 }

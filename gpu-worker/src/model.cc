@@ -265,11 +265,13 @@ Status Model::Create(const ModelConfig& config, std::unique_ptr<Model>* out,
     c10::Device dev(device);
     int index = -1;
     if (dev.is_cuda()) {
+      // Unavailable, not a bad flag: a driver still loading at boot looks the same, and the
+      // worker exits 1 then, to be restarted (ferry-worker's main).
       if (!torch::cuda::is_available())
-        return Status::InvalidArgument("device " + device + ": libtorch sees no CUDA device");
+        return Status::Unavailable("device " + device + ": libtorch sees no CUDA device");
       if (dev.has_index() &&
           static_cast<int64_t>(dev.index()) >= static_cast<int64_t>(torch::cuda::device_count()))
-        return Status::InvalidArgument("device " + device + " does not exist");
+        return Status::Unavailable("device " + device + " does not exist");
       index = dev.has_index() ? dev.index() : 0;
       // A bare "cuda" means device 0 here, as in the executor (libtorch would read it as "the
       // current device", which the executors' stream guards change).

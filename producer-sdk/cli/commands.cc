@@ -129,7 +129,8 @@ int RunSubmit(std::vector<char*>& args) {
             "expire the job if not started within this long (0 = never)");
   flags.Int("result-ttl-s", &result_ttl_s, "keep the result this long (0 = broker default)");
   flags.Bool("wait", &wait, "wait for the result and print it");
-  flags.Int("wait-timeout-ms", &wait_timeout_ms, "with --wait: give up after this long");
+  flags.Int("wait-timeout-ms", &wait_timeout_ms,
+            "with --wait: give up after this long (-1 = never)");
   flags.String("out-npy", &out_dir,
                "with --wait: write outputs as DIR/<id>.<i>.npy (DIR is created)");
   flags.Bool("consume", &global.consume_results,
@@ -142,6 +143,10 @@ int RunSubmit(std::vector<char*>& args) {
     return kExitUsage;
   }
 
+  if (wait_timeout_ms < -1 || wait_timeout_ms > INT32_MAX) {
+    std::fprintf(stderr, "ferry submit: --wait-timeout-ms must be -1..%d\n", INT32_MAX);
+    return kExitUsage;
+  }
   client::Job job;
   job.id = id;
   job.model = model;

@@ -127,6 +127,8 @@ std::string EnvFile(const std::string& flag_value, const char* name, bool applie
 }  // namespace
 
 Status BrokerFlags::MakeClient(std::unique_ptr<client::Client>* out) const {
+  if (request_timeout_ms <= 0 || request_timeout_ms > INT32_MAX)
+    return Status::InvalidArgument("--request-timeout-ms must be 1.." + std::to_string(INT32_MAX));
   client::ClientOptions o;
   o.frontend = frontend;
   o.redis = redis;

@@ -1,8 +1,10 @@
 #include "tensor_files.h"
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
+#include "ferry/protocol/redis_errors.h"
 #include "npy.h"
 
 namespace ferry::cli {
@@ -35,6 +37,19 @@ Status ParseShape(std::string_view text, std::vector<int64_t>* out) {
 }
 
 Status ReadFile(const std::string& path, std::string* out) {
+  // A regular file of at most what one input can be (a stored input is one Redis value): not a
+  // directory (read as empty), nor /dev/zero or a file too big to send (read whole first).
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (ec) return Status::InvalidArgument("cannot open \"" + path + "\": " + ec.message());
+  if (!std::filesystem::is_regular_file(status))
+    return Status::InvalidArgument("\"" + path + "\" is not a regular file");
+  const auto size = std::filesystem::file_size(path, ec);
+  if (ec) return Status::InvalidArgument("cannot read \"" + path + "\": " + ec.message());
+  if (size > protocol::kMaxValueDataBytes + 4096)  // + an .npy header
+    return Status::InvalidArgument("\"" + path + "\" has " + std::to_string(size) +
+                                   " bytes; an input takes at most " +
+                                   std::to_string(protocol::kMaxValueDataBytes));
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::InvalidArgument("cannot open \"" + path + "\"");
   std::ostringstream ss;

@@ -312,9 +312,24 @@ int RunUp(std::vector<char*>& args) {
                  static_cast<long long>(frontend_port));
     return kExitUsage;
   }
-  if (ready_timeout_ms <= 0 || drain_timeout_ms <= 0) {
-    std::fprintf(stderr, "ferry up: --ready-timeout-ms and --drain-timeout-ms must be > 0\n");
+  if (ready_timeout_ms <= 0 || drain_timeout_ms <= 0 || ready_timeout_ms > INT32_MAX ||
+      drain_timeout_ms > INT32_MAX) {
+    std::fprintf(stderr, "ferry up: --ready-timeout-ms and --drain-timeout-ms must be 1..%d\n",
+                 INT32_MAX);
     return kExitUsage;
+  }
+  if (cpu_workers < 0 || cpu_workers > 1024) {
+    std::fprintf(stderr, "ferry up: --cpu-workers must be 0..1024\n");
+    return kExitUsage;
+  }
+  for (const auto& [flag, port] :
+       {std::pair<const char*, int64_t>{"--frontend-port", frontend_port},
+        {"--backend-port", backend_port},
+        {"--metrics-port-base", metrics_port_base}}) {
+    if (port < 0 || port > 65535) {
+      std::fprintf(stderr, "ferry up: %s must be 0..65535\n", flag);
+      return kExitUsage;
+    }
   }
   // Beyond loopback, anyone who reaches the ports would be a member: CURVE, always.
   const std::string bind_host = o.bind_host == "0.0.0.0" ? "*" : o.bind_host;
@@ -374,6 +389,7 @@ int RunUp(std::vector<char*>& args) {
   sigaction(SIGHUP, &sa, nullptr);
 
   int rc = kExitOk;
+  bool wrote_env_file = false;
   {
     std::unique_ptr<LocalFleet> fleet;
     Status s = LocalFleet::Start(o, &fleet);
@@ -396,6 +412,8 @@ int RunUp(std::vector<char*>& args) {
           if (Status w = WriteEnvFile(env_file, *fleet, o); !w.ok()) {
             Say(w.message());
             rc = kExitFailed;
+          } else {
+            wrote_env_file = true;
           }
         }
       }
@@ -422,7 +440,9 @@ int RunUp(std::vector<char*>& args) {
   } else if (temp_logs) {
     std::fprintf(stderr, "ferry up: logs kept in %s\n", log_dir.c_str());
   }
-  if (!env_file.empty()) fs::remove(env_file, ec);
+  // Only the file this run wrote: one that failed to start (a port in use) must not remove the
+  // env file of the fleet already running there.
+  if (wrote_env_file) fs::remove(env_file, ec);
   return rc;
 }
 

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <sstream>
@@ -295,13 +296,18 @@ TEST(FerryUp, ABrokerThatCannotBindFailsItAtOnce) {
 TEST_F(LiveBroker, FerryUpOnATakenFrontendPortFails) {
   if (WorkerBin().empty()) GTEST_SKIP() << "built without ferry-worker (no libtorch)";
   const std::string port = frontend_.substr(frontend_.rfind(':') + 1);
+  // The env file of the fleet already there (another `ferry up`'s): this one, failing, must
+  // not remove it.
+  const std::string env_file = dir_.path() + "/running.env";
+  std::ofstream(env_file) << "FERRY_FRONTEND=" << frontend_ << "\n";
   std::string out;
   EXPECT_EQ(RunCli(dir_,
                    {"up", "--cpu-workers", "1", "--model", "tiny=" + ModelPath("tiny"),
-                    "--frontend-port", port, "--backend-port", "0"},
+                    "--frontend-port", port, "--backend-port", "0", "--env-file", env_file},
                    &out),
             1)
       << out;
+  EXPECT_TRUE(std::filesystem::exists(env_file)) << "a run that never wrote it removed it";
   EXPECT_NE(out.find("--frontend-port " + port + ": 127.0.0.1:" + port + " is in use"),
             std::string::npos)
       << out;
@@ -338,6 +344,21 @@ TEST(FerryUp, UsageErrors) {
                    &out),
             2)
       << out;
+  // Numbers out of range: before, -1 CPU workers started none and said ready, and a timeout
+  // past an int went negative.
+  const std::vector<std::pair<std::vector<std::string>, std::string>> ranges = {
+      {{"--cpu-workers", "-1"}, "--cpu-workers must be 0..1024"},
+      {{"--ready-timeout-ms", "3000000000"}, "must be 1..2147483647"},
+      {{"--drain-timeout-ms", "3000000000"}, "must be 1..2147483647"},
+      {{"--frontend-port", "70000"}, "--frontend-port must be 0..65535"},
+      {{"--metrics-port-base", "-5"}, "--metrics-port-base must be 0..65535"},
+  };
+  for (const auto& [args, message] : ranges) {
+    std::vector<std::string> argv = {"up", "--model", "m=" + dir.path() + "/x.pt"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    EXPECT_EQ(RunCli(dir, argv, &out), 2) << args[0] << ": " << out;
+    EXPECT_NE(out.find(message), std::string::npos) << args[0] << ": " << out;
+  }
 }
 }  // namespace
 }  // namespace ferry::testutil::ops_test

@@ -133,6 +133,35 @@ TEST(GetAndWait, InvalidIdsExitTwoWithAMessage) {
   }
 }
 
+// Bad --input files and out-of-range numbers exit 2 before anything is sent: a directory (read
+// as an empty tensor before), a device file (read whole, without end), a timeout past an int
+// (cut to 0 ms before).
+TEST(Submit, BadInputsAndOutOfRangeNumbersExitTwo) {
+  TempDir dir;
+  std::string out;
+  const std::vector<std::string> broker = {"--frontend", "tcp://127.0.0.1:1", "--redis",
+                                           "redis://127.0.0.1:1"};
+  auto submit = [&](std::vector<std::string> args) {
+    args.insert(args.begin(), {"submit", "--model", "tiny"});
+    args.insert(args.end(), broker.begin(), broker.end());
+    return RunCli(dir, args, &out);
+  };
+  EXPECT_EQ(submit({"--input", dir.path()}), 2) << out;
+  EXPECT_NE(out.find("\"" + dir.path() + "\" is not a regular file"), std::string::npos) << out;
+  EXPECT_EQ(submit({"--input", "/dev/zero"}), 2) << out;
+  EXPECT_NE(out.find("\"/dev/zero\" is not a regular file"), std::string::npos) << out;
+  EXPECT_EQ(submit({"--input", dir.path() + "/none.npy"}), 2) << out;
+  EXPECT_NE(out.find("cannot open"), std::string::npos) << out;
+  std::ofstream(dir.path() + "/x.bin") << std::string(32, '\0');
+  EXPECT_EQ(submit({"--input", dir.path() + "/x.bin", "--wait", "--wait-timeout-ms", "4294967296"}),
+            2)
+      << out;
+  EXPECT_NE(out.find("--wait-timeout-ms must be -1..2147483647"), std::string::npos) << out;
+  EXPECT_EQ(submit({"--input", dir.path() + "/x.bin", "--request-timeout-ms", "3000000000"}), 2)
+      << out;
+  EXPECT_NE(out.find("--request-timeout-ms must be 1..2147483647"), std::string::npos) << out;
+}
+
 // FERRY_FRONTEND / FERRY_REDIS (what `ferry up --env-file` writes) are the producer commands'
 // defaults; a flag wins over them.
 TEST_F(LiveBroker, EnvironmentGivesTheDefaultsAndFlagsWin) {

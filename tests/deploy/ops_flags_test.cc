@@ -84,7 +84,8 @@ TEST(BrokerFlags, OutOfRangeValuesExitTwoNamingTheFlag) {
 
 // A worker whose READY the broker would refuse (ERROR: it would get no work for ever, its
 // /readyz saying ready) stops at start, saying why: a capacity over 65,536 (40,000 x 2), a
-// model name the broker does not take.
+// model name the broker does not take. Exit 2, as for a bad flag: the configuration's fault,
+// which a restart (systemd's RestartPreventExitStatus=2) would not mend.
 TEST(WorkerFlags, AReadyTheBrokerWouldRefuseStopsTheWorkerAtStart) {
   if (WorkerBin().empty()) GTEST_SKIP() << "built without ferry-worker (no libtorch)";
   TempDir dir;
@@ -107,11 +108,28 @@ TEST(WorkerFlags, AReadyTheBrokerWouldRefuseStopsTheWorkerAtStart) {
                                      name};
     argv.insert(argv.end(), args.begin(), args.end());
     std::string out;
-    EXPECT_EQ(RunBin(dir, argv, &out), 1) << out;
+    EXPECT_EQ(RunBin(dir, argv, &out), 2) << out;
     EXPECT_NE(out.find("the broker would refuse the READY of worker " + name + ": " + message),
               std::string::npos)
         << out;
   }
+}
+
+// A CURVE key the worker cannot read exits 2 (not restarted), as in the broker; a device not
+// there now exits 1 (restarted: a driver still loading at boot looks the same).
+TEST(WorkerFlags, AKeyItCannotReadExits2) {
+  if (WorkerBin().empty()) GTEST_SKIP() << "built without ferry-worker (no libtorch)";
+  TempDir dir;
+  const std::string missing = dir.path() + "/missing.key";
+  std::string out;
+  EXPECT_EQ(RunBin(dir,
+                   {WorkerBin(), "--broker", "tcp://127.0.0.1:1", "--redis", "redis://127.0.0.1:1",
+                    "--device", "cpu", "--model", "tiny=" + ModelPath("tiny"),
+                    "--curve-server-public", missing, "--curve-secret", missing},
+                   &out),
+            2)
+      << out;
+  EXPECT_NE(out.find("cannot read CURVE certificate " + missing), std::string::npos) << out;
 }
 
 // A bind that fails names the flag and the address: the broker's frontend, backend and

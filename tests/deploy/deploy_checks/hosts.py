@@ -132,3 +132,29 @@ def check_launcher(deploy):
                      "--device cuda:0"):
             if want not in line + " ":
                 problem("ferry-launch-gpus.sh", f"worker {k}: no '{want.strip()}' in: {line}")
+
+    # A worker that ends on its own (crashed) while others run: the launcher stops the others
+    # (SIGTERM: they drain) and exits 1, so that its supervisor restarts it; before, it waited
+    # on, alive, with that device idle. A stub stands in for ferry-worker: cpu0 exits 3.
+    with tempfile.TemporaryDirectory() as tmp:
+        stub = os.path.join(tmp, "ferry-worker")
+        with open(stub, "w") as f:
+            f.write("#!/bin/bash\n"
+                    "name=; while [ $# -gt 0 ]; do [ \"$1\" = --name ] && name=$2; shift; done\n"
+                    "[ \"$name\" = s-cpu0 ] && { sleep 0.5; exit 3; }\n"
+                    "trap 'echo drained; exit 0' TERM\n"
+                    "while true; do sleep 0.1; done\n")
+        os.chmod(stub, 0o755)
+        env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"}
+        env["PATH"] = "/usr/bin:/bin"  # no nvidia-smi: CPU workers
+        try:
+            r = subprocess.run(["bash", script, "--cpu-workers", "2", "--worker-bin", stub, "--",
+                                "--name", "s"], capture_output=True, text=True, env=env,
+                               timeout=60)
+        except subprocess.TimeoutExpired:
+            problem("ferry-launch-gpus.sh", "a worker crashed and the launcher kept running")
+            return
+        out = r.stdout + r.stderr
+        if r.returncode != 1 or "cpu0 stopped on its own" not in out or \
+                "[cpu1] drained" not in out:
+            problem("ferry-launch-gpus.sh", f"a worker crashed: rc {r.returncode}: {out}")
