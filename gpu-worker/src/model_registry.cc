@@ -182,8 +182,14 @@ Status ModelRegistry::Load(Entry* e, const cuda::Stream* stream,
   int64_t warm_batches = 0;
   {
     std::lock_guard<std::mutex> one_load(load_mu_);
-    s = Model::Create(e->config, &model, writes_inputs);
-    if (s.ok()) s = WarmUp(*model, e->config.max_batch, stream, &warm_batches);
+    // Nothing may escape between kLoading and the state below: waiters (Acquire) would wait
+    // for this load for ever, and the executor that called it would hang.
+    try {
+      s = Model::Create(e->config, &model, writes_inputs);
+      if (s.ok()) s = WarmUp(*model, e->config.max_batch, stream, &warm_batches);
+    } catch (const std::exception& ex) {
+      s = Status::Internal(std::string("loading threw: ") + ex.what());
+    }
   }
   if (!s.ok()) model.reset();  // free the memory before anyone else counts on it
 

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/protocol/redis_errors.h"
 #include "ferry/protocol/util.h"
 
 namespace ferry::worker {
@@ -45,7 +46,12 @@ Status WarmUp(const Model& model, int64_t max_batch, const cuda::Stream* stream,
     buffers.reserve(set.size());
     for (const TensorSpec& t : set) {
       const int64_t n = NumElements(t.shape);
-      if (n < 0) return Status::InvalidArgument("warmup shape too large");
+      // One warmup input is at most what one job input can be (a stored input: one Redis value).
+      if (n < 0 || static_cast<uint64_t>(n) * static_cast<uint64_t>(ItemSize(t.dtype)) >
+                       protocol::kMaxValueDataBytes)
+        return Status::InvalidArgument("warmup of model \"" + model.name() +
+                                       "\": an input shape over " +
+                                       std::to_string(protocol::kMaxValueDataBytes) + " bytes");
       buffers.emplace_back(static_cast<size_t>(n) * ItemSize(t.dtype), '\0');
       job.push_back({t.dtype, t.shape, buffers.back().data(), buffers.back().size()});
     }

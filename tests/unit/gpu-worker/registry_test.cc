@@ -151,6 +151,26 @@ TEST(RegistryTest, FailedLoadsAreReportedAndRetried) {
   EXPECT_EQ(start.LoadEager().code(), codes::kInternal);
 }
 
+// A warmup input bigger than any job input can be fails the load with invalid_argument, on every
+// try, and the registry goes on serving its other models. Before, allocating it threw out of
+// the load (std::bad_alloc) with the model left "loading": every later use of it waited for
+// ever, and the executor with it.
+TEST(RegistryTest, AWarmupTooBigFailsTheLoadAndTheOthersServe) {
+  ModelConfig huge = Big('a');
+  huge.warmup.inputs = {TensorSpec{DType::kFloat32, {int64_t{400000000000}}}};  // 1.6 TB
+  huge.warmup.batch_sizes = {1};
+  ModelRegistry r(Budget(0), {huge, Big('b')});
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    const Status s = Touch(r, "big_a");
+    EXPECT_EQ(s.code(), codes::kInvalidArgument) << s.ToString();
+    EXPECT_NE(s.message().find("warmup of model \"big_a\": an input shape over"),
+              std::string::npos)
+        << s.message();
+  }
+  EXPECT_TRUE(Touch(r, "big_b").ok());
+  EXPECT_EQ(r.Resident(), std::vector<std::string>({"big_b"}));
+}
+
 TEST(RegistryTest, MaxBatchFollowsTheBatchLimit) {
   ModelRegistry r(Budget(0), {Big('a')});
   EXPECT_EQ(r.MaxBatch("big_a", 99), 4u);
