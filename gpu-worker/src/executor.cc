@@ -7,6 +7,7 @@
 #include "ferry/protocol/util.h"
 #include "ferry/runtime/logging.h"
 #include "ferry/runtime/thread_name.h"
+#include "model.h"
 #include "worker_metrics.h"
 
 namespace ferry::worker {
@@ -157,8 +158,10 @@ void Executor::Loop() {
       spdlog::error("executor {}: batch of {} failed unexpectedly: {}", options_.index,
                     skeletons.size(), e.what());
       results.clear();
+      // Producers read this: the first meaningful line, clipped, not a backtrace.
+      const std::string why = SummarizeModelError(e.what());
       for (auto& s : skeletons)
-        results.push_back(FailedResult(std::move(s), Status::Internal(e.what())));
+        results.push_back(FailedResult(std::move(s), Status::Internal(why)));
     }
     writer_->Submit(std::move(results));  // written while this thread computes the next batch
     jobs.clear();

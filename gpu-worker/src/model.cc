@@ -360,13 +360,29 @@ Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& in
       return ModelError(config_.method + " returned " + result.tagKind() +
                         "; expected a tensor or a tuple/list of tensors");
     }
+    // Within what every decoder takes (protocol.md, "Tensors"): a result past it would be
+    // stored `done` and then fail to decode in the producer's SDK.
+    if (outputs.size() > protocol::kMaxInputsPerJob)
+      return ModelError(config_.method + " returned " + std::to_string(outputs.size()) +
+                        " tensors; a job's result holds at most " +
+                        std::to_string(protocol::kMaxInputsPerJob));
     for (size_t k = 0; k < outputs.size(); ++k) {
       at::Tensor& t = outputs[k];
       DType dtype;
+      if (t.layout() != c10::kStrided)
+        return ModelError("output " + std::to_string(k) + " is a " + c10::str(t.layout()) +
+                          " tensor; Ferry returns dense (strided) ones");
       if (t.dim() < 1 || t.size(0) != batch) {
         return ModelError("output " + std::to_string(k) + " has shape " + c10::str(t.sizes()) +
                           "; its first dimension must be the batch size " + std::to_string(batch));
       }
+      if (t.dim() - 1 > static_cast<int64_t>(protocol::kMaxTensorDims))
+        return ModelError("output " + std::to_string(k) + " has " + std::to_string(t.dim() - 1) +
+                          " dims per job; at most " + std::to_string(protocol::kMaxTensorDims));
+      for (int64_t d = 1; d < t.dim(); ++d)
+        if (t.size(d) > (int64_t{1} << 40))
+          return ModelError("output " + std::to_string(k) + " has shape " + c10::str(t.sizes()) +
+                            "; a dimension is at most 2^40");
       if (config_.half && t.scalar_type() == c10::kHalf) t = t.to(c10::kFloat);
       if (!FromTorchDType(t.scalar_type(), &dtype)) {
         return ModelError("output " + std::to_string(k) + " has dtype " +
@@ -395,25 +411,30 @@ Status Model::Run(const std::vector<const std::vector<protocol::TensorRef>*>& in
     trim[rule.output] = &rule;
   }
   const size_t untrimmed = outputs.size();
-  for (size_t k = 0; k < untrimmed; ++k) {
-    protocol::TensorRef ref;
-    FromTorchDType(outputs[k].scalar_type(), &ref.dtype);
-    for (int64_t j = 0; j < batch; ++j) {
-      at::Tensor slice;
-      if (trim[k] != nullptr) {
-        const at::Tensor row = outputs[k].select(0, j);
-        const int64_t d = Padding::Normalize(trim[k]->dim, static_cast<size_t>(row.dim()));
-        const int64_t keep = std::min(row.size(d), Padding::Trimmed(*trim[k], lengths[j]));
-        outputs.push_back(row.narrow(d, 0, keep).contiguous());
-        slice = outputs.back();
-      } else {
-        slice = outputs[k].select(0, j);  // contiguous: a view into row j
+  try {  // (slicing checked outputs does not throw; should libtorch, the job fails, not the batch)
+    for (size_t k = 0; k < untrimmed; ++k) {
+      protocol::TensorRef ref;
+      FromTorchDType(outputs[k].scalar_type(), &ref.dtype);
+      for (int64_t j = 0; j < batch; ++j) {
+        at::Tensor slice;
+        if (trim[k] != nullptr) {
+          const at::Tensor row = outputs[k].select(0, j);
+          const int64_t d = Padding::Normalize(trim[k]->dim, static_cast<size_t>(row.dim()));
+          const int64_t keep = std::min(row.size(d), Padding::Trimmed(*trim[k], lengths[j]));
+          outputs.push_back(row.narrow(d, 0, keep).contiguous());
+          slice = outputs.back();
+        } else {
+          slice = outputs[k].select(0, j);  // contiguous: a view into row j
+        }
+        ref.shape.assign(slice.sizes().begin(), slice.sizes().end());
+        ref.size = static_cast<size_t>(slice.numel()) * slice.element_size();
+        ref.data = static_cast<const char*>(slice.data_ptr());
+        out->per_job[static_cast<size_t>(j)][k] = ref;
       }
-      ref.shape.assign(slice.sizes().begin(), slice.sizes().end());
-      ref.size = static_cast<size_t>(slice.numel()) * slice.element_size();
-      ref.data = static_cast<const char*>(slice.data_ptr());
-      out->per_job[static_cast<size_t>(j)][k] = ref;
     }
+  } catch (const c10::Error& e) {
+    out->per_job.clear();
+    return ModelError(SummarizeModelError(e.what_without_backtrace()));
   }
   out->owner = std::move(tensors);
   return Status::Ok();

@@ -171,6 +171,27 @@ TEST(EngineTest, ConfiguredMethodIsCalled) {
   EXPECT_NE(s.message().find("missing"), std::string::npos);
 }
 
+// A result every decoder takes, or model_error: at most 16 dims per job and 64 tensors, dense.
+// Before, such outputs were stored `done` and the C++ SDK then failed to read them
+// (invalid_argument), and a sparse one failed `internal` with a whole C++ backtrace.
+TEST(EngineTest, OutputsPastTheProtocolsLimitsAreModelErrors) {
+  Batcher batcher;
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"deep", "output 0 has 17 dims per job; at most 16"},
+      {"many", "returned 65 tensors; a job's result holds at most 64"},
+      {"sparse", "output 0 is a Sparse tensor; Ferry returns dense (strided) ones"},
+  };
+  for (const auto& [name, message] : cases) {
+    auto model = Load(Config(name));
+    ASSERT_NE(model, nullptr) << name;
+    auto r = batcher.Run(*model, {MakeJob("j", name, {Ramp({2}, 1)})});
+    ASSERT_EQ(r.size(), 1u);
+    EXPECT_EQ(r[0].status.code(), codes::kModelError) << name << ": " << r[0].status.ToString();
+    EXPECT_NE(r[0].status.message().find(message), std::string::npos) << r[0].status.message();
+    EXPECT_EQ(r[0].status.message().find("frame #"), std::string::npos) << r[0].status.message();
+  }
+}
+
 TEST(EngineTest, OutOfMemoryHalvesTheBatchAndLowersTheLimit) {
   auto model = Load(Config("oom"));
   BatchLimit limit(8, /*hold_us=*/60'000'000, /*step_us=*/10'000'000);

@@ -29,6 +29,20 @@ const std::map<std::string, Def>& Defs() {
         {}}},
       {"stride2", {"def forward(self, x):\n    return x[:, ::2] * 1.0\n", {}}},
       {"identity", {"def forward(self, x):\n    return x\n", {}}},
+      // Outputs past what a result may hold (protocol.md, "Tensors"): 17 dims per job, 65
+      // tensors, a sparse tensor.
+      {"deep",
+       {"def forward(self, x):\n"
+        "    return x.reshape([x.size(0), 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, -1])\n",
+        {}}},
+      {"many",
+       {"def forward(self, x):\n"
+        "    out = [x]\n"
+        "    for i in range(64):\n"
+        "        out.append(x)\n"
+        "    return out\n",
+        {}}},
+      {"sparse", {"def forward(self, x):\n    return x.to_sparse()\n", {}}},
       {"oom",
        {"def forward(self, x):\n"
         "    assert x.size(0) <= 2, 'CUDA out of memory. Tried to allocate 2.00 GiB'\n"
