@@ -9,6 +9,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cerrno>
+#include <chrono>
 #include <string>
 #include <thread>
 #include <vector>
@@ -41,6 +43,43 @@ std::string RawRequest(int port, const std::string& request) {
   while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
   close(fd);
   return out;
+}
+
+// A connected TCP socket to 127.0.0.1:port, with receive and send timeouts; -1 on failure.
+int Connect(int port, int timeout_s) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{timeout_s, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Sends `first`, then `chunk` again and again, up to `limit` bytes in all, until a send fails.
+// Returns the bytes sent; *closed says the server closed the connection (EPIPE, ECONNRESET), as
+// opposed to a send that timed out or a limit reached.
+size_t SendUntilClosed(int fd, const std::string& first, const std::string& chunk, size_t limit,
+                       bool* closed) {
+  *closed = false;
+  size_t sent = 0;
+  const std::string* what = &first;
+  while (sent < limit) {
+    const ssize_t n = send(fd, what->data(), what->size(), MSG_NOSIGNAL);
+    if (n < 0) {
+      *closed = errno == EPIPE || errno == ECONNRESET;
+      break;
+    }
+    sent += static_cast<size_t>(n);
+    what = &chunk;
+  }
+  return sent;
 }
 
 std::string Body(const std::string& response) {
@@ -149,6 +188,83 @@ TEST(MetricsServer, LivezHealthzReadyzLayers) {
   live = false;
   EXPECT_EQ(get("/livez").rfind("HTTP/1.1 503", 0), 0u);
   EXPECT_EQ(Body(get("/livez")), "event loop stalled\n");
+}
+
+// Slow clients do not hold the probes: four connections trickle a header byte every 300 ms
+// (each read succeeds, so a per-read timeout never fires) while /livez is asked. Before, two
+// such clients held cpp-httplib's two handler threads and /livez did not answer at all. The
+// server closes them once their 5 s for a request have passed.
+TEST(MetricsServer, SlowClientsDoNotHoldTheProbes) {
+  Registry r;
+  auto server = StartOrDie(&r);
+  std::vector<int> slow;
+  for (int i = 0; i < 4; ++i) {
+    slow.push_back(Connect(server->port(), 30));
+    ASSERT_GE(slow.back(), 0);
+    send(slow.back(), "GET /metrics HTTP/1.1\r\nX-Slow: ", 31, MSG_NOSIGNAL);
+  }
+  std::atomic<bool> stop{false};
+  std::thread trickle([&] {
+    while (!stop) {
+      for (int fd : slow) send(fd, "x", 1, MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    }
+  });
+  const int probe = Connect(server->port(), 10);
+  ASSERT_GE(probe, 0);
+  send(probe, "GET /livez HTTP/1.1\r\nHost: x\r\n\r\n", 35, MSG_NOSIGNAL);
+  char buf[256];
+  const ssize_t n = recv(probe, buf, sizeof(buf), 0);
+  close(probe);
+  stop = true;
+  trickle.join();
+  ASSERT_GT(n, 0) << "no answer to /livez while slow clients were connected";
+  EXPECT_EQ(std::string(buf, static_cast<size_t>(n)).rfind("HTTP/1.1 200", 0), 0u);
+  for (int fd : slow) {  // closed by the server: recv gives 0 (or a reset), not the timeout
+    ssize_t got;
+    while ((got = recv(fd, buf, sizeof(buf), 0)) > 0) {
+    }
+    EXPECT_TRUE(got == 0 || errno == ECONNRESET) << "a slow client kept its connection";
+    close(fd);
+  }
+}
+
+// A client cannot make the server read without end: an endless request head stops at 16 KiB
+// (431), and a body is never read (a POST: 405). In both the server closes the connection long
+// before 64 MiB went out. Before, cpp-httplib read header lines and bodies without bound (a
+// broker grew by 1.7 GB in 8 s).
+TEST(MetricsServer, EndlessHeadersAndBodiesAreNotRead) {
+  Registry r;
+  auto server = StartOrDie(&r);
+  constexpr size_t kLimit = size_t{64} << 20;
+  const std::string header_line = "X-Flood: " + std::string(1000, 'a') + "\r\n";
+  struct Case {
+    std::string first, chunk;
+  };
+  const std::vector<Case> cases = {
+      {"GET /metrics HTTP/1.1\r\n", header_line},
+      {"POST /metrics HTTP/1.1\r\nContent-Length: 100000000000\r\n\r\n", std::string(65536, 'b')},
+  };
+  for (const Case& c : cases) {
+    const int fd = Connect(server->port(), 20);
+    ASSERT_GE(fd, 0);
+    bool closed = false;
+    const size_t sent = SendUntilClosed(fd, c.first, c.chunk, kLimit, &closed);
+    close(fd);
+    EXPECT_TRUE(closed) << c.first << ": sent " << sent << " bytes and the server read on";
+    EXPECT_LT(sent, kLimit) << c.first;
+  }
+  // The first line of each answer, had the client read it before writing on.
+  EXPECT_EQ(RawRequest(server->port(), "GET /metrics HTTP/1.1\r\n" + std::string(20000, 'h'))
+                .rfind("HTTP/1.1 431", 0),
+            0u);
+  EXPECT_EQ(RawRequest(server->port(), "POST /metrics HTTP/1.1\r\nContent-Length: 5\r\n\r\n")
+                .rfind("HTTP/1.1 405", 0),
+            0u);
+  const std::string head = RawRequest(server->port(), "HEAD /livez HTTP/1.0\r\n\r\n");
+  EXPECT_EQ(head.rfind("HTTP/1.1 200", 0), 0u) << head;
+  EXPECT_EQ(Body(head), "") << "HEAD answered with a body";
+  EXPECT_EQ(RawRequest(server->port(), "GET /livez HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
 }
 
 // The process_* series of every Prometheus client library, read from /proc/self.

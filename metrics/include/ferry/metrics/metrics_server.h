@@ -1,5 +1,5 @@
 #pragma once
-// MetricsServer: serves a Registry over HTTP on its own thread (cpp-httplib):
+// MetricsServer: serves a Registry over HTTP/1.x on its own thread (poll(2); no library):
 //   GET /metrics  -> 200, Registry::Expose(), Content-Type text/plain; version=0.0.4
 //   GET /livez    -> 200 "ok", or 503 and the reason when options.health says the process is
 //                    stuck (a liveness probe: restart it)
@@ -7,8 +7,11 @@
 //                    is unreachable (Redis)
 //   GET /readyz   -> also 503 and the reason when options.ready says it cannot serve yet (a
 //                    worker not connected to a broker): a readiness probe
-// Anything else gets 404. The server only reads the registry; the process updates metrics from
-// its own threads as usual.
+// HEAD too; another method gets 405, another path 404. Every answer closes its connection. A
+// client has 5 s for its whole exchange and 16 KiB for its request head (else 431); no body is
+// read; at most 64 connections are open: slow or hostile clients cannot hold the probes or grow
+// the process. The server only reads the registry; the process updates metrics from its own
+// threads as usual.
 //
 //   MetricsServerOptions options;
 //   options.port = metrics_port;  // --metrics-port
@@ -18,7 +21,7 @@
 //   server->Stop();           // or let the destructor do it
 //
 // Thread-safety: Start/Stop/port from one owning thread; the callbacks run on the server's
-// threads and must be thread-safe.
+// thread and must be thread-safe (and quick: one request at a time).
 
 #include <functional>
 #include <memory>
@@ -60,7 +63,7 @@ class MetricsServer {
   MetricsServer(const MetricsServer&) = delete;
   MetricsServer& operator=(const MetricsServer&) = delete;
 
-  // Stops accepting, finishes the requests in progress and joins the threads. Idempotent.
+  // Stops accepting, closes the open connections and joins the thread. Idempotent.
   void Stop();
   // The bound port; 0 when disabled.
   int port() const { return port_; }
