@@ -89,11 +89,15 @@ void Broker::Impl::ReloadKeys() {
     spdlog::info("SIGHUP: nothing to reload (CURVE is off)");
     return;
   }
-  Status s = zap->Reload();
+  std::vector<std::string> broken;
+  Status s = zap->Reload(&broken);
   if (!s.ok()) {
     spdlog::error("SIGHUP: keeping the previous allowed keys: {}", s.message());
     return;
   }
+  // The rest applies (a revocation must not wait for another file to be mended); those keys are
+  // not allowed until their files read.
+  for (const auto& why : broken) spdlog::error("SIGHUP: a key file left out: {}", why);
   std::vector<std::string> revoked;
   for (const auto& [routing_id, w] : scheduler.workers())
     if (!zap->IsWorker(w.key)) revoked.push_back(routing_id);

@@ -24,12 +24,12 @@ Status ZapHandler::Create(zmq::context_t& context, Dirs dirs, std::unique_ptr<Za
   return Status::Ok();
 }
 
-Status ZapHandler::Reload() {
+Status ZapHandler::Reload(std::vector<std::string>* broken) {
   std::map<std::string, std::string> producers, workers, operators;
-  FERRY_RETURN_IF_ERROR(protocol::ReadPublicKeys(dirs_.producers, &producers));
-  FERRY_RETURN_IF_ERROR(protocol::ReadPublicKeys(dirs_.workers, &workers));
+  FERRY_RETURN_IF_ERROR(protocol::ReadPublicKeys(dirs_.producers, &producers, broken));
+  FERRY_RETURN_IF_ERROR(protocol::ReadPublicKeys(dirs_.workers, &workers, broken));
   if (!dirs_.operators.empty())
-    FERRY_RETURN_IF_ERROR(protocol::ReadPublicKeys(dirs_.operators, &operators));
+    FERRY_RETURN_IF_ERROR(protocol::ReadPublicKeys(dirs_.operators, &operators, broken));
   producers_ = std::move(producers);
   workers_ = std::move(workers);
   operators_ = std::move(operators);

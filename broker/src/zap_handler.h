@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 #include <zmq.hpp>
 
 #include "ferry/status.h"
@@ -40,8 +41,11 @@ class ZapHandler {
   zmq::socket_t& socket() { return socket_; }
   // Answers the requests waiting on the socket (call when it polls readable).
   void Handle();
-  // Re-reads the directories. On error (a directory or file unreadable) the previous lists stay.
-  Status Reload();
+  // Re-reads the directories. On error (a directory unreadable) the previous lists stay. With
+  // `broken` (SIGHUP) a broken key file is left out, its error appended there, and the rest
+  // applies: a key whose file was removed is revoked even while another file is half-copied.
+  // Without it (start-up) any broken file is an error.
+  Status Reload(std::vector<std::string>* broken = nullptr);
 
   bool IsProducer(const std::string& key) const { return producers_.count(key) != 0; }
   bool IsOperator(const std::string& key) const { return operators_.count(key) != 0; }

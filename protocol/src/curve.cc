@@ -142,7 +142,8 @@ Status ReadCertificate(const std::string& path, bool need_secret, CurveKeyPair* 
   return Status::Ok();
 }
 
-Status ReadPublicKeys(const std::string& dir, std::map<std::string, std::string>* out) {
+Status ReadPublicKeys(const std::string& dir, std::map<std::string, std::string>* out,
+                      std::vector<std::string>* broken) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr)
     return Status::InvalidArgument("cannot read key directory " + dir + ": " +
@@ -156,7 +157,12 @@ Status ReadPublicKeys(const std::string& dir, std::map<std::string, std::string>
   std::map<std::string, std::string> keys;
   for (const std::string& f : files) {
     CurveKeyPair k;
-    FERRY_RETURN_IF_ERROR(ReadCertificate(dir + "/" + f, /*need_secret=*/false, &k));
+    Status s = ReadCertificate(dir + "/" + f, /*need_secret=*/false, &k);
+    if (!s.ok() && broken == nullptr) return s;
+    if (!s.ok()) {
+      broken->push_back(s.message());
+      continue;
+    }
     keys.emplace(k.public_key, f.substr(0, f.size() - 4));
   }
   *out = std::move(keys);

@@ -9,6 +9,7 @@
 #include <signal.h>
 
 #include <chrono>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -130,6 +131,38 @@ TEST_F(Curve, SighupAddsAndRevokesKeysWithoutDroppingListedMembers) {
       },
       std::chrono::seconds(20)));
   ExpectRuns(*client_);
+}
+
+// A revocation applies even while another key file is broken (half copied): that file is left
+// out, named in the log, and the rest of the directory applies. Before, one broken file kept
+// the previous lists whole, the revoked key with them.
+TEST_F(Curve, ARevocationAppliesWhileAnotherKeyFileIsBroken) {
+  keys_.Make("late", "producers");
+  fleet_->broker().Signal(SIGHUP);
+  auto late = MakeClient("late");
+  ASSERT_TRUE(late);
+  ASSERT_TRUE(testutil::WaitFor(
+      [&] {
+        Result r;
+        return late->Run(TinyJob(), 2000, &r).ok() && r.state == JobState::kDone;
+      },
+      std::chrono::seconds(20)))
+      << fleet_->Logs();
+  keys_.Revoke("late", "producers");
+  std::ofstream(keys_.AllowDir("producers") + "/half-copied.key") << "#   ZeroMQ Pub";
+  fleet_->broker().Signal(SIGHUP);
+  ASSERT_TRUE(testutil::WaitFor(
+      [&] {
+        std::string id;
+        return !late->Submit(TinyJob(), &id).ok();
+      },
+      std::chrono::seconds(20)))
+      << "the revoked key still got in\n"
+      << fleet_->Logs();
+  ExpectRuns(*client_);
+  EXPECT_NE(fleet_->broker().Log().find("SIGHUP: a key file left out: "), std::string::npos)
+      << fleet_->broker().Log();
+  EXPECT_NE(fleet_->broker().Log().find("half-copied.key"), std::string::npos);
 }
 
 TEST_F(Curve, ARevokedWorkerIsDroppedAndItsJobsRunElsewhere) {

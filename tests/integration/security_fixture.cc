@@ -50,6 +50,10 @@ void FleetKeys::Revoke(const std::string& name, const std::string& allow_dir) {
   fs::remove(dir_.path() + "/" + allow_dir + "/" + name + ".key");
 }
 
+std::string FleetKeys::AllowDir(const std::string& allow_dir) const {
+  return dir_.path() + "/" + allow_dir;
+}
+
 std::string FleetKeys::Public(const std::string& name) const {
   return dir_.path() + "/secrets/" + name + ".key";
 }

@@ -34,6 +34,8 @@ class FleetKeys {
   protocol::CurveKeyPair Make(const std::string& name, const std::string& allow_dir = "");
   void Allow(const std::string& name, const std::string& allow_dir);
   void Revoke(const std::string& name, const std::string& allow_dir);
+  // The directory the broker reads `allow_dir`'s keys from.
+  std::string AllowDir(const std::string& allow_dir) const;
   std::string Public(const std::string& name) const;
   std::string Secret(const std::string& name) const;
   std::vector<std::string> BrokerArgs() const;

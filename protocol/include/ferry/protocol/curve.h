@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 #include <zmq.hpp>
 
 #include "ferry/status.h"
@@ -46,8 +47,10 @@ Status WriteCertificates(const std::string& dir, const std::string& name, const 
 Status ReadCertificate(const std::string& path, bool need_secret, CurveKeyPair* out);
 
 // The public keys of every *.key file in `dir` (not *.key_secret), as public key -> the file's
-// name without ".key". invalid_argument when the directory cannot be read or a file is broken.
-Status ReadPublicKeys(const std::string& dir, std::map<std::string, std::string>* out);
+// name without ".key". invalid_argument when the directory cannot be read, or a file is broken
+// and `broken` is null; else each broken file is left out and its error appended to *broken.
+Status ReadPublicKeys(const std::string& dir, std::map<std::string, std::string>* out,
+                      std::vector<std::string>* broken = nullptr);
 
 // The client side of CURVE on `socket` (a DEALER connecting to the broker): the broker's public
 // key from `server_public_file` (its .key) and our pair from `secret_file` (our .key_secret).
