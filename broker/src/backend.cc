@@ -1,6 +1,8 @@
 // Worker-facing handlers: READY, DONE, HEARTBEAT, BYE; dropping workers; finishing jobs.
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+
 #include "broker_impl.h"
 #include "ferry/protocol/hello_check.h"
 #include "ferry/protocol/util.h"
@@ -143,10 +145,17 @@ void Broker::Impl::HandleDone(protocol::Message& m, const msgpack::object& body)
                 "bad DONE from a worker: " + protocol::Printable(s.message()));
     return;
   }
+  // A duplicate is one of the ids reported: a bigger claim (a worker that lies, 2^63-1 twice)
+  // must not wrap the counters. Logged at most 10 times per 10 s, as the warnings.
+  duplicates = std::clamp<int64_t>(duplicates, 0, static_cast<int64_t>(ids.size()));
   if (duplicates > 0) {
     scheduler.mutable_counters().duplicates += duplicates;
-    spdlog::info("{} duplicate result(s) suppressed (an earlier result of the job won)",
-                 duplicates);
+    int64_t suppressed = 0;
+    if (duplicates_log.Allow(protocol::MonotonicMicros(), &suppressed))
+      spdlog::info("{} duplicate result(s) suppressed (an earlier result of the job won){}",
+                   duplicates,
+                   suppressed > 0 ? " (" + std::to_string(suppressed) + " such lines suppressed)"
+                                  : std::string());
   }
   const msgpack::object* bye = protocol::Find(body, "bye");
   const bool leaving = bye != nullptr && bye->type == msgpack::type::BOOLEAN && bye->via.boolean;

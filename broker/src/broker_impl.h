@@ -61,7 +61,8 @@ struct Broker::Impl {
   std::vector<PendingReply> pending_replies;
 
   // Warnings about what peers send, rate-limited per kind (a peer can repeat a bad message).
-  LogLimiter bad_worker_message_log, bad_producer_message_log, refused_log, redis_log;
+  LogLimiter bad_worker_message_log, bad_producer_message_log, refused_log, redis_log,
+      duplicates_log;
   void LimitedWarn(LogLimiter& limiter, const std::string& text);
 
   // Metrics (broker_metrics.h): kept by hooks in the handlers, served by metrics_server.

@@ -55,13 +55,19 @@ TEST_F(Curve, AListedWorkerThatLiesAboutDoneFinishesNothing) {
   }
   EXPECT_EQ(WorkerRecv(holder, 10000), "CHUNK");
   const int64_t finished = Counter(*client_, "finished");
-  // raw1 claims both done (one running on raw0, one queued); raw0 claims the queued one.
-  RawSend(liar, "DONE", protocol::EncodeDone(ids, 0));
+  const int64_t duplicates = Counter(*client_, "duplicates");
+  // raw1 claims both done (one running on raw0, one queued), twice, each time with 2^63-1
+  // duplicates; raw0 claims the queued one.
+  for (int i = 0; i < 2; ++i)
+    RawSend(liar, "DONE", protocol::EncodeDone(ids, std::numeric_limits<int64_t>::max()));
   RawSend(holder, "DONE", protocol::EncodeDone({ids[1]}, 0));
   ExpectRuns(*client_);  // the broker reads the DONEs before it dispatches this job
   ASSERT_TRUE(
       testutil::WaitFor([&] { return PendingJobs(*client_) == 2; }, std::chrono::seconds(10)));
   EXPECT_EQ(Counter(*client_, "finished"), finished + 1);  // the `tiny` job just run
+  // A duplicate is one of the ids reported: at most 2 per DONE, and no counter wraps.
+  EXPECT_GE(Counter(*client_, "duplicates"), duplicates);
+  EXPECT_LE(Counter(*client_, "duplicates"), duplicates + 4);
   for (const auto& id : ids) {
     Result r;
     ASSERT_TRUE(client_->Poll(id, &r).ok());
