@@ -224,8 +224,19 @@ Status ParseRedisUrl(std::string_view url, RedisEndpoint* out) {
     }
   }
   if (ep.host.empty()) return bad("no host");
-  if (has_port && !ParseInt(port, 1, 65535, &ep.port))
+  if (has_port && !ParseInt(port, 1, 65535, &ep.port)) {
+    // Not a number and no '@': perhaps USER:PASSWORD without @HOST. Neither echoed nor shown.
+    if (at == std::string_view::npos && port.find_first_not_of("0123456789") != port.npos) {
+      const size_t from = static_cast<size_t>(port.data() - url.data());
+      const std::string shown =
+          std::string(url.substr(0, from)) + "***" + std::string(url.substr(from + port.size()));
+      return Status::InvalidArgument(
+          "bad port (not a number, not shown: a password goes as USER:PASSWORD@HOST) in Redis "
+          "URL \"" +
+          shown + "\" (want redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB])");
+    }
     return bad("bad port \"" + std::string(port) + "\"");
+  }
   *out = std::move(ep);
   return Status::Ok();
 }

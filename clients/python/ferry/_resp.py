@@ -135,11 +135,29 @@ def _redact(url):
         limit = slash if slash >= 0 else limit
     at = url.rfind("@", 0, limit)
     if at < start:
-        return url
+        return _redact_port(url, start)
     colon = url.find(":", start)
     if colon < 0 or colon > at:
         return url
     return url[:colon + 1] + "***" + url[at:]
+
+
+def _redact_port(url, start):
+    """A URL without '@' whose "port" is not a number: perhaps USER:PASSWORD with @HOST left
+    out, so that part is masked (as the C++ side does). Others are returned as they are."""
+    if url.startswith("unix://"):
+        return url
+    end = min([i for i in (url.find(c, start) for c in "/?#") if i >= 0] or [len(url)])
+    hostport = url[start:end]
+    if hostport.startswith("["):  # [IPv6]:PORT
+        colon = hostport.find("]:")
+        colon = colon + 1 if colon >= 0 else -1
+    else:
+        colon = hostport.find(":")
+    port = hostport[colon + 1:] if colon >= 0 else ""
+    if colon < 0 or not port or (port.isascii() and port.isdigit()):
+        return url
+    return url[:start + colon + 1] + "***" + url[end:]
 
 
 def _encode(args):
@@ -271,7 +289,10 @@ class Connection(asyncio.BufferedProtocol):
                                           % (endpoint.address, why))
         except (OSError, asyncio.TimeoutError, ssl.SSLError, ConnectionError) as e:
             conn.close()
-            raise Unavailable("Redis at %s: %s" % (endpoint.address, e or type(e).__name__))
+            why = str(e) or type(e).__name__
+            if endpoint.ssl is not None and isinstance(e, (asyncio.TimeoutError, ssl.SSLError)):
+                why += " (is it a plain-TCP port? use redis://)"
+            raise Unavailable("Redis at %s: %s" % (endpoint.address, why))
         except BaseException:
             conn.close()
             raise

@@ -301,3 +301,13 @@ def test_no_broker_means_unavailable_not_a_hang():
             c.submit("tiny", np.ones(8, np.float32))
         with pytest.raises(ferry.Unavailable):
             c.poll(uid("x"))  # no Redis either
+
+
+def test_tls_to_a_plain_redis_port_says_why(fleet):
+    # rediss:// to a plain-TCP Redis: the handshake fails, and the message says why and what to
+    # do (before, a timed-out handshake left it empty: "Redis at HOST:PORT: ").
+    url = fleet.redis_url.replace("redis://", "rediss://", 1)
+    with ferry.Client(fleet.frontend, url, request_timeout_ms=1000) as c:
+        with pytest.raises(ferry.Unavailable) as e:
+            c.poll(uid("tls"))
+    assert "is it a plain-TCP port? use redis://" in str(e.value), e.value

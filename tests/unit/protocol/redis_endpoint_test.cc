@@ -138,6 +138,9 @@ TEST(RedisUrlTest, BadFormsSayWhatIsWrongWithoutThePassword) {
   EXPECT_TRUE(Contains(Bad("redis://u:s3cret@h:65536").message(), "bad port"));
   EXPECT_TRUE(Contains(Bad("redis://u:s3cret@h:").message(), "bad port"));
   EXPECT_TRUE(Contains(Bad("redis://u:s3cret@h:x1").message(), "bad port"));
+  // USER:PASSWORD without @HOST reads as HOST:PORT: the "port" is not echoed.
+  EXPECT_TRUE(Contains(Bad("redis://u:s3cret").message(), "redis://u:***"));
+  EXPECT_TRUE(Contains(Bad("redis://h:99999", "none").message(), "bad port \"99999\""));
   EXPECT_TRUE(Contains(Bad("redis://u:s3cret@h:1/x").message(), "bad database"));
   EXPECT_TRUE(Contains(Bad("redis://u:s3cret@h:1/-1").message(), "bad database"));
   EXPECT_TRUE(Contains(Bad("redis://u:s3cret@:1").message(), "no host"));
@@ -279,8 +282,7 @@ TEST_F(ResolveTest, TlsFilesNeedRediss) {
   EXPECT_TRUE(Contains(s.message(), "rediss://")) << s.message();
   EXPECT_FALSE(Contains(s.message(), "s3cret")) << s.message();
   // A Unix-domain socket is local: no TLS over it.
-  EXPECT_EQ(ResolveRedisEndpoint("unix:///tmp/r.sock", files, &ep).code(),
-            codes::kInvalidArgument);
+  EXPECT_EQ(ResolveRedisEndpoint("unix:///tmp/r.sock", files, &ep).code(), codes::kInvalidArgument);
 }
 
 TEST_F(ResolveTest, BadTlsFiles) {
