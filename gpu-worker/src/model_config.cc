@@ -172,6 +172,9 @@ Status ReadModel(TableReader& r, ModelConfig* m) {
   if (m->path.empty()) return r.Error(nullptr, "path", "missing (the TorchScript file)");
   FERRY_RETURN_IF_ERROR(r.String("device", &m->device));
   FERRY_RETURN_IF_ERROR(r.Int("max_batch", &m->max_batch));
+  // (0 means "not given: --max-batch" inside; written in the file it is a mistake.)
+  if (r.Get("max_batch") != nullptr && (m->max_batch < 1 || m->max_batch > 65536))
+    return r.Error(r.Get("max_batch"), "max_batch", "must be 1..65536");
   FERRY_RETURN_IF_ERROR(r.String("method", &m->method));
   FERRY_RETURN_IF_ERROR(r.Bool("half", &m->half));
   FERRY_RETURN_IF_ERROR(r.Bool("pinned", &m->pinned));

@@ -109,6 +109,8 @@ TEST(RepositoryTest, BadFilesFailWithFileLineAndKey) {
       {"[models.a]\npath = \"a.pt\"\nmax_batch = \"big\"\n",
        "t.toml:3: models.a.max_batch: must be an integer"},
       {"[models.a]\npath = \"a.pt\"\nmaxbatch = 4\n", "models.a.maxbatch: unknown key"},
+      {"[models.a]\npath = \"a.pt\"\nmax_batch = 0\n",
+       "t.toml:3: models.a.max_batch: must be 1..65536"},
       {"[models.a]\ndevice = \"cpu\"\n", "models.a.path: missing"},
       {"[models.a]\npath = \"a.pt\"\nload = \"sometimes\"\n", "must be \"eager\" or \"lazy\""},
       {"[models.a]\npath = \"a.pt\"\n[models.a.padding]\nbuckets = [8, 4]\n", "strictly ascending"},
