@@ -74,6 +74,11 @@ def _rebuild_tensor_v2(storage, offset, size, stride, requires_grad=False, hooks
         last = offset + sum((n - 1) * s for n, s in zip(size, stride))
         if offset < 0 or last >= array.size:
             raise CheckpointError("a tensor reaches past the end of its storage")
+        # More elements than its storage holds (a stride of 0 repeats them): weights never do,
+        # and the copy below would allocate all of them (a few bytes can ask for terabytes).
+        if count > array.size - offset:
+            raise CheckpointError("a tensor of %d elements over a storage of %d" %
+                                  (count, array.size - offset))
     view = np.lib.stride_tricks.as_strided(
         array[offset:], shape=size, strides=[s * array.itemsize for s in stride],
         writeable=False)

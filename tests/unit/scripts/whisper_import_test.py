@@ -173,6 +173,9 @@ class ReadCheckpointTest(unittest.TestCase):
                 [("w", Tensor(s0, 0, (2,), (1,)))])}, "missing"),
             "past the end": ({"dims": DIMS, "model_state_dict": collections.OrderedDict(
                 [("w", Tensor(s0, 1, (2,), (1,)))])}, "past the end"),
+            # Stride 0: 10^12 elements from 2 (before, the copy tried to allocate them all).
+            "stride 0": ({"dims": DIMS, "model_state_dict": collections.OrderedDict(
+                [("w", Tensor(s0, 0, (10**6, 10**6), (0, 0)))])}, "over a storage of 2"),
             "no dims": ({"model_state_dict": collections.OrderedDict()}, "dims"),
             "not a tensor": ({"dims": DIMS, "model_state_dict": {"w": 3}}, "not a tensor"),
         }
@@ -182,7 +185,7 @@ class ReadCheckpointTest(unittest.TestCase):
                     with open(self.path, "wb") as f:
                         f.write(b"\x80\x02}q\x00.")  # a bare pickle: the legacy format
                 else:
-                    save(self.path, root, [s0] if what == "past the end" else [])
+                    save(self.path, root, [s0] if what in ("past the end", "stride 0") else [])
                 with self.assertRaisesRegex(whisper_import.CheckpointError, message):
                     whisper_import.read_checkpoint(self.path)
 
