@@ -6,6 +6,7 @@
 #include "ferry/metrics/names.h"
 #include "ferry/metrics/registry.h"
 #include "ferry/protocol/redis.h"
+#include "ferry/protocol/redis_errors.h"
 
 namespace ferry::metrics {
 namespace {
@@ -21,6 +22,16 @@ double InfoField(const std::string& info, const std::string& field) {
   } catch (...) {
     return -1;
   }
+}
+
+// The text of `field:` in an INFO reply, up to the line's end; "" when absent.
+std::string InfoText(const std::string& info, const std::string& field) {
+  const std::string key = "\n" + field + ":";
+  const std::string text = "\n" + info;
+  size_t at = text.find(key);
+  if (at == std::string::npos) return "";
+  at += key.size();
+  return text.substr(at, text.find_first_of("\r\n", at) - at);
 }
 
 }  // namespace
@@ -58,11 +69,17 @@ void RedisProbe::Loop() {
     std::vector<protocol::RedisReply> replies;
     Status s = client->Flush(&replies);
     double used = -1, max = -1;
+    std::string refuses;  // why Redis answers but would refuse Ferry's writes now
     if (s.ok() && options_.memory && replies.size() == 2 &&
         replies[1].type == protocol::RedisReply::Type::kString) {
       used = InfoField(replies[1].str, "used_memory");
       max = InfoField(replies[1].str, "maxmemory");
+      if (max > 0 && used >= max && InfoText(replies[1].str, "maxmemory_policy") == "noeviction")
+        refuses = "at its maxmemory with noeviction: writes are refused (OOM)";
     }
+    if (s.ok() && !replies.empty() && replies[0].type == protocol::RedisReply::Type::kError &&
+        protocol::IsTransientRedisError(replies[0].str))
+      refuses = "answers " + replies[0].str;  // LOADING, BUSY, MASTERDOWN, ...
     up_->Set(s.ok() ? 1 : 0);
     if (used >= 0) {
       if (!used_memory_) {
@@ -73,8 +90,10 @@ void RedisProbe::Loop() {
       max_memory_->Set(max < 0 ? 0 : max);
     }
     lock.lock();
-    up_now_ = s.ok();
-    why_ = s.ok() ? "" : options_.endpoint.Describe() + " unreachable: " + s.message();
+    up_now_ = s.ok() && refuses.empty();
+    why_ = !s.ok()           ? options_.endpoint.Describe() + " unreachable: " + s.message()
+           : refuses.empty() ? ""
+                             : options_.endpoint.Describe() + " " + refuses;
     cv_.wait_for(lock, std::chrono::milliseconds(options_.interval_ms), [this] { return stop_; });
   }
 }

@@ -303,6 +303,17 @@ TEST(RedisProbe, UpMemoryThenDownWithTheReason) {
   EXPECT_EQ(SumSamples(parsed, names::kRedisUp), 1);
   EXPECT_GE(SumSamples(parsed, names::kRedisMaxMemory), 0);
 
+  // At its maxmemory with noeviction Redis answers but refuses writes: not up for /readyz
+  // (before, it was, while every SUBMIT was rejected), though the gauge says it answers.
+  auto admin = redis.Connect();
+  ASSERT_NE(admin, nullptr);
+  protocol::RedisReply reply;
+  ASSERT_TRUE(admin->Command({"CONFIG", "SET", "maxmemory", "1"}, &reply).ok());
+  ASSERT_TRUE(testutil::WaitFor([&] { return !probe.Up(&why); }));
+  EXPECT_NE(why.find("maxmemory with noeviction"), std::string::npos) << why;
+  ASSERT_TRUE(admin->Command({"CONFIG", "SET", "maxmemory", "0"}, &reply).ok());
+  ASSERT_TRUE(testutil::WaitFor([&] { return probe.Up(&why); })) << why;
+
   redis.Stop();
   ASSERT_TRUE(testutil::WaitFor([&] { return !probe.Up(&why); }));
   EXPECT_NE(why.find("unreachable"), std::string::npos) << why;

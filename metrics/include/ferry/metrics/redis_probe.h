@@ -7,7 +7,10 @@
 //   ferry_redis_maxmemory_bytes      gauge, INFO memory maxmemory (0: no limit; with `memory`)
 // and Up() for /readyz and /healthz. Any reply counts as an answer, an error reply too (an ACL
 // user without +ping is still talking to a live Redis); INFO needs +info in the user's ACL, and
-// without it the memory gauges are simply absent.
+// without it the memory gauges are simply absent. Up() is false, with the reason, also while
+// Redis answers but would refuse writes: a PING answered LOADING, BUSY, MASTERDOWN (the
+// passing errors of IsTransientRedisError), or (with `memory`) used_memory at maxmemory under
+// maxmemory-policy noeviction -- every SUBMIT would be rejected then.
 //
 // Thread-safety: Up() from any thread; construct and destroy on one.
 
