@@ -111,6 +111,14 @@ TEST(RepositoryTest, BadFilesFailWithFileLineAndKey) {
       {"[models.a]\npath = \"a.pt\"\nmaxbatch = 4\n", "models.a.maxbatch: unknown key"},
       {"[models.a]\npath = \"a.pt\"\nmax_batch = 0\n",
        "t.toml:3: models.a.max_batch: must be 1..65536"},
+      // A pad value the padded input's dtype cannot hold (before: every job failed at run
+      // time, or -1.5 was cut to -1).
+      {"[models.a]\npath = \"a.pt\"\ninputs = [{ dtype = \"uint8\", shape = [-1] }]\n"
+       "[models.a.padding]\ninputs = [0]\nvalue = 300.0\n",
+       "padding.value 300.000000 does not fit input 0 (uint8): want a whole number 0..255"},
+      {"[models.a]\npath = \"a.pt\"\ninputs = [{ dtype = \"int16\", shape = [-1] }]\n"
+       "[models.a.padding]\ninputs = [0]\nvalue = -1.5\n",
+       "padding.value -1.500000 does not fit input 0 (int16)"},
       {"[models.a]\ndevice = \"cpu\"\n", "models.a.path: missing"},
       {"[models.a]\npath = \"a.pt\"\nload = \"sometimes\"\n", "must be \"eager\" or \"lazy\""},
       {"[models.a]\npath = \"a.pt\"\n[models.a.padding]\nbuckets = [8, 4]\n", "strictly ascending"},
