@@ -188,7 +188,10 @@ void MetricsServer::Impl::Loop() {
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(next - Clock::now());
       timeout_ms = static_cast<int>(std::clamp<int64_t>(left.count() + 1, 0, 60000));
     }
-    if (poll(fds.data(), fds.size(), timeout_ms) < 0 && errno != EINTR) break;
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
+      if (errno != EINTR) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+      continue;  // (EINTR; anything else: the probes must not stop for good)
+    }
     if (fds[0].revents != 0) break;  // Stop
     const auto now = Clock::now();
     const size_t polled = conns.size();
@@ -215,8 +218,10 @@ void MetricsServer::Impl::Loop() {
             break;
           }
         }
-        c.in.clear();
-        c.in.shrink_to_fit();
+        if (!c.out.empty()) {  // answered: the head is not needed any more
+          c.in.clear();
+          c.in.shrink_to_fit();
+        }
       }
       if (!done && !c.out.empty()) {  // send what the socket takes now; POLLOUT for the rest
         while (c.sent < c.out.size()) {
@@ -237,7 +242,13 @@ void MetricsServer::Impl::Loop() {
     if (fds[1].revents & POLLIN) {
       while (conns.size() < kMaxConnections) {
         const int fd = accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-        if (fd < 0) break;  // none left (EAGAIN), or one that failed: the next poll tells
+        if (fd < 0) {
+          // Out of descriptors: the listener stays readable, and polling it again at once
+          // would spin. Wait a little (the pending connections wait in the backlog).
+          if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+          break;  // none left (EAGAIN), or one that failed
+        }
         Connection c;
         c.fd = fd;
         c.deadline = now + kExchangeTimeout;

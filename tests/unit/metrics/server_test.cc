@@ -25,26 +25,6 @@
 namespace ferry::metrics {
 namespace {
 
-// Sends a raw HTTP/1.0 request to 127.0.0.1:port and returns the whole response.
-std::string RawRequest(int port, const std::string& request) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return "";
-  }
-  send(fd, request.data(), request.size(), 0);
-  std::string out;
-  char buf[4096];
-  ssize_t n;
-  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
-  close(fd);
-  return out;
-}
-
 // A connected TCP socket to 127.0.0.1:port, with receive and send timeouts; -1 on failure.
 int Connect(int port, int timeout_s) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -60,6 +40,19 @@ int Connect(int port, int timeout_s) {
     return -1;
   }
   return fd;
+}
+
+// Sends a raw HTTP/1.0 request to 127.0.0.1:port and returns the whole response.
+std::string RawRequest(int port, const std::string& request) {
+  const int fd = Connect(port, 30);
+  if (fd < 0) return "";
+  send(fd, request.data(), request.size(), MSG_NOSIGNAL);
+  std::string out;
+  char buf[4096];
+  ssize_t n;
+  while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
+  close(fd);
+  return out;
 }
 
 // Sends `first`, then `chunk` again and again, up to `limit` bytes in all, until a send fails.
@@ -265,6 +258,35 @@ TEST(MetricsServer, EndlessHeadersAndBodiesAreNotRead) {
   EXPECT_EQ(head.rfind("HTTP/1.1 200", 0), 0u) << head;
   EXPECT_EQ(Body(head), "") << "HEAD answered with a body";
   EXPECT_EQ(RawRequest(server->port(), "GET /livez HTTP/1.0\r\n\r\n").rfind("HTTP/1.1 200", 0), 0u);
+}
+
+// A request head that comes in several pieces is read whole: answered once it ends, and 431
+// once it passes 16 KiB however it is cut.
+TEST(MetricsServer, AHeadInPiecesIsReadWhole) {
+  Registry r;
+  auto server = StartOrDie(&r);
+  auto in_pieces = [&](const std::vector<std::string>& pieces) {
+    const int fd = Connect(server->port(), 20);
+    EXPECT_GE(fd, 0);
+    char buf[4096];
+    for (const auto& p : pieces) {
+      if (recv(fd, buf, 1, MSG_PEEK | MSG_DONTWAIT) > 0) break;  // answered: send no more
+      send(fd, p.data(), p.size(), MSG_NOSIGNAL);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // one read each
+    }
+    std::string out;
+    ssize_t n;
+    while ((n = recv(fd, buf, sizeof(buf), 0)) > 0) out.append(buf, static_cast<size_t>(n));
+    close(fd);
+    return out;
+  };
+  const std::string livez = in_pieces({"GET /li", "vez HTTP/1.1\r\n", "Host: x\r\n", "\r\n"});
+  EXPECT_EQ(livez.rfind("HTTP/1.1 200", 0), 0u) << livez;
+  EXPECT_EQ(Body(livez), "ok\n");
+  std::vector<std::string> big = {"GET /metrics HTTP/1.1\r\n"};
+  for (int i = 0; i < 20; ++i) big.push_back("X-Big: " + std::string(1000, 'a') + "\r\n");
+  const std::string refused = in_pieces(big);
+  EXPECT_EQ(refused.rfind("HTTP/1.1 431", 0), 0u) << refused.substr(0, 100);
 }
 
 // The process_* series of every Prometheus client library, read from /proc/self.
