@@ -135,7 +135,11 @@ std::vector<Job*> Scheduler::RemoveWorker(const std::string& routing_id) {
   std::vector<Job*> held;
   for (const auto& id : it->second.in_flight) {
     auto j = jobs_.find(id);
-    if (j != jobs_.end()) held.push_back(j->second.get());
+    // Only a job this worker holds now: an id it still runs after its job was taken (Take) may
+    // name a newer job of that id, on another worker.
+    if (j != jobs_.end() && j->second->phase == JobPhase::kDispatched &&
+        j->second->worker == routing_id)
+      held.push_back(j->second.get());
   }
   std::sort(held.begin(), held.end(), [](Job* a, Job* b) { return a->seq > b->seq; });
   for (Job* job : held) {
@@ -167,15 +171,14 @@ std::vector<std::unique_ptr<Job>> Scheduler::Complete(const std::string& routing
   std::vector<std::unique_ptr<Job>> done;
   auto w = workers_.find(routing_id);
   for (const auto& id : ids) {
+    // Whatever became of the job, this worker has stopped running it: its credit comes back
+    // (also for a job taken on another's word, or one whose id now names a newer job).
+    if (w != workers_.end()) w->second.in_flight.erase(id);
     auto it = jobs_.find(id);
-    if (it == jobs_.end()) {  // ended already; if it ran here too, the credit comes back now
-      if (w != workers_.end()) w->second.in_flight.erase(id);
-      continue;
-    }
+    if (it == jobs_.end()) continue;
     const Job& job = *it->second;
     if (job.phase == JobPhase::kDispatched && job.worker == routing_id) {
       done.push_back(Take(id));
-      if (w != workers_.end()) w->second.in_flight.erase(id);
     } else {
       not_held->push_back(id);
     }

@@ -120,9 +120,9 @@ class Scheduler {
   // (dispatched to this routing id), removed from the scheduler. The other ids that are pending
   // -- a job requeued after its worker was presumed dead, running elsewhere, or a DONE from a
   // connection that never held it -- go to *not_held: the caller finishes them only once it has
-  // seen their result in Redis (a DONE is a claim, not a proof). An unknown id that this
-  // worker still has in flight (its job was taken on another's word) returns its credit; other
-  // unknown ids are ignored.
+  // seen their result in Redis (a DONE is a claim, not a proof). Every id named leaves the
+  // worker's in_flight (its credit comes back): it no longer runs that job, whatever became of
+  // it (taken on another's word, or its id reused by a newer job). Unknown ids are ignored.
   std::vector<std::unique_ptr<Job>> Complete(const std::string& routing_id,
                                              const std::vector<std::string>& ids,
                                              std::vector<std::string>* not_held);

@@ -248,6 +248,29 @@ TEST(Scheduler, AJobTakenOnAnotherWorkersWordKeepsItsHoldersCreditUntilItsOwnDon
   EXPECT_EQ(s.workers().at("w2").credit(), 0);
 }
 
+// A job taken while on w2 (its turn's journal write failed: rejected unavailable) and submitted
+// again under the same id runs on w3. w2's DONE for the old run gives w2 its credit back
+// although the id now names w3's job; and removing w2 leaves w3's job alone.
+TEST(Scheduler, AnIdReusedOnAnotherWorkerKeepsBothWorkersAccountsApart) {
+  Scheduler s;
+  s.AddWorker("w2", Hello("w2", 1, {{"m", 1}}), 0);
+  ASSERT_TRUE(s.Add(MakeJob("a", "m")).ok());
+  Chunk c;
+  ASSERT_TRUE(s.NextChunk(&c));
+  ASSERT_NE(s.Take("a"), nullptr);
+  s.AddWorker("w3", Hello("w3", 1, {{"m", 1}}), 0);
+  ASSERT_TRUE(s.Add(MakeJob("a", "m")).ok());
+  ASSERT_TRUE(s.NextChunk(&c));
+  ASSERT_EQ(c.worker, "w3");
+  std::vector<std::string> not_held;
+  EXPECT_TRUE(s.Complete("w2", {"a"}, &not_held).empty());
+  EXPECT_EQ(not_held, std::vector<std::string>{"a"});  // w3's: finished once seen in Redis
+  EXPECT_EQ(s.workers().at("w2").credit(), 1);
+  EXPECT_TRUE(s.RemoveWorker("w2").empty()) << "w3's job was requeued";
+  EXPECT_EQ(s.workers().at("w3").credit(), 0);
+  EXPECT_EQ(s.QueueDepth("m"), 0u);
+}
+
 TEST(Scheduler, DoneForAJobTheSenderDoesNotHoldFinishesNothing) {
   Scheduler s;
   ASSERT_TRUE(s.Add(MakeJob("a", "m")).ok());
