@@ -25,6 +25,10 @@
 # --threads is given, each worker gets max(1, cores / (workers x instances)) intra-op threads so
 # the workers together do not oversubscribe the host.
 set -uo pipefail
+if [ "${BASH_VERSINFO[0]}" -lt 5 ] || { [ "${BASH_VERSINFO[0]}" -eq 5 ] && [ "${BASH_VERSINFO[1]}" -lt 1 ]; }; then
+  echo "ferry-launch-gpus: needs bash >= 5.1 (wait -n -p), this is $BASH_VERSION" >&2
+  exit 2
+fi
 
 usage() { sed -n '2,/^set -uo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'; }
 
@@ -158,7 +162,11 @@ fi
 [ "$dry_run" -eq 1 ] && exit 0
 
 draining=0
+own_drain=0
 forward() {  # a signal: pass it to every worker still running (a second one stops them now)
+  # A supervisor's SIGTERM while a drain we began runs (a worker crashed) is not passed on: a
+  # second TERM would stop the draining workers at once.
+  if [ "$draining" -eq 1 ] && [ "$1" = TERM ] && [ "$own_drain" -eq 1 ]; then return; fi
   draining=1
   echo "ferry-launch-gpus: SIG$1: forwarding to ${#running[@]} worker(s)" >&2
   for p in "${running[@]}"; do kill -s "$1" "$p" 2>/dev/null; done
@@ -178,7 +186,12 @@ while [ ${#running[@]} -gt 0 ]; do
   gone=""
   wait -n -p gone "${running[@]}"
   rc=$?
-  [ -z "${gone:-}" ] && continue  # a trapped signal ended the wait, not a worker
+  if [ -z "${gone:-}" ]; then
+    [ "$rc" -gt 128 ] && continue  # a trapped signal ended the wait, not a worker
+    echo "ferry-launch-gpus: wait failed ($rc); stopping" >&2
+    forward TERM
+    exit 1
+  fi
   echo "ferry-launch-gpus: ${label_of[$gone]} (pid $gone) exited with $rc" >&2
   [ "$rc" -ne 0 ] && status=1
   left=()
@@ -189,6 +202,7 @@ while [ ${#running[@]} -gt 0 ]; do
       "that the launcher exits and is restarted" >&2
     status=1
     forward TERM
+    own_drain=1
   fi
 done
 exit $status
