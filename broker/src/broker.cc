@@ -95,9 +95,13 @@ void Broker::Impl::ReloadKeys() {
     spdlog::error("SIGHUP: keeping the previous allowed keys: {}", s.message());
     return;
   }
-  // The rest applies (a revocation must not wait for another file to be mended); those keys are
-  // not allowed until their files read.
-  for (const auto& why : broken) spdlog::error("SIGHUP: a key file left out: {}", why);
+  // The rest applies (a revocation must not wait for another file to be mended); a broken file
+  // keeps the key its name had, and a new one adds nothing until it reads.
+  for (const auto& why : broken)
+    spdlog::error(
+        "SIGHUP: a key file that does not read (its member keeps its previous key, if "
+        "any): {}",
+        why);
   std::vector<std::string> revoked;
   for (const auto& [routing_id, w] : scheduler.workers())
     if (!zap->IsWorker(w.key)) revoked.push_back(routing_id);

@@ -26,10 +26,22 @@ Status ZapHandler::Create(zmq::context_t& context, Dirs dirs, std::unique_ptr<Za
 
 Status ZapHandler::Reload(std::vector<std::string>* broken) {
   std::map<std::string, std::string> producers, workers, operators;
-  FERRY_RETURN_IF_ERROR(protocol::ReadPublicKeys(dirs_.producers, &producers, broken));
-  FERRY_RETURN_IF_ERROR(protocol::ReadPublicKeys(dirs_.workers, &workers, broken));
+  // Reads one directory into *to; with `broken`, a broken NAME.key keeps NAME's keys in `before`.
+  auto read = [broken](const std::string& dir, const std::map<std::string, std::string>& before,
+                       std::map<std::string, std::string>* to) -> Status {
+    std::vector<std::pair<std::string, std::string>> bad;
+    FERRY_RETURN_IF_ERROR(protocol::ReadPublicKeys(dir, to, broken ? &bad : nullptr));
+    for (const auto& [name, why] : bad) {
+      for (const auto& [key, was] : before)
+        if (was == name) to->emplace(key, was);
+      broken->push_back(why);
+    }
+    return Status::Ok();
+  };
+  FERRY_RETURN_IF_ERROR(read(dirs_.producers, producers_, &producers));
+  FERRY_RETURN_IF_ERROR(read(dirs_.workers, workers_, &workers));
   if (!dirs_.operators.empty())
-    FERRY_RETURN_IF_ERROR(protocol::ReadPublicKeys(dirs_.operators, &operators, broken));
+    FERRY_RETURN_IF_ERROR(read(dirs_.operators, operators_, &operators));
   producers_ = std::move(producers);
   workers_ = std::move(workers);
   operators_ = std::move(operators);

@@ -42,9 +42,10 @@ class ZapHandler {
   // Answers the requests waiting on the socket (call when it polls readable).
   void Handle();
   // Re-reads the directories. On error (a directory unreadable) the previous lists stay. With
-  // `broken` (SIGHUP) a broken key file is left out, its error appended there, and the rest
-  // applies: a key whose file was removed is revoked even while another file is half-copied.
-  // Without it (start-up) any broken file is an error.
+  // `broken` (SIGHUP) the rest applies whatever file is broken: a key whose file was removed is
+  // revoked even while another file is half copied. A broken NAME.key keeps the key NAME had
+  // before (a file being rewritten must not revoke its member); a new one adds nothing. Each is
+  // appended to *broken as its error. Without `broken` (start-up) any broken file is an error.
   Status Reload(std::vector<std::string>* broken = nullptr);
 
   bool IsProducer(const std::string& key) const { return producers_.count(key) != 0; }

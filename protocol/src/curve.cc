@@ -143,7 +143,7 @@ Status ReadCertificate(const std::string& path, bool need_secret, CurveKeyPair* 
 }
 
 Status ReadPublicKeys(const std::string& dir, std::map<std::string, std::string>* out,
-                      std::vector<std::string>* broken) {
+                      std::vector<std::pair<std::string, std::string>>* broken) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr)
     return Status::InvalidArgument("cannot read key directory " + dir + ": " +
@@ -160,7 +160,7 @@ Status ReadPublicKeys(const std::string& dir, std::map<std::string, std::string>
     Status s = ReadCertificate(dir + "/" + f, /*need_secret=*/false, &k);
     if (!s.ok() && broken == nullptr) return s;
     if (!s.ok()) {
-      broken->push_back(s.message());
+      broken->emplace_back(f.substr(0, f.size() - 4), s.message());
       continue;
     }
     keys.emplace(k.public_key, f.substr(0, f.size() - 4));

@@ -2,6 +2,7 @@
 #include "security_fixture.h"
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
@@ -214,6 +215,21 @@ void Curve::ExpectRuns(client::Client& c) {
   Status s = c.Run(TinyJob(), 30000, &r);
   ASSERT_TRUE(s.ok()) << s.ToString() << fleet_->Logs();
   EXPECT_EQ(r.state, JobState::kDone) << r.error.ToString();
+}
+
+std::unique_ptr<client::Client> Curve::AdmitNewProducer(const std::string& name) {
+  keys_.Make(name, "producers");
+  fleet_->broker().Signal(SIGHUP);
+  auto c = MakeClient(name);
+  if (!c) return nullptr;
+  const bool runs = testutil::WaitFor(
+      [&] {
+        Result r;
+        return c->Run(TinyJob(), 2000, &r).ok() && r.state == JobState::kDone;
+      },
+      std::chrono::seconds(20));
+  EXPECT_TRUE(runs) << fleet_->Logs();
+  return runs ? std::move(c) : nullptr;
 }
 
 std::unique_ptr<testutil::Process> Curve::StartWorker(const std::string& name,

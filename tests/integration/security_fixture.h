@@ -89,6 +89,10 @@ class Curve : public ::testing::Test {
 
   void ExpectRuns(client::Client& c);
 
+  // NAME's new key listed as a producer after start: SIGHUP, then a client under it once it
+  // runs a job (refused until the broker has re-read its directories). Null on failure.
+  std::unique_ptr<client::Client> AdmitNewProducer(const std::string& name);
+
   // A ferry-worker serving `tiny` with NAME's key, and `extra` flags.
   std::unique_ptr<testutil::Process> StartWorker(const std::string& name,
                                                  const std::vector<std::string>& extra = {});

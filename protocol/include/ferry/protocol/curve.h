@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 #include <zmq.hpp>
 
@@ -48,9 +49,10 @@ Status ReadCertificate(const std::string& path, bool need_secret, CurveKeyPair* 
 
 // The public keys of every *.key file in `dir` (not *.key_secret), as public key -> the file's
 // name without ".key". invalid_argument when the directory cannot be read, or a file is broken
-// and `broken` is null; else each broken file is left out and its error appended to *broken.
+// and `broken` is null; else each broken file is left out and appended to *broken as its name
+// (without ".key") and its error.
 Status ReadPublicKeys(const std::string& dir, std::map<std::string, std::string>* out,
-                      std::vector<std::string>* broken = nullptr);
+                      std::vector<std::pair<std::string, std::string>>* broken = nullptr);
 
 // The client side of CURVE on `socket` (a DEALER connecting to the broker): the broker's public
 // key from `server_public_file` (its .key) and our pair from `secret_file` (our .key_secret).
