@@ -188,6 +188,11 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
       s = protocol::MatchFrames(&in.inputs, m.frames.data() + first_frame,
                                 next_frame - first_frame);
     if (s.ok()) s = Admit(in, scheduler, options);
+    // A pending id is a duplicate whatever else is wrong with the job (Admit checks it first):
+    // any other rejection tells the producer that the job's stored inputs are its own to delete.
+    if (!s.ok() && s.code() != codes::kDuplicate && protocol::IsValidJobId(in.id) &&
+        scheduler.IsPending(in.id))
+      s = Status(codes::kDuplicate, "a job with this id is pending");
     if (!s.ok()) {
       reply.accepted.rejected.push_back({in.id, s.code(), s.message()});
       continue;

@@ -449,6 +449,50 @@ TEST_F(Wire, RawSubmitWithoutAckIsAnsweredOnlyForRejections) {
   EXPECT_EQ(stored.state, JobState::kDone);
 }
 
+// A job whose id is pending is `duplicate` whatever else is wrong with it -- an unknown model, a
+// job that does not decode past its id -- so that any other rejection tells the producer the
+// id is not pending and the job's stored inputs are its own to delete (protocol.md). Before, a
+// malformed job with a pending id was `invalid_argument`, and the SDKs deleted the pending
+// job's stored inputs.
+TEST_F(Wire, APendingIdIsADuplicateWhateverElseIsWrong) {
+  fleet_->worker(0).Signal(SIGSTOP);  // the job below stays pending on it
+  client::Job job;
+  job.model = "tiny";
+  job.inputs = {testutil::RandomFloats({8}, 3)};
+  std::string id;
+  ASSERT_TRUE(client_->Submit(job, &id).ok());
+  zmq::context_t ctx(1);
+  zmq::socket_t s = RawDealer(ctx, fleet_->frontend(), 20000);
+  msgpack::sbuffer no_inputs;  // {"jobs": [{"id": id, "model": "tiny"}]}
+  protocol::Packer pk(no_inputs);
+  pk.pack_map(1);
+  protocol::PackString(pk, "jobs");
+  pk.pack_array(1);
+  pk.pack_map(2);
+  protocol::PackString(pk, "id");
+  protocol::PackString(pk, id);
+  protocol::PackString(pk, "model");
+  protocol::PackString(pk, "tiny");
+  for (const std::string& body :
+       {RawSubmitBody(id, "no-such-model"), std::string(no_inputs.data(), no_inputs.size())}) {
+    RawSend(s, {"FERRY1", "SUBMIT", body});
+    protocol::Message reply;
+    ASSERT_TRUE(protocol::RecvMessage(s, false, &reply, /*dont_wait=*/false).ok());
+    ASSERT_EQ(reply.command, "ACCEPTED");
+    msgpack::object_handle oh;
+    ASSERT_TRUE(protocol::UnpackMap(reply.body.data(), reply.body.size(), &oh).ok());
+    protocol::Accepted a;
+    ASSERT_TRUE(protocol::DecodeAccepted(oh.get(), &a).ok());
+    ASSERT_EQ(a.rejected.size(), 1u);
+    EXPECT_EQ(a.rejected[0].id, id);
+    EXPECT_EQ(a.rejected[0].code, codes::kDuplicate) << a.rejected[0].message;
+  }
+  fleet_->worker(0).Signal(SIGCONT);
+  Result r;
+  ASSERT_TRUE(client_->Wait(id, 60000, &r).ok()) << fleet_->Logs();
+  EXPECT_EQ(r.state, JobState::kDone);
+}
+
 // When the journal write of a turn fails, the broker rejects that turn's jobs `unavailable`; a
 // job that already ended within the turn keeps its one fate. Here a CANCEL read right after the
 // SUBMIT cancels the job while it is queued, and a second SUBMIT of the same id follows: the
