@@ -138,8 +138,9 @@ std::string StripRedisPassword(std::string_view url, std::string* password) {
 }
 
 Status ParseRedisUrl(std::string_view url, RedisEndpoint* out) {
+  std::string shown = RedactRedisUrl(url);  // the URL as messages show it
   auto bad = [&](const std::string& what) {
-    return Status::InvalidArgument(what + " in Redis URL \"" + RedactRedisUrl(url) +
+    return Status::InvalidArgument(what + " in Redis URL \"" + shown +
                                    "\" (want redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB] or "
                                    "unix://[USER[:PASSWORD]@]/PATH[?db=DB])");
   };
@@ -192,6 +193,21 @@ Status ParseRedisUrl(std::string_view url, RedisEndpoint* out) {
     *out = std::move(ep);
     return Status::Ok();
   }
+  // No '@': USER:PASSWORD with @HOST left out reads as HOST:PORT[/DB]. When what follows the
+  // host's ':' is no port, it may be a password (holding '/', '?' too): from that ':' on,
+  // nothing of the URL is shown.
+  bool masked = false;
+  if (at == std::string_view::npos) {
+    const std::string_view authority = rest.substr(0, rest.find_first_of("/?#"));
+    const size_t close = !authority.empty() && authority[0] == '[' ? authority.find(']') : 0;
+    const size_t colon = close == std::string_view::npos ? close : authority.find(':', close);
+    int port = 0;
+    if (colon != std::string_view::npos &&
+        !ParseInt(authority.substr(colon + 1), 1, 65535, &port)) {
+      shown = std::string(url.substr(0, url.size() - rest.size() + colon + 1)) + "***";
+      masked = true;
+    }
+  }
   if (rest.find_first_of("?#") != std::string_view::npos)
     return bad("query parameters are not supported (use the --redis-* flags)");
   const size_t slash = rest.find('/');
@@ -199,7 +215,8 @@ Status ParseRedisUrl(std::string_view url, RedisEndpoint* out) {
   if (slash != std::string_view::npos) {
     const std::string_view db = rest.substr(slash + 1);
     if (!db.empty() && !ParseInt(db, 0, 1 << 30, &ep.db))
-      return bad("bad database \"" + std::string(db) + "\" (a number)");
+      return bad(masked ? "bad database (not shown)"
+                        : "bad database \"" + std::string(db) + "\" (a number)");
   }
   std::string_view port;
   bool has_port = false;
@@ -224,19 +241,9 @@ Status ParseRedisUrl(std::string_view url, RedisEndpoint* out) {
     }
   }
   if (ep.host.empty()) return bad("no host");
-  if (has_port && !ParseInt(port, 1, 65535, &ep.port)) {
-    // Not a number and no '@': perhaps USER:PASSWORD without @HOST. Neither echoed nor shown.
-    if (at == std::string_view::npos && port.find_first_not_of("0123456789") != port.npos) {
-      const size_t from = static_cast<size_t>(port.data() - url.data());
-      const std::string shown =
-          std::string(url.substr(0, from)) + "***" + std::string(url.substr(from + port.size()));
-      return Status::InvalidArgument(
-          "bad port (not a number, not shown: a password goes as USER:PASSWORD@HOST) in Redis "
-          "URL \"" +
-          shown + "\" (want redis[s]://[USER[:PASSWORD]@]HOST:PORT[/DB])");
-    }
-    return bad("bad port \"" + std::string(port) + "\"");
-  }
+  if (has_port && !ParseInt(port, 1, 65535, &ep.port))
+    return bad(masked ? "bad port (not shown: a password goes as USER:PASSWORD@HOST)"
+                      : "bad port \"" + std::string(port) + "\"");
   *out = std::move(ep);
   return Status::Ok();
 }

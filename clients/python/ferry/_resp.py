@@ -143,8 +143,9 @@ def _redact(url):
 
 
 def _redact_port(url, start):
-    """A URL without '@' whose "port" is not a number: perhaps USER:PASSWORD with @HOST left
-    out, so that part is masked (as the C++ side does). Others are returned as they are."""
+    """A URL without '@' whose "port" is no port (1..65535): perhaps USER:PASSWORD with @HOST
+    left out, the password holding '/' or '?' too: nothing from that ':' on is shown (as the
+    C++ side does). Others are returned as they are."""
     if url.startswith("unix://"):
         return url
     end = min([i for i in (url.find(c, start) for c in "/?#") if i >= 0] or [len(url)])
@@ -154,10 +155,12 @@ def _redact_port(url, start):
         colon = colon + 1 if colon >= 0 else -1
     else:
         colon = hostport.find(":")
-    port = hostport[colon + 1:] if colon >= 0 else ""
-    if colon < 0 or not port or (port.isascii() and port.isdigit()):
+    if colon < 0:
         return url
-    return url[:start + colon + 1] + "***" + url[end:]
+    port = hostport[colon + 1:]
+    if port.isascii() and port.isdigit() and 1 <= int(port) <= 65535:
+        return url
+    return url[:start + colon + 1] + "***"
 
 
 def _encode(args):
