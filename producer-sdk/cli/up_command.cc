@@ -366,6 +366,12 @@ int RunUp(std::vector<char*>& args) {
                           "--max-batch", std::to_string(max_batch)},
                          ""});
   }
+  // Worker i serves metrics on BASE+1+i: the last of them must be a port too.
+  if (metrics_port_base > 0 && metrics_port_base + static_cast<int64_t>(o.workers.size()) > 65535) {
+    std::fprintf(stderr, "ferry up: --metrics-port-base %lld leaves no port for worker %zu\n",
+                 static_cast<long long>(metrics_port_base), o.workers.size() - 1);
+    return kExitUsage;
+  }
 
   bool temp_logs = log_dir.empty();
   if (temp_logs) {

@@ -352,6 +352,8 @@ TEST(FerryUp, UsageErrors) {
       {{"--drain-timeout-ms", "3000000000"}, "must be 1..2147483647"},
       {{"--frontend-port", "70000"}, "--frontend-port must be 0..65535"},
       {{"--metrics-port-base", "-5"}, "--metrics-port-base must be 0..65535"},
+      {{"--metrics-port-base", "65535", "--cpu-workers", "2"},
+       "--metrics-port-base 65535 leaves no port for worker 1"},
   };
   for (const auto& [args, message] : ranges) {
     std::vector<std::string> argv = {"up", "--model", "m=" + dir.path() + "/x.pt"};
