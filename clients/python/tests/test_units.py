@@ -255,8 +255,8 @@ def test_options_and_urls(tmp_path, monkeypatch):
     assert _resp._redact("rediss://u:p@ss@h:1") == "rediss://u:***@h:1"
     # USER:PASSWORD with @HOST left out reads as HOST:PORT: a "port" that is not a number is
     # masked, in the message too; a real port, an IPv6 host, a socket path are shown.
-    for url, secret in (("redis://u:SECRETPWC", "SECRETPWC"), ("redis://u:pa/ss", "ss"),
-                        ("redis://u:p?ss", "ss"), ("redis://u:99999", "99999")):
+    for url, secret in (("redis://u:SECRETPWC", "SECRETPWC"), ("redis://u:PW/SECRET", "SECRET"),
+                        ("redis://u:PW?SECRET", "SECRET"), ("redis://u:99999", "99999")):
         with pytest.raises(ferry.InvalidArgument) as bad:
             _resp.parse_redis_url(url)
         assert secret not in str(bad.value) and "'redis://u:***'" in str(bad.value), bad.value
