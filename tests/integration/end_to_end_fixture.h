@@ -98,4 +98,11 @@ inline std::vector<std::string> KeysMatching(Fleet& fleet, const std::string& pa
   return out;
 }
 
+// Whether no stored input is left in Redis, waiting for it (up to WaitFor's 30 s): a worker
+// deletes a job's stored inputs in the round after its result (never beside its SET), so a
+// producer can read the result a moment before they go.
+inline bool NoInputKeysLeft(Fleet& fleet) {
+  return testutil::WaitFor([&] { return KeysMatching(fleet, "ferry:input:*").empty(); });
+}
+
 }  // namespace ferry::end_to_end_test

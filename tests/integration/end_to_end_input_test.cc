@@ -79,7 +79,7 @@ TEST_F(EndToEnd, BigInputsGoThroughRedisAndLeaveNoKeyBehind) {
   rejected.model = "no-such-model";
   std::string id;
   EXPECT_EQ(client_->Run(rejected, 10000, &r, &id).code(), codes::kUnknownModel);
-  EXPECT_TRUE(KeysMatching(*fleet_, "ferry:input:*").empty()) << "input keys left in Redis";
+  EXPECT_TRUE(NoInputKeysLeft(*fleet_)) << "input keys left in Redis";
   // They were there (stored, one SET each), and went by DEL: the worker's after the results
   // (several jobs' keys in one), the SDK's for the rejected job's input.
   EXPECT_GE(CommandCalls(*fleet_, {"set"}) - sets_before, 9);
@@ -118,7 +118,7 @@ TEST_F(EndToEnd, BodyAttachedAndStoredInputsInOneSubmit) {
     ASSERT_EQ(results[i].state, JobState::kDone) << i << " " << results[i].error.ToString();
     EXPECT_TRUE(results[i].outputs.at(0).data == jobs[i].inputs[0].data) << i;
   }
-  EXPECT_TRUE(KeysMatching(*fleet_, "ferry:input:*").empty()) << "input keys left in Redis";
+  EXPECT_TRUE(NoInputKeysLeft(*fleet_)) << "input keys left in Redis";
   // attached_input_bytes 0: the 40 KB inputs go in the body again, with the same results.
   ClientOptions in_body;
   in_body.frontend = fleet_->frontend();

@@ -146,7 +146,7 @@ TEST_F(EndToEnd, InputSpecsRejectBadJobsAtSubmit) {
   EXPECT_NE(s.message().find("got float32 [9]"), std::string::npos) << s.message();
   ASSERT_TRUE(c->Run(TinyJob(8), 30000, &r).ok());
   EXPECT_EQ(r.state, JobState::kDone);
-  EXPECT_TRUE(KeysMatching(*fleet_, "ferry:input:*").empty());
+  EXPECT_TRUE(NoInputKeysLeft(*fleet_)) << "input keys left in Redis";
 
   // The broker's STATS lists the model's spec and its worker.
   std::string json;
@@ -287,7 +287,7 @@ TEST_F(EndToEnd, SpeechClipsOfAnyLengthShareBatchesThroughPadding) {
   }
   EXPECT_GT(biggest_batch, 1) << "clips of different lengths never shared a batch";
   EXPECT_GT(transcripts.size(), 1u) << "every clip decoded to the same tokens";
-  EXPECT_TRUE(KeysMatching(*fleet_, "ferry:input:*").empty()) << "input keys left in Redis";
+  EXPECT_TRUE(NoInputKeysLeft(*fleet_)) << "input keys left in Redis";
 }
 }  // namespace
 }  // namespace ferry::end_to_end_test

@@ -23,7 +23,8 @@ def test_stored_inputs_go_through_redis(fleet, client):
     np.testing.assert_array_equal(client.wait(i, timeout=30).outputs[0], x)
     calls = fleet.redis().info("commandstats")["cmdstat_set"]["calls"]
     assert calls - r_before >= 2  # the two stored inputs (results are written with SET too)
-    assert fleet.redis().keys("ferry:input:*") == []
+    # (the worker deletes them in the round after the results: a moment after they are read)
+    wait_for(lambda: fleet.redis().keys("ferry:input:*") == [], 10, "stored inputs deleted")
     with ferry.Client(fleet.frontend, fleet.redis_url, stored_input_bytes=0,
                       attached_input_bytes=0) as inline:
         np.testing.assert_array_equal(inline.run("null", x, timeout=30).outputs[0], x)
@@ -56,7 +57,8 @@ def test_redis_over_its_unix_socket(fleet):
         on_socket = [cl for cl in fleet.redis().client_list()
                      if cl["addr"].lstrip("[").startswith(fleet.redis_socket + ":")]
         assert on_socket, fleet.redis().client_list()
-    assert fleet.redis().keys("ferry:input:*") == []
+    # (the worker deletes them in the round after the results: a moment after they are read)
+    wait_for(lambda: fleet.redis().keys("ferry:input:*") == [], 10, "stored inputs deleted")
     # Nobody on the socket: a stored input cannot be written, and the error says where.
     with ferry.Client(fleet.frontend, "unix://" + fleet.dir + "/none.sock",
                       **fleet.client_options()) as c:
@@ -149,7 +151,8 @@ def test_attached_inputs_travel_in_frames_of_their_own(fleet, client):
         assert frames == [] and body["jobs"][0]["inputs"][0]["data"] == x.tobytes()
     with pytest.raises(ferry.InvalidArgument):
         ferry.Client(fleet.frontend, fleet.redis_url, attached_input_bytes=-1)
-    assert fleet.redis().keys("ferry:input:*") == []
+    # (the worker deletes them in the round after the results: a moment after they are read)
+    wait_for(lambda: fleet.redis().keys("ferry:input:*") == [], 10, "stored inputs deleted")
 
 
 def test_one_submit_mixes_inline_attached_and_stored_inputs(fleet, client):
