@@ -194,7 +194,8 @@ TEST(MetricsServer, SlowClientsDoNotHoldTheProbes) {
   for (int i = 0; i < 4; ++i) {
     slow.push_back(Connect(server->port(), 30));
     ASSERT_GE(slow.back(), 0);
-    send(slow.back(), "GET /metrics HTTP/1.1\r\nX-Slow: ", 31, MSG_NOSIGNAL);
+    const std::string head = "GET /metrics HTTP/1.1\r\nX-Slow: ";
+    send(slow.back(), head.data(), head.size(), MSG_NOSIGNAL);
   }
   std::atomic<bool> stop{false};
   std::thread trickle([&] {
@@ -205,7 +206,8 @@ TEST(MetricsServer, SlowClientsDoNotHoldTheProbes) {
   });
   const int probe = Connect(server->port(), 10);
   ASSERT_GE(probe, 0);
-  send(probe, "GET /livez HTTP/1.1\r\nHost: x\r\n\r\n", 35, MSG_NOSIGNAL);
+  const std::string livez = "GET /livez HTTP/1.1\r\nHost: x\r\n\r\n";
+  send(probe, livez.data(), livez.size(), MSG_NOSIGNAL);
   char buf[256];
   const ssize_t n = recv(probe, buf, sizeof(buf), 0);
   close(probe);
