@@ -99,10 +99,9 @@ void Broker::Impl::HandleReady(protocol::Message& m, const msgpack::object& body
     return;
   }
   const bool known = scheduler.HasWorker(worker);
-  std::vector<std::string> stale;
+  std::vector<std::string> stale;  // dropped below, once the jobs this READY holds moved here
   for (const auto& [rid_w, w] : scheduler.workers())
     if (rid_w != worker && w.hello.worker == hello.worker) stale.push_back(rid_w);
-  for (const auto& id : stale) DropWorker(id, "replaced by a new connection");
   std::string models;
   for (const auto& mi : hello.models) {
     models += (models.empty() ? "" : ",") + mi.name;
@@ -116,7 +115,19 @@ void Broker::Impl::HandleReady(protocol::Message& m, const msgpack::object& body
   for (const auto& mi : hello.models)
     if (mi.inputs) declared.push_back(mi.name);
   const std::string name = hello.worker;
+  const std::vector<std::string> held = std::move(hello.held);
+  hello.held.clear();
   scheduler.AddWorker(worker, std::move(hello), protocol::MonotonicMicros(), m.user_id);
+  // A worker back after a broker restart, after it was dropped as silent, or on a new
+  // connection keeps the jobs it still runs: they are not sent elsewhere, not expired while it
+  // runs them, and not requeued (an attempt spent) with its old connection.
+  if (!held.empty()) {
+    const size_t claimed = scheduler.Claim(worker, held);
+    if (claimed > 0 || !known)
+      spdlog::info("worker {} still holds {} job(s); {} of them stay with it", name, held.size(),
+                   claimed);
+  }
+  for (const auto& id : stale) DropWorker(id, "replaced by a new connection");
   for (const auto& model : declared) {
     const auto* specs = scheduler.SpecsOf(model);
     if (specs != nullptr && specs->size() > 1)

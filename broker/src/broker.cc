@@ -186,18 +186,28 @@ Status Broker::Impl::Restore() {
                           why + "); the job did not run: submit it again");
   }
   for (const auto& m : models) scheduler.AddKnownModel(m);
-  if (!jobs.empty()) scheduler.NumberAfter(jobs.back()->seq);  // Load sorted them by it
+  // The journal does not say which jobs were running: a worker may still run any of them, and
+  // will claim it when it re-announces (READY "held"). A job whose deadline falls within the
+  // time that takes is parked instead of queued: dispatched again or expired at once, it would
+  // end `expired` though the worker running it finishes it.
+  const int64_t park_before = protocol::NowMicros() + LivenessMicros();
   size_t n = 0;
   for (auto& job : jobs) {
     // Its model was known when it was accepted (the set of names may have expired since): so
     // its queue shows in STATS and the metrics, and --orphan-timeout-s fails it if no worker
     // of the model comes back.
     scheduler.AddKnownModel(job->model);
-    if (scheduler.Add(std::move(job)).ok()) ++n;  // a row read twice (HSCAN) is one job
+    const bool park = job->deadline_us > 0 && job->deadline_us < park_before;
+    // In number order (Load sorted them); a row read twice (HSCAN) is one job.
+    if (scheduler.AddRestored(std::move(job), park).ok()) ++n;
   }
-  scheduler.mutable_counters().accepted -= static_cast<int64_t>(n);  // not new acceptances
   if (n > 0 || !models.empty())
     spdlog::info("restored {} job(s) and {} model name(s) from the journal", n, models.size());
+  if (scheduler.parked() > 0)
+    spdlog::info(
+        "{} restored job(s) reach their deadline within {} ms: parked for that long, for the "
+        "workers that may still run them to claim them; the others then expire",
+        scheduler.parked(), LivenessMicros() / 1000);
   return Status::Ok();
 }
 
@@ -229,7 +239,16 @@ void Broker::Impl::Dispatch() {
 }
 
 void Broker::Impl::ExpireJobs() {
-  auto expired = scheduler.TakeExpired(protocol::NowMicros());
+  const int64_t now = protocol::NowMicros();
+  auto expired = scheduler.TakeExpired(now);
+  if (parked_until_us != 0 && now >= parked_until_us) {
+    parked_until_us = 0;
+    auto parked = scheduler.TakeParked();
+    if (!parked.empty())
+      spdlog::info("{} parked job(s) expire: no worker claimed them after the restart",
+                   parked.size());
+    for (auto& job : parked) expired.push_back(std::move(job));
+  }
   if (expired.empty()) return;
   spdlog::info("{} job(s) expired before they could start (first: {})", expired.size(),
                expired.front()->id);
@@ -270,7 +289,7 @@ bool Broker::Impl::ReadBackend() {
 bool Broker::Impl::Heartbeat(int64_t now_mono) {
   if (now_mono < next_heartbeat_us) return false;
   next_heartbeat_us = now_mono + options.heartbeat_ms * 1000;
-  int64_t deadline = now_mono - options.heartbeat_ms * options.liveness * 1000;
+  int64_t deadline = now_mono - LivenessMicros();
   // A worker is silent only when nothing of it waits unread: when the broker itself was busy
   // (a long turn, a slow journal write), the workers' messages are still in the socket, not
   // missing. So what waits is read first; a backlog more than a turn's worth of reading
@@ -326,6 +345,7 @@ Status Broker::Run() {
   const int n_items = d.zap ? 3 : 2;
   protocol::Message m;
   bool turn_due = false;  // the heartbeat read workers' messages: a turn acts on them at once
+  if (d.scheduler.parked() > 0) d.parked_until_us = protocol::NowMicros() + d.LivenessMicros();
   while (!stop_.load(std::memory_order_relaxed)) {
     if (reload_.exchange(false, std::memory_order_relaxed)) d.ReloadKeys();
     // Journal removals wait for a ride with the next write, but not longer than a few ms.

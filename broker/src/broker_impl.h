@@ -47,6 +47,10 @@ struct Broker::Impl {
                       options.liveness};
   int64_t next_heartbeat_us = 0;
   int64_t next_models_note_us = 0;  // Heartbeat renews <prefix>models hourly (journal on)
+  // Restored jobs within a liveness period of their deadline are parked (Restore) until this
+  // wall-clock time, counted from the loop's start, for the workers that still run them to
+  // claim them (READY "held"); then ExpireJobs expires those no worker claimed. 0: none parked.
+  int64_t parked_until_us = 0;
 
   // ACCEPTED replies held until this turn's journal commit.
   struct PendingReply {
@@ -125,10 +129,13 @@ struct Broker::Impl {
   // whether it read the socket empty.
   bool ReadBackend();
   void Dispatch();
+  // Expires the queued jobs past their deadline, and the parked ones once parked_until_us passed.
   void ExpireJobs();
   // Fails the queued jobs of models without a worker for --orphan-timeout-s (orphan_watch.cc).
   void FailOrphans();
   void FlushFinalResults();
+  // How long a worker may stay silent before it is presumed dead: --heartbeat-ms x --liveness.
+  int64_t LivenessMicros() const { return options.heartbeat_ms * options.liveness * 1000; }
   // Every --heartbeat-ms: drops silent workers, sends HEARTBEATs, renews the models hourly.
   // True when it read workers' messages first (their effects are the next turn's to act on).
   bool Heartbeat(int64_t now_mono);

@@ -334,7 +334,7 @@ void Broker::Impl::HandleCancel(protocol::Message& m, const msgpack::object& bod
     const Job* job = scheduler.Find(id);
     if (!job || (!any_job && job->owner != m.user_id)) {
       fates.push_back(Fate::kNotFound);
-    } else if (job->phase == JobPhase::kQueued) {
+    } else if (job->phase != JobPhase::kDispatched) {  // queued or parked
       telemetry.OnBrokerFinished(*job, codes::kCancelled);
       final_results.Add(scheduler.Take(id), codes::kCancelled, codes::kCancelled,
                         "cancelled by request");

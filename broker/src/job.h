@@ -8,7 +8,9 @@
 
 namespace ferry::broker {
 
-enum class JobPhase { kQueued, kDispatched };
+// kParked: restored from the journal within a liveness period of its deadline; not dispatched,
+// so that a worker still running it can claim it (READY "held") before it expires (scheduler.h).
+enum class JobPhase { kQueued, kParked, kDispatched };
 
 struct Job {
   std::string id;

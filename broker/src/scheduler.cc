@@ -4,17 +4,32 @@
 
 namespace ferry::broker {
 
-Status Scheduler::Add(std::unique_ptr<Job> job) {
+Status Scheduler::Add(std::unique_ptr<Job> job, bool parked) {
   if (jobs_.count(job->id)) return Status(codes::kDuplicate, "a job with this id is pending");
   job->seq = next_seq_++;
-  job->phase = JobPhase::kQueued;
+  job->phase = parked ? JobPhase::kParked : JobPhase::kQueued;
   Job* raw = job.get();
   pending_bytes_ +=
       static_cast<int64_t>(raw->inputs_raw.size()) + raw->stored_bytes + raw->attached_bytes;
   jobs_.emplace(job->id, std::move(job));
-  Enqueue(raw, /*front=*/false);
+  if (parked)
+    parked_.insert(raw->id);
+  else
+    Enqueue(raw, /*front=*/false);
   ++counters_.accepted;
   return Status::Ok();
+}
+
+Status Scheduler::AddRestored(std::unique_ptr<Job> job, bool parked) {
+  const int64_t next = next_seq_;
+  next_seq_ = std::max(job->seq, next_seq_);  // Add numbers it this
+  Status s = Add(std::move(job), parked);
+  if (!s.ok()) {
+    next_seq_ = next;
+    return s;
+  }
+  --counters_.accepted;
+  return s;
 }
 
 const Job* Scheduler::Find(const std::string& id) const {
@@ -127,6 +142,43 @@ void Scheduler::Touch(const std::string& routing_id, int64_t now_us) {
   if (it != workers_.end()) it->second.last_seen_us = now_us;
 }
 
+size_t Scheduler::Claim(const std::string& routing_id, const std::vector<std::string>& ids) {
+  auto w = workers_.find(routing_id);
+  if (w == workers_.end()) return 0;
+  WorkerState& me = w->second;
+  size_t taken = 0;
+  for (const auto& id : ids) {
+    // An id it holds already is known here (a job of that id waiting now is a newer one). Past
+    // its capacity a claim is not believed: a worker repeating READYs with new ids would grow
+    // the set without end.
+    if (me.in_flight.count(id) != 0 ||
+        static_cast<int64_t>(me.in_flight.size()) >= me.hello.capacity)
+      continue;
+    me.in_flight.insert(id);
+    auto it = jobs_.find(id);
+    // (Not a job of a model it does not serve: it could not run it.)
+    if (it == jobs_.end() || me.max_batch.count(it->second->model) == 0) continue;
+    Job* job = it->second.get();
+    if (job->phase == JobPhase::kDispatched) {
+      // Sent to an older connection of this same worker (it reconnected before that one was
+      // dropped): it moves here, so that dropping that one does not requeue it. A job another
+      // worker runs stays there.
+      auto other = workers_.find(job->worker);
+      if (other == workers_.end() || other == w || other->second.hello.worker != me.hello.worker)
+        continue;
+      other->second.in_flight.erase(id);
+    } else if (job->phase == JobPhase::kQueued) {
+      Unqueue(job);
+    } else {
+      parked_.erase(id);
+    }
+    job->phase = JobPhase::kDispatched;
+    job->worker = routing_id;
+    ++taken;
+  }
+  return taken;
+}
+
 std::vector<Job*> Scheduler::RemoveWorker(const std::string& routing_id) {
   std::vector<Job*> requeued;
   auto it = workers_.find(routing_id);
@@ -195,8 +247,19 @@ std::unique_ptr<Job> Scheduler::Take(const std::string& id) {
   pending_bytes_ -=
       static_cast<int64_t>(job->inputs_raw.size()) + job->stored_bytes + job->attached_bytes;
   if (job->phase == JobPhase::kQueued) Unqueue(job.get());
+  if (job->phase == JobPhase::kParked) parked_.erase(job->id);
   // (A dispatched job's id stays in its worker's in_flight: see scheduler.h.)
   return job;
+}
+
+std::vector<std::unique_ptr<Job>> Scheduler::TakeParked() {
+  std::vector<std::unique_ptr<Job>> out;
+  const std::set<std::string> ids = std::move(parked_);
+  parked_.clear();
+  for (const auto& id : ids)
+    if (auto job = Take(id)) out.push_back(std::move(job));
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a->seq < b->seq; });
+  return out;
 }
 
 std::vector<std::unique_ptr<Job>> Scheduler::TakeQueued(const std::string& model) {

@@ -77,12 +77,16 @@ class Scheduler {
   explicit Scheduler(int64_t aging_every = 8) : aging_every_(aging_every) {}
 
   // Adds an accepted job, numbered (seq) after every job before it. Fails with kDuplicate when
-  // the id is pending.
-  Status Add(std::unique_ptr<Job> job);
-  // Numbers the jobs added from now on after `seq`: after those restored from the journal, whose
-  // records keep the numbers of the broker that accepted them (so that the next restart, which
-  // orders the records by number, keeps the order of acceptance).
-  void NumberAfter(int64_t seq) { next_seq_ = std::max(next_seq_, seq + 1); }
+  // the id is pending. A `parked` job is pending but not queued: no chunk takes it, and it
+  // leaves only by Claim, Take or TakeParked.
+  Status Add(std::unique_ptr<Job> job, bool parked = false);
+  // Adds a job restored from the journal, as Add but not counted as accepted, keeping the
+  // number its record holds (they come in that order) unless a job added before has it. Its
+  // record keeps that number when it is written again (Journal::Restage), and the jobs added
+  // from now on are numbered after it: so the next restart, which orders the records by
+  // number, keeps the order of acceptance. (Numbering restored jobs afresh put a requeued one,
+  // written again with its new number, behind older ones whose records kept their old numbers.)
+  Status AddRestored(std::unique_ptr<Job> job, bool parked);
   bool IsPending(const std::string& id) const { return jobs_.count(id) != 0; }
   // True once any worker has announced the model (since this broker started, or as restored
   // from the journal by AddKnownModel).
@@ -109,6 +113,15 @@ class Scheduler {
   // A draining worker (a DONE with "bye"): it gets no more chunks.
   void MarkLeaving(const std::string& routing_id);
   void Touch(const std::string& routing_id, int64_t now_us);
+  // The worker says it still holds these jobs (READY "held": it reconnected, to a restarted
+  // broker or after being dropped as silent). Each id goes into its in_flight, so its credit
+  // counts them until its DONE names them (ids already there change nothing, and none past its
+  // capacity is taken). A job of a model it serves that is queued, parked, or dispatched to an
+  // older connection of the same worker name becomes dispatched to it, so that it is neither
+  // sent elsewhere nor expired nor requeued while the worker runs it. A job dispatched to
+  // another worker stays there (both run it; the first result wins). Returns how many jobs it
+  // took over.
+  size_t Claim(const std::string& routing_id, const std::vector<std::string>& ids);
   // Removes a worker; its in-flight jobs go back to the front of their queues with attempt+1.
   // Returns the requeued jobs; the caller counts them (counters().requeued), less those it
   // poisons (counters().poisoned).
@@ -132,6 +145,9 @@ class Scheduler {
   std::unique_ptr<Job> Take(const std::string& id);
   // Removes and returns queued jobs whose deadline is before `now_us` (wall clock).
   std::vector<std::unique_ptr<Job>> TakeExpired(int64_t now_us);
+  // Removes and returns the parked jobs (the broker expires them when no worker claimed them).
+  std::vector<std::unique_ptr<Job>> TakeParked();
+  size_t parked() const { return parked_.size(); }
   // Removes and returns every queued job of `model` (its dispatched jobs stay): for a model
   // that has had no worker too long (orphan_watch.h).
   std::vector<std::unique_ptr<Job>> TakeQueued(const std::string& model);
@@ -174,6 +190,7 @@ class Scheduler {
   void RefreshSpecs(const std::set<std::string>& models, const std::string* first);
 
   std::unordered_map<std::string, std::unique_ptr<Job>> jobs_;
+  std::set<std::string> parked_;  // ids of the parked jobs
   // (deadline, Job::seq) -> id, of the queued jobs with a deadline: keyed uniquely, so that a job
   // leaving the queue finds its entry in O(log n) (every job of one SUBMIT has the same deadline).
   std::map<std::pair<int64_t, int64_t>, std::string> deadlines_;

@@ -107,8 +107,14 @@ bool BrokerLink::Writable() {
 }
 
 void BrokerLink::SendReady() {
-  Send(protocol::kReady,
-       protocol::EncodeHello(options_.hello_fn ? options_.hello_fn() : options_.hello));
+  protocol::WorkerHello hello = options_.hello_fn ? options_.hello_fn() : options_.hello;
+  // At most capacity ids (the broker refuses more): it never sends more jobs than that.
+  hello.held.clear();
+  for (const auto& [id, copies] : held_ids_) {
+    if (static_cast<int64_t>(hello.held.size()) >= hello.capacity) break;
+    hello.held.push_back(id);
+  }
+  Send(protocol::kReady, protocol::EncodeHello(hello));
 }
 
 void BrokerLink::Reconnect() {
@@ -287,6 +293,8 @@ void BrokerLink::HandleChunk(zmq::message_t body, std::vector<zmq::message_t> fr
   }
   const int64_t n = static_cast<int64_t>(jobs.size() + rejected.size());
   outstanding_.fetch_add(n);
+  for (const auto& job : jobs) ++held_ids_[job.entry.id];
+  for (const auto& result : rejected) ++held_ids_[result.job.entry.id];
   ++chunks_;
   jobs_ += n;
   if (!rejected.empty()) {
@@ -390,6 +398,10 @@ void BrokerLink::SendHeld(bool bye) {
 }
 
 void BrokerLink::SendDone(const DoneReport& report, bool bye) {
+  for (const auto& id : report.ids) {
+    auto held = held_ids_.find(id);
+    if (held != held_ids_.end() && --held->second <= 0) held_ids_.erase(held);
+  }
   auto send = [&](const DoneReport& r) {
     protocol::InlineResults results(r.inline_results.begin(), r.inline_results.end());
     Send(protocol::kDone,

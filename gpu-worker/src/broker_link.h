@@ -4,8 +4,10 @@
 // Outbox's eventfd, through which the result writer hands it DONE reports and the worker asks
 // it to re-announce.
 //
-//   -> READY      at start and on every REANNOUNCE: name, device, host, pid, capacity, models;
-//                 again when the Outbox asks (the resident models changed)
+//   -> READY      at start and on every REANNOUNCE: name, device, host, pid, capacity, models,
+//                 and "held": the ids of the jobs received and not yet in a DONE sent (so that
+//                 a restarted broker leaves them here); again when the Outbox asks (the
+//                 resident models changed)
 //   <- CHUNK      decoded in place (reference mode; the message stays alive while any job
 //                 points into it), jobs pushed to the JobQueue -- those with inputs stored in
 //                 Redis to the InputFetcher first; entries that fail to decode but carry an id
@@ -41,6 +43,7 @@
 #include <memory>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 #include <zmq.hpp>
 
@@ -138,8 +141,11 @@ class BrokerLink {
   std::atomic<int64_t> outstanding_{0};
   std::atomic<bool> draining_{false};  // written by the loop thread only
   // The loop thread's own.
-  bool broker_silent_ = false;         // for one log line per silence
-  std::string last_refusal_;           // the broker's last ERROR: logged once
+  bool broker_silent_ = false;  // for one log line per silence
+  std::string last_refusal_;    // the broker's last ERROR: logged once
+  // Ids received in CHUNKs and not yet in a DONE sent, with how many copies (a broker may send
+  // a job again while the worker still holds it): READY's "held".
+  std::unordered_map<std::string, int> held_ids_;
   DoneReport held_;                    // held DONEs, merged (see "Holding DONEs" above)
   int64_t hold_until_us_ = 0;          // monotonic; when notified DONEs held outside a drain go out
   int64_t reconnect_interval_us_ = 0;  // current backoff

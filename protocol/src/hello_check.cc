@@ -79,6 +79,13 @@ Status CheckHello(const protocol::WorkerHello& h) {
         return Status::InvalidArgument("READY \"resident\" names \"" + Printable(r) +
                                        "\", which it does not announce");
   }
+  if (static_cast<int64_t>(h.held.size()) > h.capacity)
+    return Status::InvalidArgument("READY \"held\" lists " + std::to_string(h.held.size()) +
+                                   " jobs, more than its capacity " + std::to_string(h.capacity));
+  for (const auto& id : h.held)
+    if (!IsValidJobId(id))
+      return Status::InvalidArgument("READY \"held\" names \"" + Printable(id) +
+                                     "\", which is no job id");
   return Status::Ok();
 }
 

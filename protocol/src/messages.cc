@@ -374,7 +374,7 @@ Status DecodeInputSpecs(const msgpack::object& o, std::vector<InputSpec>* out) {
 zmq::message_t EncodeHello(const WorkerHello& h) {
   msgpack::sbuffer buf;
   Packer pk(buf);
-  pk.pack_map(h.resident ? 7 : 6);
+  pk.pack_map(6 + (h.resident ? 1 : 0) + (h.held.empty() ? 0 : 1));
   PackString(pk, "worker");
   PackString(pk, h.worker);
   PackString(pk, "device");
@@ -402,6 +402,11 @@ zmq::message_t EncodeHello(const WorkerHello& h) {
     PackString(pk, "resident");
     pk.pack_array(static_cast<uint32_t>(h.resident->size()));
     for (const auto& name : *h.resident) PackString(pk, name);
+  }
+  if (!h.held.empty()) {
+    PackString(pk, "held");
+    pk.pack_array(static_cast<uint32_t>(h.held.size()));
+    for (const auto& id : h.held) PackString(pk, id);
   }
   return ToMessage(std::move(buf));
 }
@@ -437,6 +442,8 @@ Status DecodeHello(const msgpack::object& body, WorkerHello* out) {
     FERRY_RETURN_IF_ERROR(GetStringArray(body, "resident", &resident));
     out->resident = std::move(resident);
   }
+  out->held.clear();
+  if (Find(body, "held")) FERRY_RETURN_IF_ERROR(GetStringArray(body, "held", &out->held));
   return Status::Ok();
 }
 

@@ -10,7 +10,8 @@ namespace protocol = ferry::protocol;
 
 bool Same(const protocol::WorkerHello& a, const protocol::WorkerHello& b) {
   if (a.worker != b.worker || a.device != b.device || a.host != b.host || a.pid != b.pid ||
-      a.capacity != b.capacity || a.models.size() != b.models.size() || a.resident != b.resident)
+      a.capacity != b.capacity || a.models.size() != b.models.size() || a.resident != b.resident ||
+      a.held != b.held)
     return false;
   for (size_t i = 0; i < a.models.size(); ++i)
     if (a.models[i].name != b.models[i].name || a.models[i].max_batch != b.models[i].max_batch)

@@ -235,6 +235,8 @@ void Ready() {
   Write("fuzz_ready", "two_models", Bytes(protocol::EncodeHello(h)));
   h.resident = std::vector<std::string>{"tiny"};
   Write("fuzz_ready", "resident", Bytes(protocol::EncodeHello(h)));
+  h.held = {"job-0", "job-1"};
+  Write("fuzz_ready", "held", Bytes(protocol::EncodeHello(h)));
 }
 
 void Cancel() {

@@ -320,6 +320,50 @@ TEST(Reliability, BrokerSigtermKeepsQueuedJobsForTheNextBroker) {
   EXPECT_EQ(CountResultKeys(fleet), 6);
 }
 
+// A job still running when the broker dies, whose deadline passes before the next broker is up,
+// ends `done`. The worker re-announces with the jobs it holds (READY "held"), and the restarted
+// broker leaves them with it: it neither expires them nor sends them elsewhere. Before, the
+// restored job expired at once (its deadline had passed), and the worker's result lost to that
+// `expired` though the job ran. A job that waited at the broker with such a deadline is parked
+// for the workers to claim, and expires when none does.
+TEST(Reliability, AJobRunningWhenTheBrokerDiesEndsDoneThoughItsDeadlinePassedMeanwhile) {
+  FleetOptions fo = OneFastSlowLane();
+  // A liveness period of 2 s: the parked jobs wait that long for a worker's claim.
+  fo.broker_args = {"--heartbeat-ms", "100", "--liveness", "20"};
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  auto c = MakeClient(fleet, 1000);
+  Job running = SlowJob("deadline-running", 8000);     // seconds on the executor
+  running.timeout_ms = 3000;                           // it starts at once: well within
+  Job prefetched = SlowJob("deadline-prefetched", 1);  // the worker's second slot, no deadline
+  Job waiting = SlowJob("deadline-waiting", 1);        // at the broker, behind the two
+  waiting.timeout_ms = 3000;
+  const auto submitted = std::chrono::steady_clock::now();
+  SubmitUntilAccepted(*c, {running, prefetched, waiting});
+  const pid_t pid = fleet.worker(0).pid();
+  ASSERT_TRUE(WaitFor([&] { return InFlightOf(*c, pid) == 2; })) << fleet.Logs();
+  fleet.broker().Signal(SIGKILL);
+  fleet.broker().Wait();
+  ASSERT_LT(std::chrono::steady_clock::now() - submitted, std::chrono::milliseconds(3000))
+      << "the broker was killed after the deadlines: this machine is too slow for this test";
+  // Not synchronisation: the broker stays down until both deadlines have passed.
+  std::this_thread::sleep_until(submitted + std::chrono::milliseconds(3500));
+  fleet.StartBroker();
+  const auto results = WaitAll(*c, {running.id, prefetched.id, waiting.id}, 60000);
+  EXPECT_EQ(results.at(running.id).state, JobState::kDone)
+      << results.at(running.id).error.ToString() << fleet.Logs();
+  EXPECT_EQ(results.at(running.id).attempt, 1) << "it ran once, on the worker that had it";
+  EXPECT_EQ(results.at(prefetched.id).state, JobState::kDone)
+      << results.at(prefetched.id).error.ToString();
+  EXPECT_EQ(results.at(waiting.id).state, JobState::kExpired)
+      << JobStateName(results.at(waiting.id).state);
+  EXPECT_NE(fleet.broker().Log().find("2 restored job(s) reach their deadline"), std::string::npos)
+      << fleet.broker().Log();
+  EXPECT_NE(fleet.broker().Log().find("still holds 2 job(s); 2 of them"), std::string::npos)
+      << fleet.broker().Log();
+  EXPECT_EQ(CountResultKeys(fleet), 3);
+}
+
 // Queued jobs keep their order across two broker restarts. A broker numbers the jobs it accepts
 // from 0, and its journal records keep those numbers, by which the next broker orders what it
 // restores; so a broker that restored jobs numbered 5 and 6 must number its own after them.

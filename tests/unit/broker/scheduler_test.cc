@@ -271,6 +271,138 @@ TEST(Scheduler, AnIdReusedOnAnotherWorkerKeepsBothWorkersAccountsApart) {
   EXPECT_EQ(s.QueueDepth("m"), 0u);
 }
 
+// A worker back after a broker restart (or after being dropped as silent) says which jobs it
+// still holds (READY "held"): those waiting in the queue, or parked, stay with it instead of
+// going to another worker; one dispatched elsewhere stays there; every id it names holds its
+// credit until its DONE.
+TEST(Scheduler, AWorkerClaimsTheJobsItStillHolds) {
+  Scheduler s;
+  ASSERT_TRUE(s.Add(MakeJob("queued", "m")).ok());
+  auto late = MakeJob("parked", "m");
+  late->deadline_us = 100;
+  ASSERT_TRUE(s.Add(std::move(late), /*parked=*/true).ok());
+  ASSERT_TRUE(s.Add(MakeJob("other-model", "n")).ok());
+  ASSERT_TRUE(s.Add(MakeJob("elsewhere", "m")).ok());
+  ASSERT_TRUE(s.Add(MakeJob("left", "m")).ok());
+  EXPECT_EQ(s.QueueDepth("m"), 3u) << "a parked job is not queued";
+  EXPECT_EQ(s.parked(), 1u);
+  EXPECT_TRUE(s.TakeExpired(1000).empty()) << "nor expired by its deadline";
+  s.AddWorker("w2", Hello("w2", 1, {{"m", 1}, {"n", 1}}), 0);
+  Chunk c;
+  ASSERT_TRUE(s.NextChunk(&c));
+  EXPECT_EQ(Ids(c), std::vector<std::string>{"queued"}) << "the parked job is not dispatched";
+  std::vector<std::string> not_held;
+  ASSERT_EQ(s.Complete("w2", {"queued"}, &not_held).size(), 1u);
+  ASSERT_TRUE(s.NextChunk(&c));
+  ASSERT_EQ(Ids(c), std::vector<std::string>{"other-model"});
+  ASSERT_EQ(s.Complete("w2", {"other-model"}, &not_held).size(), 1u);
+  ASSERT_TRUE(s.NextChunk(&c));
+  ASSERT_EQ(Ids(c), std::vector<std::string>{"elsewhere"});
+  ASSERT_TRUE(s.Add(MakeJob("queued-again", "m")).ok());
+  ASSERT_TRUE(s.Add(MakeJob("n-job", "n")).ok());
+
+  s.AddWorker("w1", Hello("w1", 8, {{"m", 8}}), 0);
+  EXPECT_EQ(s.Claim("w1", {"parked", "queued-again", "elsewhere", "n-job", "unknown"}), 2u);
+  const WorkerState& w1 = s.workers().at("w1");
+  EXPECT_EQ(w1.credit(), 3) << "all five ids hold credit";
+  ASSERT_NE(s.Find("parked"), nullptr);
+  EXPECT_EQ(s.Find("parked")->phase, JobPhase::kDispatched);
+  EXPECT_EQ(s.Find("parked")->worker, "w1");
+  EXPECT_EQ(s.Find("queued-again")->worker, "w1");
+  EXPECT_EQ(s.Find("elsewhere")->worker, "w2") << "running on w2 too: it stays there";
+  EXPECT_EQ(s.Find("n-job")->phase, JobPhase::kQueued) << "w1 does not serve n";
+  EXPECT_EQ(s.parked(), 0u);
+  EXPECT_EQ(s.QueueDepth("m"), 1u);  // "left"
+  ASSERT_TRUE(s.NextChunk(&c));
+  EXPECT_EQ(c.worker, "w1");
+  EXPECT_EQ(Ids(c), std::vector<std::string>{"left"}) << "claimed jobs are not sent again";
+  // Its DONE finishes the claimed jobs and gives their credit back.
+  EXPECT_EQ(s.Complete("w1", {"parked", "queued-again", "unknown", "n-job"}, &not_held).size(), 2u);
+  EXPECT_EQ(s.workers().at("w1").credit(), 6);
+  // Removing it requeues what it holds now, as for jobs it was sent.
+  EXPECT_EQ(s.RemoveWorker("w1").size(), 1u);  // "left"
+}
+
+// A worker that reconnects under its name before the broker dropped its old connection takes
+// the jobs it holds from that connection: dropping the old one then requeues only the rest, so
+// the held jobs spend no attempt (nor get poisoned) while they run. An id it holds already is
+// not claimed again (a job of that id waiting now is a newer one), and claims past its
+// capacity are not believed.
+TEST(Scheduler, AReconnectedWorkerTakesItsJobsFromItsOldConnection) {
+  Scheduler s;
+  s.AddWorker("old", Hello("w", 2, {{"m", 2}}), 0);
+  ASSERT_TRUE(s.Add(MakeJob("a", "m")).ok());
+  ASSERT_TRUE(s.Add(MakeJob("b", "m")).ok());
+  Chunk c;
+  ASSERT_TRUE(s.NextChunk(&c));
+  ASSERT_EQ(Ids(c), (std::vector<std::string>{"a", "b"}));
+  s.AddWorker("new", Hello("w", 2, {{"m", 2}}), 0);
+  s.AddWorker("other", Hello("other", 4, {{"m", 4}}), 0);  // served first (the newest)
+  EXPECT_EQ(s.Claim("new", {"a"}), 1u);
+  EXPECT_EQ(s.Find("a")->worker, "new");
+  EXPECT_EQ(s.workers().at("old").in_flight.count("a"), 0u);
+  const auto requeued = s.RemoveWorker("old");
+  ASSERT_EQ(requeued.size(), 1u);
+  EXPECT_EQ(requeued[0]->id, "b");
+  EXPECT_EQ(s.Find("a")->attempt, 1);
+  // Another worker's connection keeps what it runs.
+  ASSERT_TRUE(s.NextChunk(&c));
+  ASSERT_EQ(c.worker, "other");
+  EXPECT_EQ(s.Claim("new", {"b"}), 0u);
+  EXPECT_EQ(s.Find("b")->worker, "other");
+  // A newer job of an id it holds is not its own; and a full worker claims nothing more.
+  std::vector<std::string> not_held;
+  ASSERT_EQ(s.Complete("other", {"b"}, &not_held).size(), 1u);
+  ASSERT_TRUE(s.Add(MakeJob("b", "m")).ok());
+  EXPECT_EQ(s.Claim("new", {"b", "c"}), 0u);
+  EXPECT_EQ(s.Find("b")->phase, JobPhase::kQueued);
+  EXPECT_EQ(s.workers().at("new").in_flight, (std::set<std::string>{"a", "b"}));
+}
+
+// Restored jobs keep the numbers their journal records hold (a record written again, for a
+// requeued job's attempt, then keeps its place), a number already given is not given twice, and
+// the jobs accepted afterwards come after them. None counts as a new acceptance.
+TEST(Scheduler, RestoredJobsKeepTheirNumbersAndNewOnesComeAfter) {
+  Scheduler s;
+  for (const auto& [id, seq] :
+       std::vector<std::pair<std::string, int64_t>>{{"a", 5}, {"b", 9}, {"c", 9}, {"b", 12}}) {
+    auto j = MakeJob(id, "m");
+    j->seq = seq;
+    const Status st = s.AddRestored(std::move(j), /*parked=*/false);
+    EXPECT_EQ(st.ok(), id != "b" || seq == 9) << id << " " << seq;  // b read twice: one job
+  }
+  EXPECT_EQ(s.Find("a")->seq, 5);
+  EXPECT_EQ(s.Find("b")->seq, 9);
+  EXPECT_EQ(s.Find("c")->seq, 10);
+  ASSERT_TRUE(s.Add(MakeJob("new", "m")).ok());
+  EXPECT_EQ(s.Find("new")->seq, 11);
+  EXPECT_EQ(s.counters().accepted, 1);
+  EXPECT_EQ(s.pending(), 4u);
+}
+
+// Parked jobs that no worker claimed leave by TakeParked (the broker expires them), in
+// acceptance order; one cancelled meanwhile (Take) is gone from them.
+TEST(Scheduler, ParkedJobsLeaveByTakeParkedOrTake) {
+  Scheduler s;
+  for (const auto& id : {"p0", "p1", "p2"}) {
+    auto j = MakeJob(id, "m");
+    j->deadline_us = 5;
+    ASSERT_TRUE(s.Add(std::move(j), /*parked=*/true).ok());
+  }
+  EXPECT_EQ(s.pending(), 3u);
+  EXPECT_EQ(s.Add(MakeJob("p1", "m")).code(), codes::kDuplicate) << "a parked job is pending";
+  ASSERT_NE(s.Take("p1"), nullptr);
+  EXPECT_EQ(s.parked(), 2u);
+  auto parked = s.TakeParked();
+  ASSERT_EQ(parked.size(), 2u);
+  EXPECT_EQ(parked[0]->id, "p0");
+  EXPECT_EQ(parked[1]->id, "p2");
+  EXPECT_EQ(s.pending(), 0u);
+  EXPECT_EQ(s.parked(), 0u);
+  EXPECT_EQ(s.QueueDepth("m"), 0u);
+  EXPECT_EQ(s.pending_bytes(), 0);
+}
+
 TEST(Scheduler, DoneForAJobTheSenderDoesNotHoldFinishesNothing) {
   Scheduler s;
   ASSERT_TRUE(s.Add(MakeJob("a", "m")).ok());

@@ -368,6 +368,59 @@ TEST_F(WorkerLoopTest, ReconnectsAndReannouncesWhenTheBrokerFallsSilent) {
   run.join();
 }
 
+// A READY says which jobs the worker holds: received, and not yet in a DONE it sent (so that a
+// restarted broker leaves them with it, protocol.md). Here one runs, one waits behind it in the
+// worker's queue, and one is done and reported: the READY after a REANNOUNCE lists the two.
+TEST_F(WorkerLoopTest, AReadyListsTheJobsItHolds) {
+  WorkerOptions o = Options(redis_.port());
+  ModelConfig slow;
+  slow.name = "slow";
+  slow.path = models_ + "/slow.pt";
+  o.models = {slow};
+  o.instances = 1;
+  o.max_batch = 1;
+  std::unique_ptr<Worker> worker;
+  ASSERT_TRUE(Worker::Create(o, &worker).ok());
+  std::thread run([&] { EXPECT_TRUE(worker->Run().ok()); });
+  auto held = [](const Message& m) {
+    msgpack::object_handle oh;
+    protocol::WorkerHello hello;
+    EXPECT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+    EXPECT_TRUE(protocol::DecodeHello(oh.get(), &hello).ok());
+    return std::set<std::string>(hello.held.begin(), hello.held.end());
+  };
+  Message m;
+  ASSERT_TRUE(Next(&m));
+  ASSERT_EQ(m.command, protocol::kReady);
+  EXPECT_TRUE(held(m).empty());
+  const std::string peer(m.envelope.at(0).to_string_view());
+  const auto spin = [](float n) {
+    return InputsRaw({Tensor::From<float>({n}, {1}, DType::kFloat32)});
+  };
+  ASSERT_TRUE(
+      protocol::SendTo(
+          router_, peer, protocol::kChunk,
+          Chunk({{"h0", "slow", spin(1)}, {"h1", "slow", spin(3000)}, {"h2", "slow", spin(1)}}))
+          .ok());
+  ASSERT_TRUE(Next(&m));
+  ASSERT_EQ(m.command, protocol::kDone);
+  ASSERT_EQ(DoneIds(m), std::vector<std::string>{"h0"});
+  ASSERT_TRUE(protocol::SendTo(router_, peer, protocol::kReannounce, protocol::EncodeEmpty()).ok());
+  ASSERT_TRUE(Next(&m));
+  ASSERT_EQ(m.command, protocol::kReady);
+  EXPECT_EQ(held(m), (std::set<std::string>{"h1", "h2"}));
+  worker->RequestStop();
+  std::set<std::string> drained;
+  while (true) {
+    ASSERT_TRUE(Next(&m));
+    if (m.command == protocol::kBye) break;
+    ASSERT_EQ(m.command, protocol::kDone);
+    for (const auto& id : DoneIds(m)) drained.insert(id);
+  }
+  EXPECT_EQ(drained, (std::set<std::string>{"h1", "h2"}));
+  run.join();
+}
+
 TEST_F(WorkerLoopTest, JobPastItsDeadlineIsExpiredWithoutRunning) {
   std::unique_ptr<Worker> worker;
   ASSERT_TRUE(Worker::Create(Options(redis_.port()), &worker).ok());

@@ -10,6 +10,7 @@
 
 #include "codec_test_util.h"
 #include "ferry/protocol/codec.h"
+#include "ferry/protocol/hello_check.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/wire.h"
@@ -247,6 +248,39 @@ TEST(Ready, InputSpecsRoundTripAndBoundsAreChecked) {
     PackString(pk, "uint8");
   });
   EXPECT_NE(s.message().find("\"shape\" must be an array"), std::string::npos) << s.message();
+}
+
+// READY's optional "held": a round trip (absent when empty), and CheckHello's bounds: at most
+// `capacity` ids, each a job id.
+TEST(Ready, HeldIdsRoundTripAndAreBounded) {
+  WorkerHello h;
+  h.worker = "w";
+  h.device = "cpu";
+  h.capacity = 2;
+  h.models = {{"tiny", 1, std::nullopt}};
+  auto round_trip = [](const WorkerHello& in, WorkerHello* out) {
+    zmq::message_t msg = EncodeHello(in);
+    msgpack::object_handle oh;
+    EXPECT_TRUE(UnpackMap(msg.data(), msg.size(), &oh).ok());
+    EXPECT_EQ(Find(oh.get(), "held") != nullptr, !in.held.empty());
+    return DecodeHello(oh.get(), out);
+  };
+  WorkerHello back;
+  back.held = {"stale"};
+  ASSERT_TRUE(round_trip(h, &back).ok());
+  EXPECT_TRUE(back.held.empty());
+  EXPECT_TRUE(CheckHello(back).ok());
+  h.held = {"job-1", "job-2"};
+  ASSERT_TRUE(round_trip(h, &back).ok());
+  EXPECT_EQ(back.held, (std::vector<std::string>{"job-1", "job-2"}));
+  EXPECT_TRUE(CheckHello(back).ok());
+  h.held.push_back("job-3");
+  Status s = CheckHello(h);
+  EXPECT_EQ(s.code(), codes::kInvalidArgument);
+  EXPECT_NE(s.message().find("more than its capacity 2"), std::string::npos) << s.message();
+  h.held = {"job 1"};
+  s = CheckHello(h);
+  EXPECT_NE(s.message().find("which is no job id"), std::string::npos) << s.message();
 }
 
 TEST(Accepted, RoundTrip) {

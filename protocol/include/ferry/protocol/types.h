@@ -106,6 +106,11 @@ struct WorkerHello {
   // Optional "resident": the models loaded and warm on the worker (a subset of `models`); a
   // broker prefers such a worker for their jobs. Absent (nullopt): every model counts as warm.
   std::optional<std::vector<std::string>> resident;
+  // Optional "held": the ids of the jobs the worker holds from CHUNKs it received and has not
+  // yet reported in a DONE (at most `capacity`). After a broker restart, or after the broker
+  // dropped the worker as silent, the broker leaves those jobs with it instead of sending them
+  // elsewhere. Empty: none (omitted on the wire).
+  std::vector<std::string> held;
 };
 
 // ---- CHUNK (broker -> worker) {"jobs": [entry, ...]} ---------------------------------------
