@@ -258,7 +258,7 @@ void Broker::Impl::DropWorker(const std::string& routing_id, const char* why) {
                  requeued.size(), poisoned.size());
   telemetry.OnRequeued(requeued);
   if (options.journal)
-    for (Job* job : requeued) journal.Restage(*job);  // its attempt, for a restarted broker
+    for (Job* job : requeued) journal.Restage(job->id);  // its attempt, for a restarted broker
   for (Job* job : poisoned) {
     std::string message = "the workers running this job died " + std::to_string(job->attempt - 1) +
                           " times; giving up after " + std::to_string(options.max_attempts) +

@@ -203,12 +203,45 @@ Status Broker::Impl::Restore() {
   }
   if (n > 0 || !models.empty())
     spdlog::info("restored {} job(s) and {} model name(s) from the journal", n, models.size());
+  WatchRedisRestart();  // the Redis the journal was read from
   if (scheduler.parked() > 0)
     spdlog::info(
         "{} restored job(s) reach their deadline within {} ms: parked for that long, for the "
         "workers that may still run them to claim them; the others then expire",
         scheduler.parked(), LivenessMicros() / 1000);
   return Status::Ok();
+}
+
+void Broker::Impl::WatchRedisRestart() {
+  if (!options.journal || redis->connects() == redis_connects_seen) return;
+  redis_connects_seen = redis->connects();
+  protocol::RedisReply info;
+  // (A connection that broke is asked again after the next reconnect.)
+  const Status s = redis->Command({"INFO", "server"}, &info);
+  const std::string run_id = s.ok() ? metrics::InfoText(info.str, "run_id") : "";
+  if (run_id.empty()) {
+    if (redis->connected())  // answered, but not with a run_id: say so (rate-limited)
+      LimitedWarn(redis_log,
+                  "cannot tell whether Redis restarted and lost the journal: INFO "
+                  "server gave no run_id (" +
+                      (s.ok() ? std::string("none in the reply") : s.message()) +
+                      "); the broker's Redis user needs +info");
+    return;
+  }
+  if (run_id == redis_run_id) return;
+  const bool first = redis_run_id.empty();
+  redis_run_id = run_id;
+  if (first) return;
+  // Without persistence (or with snapshots only, or after a failover to a replica that lagged)
+  // the journal may be gone or old: a broker that died now would restore too little. HSET is
+  // idempotent, so everything pending is written again.
+  const std::vector<std::string> ids = scheduler.PendingIds();
+  spdlog::warn(
+      "Redis restarted (its run_id changed): writing the {} pending job(s) and {} model name(s) "
+      "to the journal again, in case it lost them",
+      ids.size(), scheduler.known_models().size());
+  for (const auto& id : ids) journal.Restage(id);
+  for (const auto& model : scheduler.known_models()) journal.NoteModel(model);
 }
 
 void Broker::Impl::Dispatch() {
@@ -302,6 +335,18 @@ bool Broker::Impl::Heartbeat(int64_t now_mono) {
   // which the loop then runs at once.)
   for (const auto& [id, w] : scheduler.workers())
     protocol::SendTo(backend, id, protocol::kHeartbeat, protocol::EncodeEmpty());
+  // A Redis that restarted while the broker had nothing to write is noticed here, not at the
+  // next write, while jobs are pending: their records go back into it at once. A connect tried
+  // here waits a quarter of a heartbeat at most, so that a Redis out of reach does not hold up
+  // the loop (writes keep their own --redis-timeout-ms).
+  if (options.journal && scheduler.pending() > 0 &&
+      (redis->DroppedByPeer() || !redis->connected())) {
+    redis->SetTimeout(static_cast<int>(
+        std::clamp<int64_t>(options.heartbeat_ms / 4, 1, options.redis_timeout_ms)));
+    (void)redis->EnsureConnected();
+    redis->SetTimeout(static_cast<int>(options.redis_timeout_ms));
+  }
+  WatchRedisRestart();
   // A fleet whose workers stay connected for over a week announces nothing in that time: the
   // models they serve are noted again hourly, so a restart still finds them in <prefix>models.
   if (options.journal && now_mono >= next_models_note_us) {

@@ -51,6 +51,10 @@ struct Broker::Impl {
   // wall-clock time, counted from the loop's start, for the workers that still run them to
   // claim them (READY "held"); then ExpireJobs expires those no worker claimed. 0: none parked.
   int64_t parked_until_us = 0;
+  // The Redis process the journal is in (INFO's run_id), looked at whenever the broker's Redis
+  // client opened a new connection (WatchRedisRestart).
+  std::string redis_run_id;
+  int64_t redis_connects_seen = 0;
 
   // ACCEPTED replies held until this turn's journal commit.
   struct PendingReply {
@@ -134,6 +138,10 @@ struct Broker::Impl {
   // Fails the queued jobs of models without a worker for --orphan-timeout-s (orphan_watch.cc).
   void FailOrphans();
   void FlushFinalResults();
+  // With the journal: after the Redis client opened a new connection, asks Redis for its run_id.
+  // A new one is a Redis that restarted (or another one, after a failover), which may have lost
+  // the journal: every pending job and known model is written to it again on the next commit.
+  void WatchRedisRestart();
   // How long a worker may stay silent before it is presumed dead: --heartbeat-ms x --liveness.
   int64_t LivenessMicros() const { return options.heartbeat_ms * options.liveness * 1000; }
   // Every --heartbeat-ms: drops silent workers, sends HEARTBEATs, renews the models hourly.

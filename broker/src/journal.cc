@@ -10,6 +10,9 @@ namespace ferry::broker {
 namespace {
 constexpr int64_t kModelsTtlS = 7 * 24 * 3600;
 constexpr size_t kScanBatch = 1000;
+// Restaged records written per commit: at most this many, and no more once this many bytes.
+constexpr size_t kMaxUpdatesPerCommit = 1024;
+constexpr size_t kMaxUpdateBytesPerCommit = size_t{16} << 20;
 
 // Packs `job`'s inputs array with each attached input's frame as its "data".
 void PackInputsWithData(protocol::Packer& pk, const Job& job) {
@@ -113,7 +116,7 @@ void Journal::Stage(const Job& job) {
   updates_.erase(job.id);  // an earlier job's of the same id
   staged_.emplace_back(job.id, Encode(job));
 }
-void Journal::Restage(const Job& job) { updates_.insert(job.id); }
+void Journal::Restage(const std::string& id) { updates_.insert(id); }
 void Journal::Forget(const std::string& id, int64_t now_mono_us) {
   if (forgotten_.empty()) oldest_forget_us_ = now_mono_us;
   forgotten_.insert(id);
@@ -123,9 +126,20 @@ void Journal::NoteModel(const std::string& model) { models_.insert(model); }
 Status Journal::Commit(const FindJob& find) {
   if (idle()) return Status::Ok();
   const std::string journal = keys_.Journal();
+  // Records written again, a bounded part of them per commit: after a Redis restart every
+  // pending job's (up to --max-pending-bytes of inputs) waits here, and one write of them all
+  // would hold the loop, and this turn's new jobs, for as long as it takes.
   std::vector<std::pair<std::string_view, std::string>> updated;  // id, record
-  for (const auto& id : updates_)
-    if (const Job* job = find(id)) updated.emplace_back(id, Encode(*job));
+  std::vector<std::string_view> handled;  // the updates this commit writes (or finds done)
+  size_t update_bytes = 0;
+  for (const auto& id : updates_) {
+    if (handled.size() == kMaxUpdatesPerCommit || update_bytes >= kMaxUpdateBytesPerCommit) break;
+    handled.push_back(id);
+    if (const Job* job = find(id)) {
+      updated.emplace_back(id, Encode(*job));
+      update_bytes += updated.back().second.size();
+    }
+  }
   if (!staged_.empty() || !updated.empty()) {
     std::vector<std::string_view> argv = {"HSET", journal};
     for (const auto& [id, record] : staged_) {
@@ -154,7 +168,7 @@ Status Journal::Commit(const FindJob& find) {
   if (s.ok()) {
     forgotten_.clear();
     oldest_forget_us_ = 0;
-    updates_.clear();
+    for (const auto id : handled) updates_.erase(std::string(id));
     models_.clear();
   } else if (!staged_.empty()) {
     // Rejected: a write that timed out may land later all the same. Remove them then.

@@ -40,12 +40,13 @@ class Journal {
   // was accepted again) is dropped: it would delete the new record.
   void Stage(const Job& job);
   void Forget(const std::string& id, int64_t now_mono_us);  // HDEL, with the next write
-  // A journaled job changed (requeued: its attempt): HSET again on the next Commit, retried
+  // A journaled job changed (requeued: its attempt), or Redis restarted and may have lost its
+  // record (Broker::Impl::WatchRedisRestart): HSET again on the next Commit, retried
   // until one succeeds, so that a restarted broker counts the attempts already made. Only the
   // id waits here: the record is encoded from the job as it is at each try of the commit, so
   // that a job whose write waits for Redis is not held twice (re-encoding it at each try costs
   // what copying a held record into the request did).
-  void Restage(const Job& job);
+  void Restage(const std::string& id);
   void NoteModel(const std::string& model);  // SADD + EXPIRE on the next Commit
   bool has_staged() const { return !staged_.empty(); }
   // Something other than removals waits to be written.
@@ -55,7 +56,8 @@ class Journal {
   size_t removals() const { return forgotten_.size(); }
   int64_t oldest_removal_us() const { return oldest_forget_us_; }
 
-  // Writes everything in one round trip. On failure the staged records are discarded (the
+  // Writes everything in one round trip (the restaged records up to 1,024 or 16 MiB of them:
+  // the rest on the next commits). On failure the staged records are discarded (the
   // caller rejects those jobs with `unavailable`) and their removals queued: a write that timed
   // out may still land, and its jobs must not come back after a restart. Removals, updates and
   // models are kept for the next try. `find` gives a restaged job by id (the scheduler's), or

@@ -37,6 +37,13 @@ const Job* Scheduler::Find(const std::string& id) const {
   return it == jobs_.end() ? nullptr : it->second.get();
 }
 
+std::vector<std::string> Scheduler::PendingIds() const {
+  std::vector<std::string> out;
+  out.reserve(jobs_.size());
+  for (const auto& [id, job] : jobs_) out.push_back(id);
+  return out;
+}
+
 void Scheduler::Enqueue(Job* job, bool front) {
   auto& q = queues_[job->model][job->priority];
   if (front)

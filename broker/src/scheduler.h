@@ -105,6 +105,8 @@ class Scheduler {
     return it == specs_.end() ? nullptr : &it->second;
   }
   const Job* Find(const std::string& id) const;
+  // The ids of every pending job (queued, parked or dispatched), in no order.
+  std::vector<std::string> PendingIds() const;
 
   // Registers (or re-registers) a worker. A re-announce of a known routing id keeps its jobs.
   void AddWorker(const std::string& routing_id, protocol::WorkerHello hello, int64_t now_us,

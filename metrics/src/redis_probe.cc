@@ -24,7 +24,8 @@ double InfoField(const std::string& info, const std::string& field) {
   }
 }
 
-// The text of `field:` in an INFO reply, up to the line's end; "" when absent.
+}  // namespace
+
 std::string InfoText(const std::string& info, const std::string& field) {
   const std::string key = "\n" + field + ":";
   const std::string text = "\n" + info;
@@ -33,8 +34,6 @@ std::string InfoText(const std::string& info, const std::string& field) {
   at += key.size();
   return text.substr(at, text.find_first_of("\r\n", at) - at);
 }
-
-}  // namespace
 
 RedisProbe::RedisProbe(Registry* registry, Options options)
     : options_(std::move(options)), registry_(registry) {

@@ -1,6 +1,7 @@
 #include "ferry/protocol/redis.h"
 
 #include <hiredis/hiredis.h>
+#include <poll.h>
 #include <sys/uio.h>
 
 #include <algorithm>
@@ -74,6 +75,14 @@ std::unique_ptr<RedisClient> RedisClient::Lazy(const RedisEndpoint& endpoint, in
 
 void RedisClient::Drop() { conn_.reset(); }
 
+bool RedisClient::DroppedByPeer() {
+  if (!conn_ || pending_ > 0 || conn_->buffered()) return false;
+  pollfd p{conn_->transport().fd(), POLLIN, 0};
+  if (::poll(&p, 1, 0) <= 0) return false;
+  Drop();
+  return true;
+}
+
 void RedisClient::SetTimeout(int timeout_ms) {
   if (timeout_ms <= 0 || timeout_ms == timeout_ms_) return;
   timeout_ms_ = timeout_ms;
@@ -85,8 +94,10 @@ Status RedisClient::EnsureConnected() {
   if (conn_) return Status::Ok();
   // A refused AUTH or SELECT fails the connection: never a connection on the wrong database or
   // as the default user.
-  return RedisConnection::Open(endpoint_, timeout_ms_, /*keepalive=*/false, /*select=*/true,
-                               /*ping=*/false, &conn_);
+  Status s = RedisConnection::Open(endpoint_, timeout_ms_, /*keepalive=*/false, /*select=*/true,
+                                   /*ping=*/false, &conn_);
+  if (s.ok()) ++connects_;
+  return s;
 }
 
 void RedisClient::Append(const std::vector<std::string_view>& argv) {

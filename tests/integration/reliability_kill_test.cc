@@ -432,6 +432,40 @@ TEST(Reliability, AJobWhoseJournalRecordCannotBeReadFailsAfterARestart) {
   })) << "the record stayed in the journal";
 }
 
+// A Redis without persistence that restarts loses the journal. The broker notices (Redis's
+// run_id changed) and writes its pending jobs to the journal again, so a broker killed after
+// that still leaves them to the next one. Before, the journal stayed empty: the jobs the broker
+// had accepted were gone with it.
+TEST(Reliability, ARedisThatRestartedEmptyGetsThePendingJobsJournaledAgain) {
+  FleetOptions fo = OneFastSlowLane();  // a Redis without persistence (Fleet's default)
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  // No worker from here on: the jobs wait at the broker (the model stays known).
+  fleet.worker(0).Signal(SIGKILL);
+  fleet.worker(0).Wait();
+  ASSERT_TRUE(fleet.WaitForWorkers(0)) << fleet.Logs();
+  auto c = MakeClient(fleet, 1000);
+  const std::vector<std::string> ids = {"rejournal-0", "rejournal-1", "rejournal-2"};
+  std::vector<Job> jobs;
+  for (const auto& id : ids) jobs.push_back(SlowJob(id, 1));
+  SubmitUntilAccepted(*c, jobs);
+  ASSERT_EQ(Journaled(fleet, ids).size(), 3u);
+  fleet.redis().Restart();  // empty: no AOF, no snapshot
+  EXPECT_TRUE(WaitFor([&] { return Journaled(fleet, ids).size() == 3; }))
+      << "the journal stayed empty\n"
+      << fleet.broker().Log();
+  EXPECT_NE(fleet.broker().Log().find("Redis restarted (its run_id changed): writing the 3 "
+                                      "pending job(s)"),
+            std::string::npos)
+      << fleet.broker().Log();
+  fleet.broker().Signal(SIGKILL);
+  fleet.broker().Wait();
+  fleet.StartBroker();
+  fleet.StartWorker(0);
+  for (const auto& [id, r] : WaitAll(*c, ids, 60000))
+    EXPECT_EQ(r.state, JobState::kDone) << id << " " << r.error.ToString() << fleet.Logs();
+}
+
 TEST(Reliability, RedisStoppedAndRestartedWithAofLosesNothing) {
   const int metrics_port = testutil::FreePort();
   FleetOptions fo;

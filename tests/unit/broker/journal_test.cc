@@ -545,7 +545,7 @@ TEST_F(JournalRedisTest, ARestagedJobLoadsWithItsNewAttemptEvenAfterAFailedWrite
   ASSERT_TRUE(journal_->Commit(find_).ok());
   pending_[j->id] = j.get();
   j->attempt = 2;
-  journal_->Restage(*j);
+  journal_->Restage(j->id);
   EXPECT_TRUE(journal_->has_writes());
   server_.Stop();
   EXPECT_FALSE(journal_->Commit(find_).ok());
@@ -558,6 +558,30 @@ TEST_F(JournalRedisTest, ARestagedJobLoadsWithItsNewAttemptEvenAfterAFailedWrite
   EXPECT_EQ(loaded[0]->attempt, 2);
 }
 
+// After a Redis restart every pending job is restaged (Broker::Impl::WatchRedisRestart): the
+// records go back in parts of at most 1,024 per commit, so that one commit never carries them
+// all, until every one is written.
+TEST_F(JournalRedisTest, ManyRestagedJobsAreWrittenInPartsUntilAllAreBack) {
+  constexpr int kJobs = 2500;
+  std::vector<std::unique_ptr<Job>> jobs;
+  for (int i = 0; i < kJobs; ++i) {
+    jobs.push_back(MakeJob("r" + std::to_string(i), i));
+    pending_[jobs.back()->id] = jobs.back().get();
+    journal_->Restage(jobs.back()->id);
+  }
+  ASSERT_TRUE(journal_->Commit(find_).ok());
+  EXPECT_EQ(Load().size(), 1024u) << "the first commit writes one part";
+  int commits = 1;
+  while (journal_->has_writes() && commits < 10) {
+    ASSERT_TRUE(journal_->Commit(find_).ok());
+    ++commits;
+  }
+  EXPECT_EQ(commits, 3) << "2,500 records in parts of 1,024";
+  const auto loaded = Load();
+  ASSERT_EQ(loaded.size(), static_cast<size_t>(kJobs));
+  for (int i = 0; i < kJobs; ++i) EXPECT_EQ(loaded[i]->id, "r" + std::to_string(i));
+}
+
 // A restaged job is encoded at the commit, from the scheduler's job: one that is no longer pending
 // then (taken, its removal not queued yet) is not written back.
 TEST_F(JournalRedisTest, ARestagedJobThatIsNoLongerPendingIsNotWrittenBack) {
@@ -565,7 +589,7 @@ TEST_F(JournalRedisTest, ARestagedJobThatIsNoLongerPendingIsNotWrittenBack) {
   journal_->Stage(*j);
   ASSERT_TRUE(journal_->Commit(find_).ok());
   j->attempt = 2;
-  journal_->Restage(*j);  // and not in pending_: the scheduler no longer has it
+  journal_->Restage(j->id);  // and not in pending_: the scheduler no longer has it
   ASSERT_TRUE(journal_->Commit(find_).ok());
   EXPECT_TRUE(journal_->idle());
   auto loaded = Load();

@@ -62,4 +62,8 @@ class RedisProbe {
   std::thread thread_;
 };
 
+// The text of `field:` in an INFO reply ("run_id:9f3c...\r\n"), up to the line's end; "" when
+// absent.
+std::string InfoText(const std::string& info, const std::string& field);
+
 }  // namespace ferry::metrics

@@ -56,6 +56,13 @@ class RedisClient {
   // False before the first connect and after a transport failure dropped the connection (the
   // next command connects again).
   bool connected() const { return conn_ != nullptr; }
+  // How many connections this client has opened: a change means the last one broke and another
+  // was opened (perhaps to a Redis that restarted meanwhile).
+  int64_t connects() const { return connects_; }
+  // For a connection that waits for no reply: true when it has something to read -- the peer
+  // closed it (Redis stopped or restarted), since Redis sends nothing unasked -- and then drops
+  // it (the next command connects again). One poll(2), no blocking.
+  bool DroppedByPeer();
   // Bounds each later connect, read and write (and those of the open connection) by
   // `timeout_ms` (> 0) instead of the one given at Connect: for a caller with a deadline of its
   // own (a Wait), so that a stalled Redis holds it no longer than that.
@@ -112,6 +119,7 @@ class RedisClient {
                      const std::vector<std::pair<size_t, std::string_view>>& refs);
   void AppendCommand(const std::vector<std::string_view>& argv, bool by_ref);
 
+  int64_t connects_ = 0;
   size_t pending_ = 0;
   std::string queued_;  // the pending_ commands, RESP-encoded back to back
   // By-reference arguments: (offset in queued_ where their bytes belong, the bytes).
