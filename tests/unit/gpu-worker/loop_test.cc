@@ -125,6 +125,19 @@ class WorkerLoopTest : public ::testing::Test {
     return o;
   }
 
+  // One executor of `slow` (spin n: ~n ms) taking one job at a time: the others wait in the
+  // worker's queue behind it.
+  WorkerOptions SlowLane() {
+    WorkerOptions o = Options(redis_.port());
+    ModelConfig slow;
+    slow.name = "slow";
+    slow.path = models_ + "/slow.pt";
+    o.models = {slow};
+    o.instances = 1;
+    o.max_batch = 1;
+    return o;
+  }
+
   testutil::RedisServer redis_;
   std::unique_ptr<protocol::RedisClient> redis_client_;
   std::string models_;
@@ -372,15 +385,8 @@ TEST_F(WorkerLoopTest, ReconnectsAndReannouncesWhenTheBrokerFallsSilent) {
 // restarted broker leaves them with it, protocol.md). Here one runs, one waits behind it in the
 // worker's queue, and one is done and reported: the READY after a REANNOUNCE lists the two.
 TEST_F(WorkerLoopTest, AReadyListsTheJobsItHolds) {
-  WorkerOptions o = Options(redis_.port());
-  ModelConfig slow;
-  slow.name = "slow";
-  slow.path = models_ + "/slow.pt";
-  o.models = {slow};
-  o.instances = 1;
-  o.max_batch = 1;
   std::unique_ptr<Worker> worker;
-  ASSERT_TRUE(Worker::Create(o, &worker).ok());
+  ASSERT_TRUE(Worker::Create(SlowLane(), &worker).ok());
   std::thread run([&] { EXPECT_TRUE(worker->Run().ok()); });
   auto held = [](const Message& m) {
     msgpack::object_handle oh;
@@ -451,15 +457,8 @@ TEST_F(WorkerLoopTest, JobPastItsDeadlineIsExpiredWithoutRunning) {
 }
 
 TEST_F(WorkerLoopTest, CancelDropsQueuedJobsAndCountsDuplicateResults) {
-  WorkerOptions o = Options(redis_.port());
-  ModelConfig slow;
-  slow.name = "slow";
-  slow.path = models_ + "/slow.pt";
-  o.models = {slow};
-  o.instances = 1;
-  o.max_batch = 1;
   std::unique_ptr<Worker> worker;
-  ASSERT_TRUE(Worker::Create(o, &worker).ok());
+  ASSERT_TRUE(Worker::Create(SlowLane(), &worker).ok());
   std::thread run([&] { EXPECT_TRUE(worker->Run().ok()); });
   Message m;
   ASSERT_TRUE(Next(&m));
