@@ -89,6 +89,18 @@ class WorkerLoopTest : public ::testing::Test {
     return false;
   }
 
+  // Stops the worker and collects the ids of the DONEs it sends until its BYE.
+  void StopAndDrain(Worker* worker, std::set<std::string>* drained) {
+    worker->RequestStop();
+    Message m;
+    while (true) {
+      ASSERT_TRUE(Next(&m));
+      if (m.command == protocol::kBye) break;
+      ASSERT_EQ(m.command, protocol::kDone);
+      for (const auto& id : DoneIds(m)) drained->insert(id);
+    }
+  }
+
   std::vector<std::string> DoneIds(const Message& m) {
     msgpack::object_handle oh;
     std::vector<std::string> ids;
@@ -107,14 +119,19 @@ class WorkerLoopTest : public ::testing::Test {
     return r;
   }
 
+  // A model ferry-make-models wrote in SetUp.
+  ModelConfig Model(const std::string& name) {
+    ModelConfig m;
+    m.name = name;
+    m.path = models_ + "/" + name + ".pt";
+    return m;
+  }
+
   WorkerOptions Options(int redis_port) {
     WorkerOptions o;
     o.broker = router_.get(zmq::sockopt::last_endpoint);
     o.redis = "redis://127.0.0.1:" + std::to_string(redis_port);
-    ModelConfig tiny;
-    tiny.name = "tiny";
-    tiny.path = models_ + "/tiny.pt";
-    o.models = {tiny};
+    o.models = {Model("tiny")};
     o.max_batch = 4;
     o.instances = 2;
     o.threads = 1;
@@ -129,10 +146,7 @@ class WorkerLoopTest : public ::testing::Test {
   // worker's queue behind it.
   WorkerOptions SlowLane() {
     WorkerOptions o = Options(redis_.port());
-    ModelConfig slow;
-    slow.name = "slow";
-    slow.path = models_ + "/slow.pt";
-    o.models = {slow};
+    o.models = {Model("slow")};
     o.instances = 1;
     o.max_batch = 1;
     return o;
@@ -271,14 +285,8 @@ TEST_F(WorkerLoopTest, RunsChunksReportsEveryJobOnceAndDrainsOnStop) {
         return redis_client_->Get("ferry:result:s1", &value, &found).ok() && found;
       },
       std::chrono::seconds(10)));
-  worker->RequestStop();
   std::set<std::string> drained;
-  while (true) {
-    ASSERT_TRUE(Next(&m));
-    if (m.command == protocol::kBye) break;
-    ASSERT_EQ(m.command, protocol::kDone);
-    for (const auto& id : DoneIds(m)) drained.insert(id);
-  }
+  ASSERT_NO_FATAL_FAILURE(StopAndDrain(worker.get(), &drained));
   EXPECT_EQ(drained, std::set<std::string>({"s1", "s2"}));
   run.join();
   EXPECT_TRUE(run_status.ok()) << run_status.ToString();
@@ -415,14 +423,8 @@ TEST_F(WorkerLoopTest, AReadyListsTheJobsItHolds) {
   ASSERT_TRUE(Next(&m));
   ASSERT_EQ(m.command, protocol::kReady);
   EXPECT_EQ(held(m), (std::set<std::string>{"h1", "h2"}));
-  worker->RequestStop();
   std::set<std::string> drained;
-  while (true) {
-    ASSERT_TRUE(Next(&m));
-    if (m.command == protocol::kBye) break;
-    ASSERT_EQ(m.command, protocol::kDone);
-    for (const auto& id : DoneIds(m)) drained.insert(id);
-  }
+  ASSERT_NO_FATAL_FAILURE(StopAndDrain(worker.get(), &drained));
   EXPECT_EQ(drained, (std::set<std::string>{"h1", "h2"}));
   run.join();
 }
