@@ -122,7 +122,9 @@ void Broker::Impl::HandleReady(protocol::Message& m, const msgpack::object& body
   // connection keeps the jobs it still runs: they are not sent elsewhere, not expired while it
   // runs them, and not requeued (an attempt spent) with its old connection.
   if (!held.empty()) {
-    const size_t claimed = scheduler.Claim(worker, held);
+    std::vector<const Job*> were_waiting;
+    const size_t claimed = scheduler.Claim(worker, held, &were_waiting);
+    telemetry.OnClaimed(were_waiting);
     if (claimed > 0 || !known)
       spdlog::info("worker {} still holds {} job(s); {} of them stay with it", name, held.size(),
                    claimed);

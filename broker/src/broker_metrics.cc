@@ -102,6 +102,10 @@ void BrokerMetrics::OnChunk(const Chunk& chunk, int64_t now_us) {
   }
 }
 
+void BrokerMetrics::OnClaimed(const std::vector<const Job*>& jobs) {
+  for (const Job* j : jobs) Model(j->model)->dispatched->Inc();
+}
+
 void BrokerMetrics::OnDone(const std::vector<std::unique_ptr<Job>>& jobs,
                            const protocol::DoneStatuses& not_done, int64_t duplicates,
                            int64_t now_us) {

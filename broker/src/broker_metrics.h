@@ -40,6 +40,9 @@ class BrokerMetrics {
   void OnReply(const protocol::Accepted& reply, const std::vector<std::string>& models);
   // A chunk goes to a worker: dispatched jobs, chunks, queue time of first dispatches.
   void OnChunk(const Chunk& chunk, int64_t now_us);
+  // Queued or parked jobs a worker said it holds (READY "held", Scheduler::Claim): dispatched
+  // to it without a chunk (their queue time is not observed: they went out before).
+  void OnClaimed(const std::vector<const Job*>& jobs);
   // A worker reported these jobs finished (DONE); `not_done` gives the non-"done" statuses.
   void OnDone(const std::vector<std::unique_ptr<Job>>& jobs, const protocol::DoneStatuses& not_done,
               int64_t duplicates, int64_t now_us);

@@ -13,7 +13,7 @@ Status Scheduler::Add(std::unique_ptr<Job> job, bool parked) {
       static_cast<int64_t>(raw->inputs_raw.size()) + raw->stored_bytes + raw->attached_bytes;
   jobs_.emplace(job->id, std::move(job));
   if (parked)
-    parked_.insert(raw->id);
+    Park(raw);
   else
     Enqueue(raw, /*front=*/false);
   ++counters_.accepted;
@@ -83,6 +83,16 @@ void Scheduler::Unqueue(Job* job) {
   --depth_[job->model];
 }
 
+void Scheduler::Park(Job* job) {
+  parked_.insert(job->id);
+  ++depth_[job->model];
+}
+
+void Scheduler::Unpark(Job* job) {
+  parked_.erase(job->id);
+  --depth_[job->model];
+}
+
 void Scheduler::AddWorker(const std::string& routing_id, protocol::WorkerHello hello,
                           int64_t now_us, const std::string& key) {
   auto [it, inserted] = workers_.try_emplace(routing_id);
@@ -149,7 +159,8 @@ void Scheduler::Touch(const std::string& routing_id, int64_t now_us) {
   if (it != workers_.end()) it->second.last_seen_us = now_us;
 }
 
-size_t Scheduler::Claim(const std::string& routing_id, const std::vector<std::string>& ids) {
+size_t Scheduler::Claim(const std::string& routing_id, const std::vector<std::string>& ids,
+                        std::vector<const Job*>* were_waiting) {
   auto w = workers_.find(routing_id);
   if (w == workers_.end()) return 0;
   WorkerState& me = w->second;
@@ -174,10 +185,13 @@ size_t Scheduler::Claim(const std::string& routing_id, const std::vector<std::st
       if (other == workers_.end() || other == w || other->second.hello.worker != me.hello.worker)
         continue;
       other->second.in_flight.erase(id);
-    } else if (job->phase == JobPhase::kQueued) {
-      Unqueue(job);
     } else {
-      parked_.erase(id);
+      if (job->phase == JobPhase::kQueued)
+        Unqueue(job);
+      else
+        Unpark(job);
+      ++counters_.dispatched;
+      if (were_waiting != nullptr) were_waiting->push_back(job);
     }
     job->phase = JobPhase::kDispatched;
     job->worker = routing_id;
@@ -254,7 +268,7 @@ std::unique_ptr<Job> Scheduler::Take(const std::string& id) {
   pending_bytes_ -=
       static_cast<int64_t>(job->inputs_raw.size()) + job->stored_bytes + job->attached_bytes;
   if (job->phase == JobPhase::kQueued) Unqueue(job.get());
-  if (job->phase == JobPhase::kParked) parked_.erase(job->id);
+  if (job->phase == JobPhase::kParked) Unpark(job.get());
   // (A dispatched job's id stays in its worker's in_flight: see scheduler.h.)
   return job;
 }

@@ -122,8 +122,10 @@ class Scheduler {
   // older connection of the same worker name becomes dispatched to it, so that it is neither
   // sent elsewhere nor expired nor requeued while the worker runs it. A job dispatched to
   // another worker stays there (both run it; the first result wins). Returns how many jobs it
-  // took over.
-  size_t Claim(const std::string& routing_id, const std::vector<std::string>& ids);
+  // took over; `were_waiting` (may be null) gets those of them that were queued or parked, now
+  // dispatched (counted in counters().dispatched).
+  size_t Claim(const std::string& routing_id, const std::vector<std::string>& ids,
+               std::vector<const Job*>* were_waiting = nullptr);
   // Removes a worker; its in-flight jobs go back to the front of their queues with attempt+1.
   // Returns the requeued jobs; the caller counts them (counters().requeued), less those it
   // poisons (counters().poisoned).
@@ -149,7 +151,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Job>> TakeExpired(int64_t now_us);
   // Removes and returns the parked jobs (the broker expires them when no worker claimed them).
   std::vector<std::unique_ptr<Job>> TakeParked();
-  size_t parked() const { return parked_.size(); }
+  size_t parked() const { return parked_.size(); }  // (also in QueueDepth: they wait)
   // Removes and returns every queued job of `model` (its dispatched jobs stay): for a model
   // that has had no worker too long (orphan_watch.h).
   std::vector<std::unique_ptr<Job>> TakeQueued(const std::string& model);
@@ -160,6 +162,7 @@ class Scheduler {
   // The next chunk to send, or false when no worker with credit serves a queued model.
   bool NextChunk(Chunk* out);
 
+  // Jobs of `model` waiting for a worker: queued or parked (admission's max_queue, the metric).
   size_t QueueDepth(const std::string& model) const;
   // `submitted_us` of the model's oldest queued job (0 when none is queued).
   int64_t OldestQueuedSubmittedUs(const std::string& model) const;
@@ -183,6 +186,9 @@ class Scheduler {
   // The queue level holding the oldest job (lowest seq), for aging.
   static PriorityQueue::iterator OldestLevel(PriorityQueue& pq);
   void Unqueue(Job* job);
+  // A parked job waits in parked_, not in a queue; QueueDepth counts it as it counts the queued.
+  void Park(Job* job);
+  void Unpark(Job* job);
   // Removes `job`'s entry from deadlines_ (it leaves the queue): a job that finished or went to
   // a worker holds none, so deadlines_ stays as big as the queue, and an id accepted again
   // cannot be expired by its earlier job's deadline.
@@ -200,7 +206,7 @@ class Scheduler {
   int64_t aging_every_;
   int64_t pending_bytes_ = 0;
   std::unordered_map<std::string, PriorityQueue> queues_;  // model -> queue
-  std::unordered_map<std::string, size_t> depth_;          // model -> queued count
+  std::unordered_map<std::string, size_t> depth_;          // model -> queued and parked count
   std::unordered_map<std::string, WorkerState> workers_;
   std::list<std::string> lru_;  // routing ids, least recently served first
   std::set<std::string> known_models_;

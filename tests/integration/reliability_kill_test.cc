@@ -329,7 +329,9 @@ TEST(Reliability, BrokerSigtermKeepsQueuedJobsForTheNextBroker) {
 TEST(Reliability, AJobRunningWhenTheBrokerDiesEndsDoneThoughItsDeadlinePassedMeanwhile) {
   FleetOptions fo = OneFastSlowLane();
   // A liveness period of 2 s: the parked jobs wait that long for a worker's claim.
-  fo.broker_args = {"--heartbeat-ms", "100", "--liveness", "20"};
+  const int metrics_port = testutil::FreePort();
+  fo.broker_args = {
+      "--heartbeat-ms", "100", "--liveness", "20", "--metrics-port", std::to_string(metrics_port)};
   Fleet fleet(fo);
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
   auto c = MakeClient(fleet, 1000);
@@ -361,6 +363,11 @@ TEST(Reliability, AJobRunningWhenTheBrokerDiesEndsDoneThoughItsDeadlinePassedMea
       << fleet.broker().Log();
   EXPECT_NE(fleet.broker().Log().find("still holds 2 job(s); 2 of them"), std::string::npos)
       << fleet.broker().Log();
+  // The restarted broker counts the two it left with the worker as dispatched (no chunk took
+  // them), and not the one that expired parked.
+  EXPECT_EQ(ScrapeSum(metrics_port, metrics::names::kJobsDispatched,
+                      {{metrics::names::kLabelModel, "slow"}}),
+            2);
   EXPECT_EQ(CountResultKeys(fleet), 3);
 }
 

@@ -284,7 +284,7 @@ TEST(Scheduler, AWorkerClaimsTheJobsItStillHolds) {
   ASSERT_TRUE(s.Add(MakeJob("other-model", "n")).ok());
   ASSERT_TRUE(s.Add(MakeJob("elsewhere", "m")).ok());
   ASSERT_TRUE(s.Add(MakeJob("left", "m")).ok());
-  EXPECT_EQ(s.QueueDepth("m"), 3u) << "a parked job is not queued";
+  EXPECT_EQ(s.QueueDepth("m"), 4u) << "a parked job waits: it counts as queued";
   EXPECT_EQ(s.parked(), 1u);
   EXPECT_TRUE(s.TakeExpired(1000).empty()) << "nor expired by its deadline";
   s.AddWorker("w2", Hello("w2", 1, {{"m", 1}, {"n", 1}}), 0);
@@ -302,7 +302,15 @@ TEST(Scheduler, AWorkerClaimsTheJobsItStillHolds) {
   ASSERT_TRUE(s.Add(MakeJob("n-job", "n")).ok());
 
   s.AddWorker("w1", Hello("w1", 8, {{"m", 8}}), 0);
-  EXPECT_EQ(s.Claim("w1", {"parked", "queued-again", "elsewhere", "n-job", "unknown"}), 2u);
+  EXPECT_EQ(s.counters().dispatched, 3);
+  std::vector<const Job*> were_waiting;
+  EXPECT_EQ(
+      s.Claim("w1", {"parked", "queued-again", "elsewhere", "n-job", "unknown"}, &were_waiting),
+      2u);
+  ASSERT_EQ(were_waiting.size(), 2u);
+  EXPECT_EQ(were_waiting[0]->id, "parked");
+  EXPECT_EQ(were_waiting[1]->id, "queued-again");
+  EXPECT_EQ(s.counters().dispatched, 5) << "a claimed job that waited is dispatched now";
   const WorkerState& w1 = s.workers().at("w1");
   EXPECT_EQ(w1.credit(), 3) << "all five ids hold credit";
   ASSERT_NE(s.Find("parked"), nullptr);
@@ -338,7 +346,10 @@ TEST(Scheduler, AReconnectedWorkerTakesItsJobsFromItsOldConnection) {
   ASSERT_EQ(Ids(c), (std::vector<std::string>{"a", "b"}));
   s.AddWorker("new", Hello("w", 2, {{"m", 2}}), 0);
   s.AddWorker("other", Hello("other", 4, {{"m", 4}}), 0);  // served first (the newest)
-  EXPECT_EQ(s.Claim("new", {"a"}), 1u);
+  std::vector<const Job*> were_waiting;
+  EXPECT_EQ(s.Claim("new", {"a"}, &were_waiting), 1u);
+  EXPECT_TRUE(were_waiting.empty()) << "it was dispatched already";
+  EXPECT_EQ(s.counters().dispatched, 2);
   EXPECT_EQ(s.Find("a")->worker, "new");
   EXPECT_EQ(s.workers().at("old").in_flight.count("a"), 0u);
   const auto requeued = s.RemoveWorker("old");
@@ -390,9 +401,11 @@ TEST(Scheduler, ParkedJobsLeaveByTakeParkedOrTake) {
     ASSERT_TRUE(s.Add(std::move(j), /*parked=*/true).ok());
   }
   EXPECT_EQ(s.pending(), 3u);
+  EXPECT_EQ(s.QueueDepth("m"), 3u) << "parked jobs wait: they count as queued";
   EXPECT_EQ(s.Add(MakeJob("p1", "m")).code(), codes::kDuplicate) << "a parked job is pending";
   ASSERT_NE(s.Take("p1"), nullptr);
   EXPECT_EQ(s.parked(), 2u);
+  EXPECT_EQ(s.QueueDepth("m"), 2u);
   auto parked = s.TakeParked();
   ASSERT_EQ(parked.size(), 2u);
   EXPECT_EQ(parked[0]->id, "p0");
