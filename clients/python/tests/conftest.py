@@ -51,6 +51,15 @@ def fleet(models_dir):
     f.stop()
 
 
+def done_record(y, model, worker):
+    """A done result record (msgpack) with the one float32 output `y`, as a worker writes it."""
+    import msgpack
+    return msgpack.packb({"status": "done", "model": model, "worker": worker, "batch_size": 1,
+                          "attempt": 1, "timing": {},
+                          "outputs": [{"dtype": "float32", "shape": list(y.shape),
+                                       "data": y.tobytes()}]})
+
+
 def uid(tag):
     return "py-%s-%s" % (tag, uuid.uuid4().hex[:12])
 

@@ -1,5 +1,6 @@
 """The clients when a peer misbehaves or goes away: a stub broker that drops, answers late or
-rejects late, Redis cut off or refusing, close() while calls wait."""
+rejects late, close() while calls wait. Redis cut off, refusing or stalled:
+test_client_redis_faults.py."""
 
 import asyncio
 import contextlib
@@ -11,17 +12,8 @@ import numpy as np
 import pytest
 
 import ferry
-from conftest import answered_limits, spy_submits, stub_broker, uid
+from conftest import answered_limits, done_record, spy_submits, stub_broker, uid
 from fleet import wait_for
-
-
-def _done_record(y, model, worker):
-    """A done result record (msgpack) with the one float32 output `y`, as a worker writes it."""
-    import msgpack
-    return msgpack.packb({"status": "done", "model": model, "worker": worker, "batch_size": 1,
-                          "attempt": 1, "timing": {},
-                          "outputs": [{"dtype": "float32", "shape": list(y.shape),
-                                       "data": y.tobytes()}]})
 
 
 def _run_against_a_stub_broker(fleet, prefix, x, y, on_submit):
@@ -33,7 +25,7 @@ def _run_against_a_stub_broker(fleet, prefix, x, y, on_submit):
     import msgpack
     seen, seen_frames = [], []
     store = fleet.redis()
-    record = _done_record(y, "tiny", "stub")
+    record = done_record(y, "tiny", "stub")
 
     def handle(router, message):
         peer, tag, command, body, *frames = message
@@ -417,287 +409,6 @@ def test_close_mid_run_opens_no_redis_connection(fleet):
     assert r.keys(prefix + "*") == []
 
 
-def _store_result(r, key, y):
-    """Writes a done result record with output `y` under `key`, as a worker does."""
-    r.set(key, _done_record(y, "m", "w"))
-
-
-def test_a_consuming_read_cut_off_keeps_the_result(fleet):
-    """consume_results: a read cut off halfway through its reply (the connection closes, as
-    Redis does to a client over its output buffer limit; here a proxy in front of Redis does
-    it, which any server lets it) deletes nothing: the next wait gets the result, and only then
-    is it deleted. (With GETDEL as the read, Redis deleted the record before the reply was
-    lost, and it was gone for good.)"""
-    from redis_proxy import RedisProxy
-    r = fleet.redis()
-    i = uid("cut")
-    key = ("ferry:result:" + i).encode()
-    y = np.arange(262144, dtype=np.float32)  # 1 MiB
-    _store_result(r, key, y)
-    cutting = True
-    proxy = RedisProxy(fleet.redis_port, cut=lambda argv: cutting and key in argv[1:2])
-    try:
-        with ferry.Client(fleet.frontend, "redis://127.0.0.1:%d" % proxy.port,
-                          consume_results=True, push_results=False) as c:
-            with pytest.raises(ferry.Unavailable):
-                c.wait(i, timeout=0)  # one read
-            assert proxy.cut_off and r.exists(key) == 1
-            cutting = False
-            got = c.wait(i, timeout=30)
-            np.testing.assert_array_equal(got.outputs[0], y)
-            assert r.exists(key) == 0, "the read that got it did not delete it"
-    finally:
-        proxy.close()
-
-
-def test_consumed_results_are_deleted_by_a_user_that_may_only_getdel_them(fleet):
-    """A producer ACL user set up before this client (GETDEL on results, not DEL): the DEL of
-    consumed results gets NOPERM, and the client deletes them with GETDEL instead."""
-    r = fleet.redis()
-    user, pw = "py-nodel-" + uuid.uuid4().hex[:6], uuid.uuid4().hex
-    r.execute_command("ACL", "SETUSER", user, "on", ">" + pw, "~*", "&*", "+@all", "-del")
-    url = "redis://%s:%s@127.0.0.1:%d" % (user, pw, fleet.redis_port)
-    ids = [uid("getdel") for _ in range(3)]
-    y = np.ones(4, np.float32)
-    for i in ids:
-        _store_result(r, "ferry:result:" + i, y)
-    def getdels():
-        return r.info("commandstats").get("cmdstat_getdel", {}).get("calls", 0)
-    before = getdels()
-    try:
-        with ferry.Client(fleet.frontend, url, consume_results=True) as c:
-            for i in ids:
-                np.testing.assert_array_equal(c.wait(i, timeout=30).outputs[0], y)
-            assert wait_for(lambda: not any(r.exists("ferry:result:" + i) for i in ids), 10)
-        assert getdels() - before >= len(ids)
-    finally:
-        r.execute_command("ACL", "DELUSER", user)
-
-
-def test_a_redis_error_reply_fails_the_wait_at_once(fleet):
-    """Redis refusing the read (NOPERM here: an ACL user without GET) is no outage to
-    wait out: wait raises FerryError(internal) at once, also with timeout=None."""
-    r = fleet.redis()
-    user, pw = "py-noread-" + uuid.uuid4().hex[:6], uuid.uuid4().hex
-    r.execute_command("ACL", "SETUSER", user, "on", ">" + pw, "~*", "&*", "+@all", "-get",
-                      "-getdel")
-    url = "redis://%s:%s@127.0.0.1:%d" % (user, pw, fleet.redis_port)
-    try:
-        for consume in (False, True):
-            with ferry.Client(fleet.frontend, url, consume_results=consume) as c:
-                # Retried as an outage, the first wait would raise Unavailable at its timeout
-                # and the second never end (the join's bound is a liveness check only).
-                for timeout in (60, None):
-                    out = {}
-
-                    def wait():
-                        try:
-                            c.wait(uid("denied"), timeout=timeout)
-                        except BaseException as e:  # noqa: B902 (checked below)
-                            out["error"] = e
-                    t = threading.Thread(target=wait, daemon=True)
-                    t.start()
-                    t.join(120)
-                    assert not t.is_alive(), "the wait did not end"
-                    err = out["error"]
-                    assert type(err) is ferry.FerryError and err.code == "internal", err
-                    assert "NOPERM" in str(err)
-                with pytest.raises(ferry.FerryError) as e:
-                    c.poll(uid("denied"))
-                assert e.value.code == "internal"
-    finally:
-        r.execute_command("ACL", "DELUSER", user)
-
-
-def test_the_result_subscription_has_tcp_keepalive_and_commands_have_none(fleet):
-    # A subscriber only reads: without keepalive probes a Redis gone without a FIN/RST would
-    # leave it waiting for good (its notices lost). As the C++ SDK: 15 s idle, 5 s, 3 probes.
-    import socket
-    from ferry import _resp
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        endpoint = _resp.parse_redis_url(fleet.redis_url)
-        sub = await _resp.Connection.open(endpoint, loop, 5.0, on_push=lambda payload: None,
-                                          select_db=False)
-        plain = await _resp.Connection.open(endpoint, loop, 5.0)
-        try:
-            s = sub._transport.get_extra_info("socket")
-            assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
-            assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE) == 15
-            assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 5
-            assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
-            p = plain._transport.get_extra_info("socket")
-            assert p.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 0
-            assert await plain.call("PING") == "PONG"
-        finally:
-            sub.close()
-            plain.close()
-
-    asyncio.run(main())
-
-
-def test_keepalive_is_set_where_the_platform_names_its_options_otherwise(monkeypatch):
-    # macOS has no TCP_KEEPIDLE (its idle option is TCP_KEEPALIVE): the subscription still
-    # opens, with the options the platform has.
-    import socket
-    from ferry import _resp
-    monkeypatch.delattr(socket, "TCP_KEEPIDLE")
-    with socket.socket() as s:
-        _resp._keepalive(s)
-        assert s.getsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE) == 1
-        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPINTVL) == 5
-        assert s.getsockopt(socket.IPPROTO_TCP, socket.TCP_KEEPCNT) == 3
-
-
-def test_a_wait_on_a_stalled_redis_ends_at_its_own_timeout(models_dir):
-    # Redis stopped (SIGSTOP): a GET that gets no reply. A wait with 0.5 s gives up at its own
-    # deadline, with Timeout, not after the client's request timeout (30 s here), as the C++
-    # SDK's Wait does: each read is bounded by what is left of the wait. Giving up does not
-    # close the connection the client's other commands share: a poll waiting beside it (with
-    # the whole request timeout) gets its answer once Redis goes on.
-    import signal
-    from fleet import Fleet
-    f = Fleet(models_dir, workers=0)
-
-    async def main():
-        async with ferry.AsyncClient(f.frontend, f.redis_url, request_timeout_ms=30000) as c:
-            assert await c.poll(uid("stall")) is None  # connected to Redis
-            f.redis_proc.send_signal(signal.SIGSTOP)
-            try:
-                beside = asyncio.ensure_future(c.poll(uid("beside")))
-                started = time.monotonic()
-                with pytest.raises(ferry.Timeout):
-                    await c.wait(uid("stall"), timeout=0.5)
-                assert time.monotonic() - started < 15, "held for the request timeout"
-                assert not beside.done()
-            finally:
-                f.redis_proc.send_signal(signal.SIGCONT)
-            assert await asyncio.wait_for(beside, 20) is None
-            assert await c.poll(uid("stall")) is None
-    try:
-        asyncio.run(main())
-    finally:
-        f.stop()
-
-
-def test_a_stalled_redis_closes_the_connection_also_after_its_callers_left(models_dir):
-    # Each command's reply is watched for the connection's timeout (0.5 s here), whether its
-    # caller still waits or not: a caller cancelled (an unbounded command), one that gave up at
-    # its own bound, and a pipeline's cancelled caller each leave a stalled Redis to be found,
-    # and their connection closed, so that no later command waits behind it.
-    import signal
-    from ferry import _resp
-    from fleet import Fleet
-    f = Fleet(models_dir, workers=0)
-
-    async def leave(cmds, how):
-        if how == "bounded":
-            with pytest.raises(ferry.Unavailable):
-                await cmds.execute("GET", "k", timeout=0.1)
-            return
-        call = cmds.execute("GET", "k") if how == "cancelled" else \
-            cmds.execute_many([("GET", "k"), ("GET", "j")])
-        task = asyncio.ensure_future(call)
-        await asyncio.sleep(0.1)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    async def main():
-        loop = asyncio.get_running_loop()
-        for how in ("cancelled", "bounded", "pipeline cancelled"):
-            cmds = _resp.Commands(_resp.parse_redis_url(f.redis_url), loop, 0.5)
-            assert await cmds.execute("PING") == "PONG"
-            f.redis_proc.send_signal(signal.SIGSTOP)
-            try:
-                await leave(cmds, how)
-                await asyncio.sleep(1.0)
-                assert not cmds.connected(), how + ": the stalled connection is still open"
-            finally:
-                f.redis_proc.send_signal(signal.SIGCONT)
-                cmds.close()
-    try:
-        asyncio.run(main())
-    finally:
-        f.stop()
-
-
-def test_waits_that_gave_up_on_a_stalled_redis_leave_no_error_unread(models_dir):
-    # Waits that gave up at their own deadline leave their GETs on the connection; when the
-    # connection's timeout closes it, those GETs fail with nobody awaiting them: their errors
-    # are taken, not logged by asyncio ("Future exception was never retrieved"). The client goes
-    # on over a new connection once Redis does.
-    import gc
-    import signal
-    from fleet import Fleet
-    f = Fleet(models_dir, workers=0)
-    unread = []
-
-    async def main():
-        asyncio.get_running_loop().set_exception_handler(lambda loop, ctx: unread.append(ctx))
-        async with ferry.AsyncClient(f.frontend, f.redis_url, request_timeout_ms=1000) as c:
-            assert await c.poll(uid("stall")) is None  # connected to Redis
-            f.redis_proc.send_signal(signal.SIGSTOP)
-            try:
-                for _ in range(3):
-                    with pytest.raises(ferry.Timeout):
-                        await c.wait(uid("stall"), timeout=0.2)
-                # The connection's timer closes it a request timeout after the first GET.
-                await asyncio.sleep(1.5)
-                gc.collect()
-                await asyncio.sleep(0)
-            finally:
-                f.redis_proc.send_signal(signal.SIGCONT)
-            assert await c.poll(uid("stall")) is None
-        gc.collect()
-    try:
-        asyncio.run(main())
-    finally:
-        f.stop()
-    assert not [ctx for ctx in unread if "never retrieved" in ctx.get("message", "")], unread
-
-
-def test_a_run_on_a_stalled_redis_sends_no_resubmit_past_its_timeout(models_dir):
-    # A stub broker that never answers, and Redis stopped before the first silence's read: that
-    # read is cut off at the run's deadline, and the run ends there with Timeout. Before, the
-    # cut-off read counted as no error, so the silence's resubmit went out past the deadline
-    # and wrote the stored input to the stalled Redis, holding the run for up to a request
-    # timeout more. The engine calls a resubmit makes are recorded with their times.
-    import signal
-    from fleet import Fleet
-    x = np.arange(50000, dtype=np.float32)  # stored in Redis
-    calls = []
-
-    async def main(frontend):
-        # input_ttl_s 1: the client of before wrote the input again at such a resubmit.
-        async with ferry.AsyncClient(frontend, f.redis_url,
-                                     request_timeout_ms=3000, input_ttl_s=1) as c:
-            loop = asyncio.get_running_loop()
-            engine = c._get_engine()
-            for name in ("store_inputs", "refresh_inputs", "queue_run"):
-                if hasattr(engine, name):
-                    def spy(*args, _name=name, _real=getattr(engine, name)):
-                        calls.append((_name, loop.time()))
-                        return _real(*args)
-                    setattr(engine, name, spy)
-            loop.call_later(2.0, f.redis_proc.send_signal, signal.SIGSTOP)
-            deadline = loop.time() + 3.5
-            with pytest.raises(ferry.Timeout):
-                await c.run("tiny", x, timeout=3.5)
-            return deadline
-    f = Fleet(models_dir, workers=0)
-    try:
-        with stub_broker(lambda router, message: None) as frontend:  # never answers
-            deadline = asyncio.run(main(frontend))
-    finally:
-        f.redis_proc.send_signal(signal.SIGCONT)
-        f.stop()
-    assert [name for name, _ in calls[:2]] == ["store_inputs", "queue_run"], calls  # the first
-    late = [(name, at - deadline) for name, at in calls if at >= deadline]
-    assert not late, "resubmitted past the run's deadline: %s" % late
-
-
 def _accepting(router, message, swallow_after=None, seen=None):
     """For a stub broker: answers a SUBMIT ACCEPTED (every job), or none past `swallow_after`
     SUBMITs (counted in `seen`)."""
@@ -727,7 +438,7 @@ def test_a_short_wait_on_a_job_of_ours_reads_redis_before_it_times_out(fleet):
             id = c.submit("tiny", x)
             with pytest.raises(ferry.Timeout):
                 c.wait(id, timeout=0.02)
-            fleet.redis().set(prefix + "result:" + id, _done_record(x, "tiny", "stub"))
+            fleet.redis().set(prefix + "result:" + id, done_record(x, "tiny", "stub"))
             r = c.wait(id, timeout=0.02)
             assert r.status == "done" and r.worker == "stub"
 
