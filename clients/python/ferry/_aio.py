@@ -182,8 +182,8 @@ class AsyncClient:
             # The jobs that never went out (no broker connected) will not now: their stored
             # inputs are nobody's, nor are those of jobs rejected for good. Those sent and not
             # answered may be accepted: theirs stay (input_ttl_s).
-            engine.delete_unsent_inputs(engine.unsent_preps(call))
-            engine.delete_inputs([p for p in preps
+            engine.inputs.delete_unsent(engine.unsent_preps(call))
+            engine.inputs.delete([p for p in preps
                                   if p.id in rejected and owns_inputs(rejected[p.id], p)])
             err = Unavailable(engine.silence_message("SUBMIT", self.options.request_timeout_ms),
                               id=next((i for i in ids if i not in verdicts), ids[0]))
@@ -194,13 +194,13 @@ class AsyncClient:
         except BaseException:  # cancelled, or the client closed (Engine.close deletes then)
             engine.results.untrack(ids)
             if not engine.closed:
-                engine.delete_unsent_inputs(engine.unsent_preps(call))
+                engine.inputs.delete_unsent(engine.unsent_preps(call))
             raise
         errors = {i: v for i, v in verdicts.items() if v is not None}
         if not errors:
             return ids
         engine.results.untrack(list(errors))
-        engine.delete_inputs([p for p in preps
+        engine.inputs.delete([p for p in preps
                               if p.id in errors and owns_inputs(errors[p.id], p)])
         first = next(errors[i] for i in ids if i in errors)
         first.ids = ids
@@ -212,12 +212,12 @@ class AsyncClient:
     async def _store_inputs(engine, preps):
         """Writes the jobs' stored inputs before their SUBMIT; if that fails or is cancelled
         partway (Redis took some, then refused one; asyncio.wait_for around a run), deletes them
-        again: the SUBMIT is not sent, so nobody reads them (delete_unsent_inputs)."""
+        again: the SUBMIT is not sent, so nobody reads them (StoredInputs.delete_unsent)."""
         try:
-            await engine.store_inputs(preps)
+            await engine.inputs.store(preps)
         except BaseException:
             if not engine.closed:
-                engine.delete_unsent_inputs(preps)
+                engine.inputs.delete_unsent(preps)
             raise
 
     async def wait(self, id, timeout=None):
@@ -282,7 +282,7 @@ class AsyncClient:
                 if left is not None and left <= 0:
                     return  # the run is over
                 try:
-                    await engine.refresh_inputs(prep, left)  # within the run's time left
+                    await engine.inputs.refresh(prep, left)  # within the run's time left
                 except Unavailable:
                     return  # Redis is away: the next silence tries again
             engine.queue_run(job)
@@ -323,9 +323,9 @@ class AsyncClient:
             if not ok:
                 engine.results.untrack((id,))
                 if not job.ever_sent:
-                    engine.delete_unsent_inputs([prep])  # nobody will read them
+                    engine.inputs.delete_unsent([prep])  # nobody will read them
                 elif job.error is not None and owns_inputs(job.error, prep):
-                    engine.delete_inputs([prep])
+                    engine.inputs.delete([prep])
 
     async def cancel(self, *ids):
         """Cancels jobs (one CANCEL per 10,000 ids, or per the broker's --max-jobs-per-message

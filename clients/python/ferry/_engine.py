@@ -20,7 +20,9 @@ the connection without an answer -- but answered here with ERROR too_large. A lo
 restarted with other flags.
 
 Results: ``FINISHED`` notices (with small records inline: ``inline_results``) go to the
-client's `Results` (_results.py), which tracks each id, wakes its waiters and reads Redis.
+client's `Results` (_results.py), which tracks each id, wakes its waiters and reads Redis. Big
+inputs: `StoredInputs` (_inputs.py) writes them to Redis before their SUBMIT and deletes those
+nobody will read.
 
 Nothing here is thread-safe: every method runs on the loop (ferry.Client calls in through
 run_coroutine_threadsafe).
@@ -37,6 +39,7 @@ import zmq.auth
 
 from . import _protocol, _resp
 from ._errors import InvalidArgument, Unavailable
+from ._inputs import StoredInputs
 from ._requests import Request, RunBatch, SubmitBatch, SubmitCall
 from ._results import Results
 
@@ -48,7 +51,6 @@ LIMITS_RESEND = 0.5
 HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                     | zmq.EVENT_DISCONNECTED)
-MIN_BROKER_MESSAGE_BYTES = 1024  # the broker's own minimum --max-message-bytes
 
 _packer = msgpack.Packer(use_bin_type=True)
 _pack = _packer.pack
@@ -74,34 +76,6 @@ def describe_handshake_failure(event, value, curve):
     return "handshake event %d (value %d)" % (event, value)
 
 
-def decode_limits(command, body):
-    """(max_message_bytes, max_jobs_per_message, max_job_bytes) of a LIMITS answer, or None
-    where it is not one (an ERROR, or a body that cannot be read): the C++ SDK's
-    protocol::DecodeLimits."""
-    if command != "LIMITS":
-        return None
-    got = []
-    for key in ("max_message_bytes", "max_job_bytes", "max_jobs_per_message"):
-        v = body.get(key)
-        if v is not None and type(v) is not int:
-            return None
-        got.append(v or 0)
-    if got[0] < MIN_BROKER_MESSAGE_BYTES or got[2] < 1:
-        return None
-    return got[0], got[2], got[1]
-
-
-def too_large_message(nbytes, limit, command="SUBMIT"):
-    """The C++ SDK's word for a message over the broker's limit, refused before it is sent."""
-    message = ("a %s of %d bytes is over the broker's limit of %d bytes a message (its "
-               "--max-message-bytes; set max_message_bytes to it): not sent, as the broker "
-               "would drop the connection without an answer" % (command, nbytes, limit))
-    if command == "SUBMIT":
-        message += ("; store big inputs in Redis (stored_input_bytes) or submit fewer jobs at "
-                    "once")
-    return message
-
-
 class Engine:
     def __init__(self, options, loop):
         self.opts = options
@@ -114,6 +88,7 @@ class Engine:
         self.redis = _resp.Commands(self.endpoint, loop, self.timeout)
         self.results = Results(options, loop, self.redis, self.endpoint, self.timeout,
                                lambda: self.handshake_error, self._count_error)
+        self.inputs = StoredInputs(self.redis, loop, options.input_ttl_s, self.timeout)
         self.closed = False
         self._rids = itertools.count(1)
         self._runs = []          # RunJob, queued for the next ack:false SUBMIT
@@ -340,7 +315,7 @@ class Engine:
     def _on_limits(self, command, body):
         """The answer to this connection's LIMITS; an ERROR (unknown_command from a broker from
         before LIMITS) or a body it cannot read: the limits this client was configured with."""
-        limits = decode_limits(command, body)
+        limits = _protocol.decode_limits(command, body)
         if limits is None:
             limits = (self.opts.max_message_bytes, _protocol.MAX_JOBS_PER_MESSAGE, 0)
         self._limits = limits
@@ -377,8 +352,8 @@ class Engine:
             return False
         handler = self._awaiting.pop(rid, None)
         if handler is not None:
-            handler.reply("ERROR", {"code": "too_large", "rid": rid,
-                                    "message": too_large_message(nbytes, limit, command)})
+            message = _protocol.too_large_message(nbytes, limit, command)
+            handler.reply("ERROR", {"code": "too_large", "rid": rid, "message": message})
         return True
 
     def _take(self, queue, prep_of):
@@ -582,65 +557,6 @@ class Engine:
         return ("no broker at %s took the job%s (%s); it was not sent"
                 % (self.opts.frontend, within, self._why()))
 
-    async def store_inputs(self, preps):
-        """Writes the stored (big) inputs of these jobs to Redis, one round trip."""
-        await self._set_inputs([stored for p in preps if p.stored for stored in p.stored])
-
-    async def _set_inputs(self, pairs, timeout=None):
-        """SETs these (key, bytes) pairs, expiring in input_ttl_s, in one round trip."""
-        ttl = self.opts.input_ttl_s
-        cmds = [("SET", key, data, "EX", ttl) for key, data in pairs]
-        if not cmds:
-            return
-        try:
-            replies = await self.redis.execute_many(cmds, timeout)
-        except Unavailable as e:
-            raise Unavailable("storing big inputs in Redis: %s" % e.message)
-        for r in replies:
-            if isinstance(r, _resp.ReplyError):
-                raise Unavailable("storing big inputs in Redis: %s" % r)
-
-    async def refresh_inputs(self, prep, timeout=None):
-        """Before a resubmit: renews the expiry of the job's stored inputs (EXPIRE, a few bytes
-        each) and writes again only those Redis no longer has -- a restart without persistence,
-        a failover, an eviction -- or will not renew (an ACL of before, without EXPIRE): the
-        worker that takes the resubmitted job finds every input. `timeout`: as execute's, for
-        both round trips (a run's time left)."""
-        ttl = self.opts.input_ttl_s
-        deadline = None if timeout is None else self.loop.time() + timeout
-        try:
-            replies = await self.redis.execute_many(
-                [("EXPIRE", key, ttl) for key, _ in prep.stored], timeout)
-        except Unavailable as e:
-            raise Unavailable("renewing big inputs in Redis: %s" % e.message)
-        lost = [stored for stored, r in zip(prep.stored, replies) if r != 1]
-        if lost:
-            await self._set_inputs(
-                lost, None if deadline is None else max(0.0, deadline - self.loop.time()))
-
-    def delete_unsent_inputs(self, preps):
-        """Deletes the stored inputs of jobs whose SUBMIT never reached the broker (not sent, or
-        their inputs' write failed) -- those whose id this client made. A caller's id may be a
-        pending job's, submitted before (a retry): the keys are then that job's, and expire."""
-        self.delete_inputs([p for p in preps if p.own_id])
-
-    def delete_inputs(self, preps):
-        keys = [key for p in preps if p.stored for key, _ in p.stored]
-        if keys:
-            self.loop.create_task(self._delete(keys))
-
-    async def _delete(self, keys):
-        # A second try on a new connection when the first found the open one broken: Redis may
-        # have closed it (as it does after a protocol error) before the client saw.
-        for _ in range(2):
-            try:
-                await self.redis.execute("DEL", *keys)
-                return
-            except Unavailable:
-                continue
-            except Exception:
-                return  # they expire (input_ttl_s)
-
     async def close(self):
         if self.closed:
             return
@@ -675,15 +591,8 @@ class Engine:
             if not call.future.done():
                 call.future.set_exception(closed())
         self._requests, self._submits, self._runs, self._stalled = [], [], [], None
-        # The stored inputs of jobs that never went out are nobody's (with ids made here:
-        # delete_unsent_inputs): deleted now, on the connection Redis has open (none is opened
-        # for it; else they expire, input_ttl_s).
-        keys = [key for p in unsent if p.stored and p.own_id for key, _ in p.stored]
-        if keys and self.redis.connected():
-            try:
-                await asyncio.wait_for(self.redis.execute("DEL", *keys), min(self.timeout, 1.0))
-            except Exception:
-                pass
+        # The stored inputs of jobs that never went out are nobody's.
+        await self.inputs.delete_unsent_at_close(unsent)
         # So are consumed results still waiting for their deletion (the same bound).
         consumed = self.results.take_to_consume()
         if consumed and self.redis.connected():

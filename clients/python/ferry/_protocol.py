@@ -20,6 +20,7 @@ DEFAULT_MAX_MESSAGE_BYTES = (64 << 20) + (1 << 20)
 # A stored input is one Redis value: Redis refuses one over 512 MiB (proto-max-bulk-len).
 MAX_STORED_BYTES = (512 << 20) - (1 << 20)
 MAX_JOBS_PER_MESSAGE = 10000  # jobs per SUBMIT message: the broker's --max-jobs-per-message
+MIN_BROKER_MESSAGE_BYTES = 1024  # the broker's own minimum --max-message-bytes
 INT64_MAX = (1 << 63) - 1
 
 _ID = re.compile(r"[A-Za-z0-9._:-]{1,128}\Z")
@@ -323,3 +324,31 @@ class Options:
         for k, v in env.items():
             if v is not None:
                 setattr(self, k, v)
+
+
+def decode_limits(command, body):
+    """(max_message_bytes, max_jobs_per_message, max_job_bytes) of a LIMITS answer, or None
+    where it is not one (an ERROR, or a body that cannot be read): the C++ SDK's
+    protocol::DecodeLimits."""
+    if command != "LIMITS":
+        return None
+    got = []
+    for key in ("max_message_bytes", "max_job_bytes", "max_jobs_per_message"):
+        v = body.get(key)
+        if v is not None and type(v) is not int:
+            return None
+        got.append(v or 0)
+    if got[0] < MIN_BROKER_MESSAGE_BYTES or got[2] < 1:
+        return None
+    return got[0], got[2], got[1]
+
+
+def too_large_message(nbytes, limit, command="SUBMIT"):
+    """The C++ SDK's word for a message over the broker's limit, refused before it is sent."""
+    message = ("a %s of %d bytes is over the broker's limit of %d bytes a message (its "
+               "--max-message-bytes; set max_message_bytes to it): not sent, as the broker "
+               "would drop the connection without an answer" % (command, nbytes, limit))
+    if command == "SUBMIT":
+        message += ("; store big inputs in Redis (stored_input_bytes) or submit fewer jobs at "
+                    "once")
+    return message
