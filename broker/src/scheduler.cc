@@ -391,13 +391,16 @@ bool Scheduler::NextChunk(Chunk* out) {
 }
 
 int64_t Scheduler::OldestQueuedSubmittedUs(const std::string& model) const {
-  auto it = queues_.find(model);
-  if (it == queues_.end()) return 0;
   // Each priority level is in seq order (a requeued job goes back to the front with its old
-  // seq), so the oldest job is one of the levels' fronts.
+  // seq), so the oldest queued job is one of the levels' fronts.
   const Job* oldest = nullptr;
-  for (const auto& [priority, level] : it->second) {
-    if (!level.empty() && (!oldest || level.front()->seq < oldest->seq)) oldest = level.front();
+  if (auto it = queues_.find(model); it != queues_.end())
+    for (const auto& [priority, level] : it->second)
+      if (!level.empty() && (!oldest || level.front()->seq < oldest->seq)) oldest = level.front();
+  // Parked jobs wait too (a few, for one liveness period after a restart).
+  for (const auto& id : parked_) {
+    const Job* job = jobs_.at(id).get();
+    if (job->model == model && (!oldest || job->seq < oldest->seq)) oldest = job;
   }
   return oldest ? oldest->submitted_us : 0;
 }

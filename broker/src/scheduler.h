@@ -77,8 +77,8 @@ class Scheduler {
   explicit Scheduler(int64_t aging_every = 8) : aging_every_(aging_every) {}
 
   // Adds an accepted job, numbered (seq) after every job before it. Fails with kDuplicate when
-  // the id is pending. A `parked` job is pending but not queued: no chunk takes it, and it
-  // leaves only by Claim, Take or TakeParked.
+  // the id is pending. A `parked` job is pending but in no queue: no chunk takes it, and it
+  // leaves only by Claim, Take or TakeParked (it counts in QueueDepth all the same: it waits).
   Status Add(std::unique_ptr<Job> job, bool parked = false);
   // Adds a job restored from the journal, as Add but not counted as accepted, keeping the
   // number its record holds (they come in that order) unless a job added before has it. Its
@@ -164,7 +164,7 @@ class Scheduler {
 
   // Jobs of `model` waiting for a worker: queued or parked (admission's max_queue, the metric).
   size_t QueueDepth(const std::string& model) const;
-  // `submitted_us` of the model's oldest queued job (0 when none is queued).
+  // `submitted_us` of the model's oldest waiting job, queued or parked (0 when none waits).
   int64_t OldestQueuedSubmittedUs(const std::string& model) const;
   std::map<std::string, size_t> QueueDepths() const;
   const std::unordered_map<std::string, WorkerState>& workers() const { return workers_; }

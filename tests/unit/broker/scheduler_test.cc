@@ -395,13 +395,17 @@ TEST(Scheduler, RestoredJobsKeepTheirNumbersAndNewOnesComeAfter) {
 // acceptance order; one cancelled meanwhile (Take) is gone from them.
 TEST(Scheduler, ParkedJobsLeaveByTakeParkedOrTake) {
   Scheduler s;
+  int64_t submitted_us = 100;
   for (const auto& id : {"p0", "p1", "p2"}) {
     auto j = MakeJob(id, "m");
     j->deadline_us = 5;
+    j->submitted_us = submitted_us++;
     ASSERT_TRUE(s.Add(std::move(j), /*parked=*/true).ok());
   }
   EXPECT_EQ(s.pending(), 3u);
   EXPECT_EQ(s.QueueDepth("m"), 3u) << "parked jobs wait: they count as queued";
+  EXPECT_EQ(s.OldestQueuedSubmittedUs("m"), 100) << "and in the age of the oldest waiting";
+  EXPECT_EQ(s.OldestQueuedSubmittedUs("other"), 0);
   EXPECT_EQ(s.Add(MakeJob("p1", "m")).code(), codes::kDuplicate) << "a parked job is pending";
   ASSERT_NE(s.Take("p1"), nullptr);
   EXPECT_EQ(s.parked(), 2u);
