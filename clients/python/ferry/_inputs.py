@@ -1,10 +1,11 @@
 """The jobs' big inputs in Redis (the claim check, protocol.md "Stored inputs"): written before
-their SUBMIT, renewed before a run resubmits, deleted where nobody will read them.
+their SUBMIT, renewed (or written again where Redis lost them) before a run resubmits, deleted
+where nobody will read them.
 
 A job's stored inputs are (key, bytes) pairs (`Prepared.stored`), each SET with an expiry of
 input_ttl_s: a job whose SUBMIT never reached a broker, or that a broker rejected for good,
-leaves nothing behind for longer than that even when its deletion fails. The worker that runs
-a job deletes its inputs with its final result. Every method runs on the engine's loop, on the
+leaves nothing behind for longer than that even when its deletion fails. Whoever writes a job's
+final result deletes its inputs with it: the worker, or the broker for a job it ends itself. Every method runs on the engine's loop, on the
 engine's command connection (_resp.Commands).
 """
 
