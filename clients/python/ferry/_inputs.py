@@ -5,8 +5,8 @@ where nobody will read them.
 A job's stored inputs are (key, bytes) pairs (`Prepared.stored`), each SET with an expiry of
 input_ttl_s: a job whose SUBMIT never reached a broker, or that a broker rejected for good,
 leaves nothing behind for longer than that even when its deletion fails. Whoever writes a job's
-final result deletes its inputs with it: the worker, or the broker for a job it ends itself. Every method runs on the engine's loop, on the
-engine's command connection (_resp.Commands).
+final result deletes its inputs with it: the worker, or the broker for a job it ends itself.
+Every method runs on the engine's loop, on the engine's command connection (_resp.Commands).
 """
 
 import asyncio
