@@ -267,7 +267,6 @@ void Broker::Impl::DropWorker(const std::string& routing_id, const char* why) {
                           " attempts";
     spdlog::warn("job {} poisoned: {}", job->id, message);
     ++scheduler.mutable_counters().poisoned;
-    telemetry.OnBrokerFinished(*job, codes::kPoisoned);
     const std::string id = job->id;
     auto taken = scheduler.Take(id);
     taken->attempt -= 1;  // the attempts actually made

@@ -287,7 +287,6 @@ void Broker::Impl::ExpireJobs() {
                expired.front()->id);
   scheduler.mutable_counters().expired += static_cast<int64_t>(expired.size());
   for (auto& job : expired) {
-    telemetry.OnBrokerFinished(*job, codes::kExpired);
     std::string message = "not started within timeout_ms=" + std::to_string(job->timeout_ms);
     final_results.Add(std::move(job), codes::kExpired, codes::kExpired, std::move(message));
   }
@@ -295,9 +294,16 @@ void Broker::Impl::ExpireJobs() {
 
 void Broker::Impl::FlushFinalResults() {
   if (final_results.empty()) return;
-  std::vector<std::unique_ptr<Job>> written;
+  std::vector<FinalResults::Written> written;
   Status s = final_results.Flush(&written);
-  Finish(std::move(written));  // those Redis answered (some may be, when others failed)
+  // Those Redis answered (some may be, when others failed) are finished now, and counted now:
+  // an entry taken back before (a withdrawn acceptance: FinalResults::Remove) never is.
+  std::vector<std::unique_ptr<Job>> jobs;
+  for (auto& w : written) {
+    telemetry.OnBrokerFinished(*w.job, w.code == codes::kPoisoned ? w.code : w.status);
+    jobs.push_back(std::move(w.job));
+  }
+  Finish(std::move(jobs));
   if (!s.ok())
     LimitedWarn(redis_log, "writing " + std::to_string(final_results.size()) +
                                " broker result(s) failed: " + s.message() + "; will retry");

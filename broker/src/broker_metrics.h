@@ -46,7 +46,8 @@ class BrokerMetrics {
   // A worker reported these jobs finished (DONE); `not_done` gives the non-"done" statuses.
   void OnDone(const std::vector<std::unique_ptr<Job>>& jobs, const protocol::DoneStatuses& not_done,
               int64_t duplicates, int64_t now_us);
-  // The broker finishes a job itself: status "expired", "cancelled" or "poisoned".
+  // A result the broker wrote itself is in Redis (FinalResults): status "expired", "cancelled",
+  // "failed" or "poisoned".
   void OnBrokerFinished(const Job& job, std::string_view status);
   // Jobs requeued after their worker was lost.
   void OnRequeued(const std::vector<Job*>& jobs);

@@ -35,7 +35,7 @@ std::string FinalResults::Remove(std::string_view id, int64_t seq) {
   return what;
 }
 
-Status FinalResults::Flush(std::vector<std::unique_ptr<Job>>* written) {
+Status FinalResults::Flush(std::vector<Written>* written) {
   written->clear();
   if (entries_.empty()) return Status::Ok();
   const int64_t now = protocol::NowMicros();
@@ -76,7 +76,7 @@ Status FinalResults::Flush(std::vector<std::unique_ptr<Job>>* written) {
     r += e.job->stored_inputs.empty() ? 1 : 2;
     if (set_reply >= replies.size() ||
         replies[set_reply].type != protocol::RedisReply::Type::kError) {
-      written->push_back(std::move(e.job));
+      written->push_back({std::move(e.job), std::move(e.status), std::move(e.code)});
       continue;
     }
     const std::string& error = replies[set_reply].str;
@@ -86,7 +86,7 @@ Status FinalResults::Flush(std::vector<std::unique_ptr<Job>>* written) {
     } else {
       spdlog::error("job {}: Redis refused its {} result for good ({}); it is finished without one",
                     e.job->id, e.status, error);
-      written->push_back(std::move(e.job));
+      written->push_back({std::move(e.job), std::move(e.status), std::move(e.code)});
     }
   }
   entries_ = std::move(again);

@@ -35,12 +35,19 @@ class FinalResults {
   // what it was (its status; for a failure, its code), or "" when there was none.
   std::string Remove(std::string_view id, int64_t seq);
 
+  // A job whose result Redis took, and how it ended: `status` as given to Add, `code` its
+  // error's code ("poisoned" for a failure the broker's metrics count apart).
+  struct Written {
+    std::unique_ptr<Job> job;
+    std::string status;
+    std::string code;
+  };
   // Writes every entry (SET NX EX; and DEL of the job's stored inputs) in one round trip, and
-  // moves into *written (for FINISHED notices and journal removal) the jobs whose write Redis
-  // answered: stored, a duplicate, or refused for good (an error reply that retrying cannot
-  // cure, e.g. WRONGTYPE: logged with the job id, never retried). Transport failures and
+  // moves into *written (for the metrics, FINISHED notices and journal removal) the jobs whose
+  // write Redis answered: stored, a duplicate, or refused for good (an error reply that retrying
+  // cannot cure, e.g. WRONGTYPE: logged with the job id, never retried). Transport failures and
   // transient error replies (LOADING, OOM, ...) keep the entries for the next call and fail.
-  Status Flush(std::vector<std::unique_ptr<Job>>* written);
+  Status Flush(std::vector<Written>* written);
 
  private:
   struct Entry {

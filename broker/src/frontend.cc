@@ -335,7 +335,6 @@ void Broker::Impl::HandleCancel(protocol::Message& m, const msgpack::object& bod
     if (!job || (!any_job && job->owner != m.user_id)) {
       fates.push_back(Fate::kNotFound);
     } else if (job->phase != JobPhase::kDispatched) {  // queued or parked
-      telemetry.OnBrokerFinished(*job, codes::kCancelled);
       final_results.Add(scheduler.Take(id), codes::kCancelled, codes::kCancelled,
                         "cancelled by request");
       ++scheduler.mutable_counters().cancelled;

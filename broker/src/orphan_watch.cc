@@ -38,22 +38,29 @@ std::vector<OrphanWatch::Expired> OrphanWatch::Check(const Scheduler& scheduler,
       }
       continue;
     }
+    // Parked jobs (restored after a restart, for the liveness period) wait too, but not for any
+    // worker: the one that ran them claims them, or they expire. The timeout leaves them be.
+    const size_t parked = scheduler.Parked(model);
+    const size_t queued = scheduler.QueueDepth(model) - parked;
     if (it == orphaned_.end()) {
       // A model that no worker served since this broker started (restored from the journal)
       // counts from the start; one that just lost its last worker, from now.
       const int64_t since = first_ ? start_us_ : now_us;
       it = orphaned_.emplace(model, since).first;
-      const size_t queued = scheduler.QueueDepth(model);
+      const std::string also_parked =
+          parked == 0 ? ""
+                      : "; " + std::to_string(parked) +
+                            " parked job(s) expire unless the worker that ran them claims them";
       if (timeout_us_ > 0)
         spdlog::warn(
             "model {} has no worker (since {}); its {} queued job(s), and new ones, fail "
-            "unavailable after {} s without one (--orphan-timeout-s)",
-            model, FormatUtc(since), queued, timeout_us_ / 1000000);
+            "unavailable after {} s without one (--orphan-timeout-s){}",
+            model, FormatUtc(since), queued, timeout_us_ / 1000000, also_parked);
       else
-        spdlog::warn("model {} has no worker (since {}); its {} queued job(s) wait for one", model,
-                     FormatUtc(since), queued);
+        spdlog::warn("model {} has no worker (since {}); its {} queued job(s) wait for one{}",
+                     model, FormatUtc(since), queued, also_parked);
     }
-    if (timeout_us_ > 0 && now_us - it->second >= timeout_us_ && scheduler.QueueDepth(model) > 0)
+    if (timeout_us_ > 0 && now_us - it->second >= timeout_us_ && queued > 0)
       out.push_back({model, "no worker for model " + model + " since " + FormatUtc(it->second) +
                                 " (--orphan-timeout-s " + std::to_string(timeout_us_ / 1000000) +
                                 ")"});
@@ -71,10 +78,8 @@ void Broker::Impl::FailOrphans() {
       spdlog::warn("{} queued job(s) of model {} failed unavailable: {} (first: {})", jobs.size(),
                    e.model, e.message, jobs.front()->id);
     }
-    for (auto& job : jobs) {
-      telemetry.OnBrokerFinished(*job, "failed");
+    for (auto& job : jobs)
       final_results.Add(std::move(job), "failed", codes::kUnavailable, e.message);
-    }
   }
 }
 

@@ -405,6 +405,12 @@ int64_t Scheduler::OldestQueuedSubmittedUs(const std::string& model) const {
   return oldest ? oldest->submitted_us : 0;
 }
 
+size_t Scheduler::Parked(const std::string& model) const {
+  size_t n = 0;  // (a few, for one liveness period after a restart)
+  for (const auto& id : parked_) n += jobs_.at(id)->model == model ? 1 : 0;
+  return n;
+}
+
 size_t Scheduler::QueueDepth(const std::string& model) const {
   auto it = depth_.find(model);
   return it == depth_.end() ? 0 : it->second;

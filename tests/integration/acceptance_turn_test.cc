@@ -87,8 +87,8 @@ TEST(Metrics, AJobCancelledInItsAcceptanceTurnIsCountedAccepted) {
 
 // The same while Redis is down: the job's `cancelled` result cannot be written, nor its journal
 // record, so a broker that died then would leave neither for a job it had accepted. It is
-// rejected `unavailable` instead (its result taken back), and once Redis is back no result
-// appears for it: the producer submits it again.
+// rejected `unavailable` instead (its result taken back, and not counted finished), and once
+// Redis is back no result appears for it: the producer submits it again.
 TEST(Metrics, AJobEndedInItsAcceptanceTurnWhileRedisIsDownIsRejected) {
   const int broker_port = testutil::FreePort();
   FleetOptions o;
@@ -126,6 +126,9 @@ TEST(Metrics, AJobEndedInItsAcceptanceTurnWhileRedisIsDownIsRejected) {
   ASSERT_TRUE(broker.Scrape());
   EXPECT_EQ(broker.Sum(names::kJobsAccepted, {{"model", "tiny"}}), 1);  // the Run's alone
   EXPECT_EQ(broker.Sum(names::kJobsRejected, {{"code", "unavailable"}}), 1);
+  // Nor is it counted finished: its `cancelled` result was taken back before Redis had it.
+  ASSERT_TRUE(broker.WaitFor(names::kJobsFinished, {{"status", "done"}}, 1)) << fleet.Logs();
+  EXPECT_EQ(broker.Sum(names::kJobsFinished), 1) << "the Run's alone";
   auto redis = fleet.redis().Connect();
   ASSERT_TRUE(redis);
   protocol::RedisReply exists;
