@@ -10,6 +10,8 @@ jobs are marked sent then), then reads every message that has arrived (replies m
 ``rid``; ``FINISHED`` notices) and sleeps until a caller or the socket wakes it. The socket's
 file descriptor is watched with ``loop.add_reader``.
 
+The socket, its CURVE keys and its handshake monitor are opened by _socket.py.
+
 The broker's limits (as the C++ SDK): the first request on every connection is the engine's own
 ``LIMITS``, and nothing else goes out until the broker has answered it (a broker from before
 LIMITS answers ERROR: the configured max_message_bytes and 10,000 jobs stand then). SUBMITs are
@@ -31,49 +33,24 @@ run_coroutine_threadsafe).
 import asyncio
 import itertools
 import struct
-import uuid
 
 import msgpack
 import zmq
-import zmq.auth
 
 from . import _protocol, _resp
-from ._errors import InvalidArgument, Unavailable
+from ._errors import Unavailable
 from ._inputs import StoredInputs
 from ._requests import Request, RunBatch, SubmitBatch, SubmitCall
 from ._results import Results
+from ._socket import describe_handshake_failure, open_dealer
 
 SEND_RETRY = 0.005              # s: re-check a socket that would not take a message
 # s: how long a LIMITS waits for its answer before it goes out again while requests wait. One
 # sent as the connection drops is lost without a trace (libzmq tells the monitor of the drop
 # before it takes the dead connection's pipe away, and a send in between goes into that pipe).
 LIMITS_RESEND = 0.5
-HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-                    | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH
-                    | zmq.EVENT_DISCONNECTED)
-
 _packer = msgpack.Packer(use_bin_type=True)
 _pack = _packer.pack
-
-
-def describe_handshake_failure(event, value, curve):
-    """The C++ SDK's protocol::DescribeHandshakeFailure, word for word where it can be."""
-    if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-        return ("the broker refused this client's CURVE key (ZAP status %d): its public key is "
-                "not in the broker's allowed keys" % value)
-    if event == zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL:
-        if value == zmq.PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-            return ("the broker does not use CURVE but this client does (security mechanism "
-                    "mismatch)" if curve else
-                    "the broker requires CURVE: give the broker's public key "
-                    "(curve_server_public) and this client's secret key (curve_secret)")
-        return "the handshake with the broker failed with a protocol error (ZMTP code %d)" % value
-    if event == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-        return ("the CURVE handshake with the broker failed: the broker's public key "
-                "(curve_server_public) is not the key of the broker at that address"
-                if curve else "the handshake with the broker failed (a broker with CURVE on "
-                "needs curve_server_public and curve_secret)")
-    return "handshake event %d (value %d)" % (event, value)
 
 
 class Engine:
@@ -114,43 +91,10 @@ class Engine:
         self.handshake_error = None
         self._handshake_detailed = False
 
-        self.ctx = zmq.Context(1)
-        sock = self.ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)
+        self.ctx, self.sock, self._monitor = open_dealer(options)  # _socket.py
         self.curve = bool(options.curve_server_public)
-        if self.curve:
-            try:
-                server_public, _ = zmq.auth.load_certificate(options.curve_server_public)
-                public, secret = zmq.auth.load_certificate(options.curve_secret)
-            except (OSError, ValueError) as e:
-                sock.close(0)
-                self.ctx.term()
-                raise InvalidArgument("CURVE certificates: %s" % e)
-            if secret is None:
-                sock.close(0)
-                self.ctx.term()
-                raise InvalidArgument("curve_secret %s holds no secret key (want NAME.key_secret)"
-                                      % options.curve_secret)
-            sock.curve_serverkey = server_public
-            sock.curve_publickey = public
-            sock.curve_secretkey = secret
-        # Handshake events (as the C++ SDK): a refused key or a wrong broker key is said, not
-        # left to look like a broker that does not answer.
-        monitor = sock.get_monitor_socket(HANDSHAKE_EVENTS,
-                                          "inproc://ferry-client-monitor-%s" % uuid.uuid4())
-        monitor.setsockopt(zmq.LINGER, 0)
-        try:
-            sock.connect(options.frontend)
-        except zmq.ZMQError as e:
-            monitor.close(0)
-            sock.close(0)
-            self.ctx.term()
-            raise InvalidArgument("frontend endpoint %r: %s" % (options.frontend, e))
-        self.sock = sock
-        self._monitor = monitor
-        self._fd = sock.getsockopt(zmq.FD)
-        self._monitor_fd = monitor.getsockopt(zmq.FD)
+        self._fd = self.sock.getsockopt(zmq.FD)
+        self._monitor_fd = self._monitor.getsockopt(zmq.FD)
         loop.add_reader(self._fd, self.kick)
         loop.add_reader(self._monitor_fd, self._read_monitor)
         self._read_monitor()  # ZMQ_FD is edge-triggered: consume what is pending now
