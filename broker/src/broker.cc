@@ -300,7 +300,10 @@ void Broker::Impl::FlushFinalResults() {
   // an entry taken back before (a withdrawn acceptance: FinalResults::Remove) never is.
   std::vector<std::unique_ptr<Job>> jobs;
   for (auto& w : written) {
-    telemetry.OnBrokerFinished(*w.job, w.code == codes::kPoisoned ? w.code : w.status);
+    // (A job whose journal record could not be read has no model to count it under: its
+    // failure is logged by Restore.)
+    if (!w.job->model.empty())
+      telemetry.OnBrokerFinished(*w.job, w.code == codes::kPoisoned ? w.code : w.status);
     jobs.push_back(std::move(w.job));
   }
   Finish(std::move(jobs));

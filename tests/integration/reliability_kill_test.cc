@@ -412,11 +412,14 @@ TEST(Reliability, QueuedJobsKeepTheirOrderAcrossTwoBrokerRestarts) {
 
 // A journal record the next broker cannot read (damaged, or written by a newer broker) is an
 // accepted job all the same: it fails with a result that says why, instead of vanishing, and its
-// record goes. The record here is put in place of a real one while the broker is down.
+// record goes. The record here is put in place of a real one while the broker is down. Its
+// model unknown, the metrics count it under no model (no series of an empty model appears).
 TEST(Reliability, AJobWhoseJournalRecordCannotBeReadFailsAfterARestart) {
+  const int metrics_port = testutil::FreePort();
   FleetOptions fo;
   fo.workers = 0;
   fo.models = {"slow"};
+  fo.broker_args = {"--metrics-port", std::to_string(metrics_port)};
   Fleet fleet(fo);
   fleet.broker().Signal(SIGKILL);
   fleet.broker().Wait();
@@ -437,6 +440,11 @@ TEST(Reliability, AJobWhoseJournalRecordCannotBeReadFailsAfterARestart) {
     protocol::RedisReply n;
     return redis->Command({"HLEN", protocol::Keys().Journal()}, &n).ok() && n.integer == 0;
   })) << "the record stayed in the journal";
+  std::string body;
+  ASSERT_TRUE(
+      metrics::HttpGet("http://127.0.0.1:" + std::to_string(metrics_port) + "/metrics", 2000, &body)
+          .ok());
+  EXPECT_EQ(body.find("model=\"\""), std::string::npos) << body;
 }
 
 // A Redis without persistence that restarts loses the journal. The broker notices (Redis's
