@@ -195,7 +195,7 @@ Status Broker::Impl::Restore() {
   for (auto& job : jobs) {
     // Its model was known when it was accepted (the set of names may have expired since): so
     // its queue shows in STATS and the metrics, and --orphan-timeout-s fails it if no worker
-    // of the model comes back.
+    // of the model comes back (a parked one expires instead, unless its worker claims it).
     scheduler.AddKnownModel(job->model);
     const bool park = job->deadline_us > 0 && job->deadline_us < park_before;
     // In number order (Load sorted them); a row read twice (HSCAN) is one job.

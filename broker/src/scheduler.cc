@@ -405,7 +405,7 @@ int64_t Scheduler::OldestQueuedSubmittedUs(const std::string& model) const {
   return oldest ? oldest->submitted_us : 0;
 }
 
-size_t Scheduler::Parked(const std::string& model) const {
+size_t Scheduler::ParkedOf(const std::string& model) const {
   size_t n = 0;  // (a few, for one liveness period after a restart)
   for (const auto& id : parked_) n += jobs_.at(id)->model == model ? 1 : 0;
   return n;

@@ -152,7 +152,7 @@ class Scheduler {
   // Removes and returns the parked jobs (the broker expires them when no worker claimed them).
   std::vector<std::unique_ptr<Job>> TakeParked();
   size_t parked() const { return parked_.size(); }  // (also in QueueDepth: they wait)
-  size_t Parked(const std::string& model) const;    // those of `model`
+  size_t ParkedOf(const std::string& model) const;  // those of `model`
   // Removes and returns every queued job of `model` (its dispatched jobs stay): for a model
   // that has had no worker too long (orphan_watch.h).
   std::vector<std::unique_ptr<Job>> TakeQueued(const std::string& model);

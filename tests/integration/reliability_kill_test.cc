@@ -219,11 +219,13 @@ TEST(Reliability, ChaosKillsWorkersEverySecondAndTheBrokerOnceNoJobIsLost) {
 }
 
 TEST(Reliability, PoisonJobFailsAfterMaxAttemptsEvenAcrossABrokerRestartAndTheFleetKeepsServing) {
+  const int metrics_port = testutil::FreePort();
   FleetOptions fo;
   fo.workers = 1;
   fo.models = {"slow"};
   fo.max_batch = 1;
-  fo.broker_args = Concat(kFastHeartbeats, {"--max-attempts", "3"});
+  fo.broker_args = Concat(kFastHeartbeats,
+                          {"--max-attempts", "3", "--metrics-port", std::to_string(metrics_port)});
   fo.worker_args = Concat(kFastHeartbeats, {"--instances", "1"});
   Fleet fleet(fo);
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
@@ -257,6 +259,9 @@ TEST(Reliability, PoisonJobFailsAfterMaxAttemptsEvenAcrossABrokerRestartAndTheFl
   // The restarted broker saw the last worker die: the job was poisoned then, not requeued.
   EXPECT_EQ(BrokerCounter(*c, "poisoned"), 1) << fleet.Logs();
   EXPECT_EQ(BrokerCounter(*c, "requeued"), 0) << fleet.Logs();
+  // And its metrics count it finished `poisoned`, not `failed` (its result's status).
+  EXPECT_EQ(ScrapeSum(metrics_port, metrics::names::kJobsFinished, {{"status", "poisoned"}}), 1);
+  EXPECT_EQ(ScrapeSum(metrics_port, metrics::names::kJobsFinished, {}), 1);
   // The fleet is alive: an ordinary job still runs.
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
   ASSERT_TRUE(c->Submit(SlowJob("after-poison", 1), &id).ok());
@@ -445,6 +450,7 @@ TEST(Reliability, AJobWhoseJournalRecordCannotBeReadFailsAfterARestart) {
       metrics::HttpGet("http://127.0.0.1:" + std::to_string(metrics_port) + "/metrics", 2000, &body)
           .ok());
   EXPECT_EQ(body.find("model=\"\""), std::string::npos) << body;
+  EXPECT_EQ(ScrapeSum(metrics_port, metrics::names::kJobsFinished, {}), 0);
 }
 
 // A Redis without persistence that restarts loses the journal. The broker notices (Redis's

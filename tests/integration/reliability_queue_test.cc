@@ -16,7 +16,9 @@
 #include <vector>
 
 #include "ferry/client.h"
+#include "ferry/metrics/names.h"
 #include "fleet.h"
+#include "metrics_scraper.h"
 #include "process.h"
 #include "reliability_fixture.h"
 
@@ -256,9 +258,13 @@ TEST(Reliability, JobsTheBrokerFinishesLetGoOfTheirInputsWhileRedisIsDown) {
 // CANCELLED goes out: it is reported `running` (not final yet, the result tells), not
 // `cancelled`, since a broker that died before Redis came back would restore it from its
 // journal and run it; the lists keep the request's order. This broker lives: once Redis is back
-// it writes `cancelled`, and the worker drops the other job, which it held unstarted.
+// it writes `cancelled`, and the worker drops the other job, which it held unstarted. The
+// broker's metrics count the job finished only then, too.
 TEST(Reliability, AJobCancelledWhileRedisIsDownIsNotFinalUntilRedisTakesItsResult) {
-  Fleet fleet(OneSlowLane());
+  const int metrics_port = testutil::FreePort();
+  FleetOptions fo = OneSlowLane();
+  fo.broker_args = {"--metrics-port", std::to_string(metrics_port)};
+  Fleet fleet(fo);
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
   auto c = MakeClient(fleet);
   std::string id;
@@ -272,11 +278,17 @@ TEST(Reliability, AJobCancelledWhileRedisIsDownIsNotFinalUntilRedisTakesItsResul
   ASSERT_TRUE(c->CancelMany({"at-the-broker", "on-the-worker"}, &report).ok()) << fleet.Logs();
   EXPECT_TRUE(report.cancelled.empty());
   EXPECT_EQ(report.running, (std::vector<std::string>{"at-the-broker", "on-the-worker"}));
+  testutil::Scraper broker{testutil::Url(metrics_port, "/metrics")};
+  ASSERT_TRUE(broker.Scrape());
+  EXPECT_EQ(broker.Sum(metrics::names::kJobsFinished), 0) << "no result is in Redis yet";
   fleet.redis().Restart();
   for (const auto& [i, r] : WaitAll(*c, {"at-the-broker", "on-the-worker"}, 60000)) {
     EXPECT_EQ(r.state, JobState::kCancelled) << i << " " << r.error.ToString() << fleet.Logs();
     EXPECT_EQ(r.timing_us.count("compute_start"), 0u) << i;
   }
+  // One cancelled by the broker, one by the worker (reported in its DONE).
+  EXPECT_TRUE(broker.WaitFor(metrics::names::kJobsFinished, {{"status", "cancelled"}}, 2))
+      << broker.Sum(metrics::names::kJobsFinished, {{"status", "cancelled"}}) << fleet.Logs();
 }
 
 TEST(Reliability, HigherPriorityRunsFirstFifoWithin) {

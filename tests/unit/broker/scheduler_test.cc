@@ -404,14 +404,14 @@ TEST(Scheduler, ParkedJobsLeaveByTakeParkedOrTake) {
   }
   EXPECT_EQ(s.pending(), 3u);
   EXPECT_EQ(s.QueueDepth("m"), 3u) << "parked jobs wait: they count as queued";
-  EXPECT_EQ(s.Parked("m"), 3u);
-  EXPECT_EQ(s.Parked("other"), 0u);
+  EXPECT_EQ(s.ParkedOf("m"), 3u);
+  EXPECT_EQ(s.ParkedOf("other"), 0u);
   EXPECT_EQ(s.OldestQueuedSubmittedUs("m"), 100) << "and in the age of the oldest waiting";
   EXPECT_EQ(s.OldestQueuedSubmittedUs("other"), 0);
   EXPECT_EQ(s.Add(MakeJob("p1", "m")).code(), codes::kDuplicate) << "a parked job is pending";
   ASSERT_NE(s.Take("p1"), nullptr);
   EXPECT_EQ(s.parked(), 2u);
-  EXPECT_EQ(s.Parked("m"), 2u);
+  EXPECT_EQ(s.ParkedOf("m"), 2u);
   EXPECT_EQ(s.QueueDepth("m"), 2u);
   auto parked = s.TakeParked();
   ASSERT_EQ(parked.size(), 2u);
@@ -423,15 +423,15 @@ TEST(Scheduler, ParkedJobsLeaveByTakeParkedOrTake) {
   EXPECT_EQ(s.pending_bytes(), 0);
 }
 
-TEST(Scheduler, ParkedCountsTheParkedJobsOfOneModel) {
+TEST(Scheduler, ParkedOfCountsTheParkedJobsOfOneModel) {
   Scheduler s;
   ASSERT_TRUE(s.Add(MakeJob("queued", "m")).ok());
   ASSERT_TRUE(s.Add(MakeJob("parked", "m"), /*parked=*/true).ok());
   ASSERT_TRUE(s.Add(MakeJob("parked-other", "other"), /*parked=*/true).ok());
   EXPECT_EQ(s.QueueDepth("m"), 2u);
-  EXPECT_EQ(s.Parked("m"), 1u);
-  EXPECT_EQ(s.Parked("other"), 1u);
-  EXPECT_EQ(s.Parked("none"), 0u);
+  EXPECT_EQ(s.ParkedOf("m"), 1u);
+  EXPECT_EQ(s.ParkedOf("other"), 1u);
+  EXPECT_EQ(s.ParkedOf("none"), 0u);
 }
 
 TEST(Scheduler, DoneForAJobTheSenderDoesNotHoldFinishesNothing) {
