@@ -20,40 +20,41 @@ def open_dealer(options):
     """A new context, and in it a DEALER connected to options.frontend (with CURVE when
     options.curve_server_public is set) and its monitor's PAIR socket (HANDSHAKE_EVENTS).
     Returns (context, socket, monitor); raises InvalidArgument for unreadable certificates or a
-    bad endpoint, with nothing left open."""
+    bad endpoint. Whatever it raises, nothing is left open."""
     ctx = zmq.Context(1)
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.setsockopt(zmq.IMMEDIATE, 1)
-    if options.curve_server_public:
-        try:
-            server_public, _ = zmq.auth.load_certificate(options.curve_server_public)
-            public, secret = zmq.auth.load_certificate(options.curve_secret)
-        except (OSError, ValueError) as e:
-            sock.close(0)
-            ctx.term()
-            raise InvalidArgument("CURVE certificates: %s" % e)
-        if secret is None:
-            sock.close(0)
-            ctx.term()
-            raise InvalidArgument("curve_secret %s holds no secret key (want NAME.key_secret)"
-                                  % options.curve_secret)
-        sock.curve_serverkey = server_public
-        sock.curve_publickey = public
-        sock.curve_secretkey = secret
-    # Handshake events (as the C++ SDK): a refused key or a wrong broker key is said, not left
-    # to look like a broker that does not answer.
-    monitor = sock.get_monitor_socket(HANDSHAKE_EVENTS,
-                                      "inproc://ferry-client-monitor-%s" % uuid.uuid4())
-    monitor.setsockopt(zmq.LINGER, 0)
+    sock = monitor = None
     try:
-        sock.connect(options.frontend)
-    except zmq.ZMQError as e:
-        monitor.close(0)
-        sock.close(0)
+        sock = ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.IMMEDIATE, 1)
+        if options.curve_server_public:
+            try:
+                server_public, _ = zmq.auth.load_certificate(options.curve_server_public)
+                public, secret = zmq.auth.load_certificate(options.curve_secret)
+            except (OSError, ValueError) as e:
+                raise InvalidArgument("CURVE certificates: %s" % e)
+            if secret is None:
+                raise InvalidArgument("curve_secret %s holds no secret key (want "
+                                      "NAME.key_secret)" % options.curve_secret)
+            sock.curve_serverkey = server_public
+            sock.curve_publickey = public
+            sock.curve_secretkey = secret
+        # Handshake events (as the C++ SDK): a refused key or a wrong broker key is said, not
+        # left to look like a broker that does not answer.
+        monitor = sock.get_monitor_socket(HANDSHAKE_EVENTS,
+                                          "inproc://ferry-client-monitor-%s" % uuid.uuid4())
+        monitor.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(options.frontend)
+        except zmq.ZMQError as e:
+            raise InvalidArgument("frontend endpoint %r: %s" % (options.frontend, e))
+        return ctx, sock, monitor
+    except BaseException:
+        for s in (monitor, sock):
+            if s is not None:
+                s.close(0)
         ctx.term()
-        raise InvalidArgument("frontend endpoint %r: %s" % (options.frontend, e))
-    return ctx, sock, monitor
+        raise
 
 
 def describe_handshake_failure(event, value, curve):
