@@ -3,11 +3,15 @@ itself. Big inputs are in test_client_big_inputs.py, misbehaving peers in
 test_client_faults.py."""
 
 import asyncio
+import os
+import subprocess
+import sys
 import threading
 import time
 
 import numpy as np
 import pytest
+import zmq.auth
 
 import ferry
 from conftest import assert_tiny, uid
@@ -311,3 +315,35 @@ def test_tls_to_a_plain_redis_port_says_why(fleet):
         with pytest.raises(ferry.Unavailable) as e:
             c.poll(uid("tls"))
     assert "is it a plain-TCP port? use redis://" in str(e.value), e.value
+
+
+def test_a_socket_that_cannot_open_says_why_and_leaves_nothing_open(tmp_path):
+    """Checked in a process of its own: the file descriptors this one's clients and fleet open
+    in the background would blur the count."""
+    public, _ = zmq.auth.create_certificates(str(tmp_path), "client")
+    script = """
+import os, sys
+import ferry
+cases = [
+    (dict(curve_server_public=sys.argv[1] + ".missing", curve_secret=sys.argv[1]),
+     "CURVE certificates"),
+    (dict(curve_server_public=sys.argv[1], curve_secret=sys.argv[1]), "holds no secret key"),
+    (dict(frontend="nonsense://x"), "frontend endpoint"),
+]
+opened = len(os.listdir("/proc/self/fd"))
+for kwargs, why in cases * 5:
+    args = dict(frontend="tcp://127.0.0.1:1", redis="redis://127.0.0.1:1")
+    args.update(kwargs)
+    try:
+        ferry.Client(**args)
+        sys.exit("no error for %r" % kwargs)
+    except ferry.InvalidArgument as e:
+        assert why in str(e), (why, str(e))
+print(opened, len(os.listdir("/proc/self/fd")))
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    out = subprocess.run([sys.executable, "-c", script, public], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    before, after = out.stdout.split()
+    assert after == before, "left open: %s" % out.stdout  # no context, socket or monitor

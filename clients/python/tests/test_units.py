@@ -1,11 +1,8 @@
 """Checks that need no fleet: dtypes, records, options, errors."""
 
-import os
-
 import msgpack
 import numpy as np
 import pytest
-import zmq.auth
 
 import ferry
 from ferry import _protocol, _record, _resp, _tensor
@@ -594,21 +591,3 @@ def test_a_long_wait_does_not_keep_a_future_per_recheck(monkeypatch):
             with pytest.raises(ferry.Unavailable):
                 await w
     asyncio.run(main())
-
-
-def test_a_socket_that_cannot_open_says_why_and_leaves_nothing_open(tmp_path):
-    public, _ = zmq.auth.create_certificates(str(tmp_path), "client")
-    cases = [
-        (dict(curve_server_public=str(tmp_path / "missing.key"), curve_secret=public),
-         "CURVE certificates"),
-        (dict(curve_server_public=public, curve_secret=public), "holds no secret key"),
-        (dict(frontend="nonsense://x"), "frontend endpoint"),
-    ]
-    opened = len(os.listdir("/proc/self/fd"))
-    for kwargs, why in cases * 5:
-        args = dict(frontend="tcp://127.0.0.1:1", redis="redis://127.0.0.1:1")
-        args.update(kwargs)
-        with pytest.raises(ferry.InvalidArgument) as e:
-            ferry.Client(**args)
-        assert why in str(e.value)
-    assert len(os.listdir("/proc/self/fd")) == opened  # no context, socket or monitor left
