@@ -40,7 +40,7 @@ std::vector<OrphanWatch::Expired> OrphanWatch::Check(const Scheduler& scheduler,
     }
     // Parked jobs (restored after a restart, for the liveness period) wait too, but not for any
     // worker: the one that ran them claims them, or they expire. The timeout leaves them be.
-    const size_t parked = scheduler.parked() == 0 ? 0 : scheduler.ParkedOf(model);
+    const size_t parked = scheduler.ParkedOf(model);
     const size_t queued = scheduler.QueueDepth(model) - parked;
     if (it == orphaned_.end()) {
       // A model that no worker served since this broker started (restored from the journal)

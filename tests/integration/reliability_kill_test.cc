@@ -22,12 +22,11 @@
 #include <vector>
 
 #include "ferry/client.h"
-#include "ferry/metrics/metrics_server.h"
 #include "ferry/metrics/names.h"
-#include "ferry/metrics/text_format.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/redis.h"
 #include "fleet.h"
+#include "metrics_scraper.h"
 #include "process.h"
 #include "reliability_fixture.h"
 #include "tiny_reference.h"
@@ -104,19 +103,6 @@ bool HasResult(Fleet& fleet, const std::string& id) {
   protocol::RedisReply r;
   return redis && redis->Command({"EXISTS", protocol::Keys().Result(id)}, &r).ok() &&
          r.integer == 1;
-}
-
-// The sum of the samples of `name` matching `labels` on the /metrics endpoint at `port` (-1 when
-// it cannot be scraped).
-double ScrapeSum(int port, const std::string& name,
-                 const std::map<std::string, std::string>& labels) {
-  std::string body;
-  metrics::ParsedText parsed;
-  if (!metrics::HttpGet("http://127.0.0.1:" + std::to_string(port) + "/metrics", 2000, &body)
-           .ok() ||
-      !metrics::ParseText(body, &parsed).ok())
-    return -1;
-  return metrics::SumSamples(parsed, name, labels);
 }
 
 // A counter from the broker's STATS ("counters": {"accepted": n, "requeued": n, ...}); -1 when
@@ -260,8 +246,10 @@ TEST(Reliability, PoisonJobFailsAfterMaxAttemptsEvenAcrossABrokerRestartAndTheFl
   EXPECT_EQ(BrokerCounter(*c, "poisoned"), 1) << fleet.Logs();
   EXPECT_EQ(BrokerCounter(*c, "requeued"), 0) << fleet.Logs();
   // And its metrics count it finished `poisoned`, not `failed` (its result's status).
-  EXPECT_EQ(ScrapeSum(metrics_port, metrics::names::kJobsFinished, {{"status", "poisoned"}}), 1);
-  EXPECT_EQ(ScrapeSum(metrics_port, metrics::names::kJobsFinished, {}), 1);
+  testutil::Scraper broker{testutil::Url(metrics_port, "/metrics")};
+  ASSERT_TRUE(broker.Scrape());
+  EXPECT_EQ(broker.Sum(metrics::names::kJobsFinished, {{"status", "poisoned"}}), 1);
+  EXPECT_EQ(broker.Sum(metrics::names::kJobsFinished), 1);
   // The fleet is alive: an ordinary job still runs.
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
   ASSERT_TRUE(c->Submit(SlowJob("after-poison", 1), &id).ok());
@@ -370,8 +358,9 @@ TEST(Reliability, AJobRunningWhenTheBrokerDiesEndsDoneThoughItsDeadlinePassedMea
       << fleet.broker().Log();
   // The restarted broker counts the two it left with the worker as dispatched (no chunk took
   // them), and not the one that expired parked.
-  EXPECT_EQ(ScrapeSum(metrics_port, metrics::names::kJobsDispatched,
-                      {{metrics::names::kLabelModel, "slow"}}),
+  testutil::Scraper broker{testutil::Url(metrics_port, "/metrics")};
+  ASSERT_TRUE(broker.Scrape());
+  EXPECT_EQ(broker.Sum(metrics::names::kJobsDispatched, {{metrics::names::kLabelModel, "slow"}}),
             2);
   EXPECT_EQ(CountResultKeys(fleet), 3);
 }
@@ -445,12 +434,13 @@ TEST(Reliability, AJobWhoseJournalRecordCannotBeReadFailsAfterARestart) {
     protocol::RedisReply n;
     return redis->Command({"HLEN", protocol::Keys().Journal()}, &n).ok() && n.integer == 0;
   })) << "the record stayed in the journal";
-  std::string body;
-  ASSERT_TRUE(
-      metrics::HttpGet("http://127.0.0.1:" + std::to_string(metrics_port) + "/metrics", 2000, &body)
-          .ok());
-  EXPECT_EQ(body.find("model=\"\""), std::string::npos) << body;
-  EXPECT_EQ(ScrapeSum(metrics_port, metrics::names::kJobsFinished, {}), 0);
+  testutil::Scraper broker{testutil::Url(metrics_port, "/metrics")};
+  ASSERT_TRUE(broker.Scrape());
+  EXPECT_EQ(broker.Sum(metrics::names::kJobsFinished), 0);
+  for (const metrics::Sample& sample : broker.last.samples) {
+    const auto model = sample.labels.find(metrics::names::kLabelModel);
+    EXPECT_TRUE(model == sample.labels.end() || !model->second.empty()) << sample.name;
+  }
 }
 
 // A Redis without persistence that restarts loses the journal. The broker notices (Redis's
@@ -526,8 +516,10 @@ TEST(Reliability, RedisStoppedAndRestartedWithAofLosesNothing) {
   EXPECT_EQ(CountResultKeys(fleet), kJobs);
   // The broker noticed the outage: it could not journal the jobs that came meanwhile and
   // rejected them as `unavailable` (the producer retried them).
-  EXPECT_GE(ScrapeSum(metrics_port, metrics::names::kJobsRejected,
-                      {{metrics::names::kLabelCode, codes::kUnavailable}}),
+  testutil::Scraper broker{testutil::Url(metrics_port, "/metrics")};
+  ASSERT_TRUE(broker.Scrape());
+  EXPECT_GE(broker.Sum(metrics::names::kJobsRejected,
+                       {{metrics::names::kLabelCode, codes::kUnavailable}}),
             1)
       << fleet.broker().Log();
 }
