@@ -136,9 +136,10 @@ Status DecodeTensor(const msgpack::object& o, TensorRef* out, bool allow_stored)
     out->size = want;
     return Status::Ok();
   }
-  if (allow_stored && stored != nullptr && data == nullptr) {
+  if (allow_stored && stored != nullptr) {
     if (stored->type != msgpack::type::BOOLEAN || !stored->via.boolean)
       return Status::InvalidArgument("tensor \"stored\" must be true (or left out)");
+    if (data != nullptr) return Status::InvalidArgument("a stored tensor has no \"data\"");
     out->stored = true;
     out->data = nullptr;
     out->size = want;

@@ -80,21 +80,37 @@ TEST(Submit, StoredInputsTravelWithoutTheirBytes) {
   std::vector<TensorRef> refs;
   EXPECT_FALSE(DecodeTensorList(*j.inputs_obj, &refs).ok());
   ASSERT_TRUE(DecodeTensorList(*j.inputs_obj, &refs, /*allow_stored=*/true).ok());
-  // A tensor that says "stored": false (or anything but true) and has no data is malformed.
-  msgpack::sbuffer bad;
-  Packer bp(bad);
-  bp.pack_map(3);
-  PackString(bp, "dtype");
-  PackString(bp, "int16");
-  PackString(bp, "shape");
-  bp.pack_array(1);
-  bp.pack_int64(4);
-  PackString(bp, "stored");
-  bp.pack_false();
-  msgpack::object_handle boh;
-  ASSERT_TRUE(UnpackMap(bad.data(), bad.size(), &boh).ok());
-  TensorRef t;
-  EXPECT_EQ(DecodeTensor(boh.get(), &t, /*allow_stored=*/true).code(), codes::kInvalidArgument);
+  // "stored" is true, and alone: "stored": false (or anything but true) is malformed, with or
+  // without data, and so is a stored tensor that has data too.
+  for (const bool stored : {false, true}) {
+    for (const bool with_data : {false, true}) {
+      if (stored && !with_data) continue;  // the valid form, decoded above
+      msgpack::sbuffer bad;
+      Packer bp(bad);
+      bp.pack_map(with_data ? 4 : 3);
+      PackString(bp, "dtype");
+      PackString(bp, "int16");
+      PackString(bp, "shape");
+      bp.pack_array(1);
+      bp.pack_int64(4);
+      PackString(bp, "stored");
+      if (stored) {
+        bp.pack_true();
+      } else {
+        bp.pack_false();
+      }
+      if (with_data) {
+        PackString(bp, "data");
+        bp.pack_bin(8);
+        bp.pack_bin_body("01234567", 8);
+      }
+      msgpack::object_handle boh;
+      ASSERT_TRUE(UnpackMap(bad.data(), bad.size(), &boh).ok());
+      TensorRef t;
+      EXPECT_EQ(DecodeTensor(boh.get(), &t, /*allow_stored=*/true).code(), codes::kInvalidArgument)
+          << "stored " << stored << ", data " << with_data;
+    }
+  }
   EXPECT_EQ(Keys("ferry:").Input("j-s", 1), "ferry:input:j-s:1");
 }
 

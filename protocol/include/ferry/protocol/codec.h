@@ -35,7 +35,8 @@ Status GetStringArray(const msgpack::object& map, std::string_view key,
 // Tensors: decoding validates dtype, shape and that data is exactly numel * itemsize bytes.
 // With `allow_stored` (job inputs), {"dtype", "shape", "stored": true} is a stored input: no
 // data here, the bytes are in Redis, and {"dtype", "shape", "attached": true} an attached one:
-// its bytes are a frame of the message (see TensorRef).
+// its bytes are a frame of the message (see TensorRef). A job input has one of "data",
+// "stored": true and "attached": true; anything else is invalid_argument.
 Status DecodeTensor(const msgpack::object& o, TensorRef* out, bool allow_stored = false);
 Status DecodeTensorList(const msgpack::object& o, std::vector<TensorRef>* out,
                         bool allow_stored = false);
