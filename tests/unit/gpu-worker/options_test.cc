@@ -37,7 +37,7 @@ TEST(WorkerOptionsTest, DefaultsAndDerivedValues) {
   EXPECT_GE(o.threads, 1);
   EXPECT_EQ(o.redis_prefix, "ferry:");
   EXPECT_EQ(o.heartbeat_ms, 1000);
-  EXPECT_EQ(o.result_ttl_s, 3600);
+  EXPECT_EQ(o.result_ttl_s, 600);
   EXPECT_EQ(o.log_level, "info");
   EXPECT_FALSE(o.flush_denormals);
   EXPECT_NE(o.name.find(":cpu"), std::string::npos);

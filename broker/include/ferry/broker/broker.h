@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "ferry/protocol/keys.h"
 #include "ferry/protocol/redis_endpoint.h"
 #include "ferry/status.h"
 
@@ -36,7 +37,7 @@ struct BrokerOptions {
   // --result-ttl-s: expiry of results whose job sets none. 10 minutes, which a busy fleet's Redis
   // survives (36k jobs/s x ~490 B x 600 s = ~10.6 GB; docs/operations.md, "Result retention and
   // Redis sizing"); jobs that must be read later ask for more with result_ttl_s.
-  int64_t default_result_ttl_s = 600;
+  int64_t default_result_ttl_s = protocol::kDefaultResultTtlS;
   int64_t max_job_bytes = 64 << 20;  // larger jobs are rejected with too_large
   // Larger messages drop the connection (ZeroMQ): the largest job plus room for its envelope,
   // so that nobody makes the broker allocate much more than one job's worth at once.

@@ -8,7 +8,9 @@
 namespace ferry::protocol {
 
 inline constexpr std::string_view kDefaultPrefix = "ferry:";
-inline constexpr int64_t kDefaultResultTtlS = 3600;
+// The expiry of a result whose job sets none: the broker's --result-ttl-s default, and the
+// worker's fallback for a CHUNK entry without one (a broker always sends one).
+inline constexpr int64_t kDefaultResultTtlS = 600;
 
 class Keys {
  public:
