@@ -31,7 +31,7 @@ Status CheckReply(const IoThread::Reply& reply, std::string_view expected,
 class Client::Impl {
  public:
   // Result notices come straight from workers (ClientOptions::push_results) only for SUBMITs
-  // made while fewer than this many of this client's jobs are tracked: at light load that saves
+  // after which at most this many of this client's jobs are tracked: at light load that saves
   // the DONE and FINISHED hops through the broker; under load batching amortizes them, and the
   // extra PUBLISH per job would only cost Redis CPU.
   static constexpr size_t kPushMaxTracked = 64;
@@ -98,9 +98,9 @@ class Client::Impl {
                               const std::vector<SubmitOutcome>& outcomes, int64_t rid, bool ack,
                               std::vector<zmq::message_t>* frames);
   // The channel the next SUBMIT names ("" = none); `tracked` is how many of this client's jobs
-  // the tracker held before the SUBMIT's own. Only at light load; the first such SUBMIT (and the
-  // first after the subscription failed and its back-off passed) has the I/O thread subscribe
-  // first, and waits for that (at most min(request_timeout_ms, 1 s)).
+  // the tracker holds, the SUBMIT's own included. Only at light load; the first such SUBMIT (and
+  // the first after the subscription failed and its back-off passed) has the I/O thread
+  // subscribe first, and waits for that (at most min(request_timeout_ms, 1 s)).
   std::string NotifyChannel(size_t tracked);
   // Whether input `t` goes to Redis rather than inside the SUBMIT
   // (ClientOptions::stored_input_bytes).

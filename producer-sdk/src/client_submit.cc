@@ -124,7 +124,7 @@ std::pair<size_t, size_t> Client::Impl::MessageLimits() const {
 }
 
 std::string Client::Impl::NotifyChannel(size_t tracked) {
-  if (!options_.push_results || tracked >= kPushMaxTracked) return "";
+  if (!options_.push_results || tracked > kPushMaxTracked) return "";
   if (io_->subscribe_due()) io_->Subscribe(std::min(options_.request_timeout_ms, 1000));
   return io_->push_channel();
 }
@@ -139,9 +139,8 @@ zmq::message_t Client::Impl::EncodeSubmit(const std::vector<const Job*>& jobs,
   std::vector<std::string> ids;
   ids.reserve(part.size());
   for (size_t i : part) ids.push_back(outcomes[i].id);
-  const size_t tracked = tracker_.Entries();
   tracker_.Track(ids);
-  const std::string notify = NotifyChannel(tracked);
+  const std::string notify = NotifyChannel(tracker_.Entries());
 
   msgpack::sbuffer buf;
   protocol::Packer pk(buf);

@@ -14,7 +14,8 @@ import pytest
 import zmq.auth
 
 import ferry
-from conftest import assert_tiny, uid
+from conftest import assert_tiny, spy_submits, uid
+from fleet import wait_for
 
 
 def test_run_and_submit_wait_give_the_reference_outputs(client):
@@ -179,6 +180,27 @@ def test_submit_many_sends_the_jobs_the_clients_checks_pass(fleet, client):
     x2 = client.submit_many([ferry.Job("tiny", x)])  # a SUBMIT after them, on the same socket
     assert_tiny(client.wait(x2[0], timeout=30), x)
     assert client.poll(never) is None and client.poll(twice) is None
+
+
+def test_a_notify_channel_only_while_at_most_64_jobs_are_tracked(fleet):
+    """protocol.md, SUBMIT: a SUBMIT names the client's notify channel while the client tracks
+    at most 64 jobs, its own included (as the C++ SDK does): a burst of 65 asks for no notices,
+    64 do, and one more job on top of those 64 does not."""
+    x = np.arange(8, dtype=np.float32)
+    with ferry.Client(fleet.frontend, fleet.redis_url) as c:
+        engine = c._aio._engine
+        assert_tiny(c.run("tiny", x, timeout=30), x)  # subscribes, in the background
+        wait_for(lambda: engine.results._channel is not None, 10, "the notify channel")
+        sent = spy_submits(engine)
+        for i in c.submit_many([ferry.Job("tiny", x)] * 65):
+            assert_tiny(c.wait(i, timeout=30), x)
+        assert len(sent) == 1 and "notify" not in sent[0][0]
+        ids = c.submit_many([ferry.Job("tiny", x)] * 64)
+        assert sent[-1][0]["notify"] == engine.results._channel
+        ids.append(c.submit("tiny", x))
+        assert "notify" not in sent[-1][0]
+        for i in ids:
+            assert_tiny(c.wait(i, timeout=30), x)
 
 
 def test_cancel(client):

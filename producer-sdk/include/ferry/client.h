@@ -99,12 +99,13 @@ struct ClientOptions {
   // How long Submit/SubmitMany/Stats wait for the broker's answer, and the Redis connect/read
   // timeout. Past it a call fails with `unavailable`.
   int request_timeout_ms = 5000;
-  // Light-load latency: while this client tracks fewer than 64 jobs (submitted, not yet waited
-  // for), ask the worker to PUBLISH each result notice on this client's own Redis channel
-  // (<prefix>notify:<uuid>), which the client subscribes to, so that Wait returns one Redis hop
-  // after the result is written instead of after the worker -> broker -> producer notices (the
-  // broker then sends none for those jobs). If the subscription fails, waiting jobs are read
-  // from Redis and a later Submit subscribes again. false: broker notices only, no subscription.
+  // Light-load latency: while this client tracks at most 64 jobs (submitted, not yet waited
+  // for; a SUBMIT's own included), ask the worker to PUBLISH each result notice on this client's
+  // own Redis channel (<prefix>notify:<uuid>), which the client subscribes to, so that Wait
+  // returns one Redis hop after the result is written instead of after the worker -> broker ->
+  // producer notices (the broker then sends none for those jobs). If the subscription fails,
+  // waiting jobs are read from Redis and a later Submit subscribes again. false: broker notices
+  // only, no subscription.
   bool push_results = true;
   // Big inputs go to Redis, not through the broker (a claim check): an input tensor of at least
   // this many bytes is written by the client itself to <prefix>input:<id>:<index> -- one

@@ -222,6 +222,25 @@ TEST_F(ClientNoticeTest, ResultNoticeOnTheNotifyChannelWakesWait) {
   EXPECT_EQ(result.batch_size, 32);
 }
 
+// Notices only at light load: a SUBMIT names the channel while the client tracks at most 64 jobs,
+// the SUBMIT's own included. So a burst of 65 on an idle client asks for none, 64 do, and one
+// more job on top of those 64 does not.
+TEST_F(ClientNoticeTest, ANotifyChannelOnlyWhileAtMost64JobsAreTracked) {
+  auto submit = [](Client& client, size_t n) {
+    std::vector<Job> jobs(n, MakeJob("m"));
+    std::vector<SubmitOutcome> outcomes;
+    ASSERT_TRUE(client.SubmitMany(jobs, &outcomes).ok());
+    for (const auto& o : outcomes) ASSERT_TRUE(o.status.ok()) << o.status.ToString();
+  };
+  submit(*client_, 65);
+  EXPECT_EQ(broker_->notify(), "") << "a burst of 65 asked for notices";
+  auto second = MakeClient();
+  submit(*second, 64);
+  EXPECT_TRUE(protocol::Keys("test:").IsNotifyChannel(broker_->notify())) << broker_->notify();
+  submit(*second, 1);
+  EXPECT_EQ(broker_->notify(), "") << "the 65th tracked job asked for notices";
+}
+
 // push_results off, or no Redis to subscribe at: SUBMITs name no channel (FINISHED only), and
 // submitting still works.
 TEST_F(ClientSubmitTest, NoNotifyChannelWithoutPushOrWithoutRedis) {
