@@ -181,7 +181,7 @@ void Broker::Impl::HandleDone(protocol::Message& m, const msgpack::object& body)
   auto finished = scheduler.Complete(worker, ids, &not_held);
   telemetry.OnDone(finished, not_done, duplicates, protocol::NowMicros());
   Finish(std::move(finished), results, notified);
-  if (!not_held.empty()) FinishIfStored(not_held, worker);
+  if (!not_held.empty()) FinishIfStored(not_held, worker, not_done, notified);
   // Once it holds nothing, it goes. (Else its BYE, which follows, or its silence removes it and
   // requeues what it still held. Its BYE then finds it gone.)
   if (leaving) {
@@ -191,7 +191,9 @@ void Broker::Impl::HandleDone(protocol::Message& m, const msgpack::object& body)
   }
 }
 
-void Broker::Impl::FinishIfStored(const std::vector<std::string>& ids, const std::string& from) {
+void Broker::Impl::FinishIfStored(const std::vector<std::string>& ids, const std::string& from,
+                                  const protocol::DoneStatuses& not_done,
+                                  const std::vector<std::string>& notified) {
   constexpr size_t kMaxChecks = 4096;  // per DONE: a claim about more is cut there
   std::vector<std::string_view> checked;
   for (const auto& id : ids) {
@@ -220,8 +222,8 @@ void Broker::Impl::FinishIfStored(const std::vector<std::string>& ids, const std
   }
   if (!stored.empty()) {
     scheduler.mutable_counters().finished += static_cast<int64_t>(stored.size());
-    telemetry.OnDone(stored, {}, 0, protocol::NowMicros());
-    Finish(std::move(stored));
+    telemetry.OnDone(stored, not_done, 0, protocol::NowMicros());
+    Finish(std::move(stored), {}, notified);
   }
   if (refused > 0) {
     telemetry.OnRefusedMessage();

@@ -120,8 +120,11 @@ struct Broker::Impl {
   void HandleReady(protocol::Message& m, const msgpack::object& body);
   void HandleDone(protocol::Message& m, const msgpack::object& body);
   // Finishes the pending jobs among `ids` whose result is in Redis (a DONE from a connection that
-  // did not hold them: a worker dropped as silent, or a peer making claims). No inline records.
-  void FinishIfStored(const std::vector<std::string>& ids, const std::string& from);
+  // did not hold them: a worker dropped as silent, or a peer making claims). No inline records;
+  // the DONE's `not_done` statuses (for the metrics) and `notified` ids (no FINISHED) hold.
+  void FinishIfStored(const std::vector<std::string>& ids, const std::string& from,
+                      const protocol::DoneStatuses& not_done,
+                      const std::vector<std::string>& notified);
   void DropWorker(const std::string& routing_id, const char* why);
   // Journal removal + FINISHED (carrying `results`, the DONE's inline results, if any; none
   // for the DONE's `notified` jobs).

@@ -116,10 +116,14 @@ std::string WorkerRecv(zmq::socket_t& s, int timeout_ms) {
 }
 
 zmq::message_t SubmitBody(const std::string& id, const std::string& model, int64_t timeout_ms,
-                          int64_t result_ttl_s) {
+                          int64_t result_ttl_s, const std::string& notify) {
   msgpack::sbuffer buf;
   protocol::Packer pk(buf);
-  pk.pack_map(1);
+  pk.pack_map(notify.empty() ? 1 : 2);
+  if (!notify.empty()) {
+    protocol::PackString(pk, "notify");
+    protocol::PackString(pk, notify);
+  }
   protocol::PackString(pk, "jobs");
   pk.pack_array(1);
   std::vector<float> x(8, 1.0f);
@@ -269,7 +273,7 @@ zmq::socket_t Curve::RawProducer() {
   return s;
 }
 
-double Curve::Metric(const std::string& name) {
+double Curve::Metric(const std::string& name, const std::map<std::string, std::string>& labels) {
   std::string body;
   metrics::ParsedText parsed;
   if (!metrics::HttpGet("http://127.0.0.1:" + std::to_string(metrics_port_) + "/metrics", 2000,
@@ -277,7 +281,7 @@ double Curve::Metric(const std::string& name) {
            .ok() ||
       !metrics::ParseText(body, &parsed).ok())
     return -1;
-  return metrics::SumSamples(parsed, name, {});
+  return metrics::SumSamples(parsed, name, labels);
 }
 
 }  // namespace ferry::security_test

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -60,9 +61,10 @@ std::string RawRecv(zmq::socket_t& s, int timeout_ms, protocol::Message* out = n
 // --heartbeat-ms, in between whatever else it sends).
 std::string WorkerRecv(zmq::socket_t& s, int timeout_ms);
 
-// A SUBMIT body of one `tiny` job `id` with an [8] float32 input.
+// A SUBMIT body of one `tiny` job `id` with an [8] float32 input (and `notify`, when not "").
 zmq::message_t SubmitBody(const std::string& id, const std::string& model = "tiny",
-                          int64_t timeout_ms = 0, int64_t result_ttl_s = 0);
+                          int64_t timeout_ms = 0, int64_t result_ttl_s = 0,
+                          const std::string& notify = "");
 
 // A READY that announces `models` with `capacity`.
 zmq::message_t HelloBody(const std::string& name, const std::vector<std::string>& models,
@@ -105,7 +107,8 @@ class Curve : public ::testing::Test {
   // A raw DEALER for the listed producer "other".
   zmq::socket_t RawProducer();
 
-  double Metric(const std::string& name);
+  // The sum of the broker's samples of `name` whose labels include `labels`; -1 when unreadable.
+  double Metric(const std::string& name, const std::map<std::string, std::string>& labels = {});
 
   FleetKeys keys_;
   int metrics_port_ = testutil::FreePort();

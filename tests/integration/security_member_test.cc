@@ -76,6 +76,60 @@ TEST_F(Curve, AListedWorkerThatLiesAboutDoneFinishesNothing) {
   EXPECT_NE(WorkerRecv(liar, 200), "CHUNK");
 }
 
+// A DONE from a connection that does not hold its jobs (a worker dropped as silent, whose jobs
+// went elsewhere) finishes those whose result is in Redis, and the rest of what it says holds
+// for them as for any DONE: `not_done` is the status the metrics count (a failed job is not
+// counted `done`), and a job in `notified` gets no FINISHED (its producer had the notice on the
+// job's `notify` channel). Before, both were dropped: the failed job counted `done`, and the
+// notified one got a FINISHED too.
+TEST_F(Curve, ALateDoneTellsHowItsJobsEndedAndWhichWereNotified) {
+  zmq::socket_t holder = RawWorker(0, {"head"}, 2);
+  zmq::socket_t late = RawWorker(1, {"other"}, 4);
+  ASSERT_TRUE(testutil::WaitFor([&] { return Workers() == 3; }, std::chrono::seconds(20)))
+      << fleet_->Logs();
+  zmq::socket_t producer = RawProducer();
+  const std::vector<std::pair<std::string, std::string>> jobs = {{"late-notified", "done"},
+                                                                 {"late-failed", "failed"}};
+  auto redis = fleet_->redis().Connect();
+  ASSERT_TRUE(redis);
+  for (const auto& [id, status] : jobs) {
+    RawSend(producer, "SUBMIT", SubmitBody(id, "head", 0, 0, "ferry:notify:late-done"));
+    ASSERT_EQ(RawRecv(producer, 10000), "ACCEPTED");
+    // Its result, as the worker that ran it writes it.
+    protocol::ResultRecord rec;
+    rec.id = id;
+    rec.status = status;
+    rec.model = "head";
+    rec.worker = "raw0:1:cpu";
+    if (status == "failed") {
+      rec.error_code = codes::kModelError;
+      rec.error_message = "the model raised";
+    }
+    msgpack::sbuffer buf;
+    protocol::Packer pk(buf);
+    protocol::PackResult(pk, rec);
+    protocol::RedisReply r;
+    ASSERT_TRUE(
+        redis->Command({"SET", "ferry:result:" + id, std::string(buf.data(), buf.size())}, &r)
+            .ok());
+  }
+  EXPECT_EQ(WorkerRecv(holder, 10000), "CHUNK");
+  RawSend(late, "DONE", protocol::EncodeDone({"late-notified"}, 0, {}, {}, {"late-notified"}));
+  RawSend(late, "DONE", protocol::EncodeDone({"late-failed"}, 0, {{"late-failed", "failed"}}));
+  // FINISHEDs go out in order: the first names the failed job alone.
+  protocol::Message m;
+  ASSERT_EQ(RawRecv(producer, 10000, &m), "FINISHED") << fleet_->Logs();
+  msgpack::object_handle oh;
+  ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+  std::vector<std::string> ids;
+  ASSERT_TRUE(protocol::GetStringArray(oh.get(), "ids", &ids).ok());
+  EXPECT_EQ(ids, std::vector<std::string>{"late-failed"});
+  EXPECT_EQ(PendingJobs(*client_), 0);
+  const std::string finished = metrics::names::kJobsFinished;
+  EXPECT_EQ(Metric(finished, {{"model", "head"}, {"status", "failed"}}), 1);
+  EXPECT_EQ(Metric(finished, {{"model", "head"}, {"status", "done"}}), 1);
+}
+
 TEST_F(Curve, OnlyTheOwnerOrAnOperatorCancelsAJob) {
   // A job that waits in the queue: raw0 holds the first `head` job and never answers.
   zmq::socket_t holder = RawWorker(0, {"head"}, 1);
