@@ -120,8 +120,9 @@ def main():
     check(cmd == "LIMITS" and {k: body.get(k) for k in want} == want, "reply to LIMITS",
           ("LIMITS", want), (cmd, body))
 
-    # 1. Garbage. Replies come back in request order, so a STATS with a rid after each garbage
-    #    message tells exactly which replies the garbage produced.
+    # 1. Garbage. ERROR and STATS go out as soon as the broker reads their request (only
+    #    ACCEPTED waits, for the journal), so a STATS with a rid after each garbage message tells
+    #    exactly which replies the garbage produced.
     sock.send_multipart([b"hello"])
     send(sock, b"STATS", {"rid": 1})
     errors = []
