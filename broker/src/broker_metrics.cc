@@ -23,10 +23,11 @@ namespace {
 constexpr int64_t kRefreshEveryUs = 100 * 1000;
 constexpr int64_t kStalledAfterUs = 10 * 1000 * 1000;
 constexpr const char* kStatusNames[] = {"done", "failed", "cancelled", "expired", "poisoned"};
-// Codes SUBMIT can reject with, exposed at 0 from the start.
-constexpr const char* kRejectCodes[] = {
-    codes::kInvalidArgument, codes::kMalformed, codes::kUnknownModel, codes::kDuplicate,
-    codes::kTooLarge,        codes::kQueueFull, codes::kUnavailable};
+// Codes SUBMIT can reject a job with, exposed at 0 from the start. (A SUBMIT refused as a whole,
+// an ERROR, counts in ferry_broker_messages_refused_total.)
+constexpr const char* kRejectCodes[] = {codes::kInvalidArgument, codes::kUnknownModel,
+                                        codes::kDuplicate,       codes::kTooLarge,
+                                        codes::kQueueFull,       codes::kUnavailable};
 
 double Seconds(int64_t us) { return us > 0 ? static_cast<double>(us) / 1e6 : 0.0; }
 }  // namespace

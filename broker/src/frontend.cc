@@ -81,6 +81,7 @@ void Broker::Impl::Reply(const std::vector<zmq::message_t>& envelope, std::strin
 
 void Broker::Impl::ReplyError(protocol::Message& m, int64_t rid, std::string_view code,
                               std::string_view message) {
+  telemetry.OnRefusedMessage();
   Reply(m.envelope, protocol::kError, protocol::EncodeError(rid, code, message));
 }
 

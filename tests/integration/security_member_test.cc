@@ -220,6 +220,7 @@ TEST_F(Curve, AHugeSubmitOrCancelIsRefusedSmallAndCheaply) {
   zmq::socket_t s = RawProducer();
   const int64_t rss_before = testutil::RssBytes(fleet_->broker().pid());
   ASSERT_GT(rss_before, 0);
+  const double refused = Metric(metrics::names::kMessagesRefused);
   // 2^20 nils in "jobs" (1 MiB), four times: beyond the decoder's limits (malformed, before
   // anything is built from it). 20,000 nils: beyond the jobs a message may carry (too_large).
   auto nils = [](int n) {
@@ -247,6 +248,9 @@ TEST_F(Curve, AHugeSubmitOrCancelIsRefusedSmallAndCheaply) {
   RawSend(s, "CANCEL", protocol::EncodeIds(std::vector<std::string>(20000, "x")));
   ASSERT_EQ(RawRecv(s, 10000, &m), "ERROR");
   EXPECT_EQ(ErrorCode(m), codes::kTooLarge);
+  // Each refusal is counted; no job was, as rejected (none was read).
+  EXPECT_EQ(Metric(metrics::names::kMessagesRefused) - refused, 6);
+  EXPECT_EQ(Metric(metrics::names::kJobsRejected), 0);
   ExpectRuns(*client_);
   EXPECT_EQ(Workers(), 1);
   EXPECT_LT(testutil::RssBytes(fleet_->broker().pid()) - rss_before, int64_t{64} << 20);

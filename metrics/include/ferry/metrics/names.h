@@ -62,8 +62,9 @@ inline constexpr const char* kDuplicatesSuppressedHelp =
     "Duplicate completions or results that were ignored.";
 inline constexpr const char* kMessagesRefused = "ferry_broker_messages_refused_total";
 inline constexpr const char* kMessagesRefusedHelp =
-    "Messages dropped unread: from a key no longer allowed, or a member's message the broker "
-    "refuses (a DONE for jobs it does not hold, a READY with bad fields).";
+    "Messages the broker refused: a producer's request answered with ERROR, a message from a "
+    "key no longer allowed, or a worker's message it drops (a DONE for jobs it does not hold, a "
+    "READY with bad fields).";
 inline constexpr const char* kRepliesDropped = "ferry_broker_replies_dropped_total";
 inline constexpr const char* kRepliesDroppedHelp =
     "Replies and notices to producers dropped: the producer was gone or had too many unread.";
