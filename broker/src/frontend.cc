@@ -189,6 +189,12 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
       s = protocol::MatchFrames(&in.inputs, m.frames.data() + first_frame,
                                 next_frame - first_frame);
     if (s.ok()) s = Admit(in, scheduler, options);
+    // The results the broker writes itself wait in it while Redis does not take them (down;
+    // without the journal, jobs are still accepted then): at most --max-queue of them.
+    if (s.ok() && static_cast<int64_t>(final_results.size()) >= options.max_queue)
+      s = Status::Unavailable(std::to_string(final_results.size()) +
+                              " results of jobs the broker ended wait for Redis to take them; "
+                              "retry later");
     // A pending id is a duplicate whatever else is wrong with the job (Admit checks it first):
     // any other rejection tells the producer that the job's stored inputs are its own to delete.
     if (!s.ok() && s.code() != codes::kDuplicate && protocol::IsValidJobId(in.id) &&

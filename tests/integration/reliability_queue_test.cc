@@ -254,6 +254,49 @@ TEST(Reliability, JobsTheBrokerFinishesLetGoOfTheirInputsWhileRedisIsDown) {
   fleet.worker(0).Signal(SIGCONT);
 }
 
+// Without the journal the broker accepts jobs while Redis is down, and the results it writes
+// itself (here `cancelled`) wait in it until Redis is back. They are bounded: once --max-queue of
+// them wait, a SUBMIT's jobs are rejected `unavailable` (retry later), and accepted again once
+// Redis has taken them. Before, they grew for as long as Redis stayed down.
+TEST(Reliability, TheResultsABrokerWithoutJournalKeepsForRedisAreBounded) {
+  FleetOptions fo;
+  fo.workers = 1;
+  fo.models = {"null"};
+  fo.broker_args = Concat(kFastHeartbeats, {"--no-journal", "--max-queue", "3"});
+  fo.worker_args = kFastHeartbeats;
+  Fleet fleet(fo);
+  ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+  // Freeze the only worker: the broker drops it, the model stays known, the jobs stay queued.
+  fleet.worker(0).Signal(SIGSTOP);
+  ASSERT_TRUE(fleet.WaitForWorkers(0)) << fleet.Logs();
+  auto c = MakeClient(fleet, 30000);
+  fleet.redis().Stop();
+  auto job = [](const std::string& id) {
+    Job j;
+    j.id = id;
+    j.model = "null";
+    j.inputs.push_back(Tensor::From<float>(std::vector<float>(4, 1.0f), {4}, DType::kFloat32));
+    return j;
+  };
+  const std::vector<std::string> ids = {"waits-0", "waits-1", "waits-2"};
+  for (const auto& id : ids) ASSERT_TRUE(c->Submit(job(id), nullptr).ok()) << fleet.Logs();
+  client::CancelReport report;
+  ASSERT_TRUE(c->CancelMany(ids, &report).ok()) << fleet.Logs();
+  EXPECT_EQ(report.running, ids);  // their results wait in the broker
+  Status s = c->Submit(job("one-too-many"), nullptr);
+  EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("wait for Redis"), std::string::npos) << s.ToString();
+  fleet.redis().Restart();
+  for (const auto& [id, r] : WaitAll(*c, ids, 60000))
+    EXPECT_EQ(r.state, JobState::kCancelled) << id << " " << r.error.ToString() << fleet.Logs();
+  s = c->Submit(job("one-too-many"), nullptr);
+  EXPECT_TRUE(s.ok()) << s.ToString() << fleet.Logs();
+  fleet.worker(0).Signal(SIGCONT);
+  Result r;
+  EXPECT_TRUE(c->Wait("one-too-many", 60000, &r).ok()) << fleet.Logs();
+  EXPECT_EQ(r.state, JobState::kDone) << r.error.ToString();
+}
+
 // A queued job cancelled while Redis is down cannot get its `cancelled` result in Redis before
 // CANCELLED goes out: it is reported `running` (not final yet, the result tells), not
 // `cancelled`, since a broker that died before Redis came back would restore it from its

@@ -42,7 +42,9 @@ struct BrokerOptions {
   // Larger messages drop the connection (ZeroMQ): the largest job plus room for its envelope,
   // so that nobody makes the broker allocate much more than one job's worth at once.
   int64_t max_message_bytes = (64 << 20) + (1 << 20);
-  int64_t max_queue = 10000;              // queued jobs per model before queue_full
+  // Queued jobs per model before queue_full; also the most results of jobs the broker ended
+  // (cancelled, expired, ...) that may wait for Redis before SUBMITs are rejected unavailable.
+  int64_t max_queue = 10000;
   int64_t max_pending_bytes = 1ll << 30;  // input bytes of all pending jobs before queue_full
   int64_t aging_every = 8;                // every Nth chunk of a model is served oldest-first
   bool journal = true;                    // journal accepted jobs in Redis (--no-journal)
