@@ -244,6 +244,14 @@ void Broker::Impl::Finish(std::vector<std::unique_ptr<Job>> jobs,
     const int64_t now_mono = protocol::MonotonicMicros();
     for (const auto& j : jobs) journal.Forget(j->id, now_mono);
   }
+  // Accepted in this turn (only the broker's own results end such a job: a worker's DONE is
+  // read after the commit): the FINISHED goes after the ACCEPTED (CommitAndReply).
+  if (first_unreplied_seq != INT64_MAX) {
+    auto held = std::stable_partition(
+        jobs.begin(), jobs.end(), [this](const auto& j) { return j->seq < first_unreplied_seq; });
+    for (auto it = held; it != jobs.end(); ++it) held_finished.push_back(std::move(*it));
+    jobs.erase(held, jobs.end());
+  }
   NotifyFinished(jobs, results, notified);
 }
 

@@ -2,6 +2,7 @@
 // The broker's private state and handlers, shared by broker.cc (loop, dispatch, heartbeats),
 // frontend.cc (producers) and backend.cc (workers). Everything here runs on the broker thread.
 
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -67,6 +68,10 @@ struct Broker::Impl {
     bool ack = true;  // false: SUBMIT "ack": false -- no ACCEPTED unless something was rejected
   };
   std::vector<PendingReply> pending_replies;
+  // Jobs accepted in this turn that ended in it too (a CANCEL read right after their SUBMIT):
+  // their FINISHED waits until CommitAndReply has sent their ACCEPTED, which it never overtakes.
+  int64_t first_unreplied_seq = INT64_MAX;  // the first Job::seq accepted in this turn
+  std::vector<std::unique_ptr<Job>> held_finished;
 
   // Warnings about what peers send, rate-limited per kind (a peer can repeat a bad message).
   LogLimiter bad_worker_message_log, bad_producer_message_log, refused_log, redis_log,

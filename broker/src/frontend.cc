@@ -7,6 +7,7 @@
 #include <string_view>
 #include <unordered_map>
 #include <unordered_set>
+#include <utility>
 
 #include "admission.h"
 #include "broker_impl.h"
@@ -244,6 +245,7 @@ void Broker::Impl::HandleSubmit(protocol::Message& m, const msgpack::object& bod
     if (options.journal) journal.Stage(*added);
     reply.accepted.ids.push_back(in.id);
     reply.seqs.push_back(added->seq);
+    first_unreplied_seq = std::min(first_unreplied_seq, added->seq);
     reply.models.push_back(added->model);
   }
   scheduler.mutable_counters().rejected += static_cast<int64_t>(reply.accepted.rejected.size());
@@ -311,6 +313,8 @@ void Broker::Impl::CommitAndReply(bool quiet) {
     Reply(reply.envelope, protocol::kAccepted, protocol::EncodeAccepted(reply.accepted));
   }
   pending_replies.clear();
+  first_unreplied_seq = INT64_MAX;
+  if (!held_finished.empty()) NotifyFinished(std::exchange(held_finished, {}), {}, {});
 }
 
 void Broker::Impl::HandleCancel(protocol::Message& m, const msgpack::object& body, int64_t rid) {

@@ -498,8 +498,10 @@ TEST_F(Wire, APendingIdIsADuplicateWhateverElseIsWrong) {
 // SUBMIT cancels the job while it is queued, and a second SUBMIT of the same id follows: the
 // first ACCEPTED names the job (no rejection beside it), CANCELLED names it, its result says
 // cancelled, and the second SUBMIT -- a job the failed write did not keep -- is the one rejected
-// `unavailable`. The write fails because Redis refuses HSET (an ACL rule); the broker is stopped
-// (SIGSTOP) while the three messages reach its socket, so that it reads them in one turn.
+// `unavailable`. The job's FINISHED comes after its ACCEPTED, never before (the cancelled result
+// is written at once, but its notice waits for the turn's replies). The write fails because
+// Redis refuses HSET (an ACL rule); the broker is stopped (SIGSTOP) while the three messages
+// reach its socket, so that it reads them in one turn.
 TEST_F(Wire, AJobCancelledInTheTurnOfAFailedJournalWriteIsNotAlsoRejected) {
   zmq::context_t ctx(1);
   zmq::socket_t s = RawDealer(ctx, fleet_->frontend(), 20000);
@@ -518,7 +520,8 @@ TEST_F(Wire, AJobCancelledInTheTurnOfAFailedJournalWriteIsNotAlsoRejected) {
   fleet_->broker().Signal(SIGCONT);
   std::map<int64_t, protocol::Accepted> accepted;  // by rid
   protocol::Cancelled cancelled;
-  for (int replies = 0; replies < 3;) {
+  std::vector<std::string> order;  // ACCEPTED (of rid 1) and FINISHED, as they came
+  for (int replies = 0; replies < 3 || order.size() < 2;) {
     protocol::Message m;
     ASSERT_TRUE(protocol::RecvMessage(s, false, &m, /*dont_wait=*/false).ok()) << "no reply\n"
                                                                                << fleet_->Logs();
@@ -528,12 +531,16 @@ TEST_F(Wire, AJobCancelledInTheTurnOfAFailedJournalWriteIsNotAlsoRejected) {
       protocol::Accepted a;
       ASSERT_TRUE(protocol::DecodeAccepted(oh.get(), &a).ok());
       accepted[a.rid] = a;
+      if (a.rid == 1) order.push_back(m.command);
       ++replies;
     } else if (m.command == protocol::kCancelled) {
       ASSERT_TRUE(protocol::DecodeCancelled(oh.get(), &cancelled).ok());
       ++replies;
+    } else if (m.command == protocol::kFinished) {
+      order.push_back(m.command);
     }
   }
+  EXPECT_EQ(order, (std::vector<std::string>{"ACCEPTED", "FINISHED"}));
   ASSERT_TRUE(admin->Command({"ACL", "SETUSER", "default", "+hset"}, &r).ok());
   EXPECT_EQ(cancelled.ids, std::vector<std::string>{id}) << fleet_->Logs();
   EXPECT_EQ(accepted[1].ids, std::vector<std::string>{id});
