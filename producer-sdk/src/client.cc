@@ -192,15 +192,19 @@ Status Client::Run(const Job& job, int timeout_ms, Result* out, std::string* id)
   return Guarded("Run", [&] { return impl_->Run(job, timeout_ms, out, id); });
 }
 
+// Poll and Wait copy the id first: it may be out->id itself (Poll(r.id, &r)), which they
+// overwrite.
 Status Client::Poll(const std::string& id, Result* out) {
-  return Guarded("Poll", [&] { return impl_->Poll(id, out); });
+  const std::string job_id = id;
+  return Guarded("Poll", [&] { return impl_->Poll(job_id, out); });
 }
 
 Status Client::Wait(const std::string& id, int timeout_ms, Result* out) {
+  const std::string job_id = id;
   return Guarded("Wait", [&] {
-    if (!protocol::IsValidJobId(id))
-      return Status::InvalidArgument("job id \"" + id + "\" is not a valid Ferry id");
-    return impl_->Wait(id, timeout_ms, out);
+    if (!protocol::IsValidJobId(job_id))
+      return Status::InvalidArgument("job id \"" + job_id + "\" is not a valid Ferry id");
+    return impl_->Wait(job_id, timeout_ms, out);
   });
 }
 

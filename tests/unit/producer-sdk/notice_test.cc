@@ -222,6 +222,26 @@ TEST_F(ClientNoticeTest, ResultNoticeOnTheNotifyChannelWakesWait) {
   EXPECT_EQ(result.batch_size, 32);
 }
 
+// Poll(r.id, &r) and Wait(r.id, ..., &r): the id may be the out-parameter's own, which the call
+// overwrites. Before, Poll then read the key of an empty id (always pending), and a Wait that
+// timed out crashed on the tracker entry of an empty id.
+TEST_F(ClientNoticeTest, PollAndWaitTakeTheIdOfTheirOwnOutParameter) {
+  Result r;
+  r.id = "aliased-done";
+  WriteDone(redis_, r.id, 7);
+  ASSERT_TRUE(client_->Poll(r.id, &r).ok());
+  EXPECT_EQ(r.state, JobState::kDone);
+  EXPECT_EQ(r.id, "aliased-done");
+  EXPECT_EQ(r.batch_size, 7);
+  Result w;
+  w.id = "aliased-never";
+  EXPECT_EQ(client_->Wait(w.id, 100, &w).code(), codes::kTimeout);
+  EXPECT_EQ(w.id, "aliased-never");
+  w.id = "aliased-done";
+  ASSERT_TRUE(client_->Wait(w.id, 10000, &w).ok());
+  EXPECT_EQ(w.batch_size, 7);
+}
+
 // Notices only at light load: a SUBMIT names the channel while the client tracks at most 64 jobs,
 // the SUBMIT's own included. So a burst of 65 on an idle client asks for none, 64 do, and one
 // more job on top of those 64 does not.
