@@ -1,6 +1,7 @@
 // The submit path of Client::Impl (client_impl.h): SubmitMany and Run, their jobs' big inputs
 // stored in Redis before the SUBMIT, the SUBMIT encoded, and the broker's verdicts read.
 #include <algorithm>
+#include <atomic>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -25,12 +26,14 @@ bool InputsMayBeRead(const Status& rejection) {
 }
 
 // Client::Run's verdict from the broker's reply to its one-job SUBMIT (a reply comes only when
-// the job was not accepted): the job's rejection, or an error.
-Status RunVerdict(const IoThread::Reply& reply, const std::string& id) {
+// the job was not accepted): the job's rejection, or an error (*whole: the SUBMIT was refused as
+// a whole, or its answer was not read; the broker did not look at the job).
+Status RunVerdict(const IoThread::Reply& reply, const std::string& id, bool* whole) {
   msgpack::object_handle body;
   protocol::Accepted accepted;
   Status s = CheckReply(reply, protocol::kAccepted, &body);
   if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
+  *whole = !s.ok();
   // One job per SUBMIT: any rejection is its own (whatever id the broker could read); listed as
   // accepted (a broker that ignores "ack"), it is not one.
   if (s.ok() && !accepted.rejected.empty()) {
@@ -283,17 +286,23 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
   // is this call's verdict, not the id's (another submission of the id may be accepted). The
   // handler runs on the I/O thread, possibly after this call returned: hence the shared verdict.
   auto verdict = std::make_shared<ResultTracker::Verdict>();
+  // Set before the verdict, which the tracker publishes under its lock.
+  auto refused_whole = std::make_shared<std::atomic<bool>>(false);
   auto request = io_->Post(
       rid, protocol::kSubmit, std::move(message),
-      [this, id, verdict](IoThread::Reply reply) {
+      [this, id, verdict, refused_whole](IoThread::Reply reply) {
         Status s;
+        bool whole = true;
         try {
-          s = RunVerdict(reply, id);
+          s = RunVerdict(reply, id, &whole);
         } catch (const std::exception& e) {  // e.g. std::bad_alloc: a lost rejection would
           s = Status::Internal(std::string("reading the broker's reply: ") + e.what());
         }  // leave this Run waiting until its timeout
         // A duplicate is pending already: its result is this job's result.
-        if (!s.ok() && s.code() != codes::kDuplicate) tracker_.Reject(id, verdict.get(), s);
+        if (!s.ok() && s.code() != codes::kDuplicate) {
+          refused_whole->store(whole);
+          tracker_.Reject(id, verdict.get(), s);
+        }
       },
       std::move(frames));
   Status s;
@@ -308,9 +317,13 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
     if (!unsent || s.ok()) return s;  // a timeout with the job sent: the caller may Run again
   }
   tracker_.Untrack({id});  // no result of ours to expect: not sent, rejected, or no Redis
+  // The stored inputs are nobody's: never sent (under an id the SDK made), or rejected -- but a
+  // SUBMIT refused as a whole only under an id the SDK made: the broker did not look at the
+  // job, and a caller's id may be a pending job's (a retry), whose inputs those keys are.
   Status rejection;
   if ((unsent && OwnId(job)) ||
-      (tracker_.Rejected(*verdict, &rejection) && !InputsMayBeRead(rejection))) {
+      (tracker_.Rejected(*verdict, &rejection) && !InputsMayBeRead(rejection) &&
+       (OwnId(job) || !refused_whole->load()))) {
     std::vector<std::string> keys;
     AppendInputKeys(job, id, &keys);
     if (!keys.empty()) (void)store_.Delete(keys);  // else they expire

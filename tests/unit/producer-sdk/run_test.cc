@@ -61,6 +61,40 @@ TEST_F(ClientSubmitTest, RunReturnsRejectionsAndErrors) {
   EXPECT_EQ(broker.submits(), submits) << "the invalid job was sent";
 }
 
+// A Run whose SUBMIT the broker refuses as a whole (ERROR) leaves the stored inputs of a caller's
+// id: the broker read none of the message's jobs, and that id may be a pending job's (a retry),
+// whose inputs those keys are (protocol.md, "Stored inputs"). Those of an id the SDK made go.
+// Before, Run deleted both.
+TEST_F(ClientSubmitTest, ARunRefusedWholeDeletesOnlyTheStoredInputsOfAnIdTheSdkMade) {
+  testutil::RedisServer redis;
+  options_.redis = redis.url();
+  options_.push_results = false;
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::string json;
+  ASSERT_TRUE(client->Stats(&json).ok());  // connected, LIMITS answered
+  broker.set_error_reply(true);
+  auto c = redis.Connect();
+  ASSERT_NE(c, nullptr);
+  auto input_keys = [&] {
+    protocol::RedisReply keys;
+    EXPECT_TRUE(c->Command({"KEYS", "test:input:*"}, &keys).ok());
+    std::vector<std::string> out;
+    for (const auto& k : keys.elements) out.push_back(k.str);
+    return out;
+  };
+  Job job = MakeJob("m", "run-callers-id");
+  job.inputs.push_back(
+      Tensor::From<float>(std::vector<float>(25000), {25000}, DType::kFloat32));  // 100 KB
+  Result r;
+  EXPECT_EQ(client->Run(job, 30000, &r).code(), codes::kMalformed);
+  EXPECT_EQ(input_keys(), std::vector<std::string>{"test:input:run-callers-id:1"});
+  job.id.clear();  // the SDK makes it
+  std::string id;
+  EXPECT_EQ(client->Run(job, 30000, &r, &id).code(), codes::kMalformed);
+  EXPECT_EQ(input_keys(), std::vector<std::string>{"test:input:run-callers-id:1"}) << id;
+}
+
 // A broker from before "ack" answers every SUBMIT with ACCEPTED: Run ignores it and still
 // returns the result.
 TEST_F(ClientSubmitTest, RunWorksWithABrokerThatAlwaysAnswersAccepted) {
