@@ -199,15 +199,18 @@ Status Client::Impl::SubmitOne(const std::vector<const Job*>& jobs, const std::v
   bool unsent = false;
   Status s = io_->Call(rid, protocol::kSubmit, std::move(message), options_.request_timeout_ms,
                        &reply, std::move(frames), &unsent);
+  // An ERROR: the broker (or this client, for too_large) refused the SUBMIT as a whole.
+  const bool refused_whole = s.ok() && reply.command == protocol::kError;
   if (s.ok()) s = CheckReply(reply, protocol::kAccepted, &body);
   if (s.ok()) s = protocol::DecodeAccepted(body.get(), &accepted);
   if (!s.ok()) {
     for (size_t i : part) (*outcomes)[i].status = s;
     tracker_.Untrack(ids);  // maybe accepted: Wait then reads before sleeping
-    // Never sent (and never will be), or refused whole (too_large: by the broker, or over its
-    // limit before sending): nobody reads its stored inputs -- those of jobs whose id the SDK
-    // made (OwnId). The broker did not look at the jobs: a caller's id may be a pending job's.
-    if (unsent || s.code() == codes::kTooLarge) {
+    // Never sent (and never will be), or refused whole (an ERROR: too_large by the broker or
+    // over its limit before sending, malformed, invalid_argument): nobody reads its stored
+    // inputs -- those of jobs whose id the SDK made (OwnId). The broker did not look at the
+    // jobs: a caller's id may be a pending job's.
+    if (unsent || refused_whole) {
       std::vector<std::string> keys;
       for (size_t i : part)
         if (OwnId(*jobs[i])) AppendInputKeys(*jobs[i], (*outcomes)[i].id, &keys);

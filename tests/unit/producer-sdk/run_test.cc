@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -61,11 +62,11 @@ TEST_F(ClientSubmitTest, RunReturnsRejectionsAndErrors) {
   EXPECT_EQ(broker.submits(), submits) << "the invalid job was sent";
 }
 
-// A Run whose SUBMIT the broker refuses as a whole (ERROR) leaves the stored inputs of a caller's
-// id: the broker read none of the message's jobs, and that id may be a pending job's (a retry),
-// whose inputs those keys are (protocol.md, "Stored inputs"). Those of an id the SDK made go.
-// Before, Run deleted both.
-TEST_F(ClientSubmitTest, ARunRefusedWholeDeletesOnlyTheStoredInputsOfAnIdTheSdkMade) {
+// A Run or Submit whose SUBMIT the broker refuses as a whole (ERROR) leaves the stored inputs of
+// a caller's id: the broker read none of the message's jobs, and that id may be a pending job's
+// (a retry), whose inputs those keys are (protocol.md, "Stored inputs"). Those of an id the SDK
+// made go. Before, Run deleted both, and Submit kept both unless the ERROR said too_large.
+TEST_F(ClientSubmitTest, ARefusedSubmitDeletesOnlyTheStoredInputsOfAnIdTheSdkMade) {
   testutil::RedisServer redis;
   options_.redis = redis.url();
   options_.push_results = false;
@@ -81,6 +82,7 @@ TEST_F(ClientSubmitTest, ARunRefusedWholeDeletesOnlyTheStoredInputsOfAnIdTheSdkM
     EXPECT_TRUE(c->Command({"KEYS", "test:input:*"}, &keys).ok());
     std::vector<std::string> out;
     for (const auto& k : keys.elements) out.push_back(k.str);
+    std::sort(out.begin(), out.end());  // (KEYS has no order)
     return out;
   };
   Job job = MakeJob("m", "run-callers-id");
@@ -93,6 +95,12 @@ TEST_F(ClientSubmitTest, ARunRefusedWholeDeletesOnlyTheStoredInputsOfAnIdTheSdkM
   std::string id;
   EXPECT_EQ(client->Run(job, 30000, &r, &id).code(), codes::kMalformed);
   EXPECT_EQ(input_keys(), std::vector<std::string>{"test:input:run-callers-id:1"}) << id;
+  EXPECT_EQ(client->Submit(job, &id).code(), codes::kMalformed);
+  EXPECT_EQ(input_keys(), std::vector<std::string>{"test:input:run-callers-id:1"}) << id;
+  job.id = "submit-callers-id";
+  EXPECT_EQ(client->Submit(job, &id).code(), codes::kMalformed);
+  EXPECT_EQ(input_keys(), (std::vector<std::string>{"test:input:run-callers-id:1",
+                                                    "test:input:submit-callers-id:1"}));
 }
 
 // A broker from before "ack" answers every SUBMIT with ACCEPTED: Run ignores it and still
