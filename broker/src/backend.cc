@@ -55,7 +55,10 @@ void Broker::Impl::HandleBackend(protocol::Message& m) {
   if (m.command == protocol::kDone) {
     HandleDone(m, oh.get());
   } else if (m.command == protocol::kBye) {
-    DropWorker(worker, "said BYE");
+    // A worker says BYE once it wrote the results of every job it received: what it still holds
+    // here never reached it (a CHUNK that crossed its last DONE) and goes back without spending
+    // an attempt.
+    DropWorker(worker, "said BYE", /*spend_attempt=*/false);
   } else if (m.command != protocol::kHeartbeat) {
     telemetry.OnRefusedMessage();
     LimitedWarn(bad_worker_message_log, "unknown worker command " + protocol::Printable(m.command));
@@ -255,10 +258,11 @@ void Broker::Impl::Finish(std::vector<std::unique_ptr<Job>> jobs,
   NotifyFinished(jobs, results, notified);
 }
 
-void Broker::Impl::DropWorker(const std::string& routing_id, const char* why) {
+void Broker::Impl::DropWorker(const std::string& routing_id, const char* why, bool spend_attempt) {
   auto it = scheduler.workers().find(routing_id);
   const std::string name = it != scheduler.workers().end() ? it->second.hello.worker : "?";
-  auto held = scheduler.RemoveWorker(routing_id);  // back in their queues, attempt + 1
+  // Back in their queues, attempt + 1 (unless the worker never got them).
+  auto held = scheduler.RemoveWorker(routing_id, spend_attempt);
   // Those over --max-attempts are poisoned below instead: counted as poisoned, not requeued.
   std::vector<Job*> requeued, poisoned;
   for (Job* job : held) (job->attempt <= options.max_attempts ? requeued : poisoned).push_back(job);

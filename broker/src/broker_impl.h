@@ -130,7 +130,9 @@ struct Broker::Impl {
   void FinishIfStored(const std::vector<std::string>& ids, const std::string& from,
                       const protocol::DoneStatuses& not_done,
                       const std::vector<std::string>& notified);
-  void DropWorker(const std::string& routing_id, const char* why);
+  // Requeues the jobs it held, each with attempt + 1 unless !spend_attempt (they never reached
+  // it); those past --max-attempts are poisoned.
+  void DropWorker(const std::string& routing_id, const char* why, bool spend_attempt = true);
   // Journal removal + FINISHED (carrying `results`, the DONE's inline results, if any; none
   // for the DONE's `notified` jobs).
   void Finish(std::vector<std::unique_ptr<Job>> jobs, const protocol::InlineResults& results = {},

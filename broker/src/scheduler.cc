@@ -200,7 +200,7 @@ size_t Scheduler::Claim(const std::string& routing_id, const std::vector<std::st
   return taken;
 }
 
-std::vector<Job*> Scheduler::RemoveWorker(const std::string& routing_id) {
+std::vector<Job*> Scheduler::RemoveWorker(const std::string& routing_id, bool spend_attempt) {
   std::vector<Job*> requeued;
   auto it = workers_.find(routing_id);
   if (it == workers_.end()) return requeued;
@@ -218,7 +218,7 @@ std::vector<Job*> Scheduler::RemoveWorker(const std::string& routing_id) {
   for (Job* job : held) {
     job->phase = JobPhase::kQueued;
     job->worker.clear();
-    ++job->attempt;
+    if (spend_attempt) ++job->attempt;
     Enqueue(job, /*front=*/true);
     requeued.push_back(job);
   }

@@ -126,10 +126,11 @@ class Scheduler {
   // dispatched (counted in counters().dispatched).
   size_t Claim(const std::string& routing_id, const std::vector<std::string>& ids,
                std::vector<const Job*>* were_waiting = nullptr);
-  // Removes a worker; its in-flight jobs go back to the front of their queues with attempt+1.
+  // Removes a worker; its in-flight jobs go back to the front of their queues, with attempt+1
+  // when `spend_attempt` (not for jobs that never reached it: its BYE).
   // Returns the requeued jobs; the caller counts them (counters().requeued), less those it
   // poisons (counters().poisoned).
-  std::vector<Job*> RemoveWorker(const std::string& routing_id);
+  std::vector<Job*> RemoveWorker(const std::string& routing_id, bool spend_attempt = true);
   // Workers silent since before `deadline_us` (monotonic).
   std::vector<std::string> SilentWorkers(int64_t deadline_us) const;
 

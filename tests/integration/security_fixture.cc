@@ -103,14 +103,14 @@ std::string RawRecv(zmq::socket_t& s, int timeout_ms, protocol::Message* out) {
   return command;
 }
 
-std::string WorkerRecv(zmq::socket_t& s, int timeout_ms) {
+std::string WorkerRecv(zmq::socket_t& s, int timeout_ms, protocol::Message* out) {
   using Clock = std::chrono::steady_clock;
   const Clock::time_point deadline = Clock::now() + std::chrono::milliseconds(timeout_ms);
   std::string command;
   do {
     const auto left =
         std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-    command = RawRecv(s, static_cast<int>(std::max<int64_t>(left, 0)));
+    command = RawRecv(s, static_cast<int>(std::max<int64_t>(left, 0)), out);
   } while (command == protocol::kHeartbeat);
   return command;
 }

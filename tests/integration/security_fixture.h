@@ -59,7 +59,7 @@ std::string RawRecv(zmq::socket_t& s, int timeout_ms, protocol::Message* out = n
 
 // RawRecv for a raw worker: HEARTBEATs are skipped (the broker sends one to every worker each
 // --heartbeat-ms, in between whatever else it sends).
-std::string WorkerRecv(zmq::socket_t& s, int timeout_ms);
+std::string WorkerRecv(zmq::socket_t& s, int timeout_ms, protocol::Message* out = nullptr);
 
 // A SUBMIT body of one `tiny` job `id` with an [8] float32 input (and `notify`, when not "").
 zmq::message_t SubmitBody(const std::string& id, const std::string& model = "tiny",

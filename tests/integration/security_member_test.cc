@@ -130,6 +130,34 @@ TEST_F(Curve, ALateDoneTellsHowItsJobsEndedAndWhichWereNotified) {
   EXPECT_EQ(Metric(finished, {{"model", "head"}, {"status", "done"}}), 1);
 }
 
+// A worker's BYE says it wrote the results of every job it received: a job the broker still
+// counts as its (a CHUNK that crossed the worker's last DONE) never reached it, and goes to the
+// next worker without spending an attempt. Before, it went with attempt + 1, and a job already
+// at --max-attempts was poisoned without ever having run.
+TEST_F(Curve, AJobHeldByAWorkerThatSaysByeGoesOnWithoutSpendingAnAttempt) {
+  zmq::socket_t leaving = RawWorker(0, {"head"}, 1);
+  ASSERT_TRUE(testutil::WaitFor([&] { return Workers() == 2; }, std::chrono::seconds(20)))
+      << fleet_->Logs();
+  client::Job job = TinyJob("crossed-the-bye");
+  job.model = "head";
+  std::string id;
+  ASSERT_TRUE(client_->Submit(job, &id).ok());
+  ASSERT_EQ(WorkerRecv(leaving, 10000), "CHUNK");  // (as if it had not arrived yet)
+  RawSend(leaving, "BYE", protocol::EncodeEmpty());
+  zmq::socket_t next = RawWorker(1, {"head"}, 1);
+  protocol::Message m;
+  ASSERT_EQ(WorkerRecv(next, 10000, &m), "CHUNK") << fleet_->Logs();
+  msgpack::object_handle oh;
+  ASSERT_TRUE(protocol::UnpackMap(m.body.data(), m.body.size(), &oh).ok());
+  const msgpack::object* jobs = protocol::Find(oh.get(), "jobs");
+  ASSERT_TRUE(jobs != nullptr && jobs->type == msgpack::type::ARRAY && jobs->via.array.size == 1);
+  protocol::ChunkJob entry;
+  ASSERT_TRUE(protocol::DecodeChunkEntry(jobs->via.array.ptr[0], &entry).ok());
+  EXPECT_EQ(entry.id, id);
+  EXPECT_EQ(entry.attempt, 1);
+  EXPECT_EQ(Counter(*client_, "requeued"), 1);
+}
+
 TEST_F(Curve, OnlyTheOwnerOrAnOperatorCancelsAJob) {
   // A job that waits in the queue: raw0 holds the first `head` job and never answers.
   zmq::socket_t holder = RawWorker(0, {"head"}, 1);
