@@ -27,8 +27,9 @@
 // the write instead of after DONE and FINISHED travel through the broker. A Redis that refuses
 // the script (or PUBLISH) gets plain SETs from then on (logged once).
 //
-// A job whose inputs the producer stored in Redis (Keys::Input) has them deleted in the same
-// pipeline, after its write: the job is finished, whichever result won.
+// A job whose inputs the producer stored in Redis (Keys::Input) has them deleted once its result
+// is decided (stored, or another found there), never beside the write: with the next batch's
+// writes, or at once when idle (tried again each second if Redis refuses, and once more at Stop).
 //
 // Thread-safety: Submit and the accessors from any thread; Start/Stop from one owner.
 
