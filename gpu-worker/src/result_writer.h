@@ -29,7 +29,7 @@
 //
 // A job whose inputs the producer stored in Redis (Keys::Input) has them deleted once its result
 // is decided (stored, or another found there), never beside the write: with the next batch's
-// writes, or at once when idle (tried again each second if Redis refuses, and once more at Stop).
+// writes, or at once when idle (a DEL Redis fails to take then waits for the next batch).
 //
 // Thread-safety: Submit and the accessors from any thread; Start/Stop from one owner.
 
