@@ -116,10 +116,11 @@ class Client::Impl {
   static bool OwnId(const Job& job) { return job.id.empty(); }
   // The Redis keys of `job`'s stored inputs, appended to *keys.
   void AppendInputKeys(const Job& job, const std::string& id, std::vector<std::string>* keys) const;
-  // Writes the stored inputs of jobs[i], i in `part` (one round trip), before their SUBMIT. When
-  // that fails, deletes those of jobs with OwnId again (some may have been written).
+  // Writes the stored inputs of jobs[i], i in `part` (one round trip, within `timeout_ms` when
+  // > 0 and shorter than request_timeout_ms), before their SUBMIT. When that fails, deletes those
+  // of jobs with OwnId again (some may have been written).
   Status StoreInputs(const std::vector<const Job*>& jobs, const std::vector<size_t>& part,
-                     const std::vector<SubmitOutcome>& outcomes);
+                     const std::vector<SubmitOutcome>& outcomes, int timeout_ms = 0);
   // Sends items 0..count-1 in as few messages as the limits allow (MessageLimits, read again for
   // each message): at most its count of items, and `header_bytes` plus their `item_bytes` under
   // its bytes (an item bigger alone goes alone). `send(begin, end)` sends items [begin, end) as

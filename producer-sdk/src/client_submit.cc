@@ -2,6 +2,7 @@
 // stored in Redis before the SUBMIT, the SUBMIT encoded, and the broker's verdicts read.
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -247,7 +248,7 @@ void Client::Impl::AppendInputKeys(const Job& job, const std::string& id,
 
 Status Client::Impl::StoreInputs(const std::vector<const Job*>& jobs,
                                  const std::vector<size_t>& part,
-                                 const std::vector<SubmitOutcome>& outcomes) {
+                                 const std::vector<SubmitOutcome>& outcomes, int timeout_ms) {
   std::vector<std::string> keys, own_keys;
   std::vector<std::string_view> values;
   for (size_t i : part) {
@@ -259,7 +260,7 @@ Status Client::Impl::StoreInputs(const std::vector<const Job*>& jobs,
       if (OwnId(j)) own_keys.push_back(keys.back());
     }
   }
-  Status s = store_.PutInputs(keys, values, options_.input_ttl_s);
+  Status s = store_.PutInputs(keys, values, options_.input_ttl_s, timeout_ms);
   if (s.ok()) return Status::Ok();
   // Some SETs may have gone through (Redis at maxmemory takes the first ones, then answers OOM;
   // a timeout may come after all of them): the SUBMIT is not sent, so nobody reads them (those of
@@ -281,7 +282,16 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
   // A Run again after a timeout whose result has come since: nothing to send.
   if (tracker_.Finished(id)) return tracker_.Wait(id, timeout_ms, out);
 
-  FERRY_RETURN_IF_ERROR(StoreInputs({&job}, {0}, outcome));
+  // One deadline for the whole call: storing the inputs (a stalled Redis) spends it too.
+  const auto start = std::chrono::steady_clock::now();
+  const int requested_ms = timeout_ms;
+  FERRY_RETURN_IF_ERROR(StoreInputs({&job}, {0}, outcome, std::max(timeout_ms, 0)));
+  if (timeout_ms > 0) {
+    const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(
+                           std::chrono::steady_clock::now() - start)
+                           .count();
+    timeout_ms = static_cast<int>(std::max<int64_t>(1, timeout_ms - spent));
+  }
   const int64_t rid = io_->NextRid();
   std::vector<zmq::message_t> frames;
   zmq::message_t message = EncodeSubmit({&job}, {0}, outcome, rid, /*ack=*/false, &frames);
@@ -334,7 +344,7 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
   if (unsent) {
     const std::string why = io_->handshake_error();
     return Status::Unavailable("no broker at " + options_.frontend + " took the job within " +
-                               std::to_string(timeout_ms) + " ms (" +
+                               std::to_string(requested_ms) + " ms (" +
                                (why.empty() ? "is ferry-broker running and reachable?" : why) +
                                "); it was not sent");
   }

@@ -36,11 +36,12 @@ Status RedisStore::Read(const std::string& id, Result* out, bool consume, int ti
   if (shorter) conn->SetTimeout(timeout_ms);
   std::vector<std::optional<std::string>> values;
   Status s = conn->GetMany({key}, &values);
-  if (shorter) conn->SetTimeout(timeout_ms_);  // the store's again: for the DEL and the pool
   // Deleted only now that the whole record is here (a GETDEL whose reply were cut off would have
   // lost it), and at once: Redis reuses the memory for the next result (with a deleter thread
-  // later, several results alive at once, 1 MB results ran at 0.85-0.88x in paired runs).
+  // later, several results alive at once, 1 MB results ran at 0.85-0.88x in paired runs). Within
+  // the read's bound too: one that runs out leaves the result to expire.
   if (s.ok() && consume && values[0]) (void)DeleteResultKeys(conn.get(), {key});
+  if (shorter) conn->SetTimeout(timeout_ms_);  // the store's again, for the pool
   Release(std::move(conn));
   FERRY_RETURN_IF_ERROR(s);
   if (!values[0]) return Status::Ok();
@@ -85,15 +86,19 @@ Status RedisStore::DeleteResultKeys(protocol::RedisClient* conn,
 }
 
 Status RedisStore::PutInputs(const std::vector<std::string>& keys,
-                             const std::vector<std::string_view>& values, int64_t ttl_s) {
+                             const std::vector<std::string_view>& values, int64_t ttl_s,
+                             int timeout_ms) {
   if (keys.empty()) return Status::Ok();
+  const bool shorter = timeout_ms > 0 && timeout_ms < timeout_ms_;
   std::unique_ptr<protocol::RedisClient> conn;
-  FERRY_RETURN_IF_ERROR(Acquire(&conn));
+  FERRY_RETURN_IF_ERROR(Acquire(&conn, shorter ? timeout_ms : 0));
+  if (shorter) conn->SetTimeout(timeout_ms);
   const std::string ttl = std::to_string(ttl_s);
   // By reference: the values (the caller's tensors) go from where they are, not copied.
   for (size_t i = 0; i < keys.size(); ++i)
     conn->AppendByRef({"SET", keys[i], values[i], "EX", ttl});
-  Status s = conn->Flush(nullptr);  // the first error reply, if any
+  Status s = conn->Flush(nullptr);             // the first error reply, if any
+  if (shorter) conn->SetTimeout(timeout_ms_);  // the store's again, for the pool
   Release(std::move(conn));
   return s;
 }

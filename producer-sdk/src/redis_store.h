@@ -38,10 +38,11 @@ class RedisStore {
   // malformed/invalid_argument (not a result record).
   Status Read(const std::string& id, Result* out, bool consume = false, int timeout_ms = 0);
 
-  // Writes values[i] under keys[i], each expiring after ttl_s, in one pipelined round trip.
+  // Writes values[i] under keys[i], each expiring after ttl_s, in one pipelined round trip
+  // (bounded by `timeout_ms` (> 0) instead of the store's timeout when it is shorter).
   // unavailable when Redis cannot be reached; internal when it refuses a write.
   Status PutInputs(const std::vector<std::string>& keys,
-                   const std::vector<std::string_view>& values, int64_t ttl_s);
+                   const std::vector<std::string_view>& values, int64_t ttl_s, int timeout_ms = 0);
   // Deletes the results of `ids` in one round trip: DEL, or for an ACL user that may not DEL
   // results (one set up before this SDK: GETDEL only) GETDEL, whose values are skipped as they
   // arrive; after one NOPERM, GETDEL from then on.

@@ -3,6 +3,7 @@
 // it accepted the job -- and against no broker at all.
 
 #include <gtest/gtest.h>
+#include <signal.h>
 
 #include <algorithm>
 #include <chrono>
@@ -119,6 +120,34 @@ TEST_F(ClientSubmitTest, RunWorksWithABrokerThatAlwaysAnswersAccepted) {
     EXPECT_EQ(r.id, id);
   }
   EXPECT_EQ(broker.unacked_submits(), 20);
+}
+
+// A Run's timeout bounds the whole call: a stalled Redis (stopped: it accepts connections and
+// never answers) holds the storing of the Run's big input no longer than that, not for the
+// client's request_timeout_ms (here a minute). Before, the Run took that minute.
+TEST_F(ClientSubmitTest, ARunsTimeoutBoundsStoringItsInputsInAStalledRedis) {
+  testutil::RedisServer redis;
+  options_.redis = redis.url();
+  options_.push_results = false;
+  options_.request_timeout_ms = 60000;
+  ScriptedFrontend broker(port_);
+  auto client = MakeClient();
+  std::string json;
+  ASSERT_TRUE(client->Stats(&json).ok());  // connected, LIMITS answered
+  Job job = MakeJob("m", "run-stalled");
+  job.inputs.push_back(
+      Tensor::From<float>(std::vector<float>(25000), {25000}, DType::kFloat32));  // 100 KB
+  redis.Signal(SIGSTOP);
+  const auto start = std::chrono::steady_clock::now();
+  Result r;
+  Status s = client->Run(job, 500, &r);
+  const int64_t took_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::steady_clock::now() - start)
+                              .count();
+  redis.Signal(SIGCONT);
+  EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
+  EXPECT_LT(took_ms, 30000) << "the Run waited for request_timeout_ms";
+  EXPECT_EQ(broker.submits(), 0) << "sent before its inputs were stored";
 }
 
 // A Run that timed out, run again after its result came: returns the result and sends nothing.
