@@ -209,12 +209,13 @@ class AsyncClient:
         raise first
 
     @staticmethod
-    async def _store_inputs(engine, preps):
-        """Writes the jobs' stored inputs before their SUBMIT; if that fails or is cancelled
-        partway (Redis took some, then refused one; asyncio.wait_for around a run), deletes them
-        again: the SUBMIT is not sent, so nobody reads them (StoredInputs.delete_unsent)."""
+    async def _store_inputs(engine, preps, timeout=None):
+        """Writes the jobs' stored inputs before their SUBMIT (within `timeout` s, when not None:
+        a run's); if that fails or is cancelled partway (Redis took some, then refused one;
+        asyncio.wait_for around a run), deletes them again: the SUBMIT is not sent, so nobody
+        reads them (StoredInputs.delete_unsent)."""
         try:
-            await engine.inputs.store(preps)
+            await engine.inputs.store(preps, timeout)
         except BaseException:
             if not engine.closed:
                 engine.inputs.delete_unsent(preps)
@@ -287,8 +288,8 @@ class AsyncClient:
                     return  # Redis is away: the next silence tries again
             engine.queue_run(job)
 
-        if prep.stored:
-            await self._store_inputs(engine, [prep])
+        if prep.stored:  # within the run's timeout: a stalled Redis holds it no longer
+            await self._store_inputs(engine, [prep], timeout)
         engine.results.track((id,))
         engine.queue_run(job)
         ok = False

@@ -22,9 +22,10 @@ class StoredInputs:
         self.ttl_s = ttl_s
         self.timeout = timeout  # s: the bound on the deletions made at close
 
-    async def store(self, preps):
-        """Writes the stored inputs of these jobs to Redis, one round trip."""
-        await self._set([stored for p in preps if p.stored for stored in p.stored])
+    async def store(self, preps, timeout=None):
+        """Writes the stored inputs of these jobs to Redis, one round trip (within `timeout` s,
+        as execute's)."""
+        await self._set([stored for p in preps if p.stored for stored in p.stored], timeout)
 
     async def refresh(self, prep, timeout=None):
         """Before a resubmit: renews the expiry of the job's stored inputs (EXPIRE, a few bytes

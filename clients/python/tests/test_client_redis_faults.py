@@ -1,6 +1,7 @@
 """The clients when Redis misbehaves: a consuming read cut off, an error reply, a user that may
 only GETDEL, a stalled server (each wait ends at its own timeout, the connection closes, no
-resubmit goes out past a run's timeout), and the keepalive of the result subscription."""
+resubmit goes out past a run's timeout, nor does the storing of its input), and the keepalive of
+the result subscription."""
 
 import asyncio
 import threading
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 
 import ferry
-from conftest import done_record, stub_broker, uid
+from conftest import done_record, spy_submits, stub_broker, uid
 from fleet import wait_for
 
 
@@ -294,3 +295,31 @@ def test_a_run_on_a_stalled_redis_sends_no_resubmit_past_its_timeout(models_dir)
     assert [name for name, _ in calls[:2]] == ["store", "queue_run"], calls  # the first
     late = [(name, at - deadline) for name, at in calls if at >= deadline]
     assert not late, "resubmitted past the run's deadline: %s" % late
+
+
+def test_a_runs_timeout_bounds_storing_its_input_in_a_stalled_redis(models_dir):
+    # Redis stopped (SIGSTOP) before a run whose input is stored in Redis: the SET of the input
+    # gets no reply, and the run gives up at its own timeout (0.5 s), not after the client's
+    # request timeout (30 s here), as the C++ SDK's Run does. Nothing was sent to the broker.
+    import signal
+    from fleet import Fleet
+    x = np.arange(50000, dtype=np.float32)  # 200 KB: stored in Redis
+    f = Fleet(models_dir, workers=0)
+
+    async def main():
+        async with ferry.AsyncClient(f.frontend, f.redis_url, request_timeout_ms=30000) as c:
+            assert await c.poll(uid("stall")) is None  # connected to Redis
+            sent = spy_submits(c._get_engine())
+            f.redis_proc.send_signal(signal.SIGSTOP)
+            try:
+                started = time.monotonic()
+                with pytest.raises(ferry.Unavailable):
+                    await c.run("tiny", x, timeout=0.5)
+                assert time.monotonic() - started < 15, "held for the request timeout"
+            finally:
+                f.redis_proc.send_signal(signal.SIGCONT)
+            assert sent == []
+    try:
+        asyncio.run(main())
+    finally:
+        f.stop()
