@@ -434,7 +434,12 @@ void BrokerLink::SendDone(const DoneReport& report, bool bye) {
     split.back().ids.push_back(id);
     part_bytes += bytes;
   }
-  split[0].duplicates = report.duplicates;
+  // A count, not ids: spread so that no part claims more than its ids (the broker caps it there).
+  int64_t duplicates = report.duplicates;
+  for (auto& p : split) {
+    p.duplicates = std::min<int64_t>(duplicates, static_cast<int64_t>(p.ids.size()));
+    duplicates -= p.duplicates;
+  }
   auto part = [&](const std::string& id) -> DoneReport& {
     auto it = part_of.find(id);
     return split[it != part_of.end() ? it->second : 0];

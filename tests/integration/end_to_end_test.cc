@@ -18,6 +18,8 @@
 
 #include "end_to_end_fixture.h"
 #include "ferry/client.h"
+#include "ferry/protocol/keys.h"
+#include "ferry/protocol/redis.h"
 #include "ferry/protocol/wire.h"
 #include "fleet.h"
 #include "process.h"
@@ -332,6 +334,35 @@ TEST_F(EndToEnd, ABatchOfMoreThan4096JobsIsReportedWhole) {
     }
   }
   EXPECT_GT(biggest, protocol::kMaxMapEntries) << "no batch was big enough to test this";
+}
+
+// The same batch when every job's result is already in Redis: each write is a duplicate, and the
+// worker's several DONEs report them all, each no more than its own ids (the broker caps a
+// DONE's claim there). Before, the first DONE claimed all 8,192 and the broker counted 4,096.
+TEST_F(EndToEnd, DuplicatesOfABatchReportedInSeveralDonesAreAllCounted) {
+  FleetOptions o{1};
+  o.max_batch = 8192;
+  o.worker_args = {"--instances", "1"};
+  StartFleet(o);
+  auto c = Connect(*fleet_, /*push_results=*/false);
+  auto redis = fleet_->redis().Connect();
+  ASSERT_TRUE(redis);
+  std::vector<Job> jobs;
+  for (uint32_t i = 0; i < 8192; ++i) {
+    jobs.push_back(TinyJob(i % 11));
+    jobs.back().id = "dup-" + std::to_string(i);
+    redis->Append({"SET", protocol::Keys().Result(jobs.back().id), "an earlier result"});
+  }
+  std::vector<protocol::RedisReply> replies;
+  ASSERT_TRUE(redis->Flush(&replies).ok());
+  std::vector<SubmitOutcome> outcomes;
+  ASSERT_TRUE(c->SubmitMany(jobs, &outcomes).ok());
+  for (const auto& outcome : outcomes)
+    ASSERT_TRUE(outcome.status.ok()) << outcome.status.ToString();
+  EXPECT_TRUE(NothingPending(*c)) << fleet_->Logs();
+  std::string stats;
+  ASSERT_TRUE(c->Stats(&stats).ok());
+  EXPECT_NE(stats.find("\"duplicates\":8192"), std::string::npos) << stats;
 }
 
 // A batch whose inline results outweigh both what the broker takes from producers in one
