@@ -5,7 +5,6 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
-#include <algorithm>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -20,6 +19,7 @@ namespace {
 
 using client_test::ClientSubmitTest;
 using client_test::DoneRecord;
+using client_test::InputKeys;
 using client_test::MakeJob;
 using client_test::ScriptedFrontend;
 
@@ -76,32 +76,22 @@ TEST_F(ClientSubmitTest, ARefusedSubmitDeletesOnlyTheStoredInputsOfAnIdTheSdkMad
   std::string json;
   ASSERT_TRUE(client->Stats(&json).ok());  // connected, LIMITS answered
   broker.set_error_reply(true);
-  auto c = redis.Connect();
-  ASSERT_NE(c, nullptr);
-  auto input_keys = [&] {
-    protocol::RedisReply keys;
-    EXPECT_TRUE(c->Command({"KEYS", "test:input:*"}, &keys).ok());
-    std::vector<std::string> out;
-    for (const auto& k : keys.elements) out.push_back(k.str);
-    std::sort(out.begin(), out.end());  // (KEYS has no order)
-    return out;
-  };
   Job job = MakeJob("m", "run-callers-id");
   job.inputs.push_back(
       Tensor::From<float>(std::vector<float>(25000), {25000}, DType::kFloat32));  // 100 KB
   Result r;
   EXPECT_EQ(client->Run(job, 30000, &r).code(), codes::kMalformed);
-  EXPECT_EQ(input_keys(), std::vector<std::string>{"test:input:run-callers-id:1"});
+  EXPECT_EQ(InputKeys(redis), std::vector<std::string>{"test:input:run-callers-id:1"});
   job.id.clear();  // the SDK makes it
   std::string id;
   EXPECT_EQ(client->Run(job, 30000, &r, &id).code(), codes::kMalformed);
-  EXPECT_EQ(input_keys(), std::vector<std::string>{"test:input:run-callers-id:1"}) << id;
+  EXPECT_EQ(InputKeys(redis), std::vector<std::string>{"test:input:run-callers-id:1"}) << id;
   EXPECT_EQ(client->Submit(job, &id).code(), codes::kMalformed);
-  EXPECT_EQ(input_keys(), std::vector<std::string>{"test:input:run-callers-id:1"}) << id;
+  EXPECT_EQ(InputKeys(redis), std::vector<std::string>{"test:input:run-callers-id:1"}) << id;
   job.id = "submit-callers-id";
   EXPECT_EQ(client->Submit(job, &id).code(), codes::kMalformed);
-  EXPECT_EQ(input_keys(), (std::vector<std::string>{"test:input:run-callers-id:1",
-                                                    "test:input:submit-callers-id:1"}));
+  EXPECT_EQ(InputKeys(redis), (std::vector<std::string>{"test:input:run-callers-id:1",
+                                                        "test:input:submit-callers-id:1"}));
 }
 
 // A broker from before "ack" answers every SUBMIT with ACCEPTED: Run ignores it and still

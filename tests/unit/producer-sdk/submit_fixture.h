@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <functional>
 #include <memory>
@@ -85,6 +86,16 @@ inline int64_t CommandCalls(testutil::RedisServer& redis, const std::string& com
   const std::string key = "cmdstat_" + command + ":calls=";
   size_t at = reply.str.find(key);
   return at == std::string::npos ? 0 : std::stoll(reply.str.substr(at + key.size()));
+}
+
+// The stored-input keys in `redis` ("test:input:*"), sorted.
+inline std::vector<std::string> InputKeys(testutil::RedisServer& redis) {
+  protocol::RedisReply keys;
+  EXPECT_TRUE(redis.Connect()->Command({"KEYS", "test:input:*"}, &keys).ok());
+  std::vector<std::string> out;
+  for (const auto& k : keys.elements) out.push_back(k.str);
+  std::sort(out.begin(), out.end());  // (KEYS has no order)
+  return out;
 }
 
 // Stores DoneRecord(id, batch_size) as id's result, as a worker does.

@@ -20,6 +20,7 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 using client_test::ClientSubmitTest;
+using client_test::InputKeys;
 using client_test::MakeJob;
 using client_test::ScriptedFrontend;
 using std::chrono::milliseconds;
@@ -65,16 +66,7 @@ TEST_F(ClientSubmitTest, StoredInputsOfASubmitNeverSentAreDeleted) {
   options_.push_results = false;
   options_.request_timeout_ms = 300;
   auto client = MakeClient();  // options_.frontend: a free port, nothing listening
-  auto c = redis.Connect();
-  ASSERT_NE(c, nullptr);
-  auto input_keys = [&] {
-    protocol::RedisReply keys;
-    EXPECT_TRUE(c->Command({"KEYS", "test:input:*"}, &keys).ok());
-    std::vector<std::string> out;
-    for (const auto& k : keys.elements) out.push_back(k.str);
-    return out;
-  };
-  Job job = MakeJob("m");  // the SDK makes its id
+  Job job = MakeJob("m");      // the SDK makes its id
   job.inputs.push_back(
       Tensor::From<float>(std::vector<float>(25000), {25000}, DType::kFloat32));  // 100 KB
   std::string id;
@@ -82,12 +74,12 @@ TEST_F(ClientSubmitTest, StoredInputsOfASubmitNeverSentAreDeleted) {
   EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
   EXPECT_NE(s.message().find("not sent"), std::string::npos) << s.message();
   EXPECT_EQ(client_test::CommandCalls(redis, "set"), 1) << "the big input was not stored";
-  EXPECT_EQ(input_keys(), std::vector<std::string>{}) << "the input of " << id << " was left";
+  EXPECT_EQ(InputKeys(redis), std::vector<std::string>{}) << "the input of " << id << " was left";
 
   job.id = "unsent-1";  // the caller's id
   s = client->Submit(job, &id);
   EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
-  EXPECT_EQ(input_keys(), std::vector<std::string>{"test:input:unsent-1:1"});
+  EXPECT_EQ(InputKeys(redis), std::vector<std::string>{"test:input:unsent-1:1"});
 }
 
 // Redis refusing to store a big input fails the Submit before anything is sent: at maxmemory
