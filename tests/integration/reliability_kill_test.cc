@@ -328,7 +328,10 @@ TEST(Reliability, AJobRunningWhenTheBrokerDiesEndsDoneThoughItsDeadlinePassedMea
   Fleet fleet(fo);
   ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
   auto c = MakeClient(fleet, 1000);
-  Job running = SlowJob("deadline-running", 8000);     // seconds on the executor
+  // Seconds on the executor (0.13 ms a step on this VM, about 1 ms on others): it must outlive
+  // the broker's kill (up to 3 s after the submit) and its restart (3.5 s), or its DONE reaches
+  // the first broker and there is nothing to restore. (8,000 steps, once thought 8 s, took 1 s.)
+  Job running = SlowJob("deadline-running", 40000);
   running.timeout_ms = 3000;                           // it starts at once: well within
   Job prefetched = SlowJob("deadline-prefetched", 1);  // the worker's second slot, no deadline
   Job waiting = SlowJob("deadline-waiting", 1);        // at the broker, behind the two
@@ -344,7 +347,7 @@ TEST(Reliability, AJobRunningWhenTheBrokerDiesEndsDoneThoughItsDeadlinePassedMea
   // Not synchronisation: the broker stays down until both deadlines have passed.
   std::this_thread::sleep_until(submitted + std::chrono::milliseconds(3500));
   fleet.StartBroker();
-  const auto results = WaitAll(*c, {running.id, prefetched.id, waiting.id}, 60000);
+  const auto results = WaitAll(*c, {running.id, prefetched.id, waiting.id}, 120000);
   EXPECT_EQ(results.at(running.id).state, JobState::kDone)
       << results.at(running.id).error.ToString() << fleet.Logs();
   EXPECT_EQ(results.at(running.id).attempt, 1) << "it ran once, on the worker that had it";
