@@ -260,12 +260,19 @@ Status Client::Impl::StoreInputs(const std::vector<const Job*>& jobs,
       if (OwnId(j)) own_keys.push_back(keys.back());
     }
   }
+  const auto start = std::chrono::steady_clock::now();
   Status s = store_.PutInputs(keys, values, options_.input_ttl_s, timeout_ms);
   if (s.ok()) return Status::Ok();
   // Some SETs may have gone through (Redis at maxmemory takes the first ones, then answers OOM;
   // a timeout may come after all of them): the SUBMIT is not sent, so nobody reads them (those of
-  // jobs with ids the SDK made: OwnId).
-  if (!own_keys.empty()) (void)store_.Delete(own_keys);  // else they expire
+  // jobs with ids the SDK made: OwnId). Within what is left of `timeout_ms`, if any.
+  int64_t left = 0;
+  if (timeout_ms > 0)
+    left = timeout_ms - std::chrono::duration_cast<std::chrono::milliseconds>(
+                            std::chrono::steady_clock::now() - start)
+                            .count();
+  if (!own_keys.empty() && (timeout_ms <= 0 || left > 0))
+    (void)store_.Delete(own_keys, static_cast<int>(left));  // else they expire
   return Status(s.code(), "storing big inputs in Redis: " + s.message());
 }
 

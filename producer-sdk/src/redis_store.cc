@@ -103,16 +103,19 @@ Status RedisStore::PutInputs(const std::vector<std::string>& keys,
   return s;
 }
 
-Status RedisStore::Delete(const std::vector<std::string>& keys) {
+Status RedisStore::Delete(const std::vector<std::string>& keys, int timeout_ms) {
   if (keys.empty()) return Status::Ok();
+  const bool shorter = timeout_ms > 0 && timeout_ms < timeout_ms_;
   std::unique_ptr<protocol::RedisClient> conn;
-  FERRY_RETURN_IF_ERROR(Acquire(&conn));
+  FERRY_RETURN_IF_ERROR(Acquire(&conn, shorter ? timeout_ms : 0));
+  if (shorter) conn->SetTimeout(timeout_ms);
   std::vector<std::string_view> argv{"DEL"};
   for (const auto& k : keys) argv.push_back(k);
   protocol::RedisReply reply;
   Status s = conn->Command(argv, &reply);
-  if (s.code() == codes::kUnavailable && !conn->connected())
-    s = conn->Command(argv, &reply);  // it reconnects
+  if (!shorter && s.code() == codes::kUnavailable && !conn->connected())
+    s = conn->Command(argv, &reply);           // it reconnects
+  if (shorter) conn->SetTimeout(timeout_ms_);  // the store's again, for the pool
   Release(std::move(conn));
   return s;
 }

@@ -49,7 +49,8 @@ class RedisStore {
   Status DeleteResults(const std::vector<std::string>& ids);
   // Deletes `keys` (one round trip; a second, on a new connection, when the first connection
   // was found broken: Redis may have closed a pooled one, as it does after a protocol error).
-  Status Delete(const std::vector<std::string>& keys);
+  // With `timeout_ms` (> 0, shorter than the store's): one round trip within it.
+  Status Delete(const std::vector<std::string>& keys, int timeout_ms = 0);
 
  private:
   // A pooled connection, or a new one (connecting within `timeout_ms`, or the store's: 0).

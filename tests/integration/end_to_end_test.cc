@@ -363,6 +363,11 @@ TEST_F(EndToEnd, DuplicatesOfABatchReportedInSeveralDonesAreAllCounted) {
   std::string stats;
   ASSERT_TRUE(c->Stats(&stats).ok());
   EXPECT_NE(stats.find("\"duplicates\":8192"), std::string::npos) << stats;
+  // One chunk of the 8,192: one batch, whose report the worker had to split.
+  EXPECT_TRUE(stats.find("\"chunks\":1,") != std::string::npos ||
+              stats.find("\"chunks\":1}") != std::string::npos)
+      << "the jobs went in several chunks: nothing to split\n"
+      << stats;
 }
 
 // A batch whose inline results outweigh both what the broker takes from producers in one
