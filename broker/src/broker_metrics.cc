@@ -127,7 +127,7 @@ void BrokerMetrics::OnDone(const std::vector<std::unique_ptr<Job>>& jobs,
       m = Model(j->model);
       model = &j->model;
     }
-    const auto it = failed.empty() ? failed.end() : failed.find(j->id);
+    const auto it = failed.find(j->id);
     m->finished[it == failed.end() ? kDone : it->second]->Inc();
     m->latency->Observe(Seconds(now_us - j->submitted_us));
   }

@@ -2,7 +2,6 @@
 // stored in Redis before the SUBMIT, the SUBMIT encoded, and the broker's verdicts read.
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -260,17 +259,14 @@ Status Client::Impl::StoreInputs(const std::vector<const Job*>& jobs,
       if (OwnId(j)) own_keys.push_back(keys.back());
     }
   }
-  const auto start = std::chrono::steady_clock::now();
+  const int64_t start_us = protocol::MonotonicMicros();
   Status s = store_.PutInputs(keys, values, options_.input_ttl_s, timeout_ms);
   if (s.ok()) return Status::Ok();
   // Some SETs may have gone through (Redis at maxmemory takes the first ones, then answers OOM;
   // a timeout may come after all of them): the SUBMIT is not sent, so nobody reads them (those of
   // jobs with ids the SDK made: OwnId). Within what is left of `timeout_ms`, if any.
-  int64_t left = 0;
-  if (timeout_ms > 0)
-    left = timeout_ms - std::chrono::duration_cast<std::chrono::milliseconds>(
-                            std::chrono::steady_clock::now() - start)
-                            .count();
+  const int64_t left =
+      timeout_ms > 0 ? timeout_ms - (protocol::MonotonicMicros() - start_us) / 1000 : 0;
   if (!own_keys.empty() && (timeout_ms <= 0 || left > 0))
     (void)store_.Delete(own_keys, static_cast<int>(left));  // else they expire
   return Status(s.code(), "storing big inputs in Redis: " + s.message());
@@ -290,14 +286,12 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
   if (tracker_.Finished(id)) return tracker_.Wait(id, timeout_ms, out);
 
   // One deadline for the whole call: storing the inputs (a stalled Redis) spends it too.
-  const auto start = std::chrono::steady_clock::now();
+  const int64_t start_us = protocol::MonotonicMicros();
   const int requested_ms = timeout_ms;
   FERRY_RETURN_IF_ERROR(StoreInputs({&job}, {0}, outcome, std::max(timeout_ms, 0)));
   if (timeout_ms > 0) {
-    const auto spent = std::chrono::duration_cast<std::chrono::milliseconds>(
-                           std::chrono::steady_clock::now() - start)
-                           .count();
-    timeout_ms = static_cast<int>(std::max<int64_t>(1, timeout_ms - spent));
+    const int64_t spent_ms = (protocol::MonotonicMicros() - start_us) / 1000;
+    timeout_ms = static_cast<int>(std::max<int64_t>(1, timeout_ms - spent_ms));
   }
   const int64_t rid = io_->NextRid();
   std::vector<zmq::message_t> frames;

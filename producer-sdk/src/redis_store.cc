@@ -6,20 +6,28 @@
 
 namespace ferry::client {
 
-Status RedisStore::Acquire(std::unique_ptr<protocol::RedisClient>* out, int timeout_ms) {
+Status RedisStore::Acquire(std::unique_ptr<protocol::RedisClient>* out, int timeout_ms,
+                           bool* bounded) {
+  const bool shorter = timeout_ms > 0 && timeout_ms < timeout_ms_;
+  if (bounded) *bounded = shorter;
+  std::unique_ptr<protocol::RedisClient> conn;
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!idle_.empty()) {
-      *out = std::move(idle_.back());
+      conn = std::move(idle_.back());
       idle_.pop_back();
-      return Status::Ok();
     }
   }
-  return protocol::RedisClient::Connect(endpoint_, timeout_ms > 0 ? timeout_ms : timeout_ms_,
-                                        out);  // outside the lock
+  if (!conn)  // outside the lock
+    FERRY_RETURN_IF_ERROR(
+        protocol::RedisClient::Connect(endpoint_, shorter ? timeout_ms : timeout_ms_, &conn));
+  if (shorter) conn->SetTimeout(timeout_ms);
+  *out = std::move(conn);
+  return Status::Ok();
 }
 
-void RedisStore::Release(std::unique_ptr<protocol::RedisClient> conn) {
+void RedisStore::Release(std::unique_ptr<protocol::RedisClient> conn, bool bounded) {
+  if (bounded) conn->SetTimeout(timeout_ms_);
   std::lock_guard<std::mutex> lock(mu_);
   if (idle_.size() < kMaxIdle) idle_.push_back(std::move(conn));
 }
@@ -27,13 +35,12 @@ void RedisStore::Release(std::unique_ptr<protocol::RedisClient> conn) {
 Status RedisStore::Read(const std::string& id, Result* out, bool consume, int timeout_ms) {
   *out = Result();
   out->id = id;
-  const bool shorter = timeout_ms > 0 && timeout_ms < timeout_ms_;
   std::unique_ptr<protocol::RedisClient> conn;
-  FERRY_RETURN_IF_ERROR(Acquire(&conn, shorter ? timeout_ms : 0));
+  bool bounded = false;
+  FERRY_RETURN_IF_ERROR(Acquire(&conn, timeout_ms, &bounded));
   // A failed read drops the connection inside RedisClient; the next use reconnects, so the
   // client goes back to the pool either way (with the store's timeout again).
   const std::string key = keys_.Result(id);
-  if (shorter) conn->SetTimeout(timeout_ms);
   std::vector<std::optional<std::string>> values;
   Status s = conn->GetMany({key}, &values);
   // Deleted only now that the whole record is here (a GETDEL whose reply were cut off would have
@@ -41,8 +48,7 @@ Status RedisStore::Read(const std::string& id, Result* out, bool consume, int ti
   // later, several results alive at once, 1 MB results ran at 0.85-0.88x in paired runs). Within
   // the read's bound too: one that runs out leaves the result to expire.
   if (s.ok() && consume && values[0]) (void)DeleteResultKeys(conn.get(), {key});
-  if (shorter) conn->SetTimeout(timeout_ms_);  // the store's again, for the pool
-  Release(std::move(conn));
+  Release(std::move(conn), bounded);
   FERRY_RETURN_IF_ERROR(s);
   if (!values[0]) return Status::Ok();
   s = protocol::DecodeResult(std::move(*values[0]), out);  // big outputs keep its buffer
@@ -89,34 +95,30 @@ Status RedisStore::PutInputs(const std::vector<std::string>& keys,
                              const std::vector<std::string_view>& values, int64_t ttl_s,
                              int timeout_ms) {
   if (keys.empty()) return Status::Ok();
-  const bool shorter = timeout_ms > 0 && timeout_ms < timeout_ms_;
   std::unique_ptr<protocol::RedisClient> conn;
-  FERRY_RETURN_IF_ERROR(Acquire(&conn, shorter ? timeout_ms : 0));
-  if (shorter) conn->SetTimeout(timeout_ms);
+  bool bounded = false;
+  FERRY_RETURN_IF_ERROR(Acquire(&conn, timeout_ms, &bounded));
   const std::string ttl = std::to_string(ttl_s);
   // By reference: the values (the caller's tensors) go from where they are, not copied.
   for (size_t i = 0; i < keys.size(); ++i)
     conn->AppendByRef({"SET", keys[i], values[i], "EX", ttl});
-  Status s = conn->Flush(nullptr);             // the first error reply, if any
-  if (shorter) conn->SetTimeout(timeout_ms_);  // the store's again, for the pool
-  Release(std::move(conn));
+  Status s = conn->Flush(nullptr);  // the first error reply, if any
+  Release(std::move(conn), bounded);
   return s;
 }
 
 Status RedisStore::Delete(const std::vector<std::string>& keys, int timeout_ms) {
   if (keys.empty()) return Status::Ok();
-  const bool shorter = timeout_ms > 0 && timeout_ms < timeout_ms_;
   std::unique_ptr<protocol::RedisClient> conn;
-  FERRY_RETURN_IF_ERROR(Acquire(&conn, shorter ? timeout_ms : 0));
-  if (shorter) conn->SetTimeout(timeout_ms);
+  bool bounded = false;
+  FERRY_RETURN_IF_ERROR(Acquire(&conn, timeout_ms, &bounded));
   std::vector<std::string_view> argv{"DEL"};
   for (const auto& k : keys) argv.push_back(k);
   protocol::RedisReply reply;
   Status s = conn->Command(argv, &reply);
-  if (!shorter && s.code() == codes::kUnavailable && !conn->connected())
-    s = conn->Command(argv, &reply);           // it reconnects
-  if (shorter) conn->SetTimeout(timeout_ms_);  // the store's again, for the pool
-  Release(std::move(conn));
+  if (!bounded && s.code() == codes::kUnavailable && !conn->connected())
+    s = conn->Command(argv, &reply);  // it reconnects
+  Release(std::move(conn), bounded);
   return s;
 }
 

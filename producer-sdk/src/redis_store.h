@@ -53,9 +53,12 @@ class RedisStore {
   Status Delete(const std::vector<std::string>& keys, int timeout_ms = 0);
 
  private:
-  // A pooled connection, or a new one (connecting within `timeout_ms`, or the store's: 0).
-  Status Acquire(std::unique_ptr<protocol::RedisClient>* out, int timeout_ms = 0);
-  void Release(std::unique_ptr<protocol::RedisClient> conn);
+  // A pooled connection, or a new one. With `timeout_ms` > 0 and shorter than the store's, it is
+  // bounded by that (connecting, and each operation) and *bounded says so: Release then sets the
+  // store's timeout back before it goes to the pool.
+  Status Acquire(std::unique_ptr<protocol::RedisClient>* out, int timeout_ms = 0,
+                 bool* bounded = nullptr);
+  void Release(std::unique_ptr<protocol::RedisClient> conn, bool bounded = false);
   // DEL of result keys on `conn`, or GETDEL (values skipped) once Redis said NOPERM to DEL.
   Status DeleteResultKeys(protocol::RedisClient* conn, const std::vector<std::string_view>& keys);
 
