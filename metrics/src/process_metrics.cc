@@ -1,5 +1,5 @@
 // SampleProcessMetrics: the process_* series every Prometheus client library exports, from
-// /proc/self/stat, /proc/self/fd and getrlimit.
+// getrusage, /proc/self/stat, /proc/self/fd and getrlimit.
 #include <dirent.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -14,8 +14,18 @@
 namespace ferry::metrics::names {
 namespace {
 
-// utime + stime (seconds) and rss (bytes) from /proc/self/stat; false when it cannot be read.
-bool ReadStat(double* cpu_seconds, double* rss_bytes) {
+// CPU seconds (user + system) from getrusage: microseconds, where /proc/self/stat counts clock
+// ticks (10 ms), and an idle broker just started read 0 there.
+bool ReadCpu(double* cpu_seconds) {
+  rusage ru{};
+  if (getrusage(RUSAGE_SELF, &ru) != 0) return false;
+  *cpu_seconds = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+                 static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+  return true;
+}
+
+// rss (bytes) from /proc/self/stat; false when it cannot be read.
+bool ReadRss(double* rss_bytes) {
   FILE* f = std::fopen("/proc/self/stat", "r");
   if (!f) return false;
   char buf[1024];
@@ -26,17 +36,14 @@ bool ReadStat(double* cpu_seconds, double* rss_bytes) {
   std::string s(buf, n);
   size_t close = s.rfind(')');
   if (close == std::string::npos) return false;
-  unsigned long utime = 0, stime = 0;
   long rss = 0;
   // Fields 3.. : state ppid pgrp session tty tpgid flags minflt cminflt majflt cmajflt utime
   // stime cutime cstime priority nice threads itrealvalue starttime vsize rss
   int got = std::sscanf(s.c_str() + close + 1,
-                        " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu %*d %*d %*d %*d "
+                        " %*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d "
                         "%*d %*d %*u %*u %ld",
-                        &utime, &stime, &rss);
-  if (got != 3) return false;
-  const double ticks = static_cast<double>(sysconf(_SC_CLK_TCK));
-  *cpu_seconds = static_cast<double>(utime + stime) / ticks;
+                        &rss);
+  if (got != 1) return false;
   *rss_bytes = static_cast<double>(rss) * static_cast<double>(sysconf(_SC_PAGESIZE));
   return true;
 }
@@ -58,11 +65,11 @@ void SampleProcessMetrics(Registry* registry) {
   static std::mutex mu;  // the CPU counter's read-then-add must not interleave
   std::lock_guard<std::mutex> lock(mu);
   double cpu = 0, rss = 0;
-  if (ReadStat(&cpu, &rss)) {
+  if (ReadCpu(&cpu)) {
     metrics::Counter* c = registry->Counter(kProcessCpu, kProcessCpuHelp);
     c->Add(cpu - c->Value());  // a counter only goes up; Add ignores a negative step
-    registry->Gauge(kProcessRss, kProcessRssHelp)->Set(rss);
   }
+  if (ReadRss(&rss)) registry->Gauge(kProcessRss, kProcessRssHelp)->Set(rss);
   if (int fds = CountOpenFds(); fds >= 0)
     registry->Gauge(kProcessOpenFds, kProcessOpenFdsHelp)->Set(fds);
   rlimit lim{};
