@@ -39,11 +39,15 @@ void SubmitAndCancelInOneTurn(Fleet& fleet, zmq::socket_t& s, const std::string&
   pk.pack_array(1);
   protocol::PackSubmitJob(pk, id, "tiny", {testutil::RandomFloats({8}, 7)}, 0, 0, 0);
   const zmq::message_t cancel = protocol::EncodeIds({id}, 2);
+  const std::vector<std::string> messages[] = {
+      {"FERRY1", "SUBMIT", std::string(submit.data(), submit.size())},
+      {"FERRY1", "CANCEL", std::string(static_cast<const char*>(cancel.data()), cancel.size())}};
   fleet.broker().Signal(SIGSTOP);
   if (while_stopped) while_stopped();
-  testutil::RawSend(s, {"FERRY1", "SUBMIT", std::string(submit.data(), submit.size())});
-  testutil::RawSend(
-      s, {"FERRY1", "CANCEL", std::string(static_cast<const char*>(cancel.data()), cancel.size())});
+  for (const auto& frames : messages) testutil::RawSend(s, frames);
+  ASSERT_TRUE(testutil::WaitUntilUnread(
+      fleet.frontend(), testutil::WireBytes(messages[0]) + testutil::WireBytes(messages[1])))
+      << "the SUBMIT and the CANCEL did not reach the broker's socket";
   fleet.broker().Signal(SIGCONT);
   bool got_accepted = false, got_cancelled = false;
   while (!got_accepted || !got_cancelled) {

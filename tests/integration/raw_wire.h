@@ -2,7 +2,11 @@
 // Speaking the wire protocol by hand over a raw DEALER, as a client (or a worker) in another
 // language does (docs/protocol.md): for wire_test.cc and wire_limits_test.cc.
 
+#include <chrono>
+#include <fstream>
+#include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 #include <zmq.hpp>
 
@@ -27,6 +31,48 @@ inline void RawSend(zmq::socket_t& s, const std::vector<std::string>& frames) {
   for (size_t i = 0; i < frames.size(); ++i)
     s.send(zmq::buffer(frames[i]),
            i + 1 < frames.size() ? zmq::send_flags::sndmore : zmq::send_flags::none);
+}
+
+// The bytes a message of `frames` takes on the wire (ZMTP 3 without CURVE): each frame is
+// preceded by a flags byte and its size, in 1 byte or, past 255, in 8.
+inline size_t WireBytes(const std::vector<std::string>& frames) {
+  size_t n = 0;
+  for (const auto& f : frames) n += (f.size() > 255 ? 9 : 2) + f.size();
+  return n;
+}
+
+// The bytes that arrived on the TCP connections accepted at `endpoint` (tcp://127.0.0.1:PORT)
+// and that their process has not read yet: the sum of their kernel receive queues
+// (/proc/net/tcp, state 01, established).
+inline size_t UnreadBytes(const std::string& endpoint) {
+  const int port = std::stoi(endpoint.substr(endpoint.rfind(':') + 1));
+  std::ifstream in("/proc/net/tcp");
+  std::string line;
+  std::getline(in, line);  // the header
+  size_t unread = 0;
+  while (std::getline(in, line)) {
+    std::istringstream fields(line);
+    std::string slot, local, remote, state, queues;  // queues: "TX:RX", in hex
+    fields >> slot >> local >> remote >> state >> queues;
+    const size_t colon = local.find(':');
+    if (colon == std::string::npos || state != "01" || queues.find(':') == std::string::npos ||
+        std::stoi(local.substr(colon + 1), nullptr, 16) != port)
+      continue;
+    unread += std::stoul(queues.substr(queues.find(':') + 1), nullptr, 16);
+  }
+  return unread;
+}
+
+// Waits until a process stopped by SIGSTOP has `bytes` waiting unread at `endpoint`: messages
+// sent to it (RawSend only queues them for libzmq's I/O thread) have all reached its socket, so
+// that it reads them together once it goes on. False when they have not within `timeout_ms`.
+inline bool WaitUntilUnread(const std::string& endpoint, size_t bytes, int timeout_ms = 20000) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (UnreadBytes(endpoint) < bytes) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
 }
 
 // Sends raw frames over a DEALER and returns the reply's command ("" when none within its

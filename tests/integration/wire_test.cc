@@ -35,6 +35,8 @@ using testutil::FleetOptions;
 using testutil::RawDealer;
 using testutil::RawExchange;
 using testutil::RawSend;
+using testutil::WaitUntilUnread;
+using testutil::WireBytes;
 
 // A fleet of one worker, and an SDK client to read results with.
 class Wire : public ::testing::Test {
@@ -511,12 +513,18 @@ TEST_F(Wire, AJobCancelledInTheTurnOfAFailedJournalWriteIsNotAlsoRejected) {
   protocol::RedisReply r;
   ASSERT_TRUE(admin->Command({"ACL", "SETUSER", "default", "-hset"}, &r).ok());  // no journal
   const std::string id = "cancelled-in-a-failed-turn";
-  fleet_->broker().Signal(SIGSTOP);
-  RawSend(s, {"FERRY1", "SUBMIT", RawSubmitBody(id, "tiny", {"", "", 1})});
   const zmq::message_t cancel = protocol::EncodeIds({id}, 2);
-  RawSend(
-      s, {"FERRY1", "CANCEL", std::string(static_cast<const char*>(cancel.data()), cancel.size())});
-  RawSend(s, {"FERRY1", "SUBMIT", RawSubmitBody(id, "tiny", {"", "", 3})});
+  const std::vector<std::string> messages[] = {
+      {"FERRY1", "SUBMIT", RawSubmitBody(id, "tiny", {"", "", 1})},
+      {"FERRY1", "CANCEL", std::string(static_cast<const char*>(cancel.data()), cancel.size())},
+      {"FERRY1", "SUBMIT", RawSubmitBody(id, "tiny", {"", "", 3})}};
+  fleet_->broker().Signal(SIGSTOP);
+  size_t bytes = 0;
+  for (const auto& frames : messages) {
+    RawSend(s, frames);
+    bytes += WireBytes(frames);
+  }
+  ASSERT_TRUE(WaitUntilUnread(fleet_->frontend(), bytes)) << "not all reached the broker";
   fleet_->broker().Signal(SIGCONT);
   std::map<int64_t, protocol::Accepted> accepted;  // by rid
   protocol::Cancelled cancelled;
