@@ -5,6 +5,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "ferry/protocol/input_check.h"
 #include "ferry/protocol/util.h"
 
 namespace ferry::worker {
@@ -12,12 +13,18 @@ namespace ferry::worker {
 std::vector<JobResult> Batcher::Run(const Model& model, std::vector<Job> jobs,
                                     BatchLimit* limit) const {
   std::vector<JobResult> results(jobs.size());
-  // Group by key, keeping the order of first appearance; jobs the policy rejects fail alone.
+  // Group by key, keeping the order of first appearance; jobs that do not match the inputs
+  // the model's config declares, or that the padding policy rejects, fail alone. (The broker
+  // checks the declared inputs too, but not always against this worker's: before any worker
+  // announced them, or with another worker's in a rolling upgrade.)
   std::vector<std::vector<size_t>> groups;
   std::unordered_map<std::string, size_t> group_of;
   const Padding& padding = model.padding();
+  std::vector<std::vector<protocol::InputSpec>> declared;
+  if (model.config().inputs) declared.push_back(*model.config().inputs);
   for (size_t i = 0; i < jobs.size(); ++i) {
-    Status s = padding.Check(jobs[i].entry.inputs);
+    Status s = protocol::CheckInputs(model.name(), declared, jobs[i].entry.inputs);
+    if (s.ok()) s = padding.Check(jobs[i].entry.inputs);
     if (!s.ok()) {
       results[i].status = std::move(s);
       continue;

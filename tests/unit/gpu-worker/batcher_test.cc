@@ -166,6 +166,39 @@ TEST_F(BatcherTest, WrongShapeJobFailsAloneWithModelError) {
   }
 }
 
+// A job that does not match the inputs the model's config declares fails alone with
+// invalid_argument, as the broker says it, though the model would take it (here int32 for
+// float32): the broker lets such a job through before any worker announced the spec, or when
+// another worker announced another one (a rolling upgrade).
+TEST_F(BatcherTest, AJobNotMatchingTheDeclaredInputsFailsAloneWithInvalidArgument) {
+  const auto dir = BatcherDir();
+  std::filesystem::create_directories(dir);
+  torch::jit::Module m("Test_declared");
+  m.define("def forward(self, x):\n    return x * 2.0\n");
+  ModelConfig config;
+  config.name = "declared";
+  config.path = (dir / "declared.pt").string();
+  config.device = "cpu";
+  config.inputs = std::vector<protocol::InputSpec>{{"x", DType::kFloat32, {-1}}};
+  m.save(config.path);
+  std::unique_ptr<Model> model;
+  ASSERT_TRUE(Model::Create(config, &model).ok());
+  std::vector<Job> jobs;
+  for (int j = 0; j < 3; ++j)
+    jobs.push_back(MakeJob("ok" + std::to_string(j), "declared", {Row(j)}));
+  jobs.insert(jobs.begin() + 1,
+              MakeJob("ints", "declared", {Tensor::From<int32_t>({1, 2, 3}, {3}, DType::kInt32)}));
+  Batcher batcher;
+  auto results = batcher.Run(*model, std::move(jobs));
+  ASSERT_EQ(results.size(), 4u);
+  EXPECT_EQ(results[1].job.entry.id, "ints");
+  EXPECT_EQ(results[1].status.code(), codes::kInvalidArgument) << results[1].status.ToString();
+  EXPECT_EQ(results[1].status.message(),
+            "model \"declared\" input 0 (\"x\"): expected float32 [-1], got int32 [3]");
+  EXPECT_EQ(batcher.forward_calls(), 1);  // the others, in one batch
+  for (size_t j : {0, 2, 3}) ASSERT_TRUE(results[j].status.ok()) << results[j].status.ToString();
+}
+
 TEST_F(BatcherTest, JobThatMakesTheModelThrowIsIsolatedByHalving) {
   // Same shapes, so all eight stack together; the model rejects negative inputs.
   auto model = Load("picky",
