@@ -25,6 +25,26 @@ Job Skeleton(Job* job) {
   return s;
 }
 
+// Takes the jobs whose deadline has passed out of `jobs`, failed `expired`: they never reach the
+// device. `when` says where, for the log.
+std::vector<JobResult> TakeExpired(std::vector<Job>* jobs, int index, const char* when) {
+  const int64_t now = protocol::NowMicros();
+  std::vector<JobResult> expired;
+  for (auto it = jobs->begin(); it != jobs->end();) {
+    if (it->entry.deadline_us != 0 && now > it->entry.deadline_us) {
+      expired.push_back(FailedResult(std::move(*it),
+                                     Status(codes::kExpired, "not started within its timeout_ms")));
+      it = jobs->erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (!expired.empty())
+    spdlog::info("executor {}: {} job(s) expired {} (first: {})", index, expired.size(), when,
+                 expired.front().job.entry.id);
+  return expired;
+}
+
 }  // namespace
 
 int Executor::CudaIndex(const std::string& device) {
@@ -74,6 +94,10 @@ std::vector<JobResult> Executor::RunBatch(std::vector<Job> jobs) {
                                 (protocol::MonotonicMicros() - acquire_start) / 1e6);
     return results;
   }
+  // Acquire may have loaded the model (seconds, or minutes for a big one): jobs whose deadline
+  // passed meanwhile do not run either.
+  std::vector<JobResult> expired = TakeExpired(&jobs, options_.index, "while their model loaded");
+  if (jobs.empty()) return expired;
   const int64_t start = protocol::MonotonicMicros();
   const size_t n = jobs.size();
   {
@@ -106,6 +130,7 @@ std::vector<JobResult> Executor::RunBatch(std::vector<Job> jobs) {
                   options_.index, options_.index, batches_, options_.worker, options_.device,
                   model_name, n, end - start);
   }
+  for (auto& r : expired) results.push_back(std::move(r));
   return results;
 }
 
@@ -130,20 +155,8 @@ void Executor::Loop() {
   while (queue_->TakeBatch(limit, &jobs)) {
     std::vector<JobResult> results;
     // A job whose deadline passed while it waited here never reaches the device.
-    const int64_t now = protocol::NowMicros();
-    std::vector<JobResult> expired;
-    for (auto it = jobs.begin(); it != jobs.end();) {
-      if (it->entry.deadline_us != 0 && now > it->entry.deadline_us) {
-        expired.push_back(FailedResult(
-            std::move(*it), Status(codes::kExpired, "not started within its timeout_ms")));
-        it = jobs.erase(it);
-      } else {
-        ++it;
-      }
-    }
+    std::vector<JobResult> expired = TakeExpired(&jobs, options_.index, "before their batch ran");
     if (!expired.empty()) {
-      spdlog::info("executor {}: {} job(s) expired before their batch ran (first: {})",
-                   options_.index, expired.size(), expired.front().job.entry.id);
       writer_->Submit(std::move(expired));
       if (jobs.empty()) continue;
     }

@@ -1,19 +1,23 @@
 // Executor's thread loop with a real ResultWriter against a real redis-server: a batch that
 // throws something unexpected fails its jobs with internal, and their results are written like
 // any other -- with the job's result notice on its "notify" channel, its attempt and timings.
+// And a job whose deadline passes while its model loads does not run.
 #include "executor.h"
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "ferry/protocol/codec.h"
 #include "ferry/protocol/keys.h"
 #include "ferry/protocol/messages.h"
 #include "ferry/protocol/redis.h"
+#include "ferry/protocol/util.h"
 #include "ferry/result.h"
 #include "job_queue.h"
 #include "model_registry.h"
@@ -99,6 +103,34 @@ TEST(ExecutorTest, JobsOfABatchThatThrowsAreFailedWithTheirNoticeAttemptAndTimin
   EXPECT_EQ(r.timing_us["submitted"], 111);
   EXPECT_EQ(r.timing_us["dispatched"], 222);
   EXPECT_EQ(r.timing_us["received"], 333);
+}
+
+// A lazy load that takes long (here the residency listener, called as the load announces the
+// model, holds it 500 ms): a job whose deadline passed meanwhile ends `expired` without
+// reaching the device, as one whose deadline passed in the queue does; the job without a
+// deadline runs.
+TEST(ExecutorTest, AJobWhoseDeadlinePassesWhileItsModelLoadsExpires) {
+  ModelConfig config;
+  config.name = "double";
+  config.path = testmodels::Path("double");
+  config.device = "cpu";
+  ModelRegistry registry(ModelRegistry::Options{}, {config});
+  registry.SetListener([] { std::this_thread::sleep_for(std::chrono::milliseconds(500)); });
+  Executor executor(Executor::Options{}, &registry, nullptr, nullptr);
+  std::vector<Job> jobs;
+  jobs.push_back(testmodels::MakeJob("late", "double", {testmodels::Ramp({2}, 1)}));
+  jobs.back().entry.deadline_us = protocol::NowMicros() + 100000;  // 100 ms: during the load
+  jobs.push_back(testmodels::MakeJob("whenever", "double", {testmodels::Ramp({2}, 1)}));
+  std::vector<JobResult> results = executor.RunBatch(std::move(jobs));
+  ASSERT_EQ(results.size(), 2u);
+  for (const JobResult& r : results) {
+    if (r.job.entry.id == "late") {
+      EXPECT_EQ(r.status.code(), codes::kExpired) << r.status.ToString();
+    } else {
+      EXPECT_TRUE(r.status.ok()) << r.status.ToString();
+    }
+  }
+  EXPECT_EQ(executor.batcher().forward_calls(), 1);
 }
 
 }  // namespace
