@@ -3,12 +3,15 @@
 #include <cstdio>
 #include <stdexcept>
 
+#include "ferry/protocol/redis_endpoint.h"
 #include "ferry/runtime/version.h"
 
 namespace ferry::runtime {
 
 void FlagSet::String(const std::string& name, std::string* target, const std::string& help) {
-  flags_.push_back({name, Kind::kString, target, help, target->empty() ? "" : *target});
+  // A default may come from the environment ($FERRY_REDIS): the usage text, printed on any bad
+  // flag, never shows its password.
+  flags_.push_back({name, Kind::kString, target, help, protocol::RedactRedisUrl(*target)});
 }
 void FlagSet::Int(const std::string& name, int64_t* target, const std::string& help) {
   flags_.push_back({name, Kind::kInt, target, help, std::to_string(*target)});
@@ -53,6 +56,9 @@ Status FlagSet::Parse(int argc, char** argv) {
     const Flag* f = Lookup(name);
     if (!f) return Status::InvalidArgument("unknown flag --" + name);
     if (f->kind == Kind::kBool) {
+      if (has_value && value != "true" && value != "1" && value != "false" && value != "0")
+        return Status::InvalidArgument("flag --" + name + " wants true or false (or none), got \"" +
+                                       value + "\"");
       *static_cast<bool*>(f->target) = !has_value || value == "true" || value == "1";
       continue;
     }

@@ -48,6 +48,45 @@ TEST(Flags, RejectsUnknownAndBadValues) {
   EXPECT_FALSE(ParseArgs(h, {"--count"}).ok());
 }
 
+// A bool takes no value, or true/1/false/0: anything else ("yes", "on") is an error, not a
+// silent false (`--no-journal=yes` left the journal on).
+TEST(Flags, BoolsTakeTrueOrFalseAndRefuseAnythingElse) {
+  for (const auto& [arg, want] : std::vector<std::pair<std::string, bool>>{{"--fast", true},
+                                                                           {"--fast=true", true},
+                                                                           {"--fast=1", true},
+                                                                           {"--fast=false", false},
+                                                                           {"--fast=0", false}}) {
+    bool b = !want;
+    FlagSet f("prog", "test");
+    f.Bool("fast", &b, "a bool");
+    ASSERT_TRUE(ParseArgs(f, {arg}).ok()) << arg;
+    EXPECT_EQ(b, want) << arg;
+  }
+  for (const std::string arg : {"--fast=yes", "--fast=on", "--fast=", "--fast=TRUE"}) {
+    bool b = false;
+    FlagSet f("prog", "test");
+    f.Bool("fast", &b, "a bool");
+    Status s = ParseArgs(f, {arg});
+    EXPECT_EQ(s.code(), std::string(codes::kInvalidArgument)) << arg;
+    EXPECT_NE(s.message().find("--fast wants true or false"), std::string::npos) << s.message();
+  }
+}
+
+// A default from the environment ($FERRY_REDIS with a password) is shown in the usage text,
+// which goes to stderr on any bad flag, without its password.
+TEST(Flags, TheUsageTextNeverShowsARedisPassword) {
+  std::string redis = "redis://app:s3cr3t@10.0.0.5:6379";
+  std::string frontend = "tcp://127.0.0.1:5555";
+  FlagSet f("prog", "test");
+  f.String("redis", &redis, "Redis");
+  f.String("frontend", &frontend, "the broker");
+  EXPECT_EQ(f.Usage().find("s3cr3t"), std::string::npos) << f.Usage();
+  EXPECT_NE(f.Usage().find("(default: redis://app:***@10.0.0.5:6379)"), std::string::npos)
+      << f.Usage();
+  EXPECT_NE(f.Usage().find("(default: tcp://127.0.0.1:5555)"), std::string::npos) << f.Usage();
+  EXPECT_EQ(redis, "redis://app:s3cr3t@10.0.0.5:6379");  // the value itself is untouched
+}
+
 TEST(Flags, VersionStopsParsingAndNamesTheProgram) {
   int64_t n = 0;
   FlagSet f("ferry submit", "test");

@@ -15,7 +15,8 @@ class FlagSet {
   FlagSet(std::string program, std::string summary)
       : program_(std::move(program)), summary_(std::move(summary)) {}
 
-  // The target keeps its value as the default. Pointers must outlive Parse.
+  // The target keeps its value as the default (a string's shown with any Redis URL password as
+  // ***). Pointers must outlive Parse. A Bool is set by --NAME alone, or --NAME=true|1|false|0.
   void String(const std::string& name, std::string* target, const std::string& help);
   void Int(const std::string& name, int64_t* target, const std::string& help);
   void Bool(const std::string& name, bool* target, const std::string& help);  // no value
