@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -33,10 +34,18 @@ namespace {
 // threads (and, on a small host, the broker and Redis) for cores; with a passive wait policy the
 // fleet keeps up with the model run alone (docs/performance.md). libgomp reads OMP_WAIT_POLICY
 // once, when it is loaded -- before main() -- so setting it here takes a re-exec. An explicit
-// OMP_WAIT_POLICY (e.g. ACTIVE) is left alone. Irrelevant to CUDA kernels.
+// OMP_WAIT_POLICY (e.g. ACTIVE) is left alone. Irrelevant to CUDA kernels. The binary is
+// re-executed by its real path: the kernel names a process after the file it executes, and a
+// worker named "exe" is one that pgrep, ps -C and killall do not find.
 void ReexecWithPassiveOpenMp(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
   if (setenv("OMP_WAIT_POLICY", "PASSIVE", 1) != 0) return;
+  char path[PATH_MAX];
+  const ssize_t n = readlink("/proc/self/exe", path, sizeof(path) - 1);
+  if (n > 0) {
+    path[n] = '\0';
+    execv(path, argv);
+  }
   execv("/proc/self/exe", argv);  // returns only on failure: go on with the default policy
   std::fprintf(stderr, "ferry-worker: could not re-exec with OMP_WAIT_POLICY=PASSIVE\n");
 }
@@ -88,10 +97,13 @@ int main(int argc, char** argv) {
 
   // SIGINT/SIGTERM are blocked in every thread (they inherit the mask) and taken by sigtimedwait
   // below, so that a signal becomes an orderly drain instead of a handler racing the threads.
+  // SIGHUP too, which a worker has nothing to reload for: by default it would end the worker
+  // without a drain (a closed ssh session, a `kill -HUP` meant for the broker's keys).
   sigset_t signals;
   sigemptyset(&signals);
   sigaddset(&signals, SIGINT);
   sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   std::unique_ptr<Worker> worker;
@@ -109,6 +121,10 @@ int main(int argc, char** argv) {
       timespec tick{0, 100 * 1000 * 1000};
       int sig = sigtimedwait(&signals, nullptr, &tick);
       if (sig <= 0) continue;
+      if (sig == SIGHUP) {
+        spdlog::info("SIGHUP: nothing to reload (a worker reads its flags and models at start)");
+        continue;
+      }
       if (++received == 1) {
         spdlog::info("signal {}: finishing held jobs, then leaving", sig);
         worker->RequestStop();

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <csignal>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -223,8 +225,11 @@ TEST_F(EndToEnd, StatsListWorkersAndQueues) {
 }
 
 // Each of the worker's threads says what it does, for `top -H`, perf and gdb
-// (docs/operations.md, "Threads").
+// (docs/operations.md, "Threads"). The main thread, whose name is the process's, is
+// ferry-worker: the worker re-executes itself (for OMP_WAIT_POLICY, when it is not set) by its
+// real path, not as /proc/self/exe, which named it "exe" for pgrep, ps -C and killall.
 TEST_F(EndToEnd, WorkerThreadsAreNamedAfterTheirRole) {
+  unsetenv("OMP_WAIT_POLICY");  // the worker inherits it: with it unset, it re-executes itself
   FleetOptions o{1};
   o.worker_args = {"--instances", "2"};
   StartFleet(o);
@@ -237,9 +242,26 @@ TEST_F(EndToEnd, WorkerThreadsAreNamedAfterTheirRole) {
     if (std::getline(comm, name)) names.insert(name);
   }
   for (const char* want : {"ferry-link", "ferry-fetch", "ferry-results", "ferry-exec-0",
-                           "ferry-exec-1", "ferry-signals"})
+                           "ferry-exec-1", "ferry-signals", "ferry-worker"})
     EXPECT_EQ(names.count(want), 1u)
         << want << " missing among " << ::testing::PrintToString(names);
+}
+
+// A worker has nothing to reload: a SIGHUP (a closed ssh session, a `kill -HUP` meant for the
+// broker's keys) is logged and ignored, and the worker goes on running jobs. Before, SIGHUP's
+// default action ended it without a drain or a word.
+TEST_F(EndToEnd, AWorkerLogsAndIgnoresSighup) {
+  StartFleet(FleetOptions{1});
+  fleet_->worker(0).Signal(SIGHUP);
+  ASSERT_TRUE(testutil::WaitFor(
+      [&] {
+        return fleet_->worker(0).Log().find("SIGHUP: nothing to reload") != std::string::npos;
+      },
+      std::chrono::seconds(20)))
+      << fleet_->Logs();
+  EXPECT_TRUE(fleet_->worker(0).Running());
+  const std::vector<Result> results = RunAll(*client_, {TinyJob(3)}, *fleet_);
+  EXPECT_EQ(results.at(0).state, JobState::kDone) << results[0].error.ToString();
 }
 
 TEST_F(EndToEnd, ManyProducerThreadsShareOneClient) {
