@@ -266,6 +266,8 @@ class Connection(asyncio.BufferedProtocol):
         self._on_lost = on_lost
         self.closed = False
         self.error = None
+        self._received = 0  # bytes read, and bytes handed to the transport: see progress()
+        self._written = 0
 
     @classmethod
     async def open(cls, endpoint, loop, timeout, on_push=None, on_lost=None, select_db=True):
@@ -323,6 +325,7 @@ class Connection(asyncio.BufferedProtocol):
         return memoryview(self._buf)[self._len:]
 
     def buffer_updated(self, nbytes):
+        self._received += nbytes
         try:
             if self._bulk is not None:
                 self._bulk_got += nbytes
@@ -439,11 +442,22 @@ class Connection(asyncio.BufferedProtocol):
                     small.append(part)
                     continue
                 if small:
-                    self._transport.write(b"".join(small))
+                    self._write(b"".join(small))
                     small = []
-                self._transport.write(part)
+                self._write(part)
             if small:
-                self._transport.write(b"".join(small))
+                self._write(b"".join(small))
+
+    def _write(self, data):
+        self._written += len(data)
+        self._transport.write(data)
+
+    def progress(self):
+        """Bytes this connection has moved: read, plus written out of the transport's buffer
+        (to the socket). It grows while a big value goes out or comes in, however slowly."""
+        if self._transport is None:
+            return self._received
+        return self._received + self._written - self._transport.get_write_buffer_size()
 
     def pending(self):
         return len(self._fifo) - self._head
@@ -456,9 +470,11 @@ class Connection(asyncio.BufferedProtocol):
 
 class Commands:
     """Lazily connected command connection, reconnected after a failure. execute() bounds each
-    command by `timeout` seconds: a reply that is late closes the connection (every command on
-    it fails with Unavailable), so a late reply can never be read as another command's. After
-    close() every command fails with Unavailable: nothing reconnects."""
+    command by `timeout` seconds in which the connection moves no byte: a reply that is late
+    by that closes the connection (every command on it fails with Unavailable), so a late reply
+    can never be read as another command's. A big value going out or coming in slowly is not
+    late while it moves (as the C++ SDK's socket timeouts, which bound each read and write).
+    After close() every command fails with Unavailable: nothing reconnects."""
 
     def __init__(self, endpoint, loop, timeout):
         self._endpoint = endpoint
@@ -527,8 +543,7 @@ class Commands:
         # one's timer watches them all); the timer goes with that reply. Errors are marked read,
         # so that those nobody looks at (a caller that gave up, the rest of a pipeline after its
         # first error) are not logged by asyncio as never retrieved.
-        timer = self._loop.call_later(self._timeout, _expire, conn, futs[-1])
-        futs[-1].add_done_callback(lambda f: timer.cancel())
+        futs[-1].add_done_callback(_Expiry(self._loop, self._timeout, conn, futs[-1]).cancel)
         for f in futs:
             f.add_done_callback(_retrieve)
         # asyncio.wait neither cancels the commands nor raises on them: a caller that gives up
@@ -553,7 +568,26 @@ def _retrieve(fut):
         fut.exception()
 
 
-def _expire(conn, fut):
-    if not fut.done():
-        conn.error = "no reply within the timeout"
-        conn.close()
+class _Expiry:
+    """Closes `conn` when `fut`, the reply to its last command, is still not there after
+    `timeout` seconds in which the connection moved no byte (Connection.progress): Redis is
+    gone or stalled, not slow to take or give a big value."""
+
+    def __init__(self, loop, timeout, conn, fut):
+        self._loop, self._timeout, self._conn, self._fut = loop, timeout, conn, fut
+        self._seen = conn.progress()
+        self._handle = loop.call_later(timeout, self._check)
+
+    def _check(self):
+        if self._fut.done():
+            return
+        moved = self._conn.progress()
+        if moved != self._seen:
+            self._seen = moved
+            self._handle = self._loop.call_later(self._timeout, self._check)
+            return
+        self._conn.error = "no reply within the timeout"
+        self._conn.close()
+
+    def cancel(self, _fut=None):
+        self._handle.cancel()

@@ -2,17 +2,19 @@
 command and reply unchanged, except the writes it is told to refuse, which it answers itself
 with an error reply (as a managed Redis or a proxy in front of one may, for a value it will not
 take) instead of forwarding them, and the replies it is told to cut off (half of the reply, then
-the connection closes, as Redis does to a client over its output buffer limit). One thread per
+the connection closes, as Redis does to a client over its output buffer limit), and it may take
+commands no faster than a slow network would. One thread per
 connection, one command at a time (a pipeline is answered in order), RESP2, no Pub/Sub; for
 tests only.
 
-    proxy = RedisProxy(redis_port, refuse=lambda argv: ..., cut=lambda argv: ...)
+    proxy = RedisProxy(redis_port, refuse=lambda argv: ..., cut=lambda argv: ..., rate=...)
     ... point a process at proxy.port ...
     proxy.close()
 """
 
 import socket
 import threading
+import time
 
 from ferry._resp import _Incomplete, _parse
 
@@ -46,12 +48,14 @@ class RedisProxy:
     `redis_port`. A command for which refuse(argv) returns an error text (str) is answered
     "-<text>" and never reaches Redis; `refused` lists the argv of each. A command for which
     cut(argv) is true reaches Redis, and its client gets half of the reply before the proxy
-    closes the connection; `cut_off` lists the argv of each."""
+    closes the connection; `cut_off` lists the argv of each. With `rate` (bytes a second), each
+    command is forwarded no sooner than its bytes would come over a link of that speed."""
 
-    def __init__(self, redis_port, refuse=None, cut=None):
+    def __init__(self, redis_port, refuse=None, cut=None, rate=None):
         self.redis_port = redis_port
         self.refuse = refuse or (lambda argv: None)
         self.cut = cut or (lambda argv: False)
+        self.rate = rate
         self.refused = []
         self.cut_off = []
         self._lock = threading.Lock()
@@ -89,6 +93,8 @@ class RedisProxy:
                 raw, argv = commands.next()
                 if not isinstance(argv, list):
                     raise ValueError("not a RESP command")
+                if self.rate:
+                    time.sleep(len(raw) / self.rate)
                 error = self.refuse(argv)
                 if error is not None:
                     with self._lock:

@@ -1,7 +1,7 @@
-"""The clients when Redis misbehaves: a consuming read cut off, an error reply, a user that may
-only GETDEL, a stalled server (each wait ends at its own timeout, the connection closes, no
-resubmit goes out past a run's timeout, nor does the storing of its input), and the keepalive of
-the result subscription."""
+"""The clients when Redis misbehaves: a consuming read cut off, a slow link, an error reply, a
+user that may only GETDEL, a stalled server (each wait ends at its own timeout, the connection
+closes, no resubmit goes out past a run's timeout, nor does the storing of its input), and the
+keepalive of the result subscription."""
 
 import asyncio
 import threading
@@ -45,6 +45,27 @@ def test_a_consuming_read_cut_off_keeps_the_result(fleet):
             got = c.wait(i, timeout=30)
             np.testing.assert_array_equal(got.outputs[0], y)
             assert r.exists(key) == 0, "the read that got it did not delete it"
+    finally:
+        proxy.close()
+
+
+def test_big_inputs_slow_to_store_do_not_time_out_while_they_move(fleet):
+    """Redis behind a link that takes commands at 4 MB/s: storing the inputs of 12 jobs of 1 MiB
+    takes about 3 s, three times the client's request timeout. The connection moves bytes all
+    along, so none of its commands is late (the timeout bounds silence, as the C++ SDK's socket
+    timeouts do, not a whole transfer) and the jobs run. Before, the pipeline of SETs failed
+    Unavailable after 1 s, on every retry."""
+    from redis_proxy import RedisProxy
+    proxy = RedisProxy(fleet.redis_port, rate=4 << 20)
+    xs = [np.full(1 << 18, i, dtype=np.float32) for i in range(12)]  # 1 MiB each: stored
+    try:
+        with ferry.Client(fleet.frontend, "redis://127.0.0.1:%d" % proxy.port,
+                          request_timeout_ms=1000) as c:
+            started = time.monotonic()
+            ids = c.submit_many([ferry.Job("null", x) for x in xs])
+            assert time.monotonic() - started > 1.0, "not slowed: the test shows nothing"
+            for i, x in zip(ids, xs):
+                np.testing.assert_array_equal(c.wait(i, timeout=60).outputs[0], x)
     finally:
         proxy.close()
 
