@@ -27,6 +27,7 @@ FIRST_RECHECK = 0.05            # s: first Redis re-check of a waiter, doubling 
 MAX_RECHECK = 1.0               # ... to this
 MAX_HELD_BYTES = 64 << 20       # inline records kept for ids nobody waits on yet
 TRACK_TTL = 60.0                # s: entries nobody waits on are dropped after this
+MAX_TRACKED = 65536             # jobs tracked (as the C++ SDK's): a wait for others reads first
 MAX_TO_CONSUME = 100000         # result keys queued for deletion (beyond: they expire)
 PUSH_RETRY_MIN, PUSH_RETRY_MAX = 1.0, 30.0
 # Error replies a read waits out as Unavailable (as the C++ SDK): ones that go away by themselves
@@ -168,6 +169,8 @@ class Results:
         for id in ids:
             e = entries.get(id)
             if e is None:
+                if len(entries) >= MAX_TRACKED:  # bounded memory, and a short sweep()
+                    break
                 e = entries[id] = _Entry(now)
             e.ours = True
             e.touched = now

@@ -203,6 +203,21 @@ def test_a_notify_channel_only_while_at_most_64_jobs_are_tracked(fleet):
             assert_tiny(c.wait(i, timeout=30), x)
 
 
+def test_at_most_max_tracked_jobs_are_tracked_and_the_others_still_waited_for(fleet,
+                                                                            monkeypatch):
+    """The client tracks at most MAX_TRACKED submitted jobs (65,536, as the C++ SDK; 16 here):
+    a producer that submits and never waits keeps bounded memory. A wait for a job past the
+    cap reads Redis on its own and gets its result all the same."""
+    import ferry._results
+    monkeypatch.setattr(ferry._results, "MAX_TRACKED", 16)
+    x = np.arange(8, dtype=np.float32)
+    with ferry.Client(fleet.frontend, fleet.redis_url) as c:
+        ids = c.submit_many([ferry.Job("tiny", x)] * 40)
+        assert len(c._aio._engine.results.entries) == 16
+        for i in ids:
+            assert_tiny(c.wait(i, timeout=30), x)
+
+
 def test_cancel(client):
     first = client.submit("slow", np.array([1500.0], np.float32))  # ~1.5 s on the worker
     queued = [client.submit("slow", np.array([1.0], np.float32), priority=-1) for _ in range(3)]
