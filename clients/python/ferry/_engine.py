@@ -538,11 +538,9 @@ class Engine:
         # The stored inputs of jobs that never went out are nobody's.
         await self.inputs.delete_unsent_at_close(unsent)
         # So are consumed results still waiting for their deletion (the same bound).
-        consumed = self.results.take_to_consume()
-        if consumed and self.redis.connected():
+        if self.results.deletes_due() and self.redis.connected():
             try:
-                await asyncio.wait_for(self.results.delete_results(consumed),
-                                       min(self.timeout, 1.0))
+                await asyncio.wait_for(self.results.finish_deletes(), min(self.timeout, 1.0))
             except Exception:
                 pass
         self.redis.close()

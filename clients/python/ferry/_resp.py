@@ -555,6 +555,17 @@ class Commands:
                               % (self._endpoint.address, timeout))
         return [f.result() for f in futs]
 
+    def send(self, *args):
+        """One command put on the open connection now, ahead of any command made after it, its
+        reply not awaited: its future (a ReplyError as its value for an error reply), bounded
+        as execute's; None when no connection is open."""
+        if not self.connected():
+            return None
+        fut = self._conn.call(*args)
+        fut.add_done_callback(_Expiry(self._loop, self._timeout, self._conn, fut).cancel)
+        fut.add_done_callback(_retrieve)
+        return fut
+
     def close(self):
         self.closed = True
         if self._conn is not None:

@@ -84,6 +84,7 @@ class Results:
         self.entries = {}
         self.held_bytes = 0
         self._to_consume = []    # result keys to delete: consumed results that came inline
+        self._deleting = set()   # DELs of results consuming waits read, not answered yet
         self._del_refused = False  # Redis answered NOPERM to DEL on results: GETDEL instead
         self._consumer = None    # the task that deletes them
         self._wheel = TimerWheel(loop)  # waiters' timers
@@ -230,6 +231,29 @@ class Results:
             except Exception:  # best effort: they expire with their result_ttl_s
                 pass
 
+    def _delete_read(self, id):
+        """Deletes id's result, which a consuming wait read whole: the DEL goes on the connection
+        now, ahead of any later command of this client (a poll after the wait finds nothing),
+        and is not awaited, so the wait returns at once with what it read -- a DEL held by Redis
+        neither outlasts the wait's timeout nor, should its caller be cancelled meanwhile, takes
+        a result nobody got. NOPERM, or no connection: the background deleter takes it. Best
+        effort: a DEL lost with its connection leaves the result to its result_ttl_s."""
+        key = self.prefix + "result:" + id
+        fut = None if self._del_refused else self.redis.send("DEL", key)
+        if fut is None:
+            self._consume_later(id)
+            return
+        self._deleting.add(fut)
+
+        def answered(f):
+            self._deleting.discard(f)
+            if not f.cancelled() and f.exception() is None and \
+                    isinstance(f.result(), _resp.ReplyError) and \
+                    str(f.result()).startswith("NOPERM"):
+                self._del_refused = True
+                self._consume_later(id)
+        fut.add_done_callback(answered)
+
     async def delete_results(self, keys):
         """DEL of the result keys `keys`; once Redis said NOPERM to DEL, GETDELs instead, 16 a
         round trip (each brings its value back)."""
@@ -244,11 +268,19 @@ class Results:
         for k in range(0, len(keys), 16):
             await self.redis.execute_many([("GETDEL", key) for key in keys[k:k + 16]])
 
-    def take_to_consume(self):
-        """The result keys still waiting for deletion (at most 1,024), taken: for close's last
-        round trip."""
+    def deletes_due(self):
+        """Whether consumed results wait for their deletion (for close)."""
+        return bool(self._to_consume or self._deleting)
+
+    async def finish_deletes(self):
+        """close's last round trip: the result keys still waiting for deletion (at most 1,024)
+        deleted, and the DELs consuming waits sent answered."""
         keys, self._to_consume = self._to_consume[:1024], []
-        return keys
+        in_flight = list(self._deleting)
+        if keys:
+            await self.delete_results(keys)
+        if in_flight:
+            await asyncio.wait(in_flight)
 
     async def wait(self, id, timeout, consume, run=None, resubmit=None):
         """Waits for id's result (client.h's Wait contract, timeout in seconds, None = none).
@@ -319,13 +351,10 @@ class Results:
                             e.has_result = True
                             self._changed(e)
                         if consume and not e.consumed:
-                            # Read whole: deleted now (as the C++ SDK does), before the wait
-                            # returns; never before it came, so a read cut off loses nothing.
+                            # Read whole: deleted now; never before it came, so a read cut off
+                            # loses nothing.
                             e.consumed = True
-                            try:
-                                await self.delete_results([self.prefix + "result:" + id])
-                            except Exception:  # best effort: it expires with its result_ttl_s
-                                pass
+                            self._delete_read(id)
                         e.delivered = True
                         return _protocol.decode_result(raw, id)
                     now = loop.time()

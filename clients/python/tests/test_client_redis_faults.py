@@ -1,7 +1,7 @@
-"""The clients when Redis misbehaves: a consuming read cut off, a slow link, an error reply, a
-user that may only GETDEL, a stalled server (each wait ends at its own timeout, the connection
-closes, no resubmit goes out past a run's timeout, nor does the storing of its input), and the
-keepalive of the result subscription."""
+"""The clients when Redis misbehaves: a consuming read cut off or its delete held, a slow link, an
+error reply, a user that may only GETDEL, a stalled server (each wait ends at its own timeout,
+the connection closes, no resubmit goes out past a run's timeout, nor does the storing of its
+input), and the keepalive of the result subscription."""
 
 import asyncio
 import threading
@@ -47,6 +47,40 @@ def test_a_consuming_read_cut_off_keeps_the_result(fleet):
             assert r.exists(key) == 0, "the read that got it did not delete it"
     finally:
         proxy.close()
+
+
+def test_a_consuming_wait_returns_what_it_read_without_waiting_for_its_delete(fleet):
+    """consume_results: a wait that read a result whole returns it at once, its DEL sent behind
+    it and not awaited. Here Redis holds writes for 3 s (CLIENT PAUSE WRITE: the GET goes
+    through, the DEL waits): the wait returns within its caller's 0.5 s bound all the same.
+    Before, it sat on the DEL, and a caller that gave up meanwhile (asyncio.wait_for) lost the
+    result, deleted once Redis wrote again. The key goes once Redis writes again; and a client
+    closed while such a DEL is unanswered waits for it (within close's 1 s)."""
+    r = fleet.redis()
+    ids = [uid("paused") for _ in range(2)]
+    y = np.arange(8, dtype=np.float32)
+    for i in ids:
+        _store_result(r, "ferry:result:" + i, y)
+
+    async def main():
+        async with ferry.AsyncClient(fleet.frontend, fleet.redis_url,
+                                     consume_results=True) as c:
+            assert await c.poll(uid("connect")) is None  # connected to Redis
+            r.execute_command("CLIENT", "PAUSE", "3000", "WRITE")
+            got = await asyncio.wait_for(c.wait(ids[0], timeout=30), 0.5)
+            np.testing.assert_array_equal(got.outputs[0], y)
+            deadline = time.monotonic() + 20
+            while r.exists("ferry:result:" + ids[0]) and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert r.exists("ferry:result:" + ids[0]) == 0, "the consumed result is still there"
+            r.execute_command("CLIENT", "PAUSE", "100", "WRITE")
+            got = await c.wait(ids[1], timeout=30)
+            np.testing.assert_array_equal(got.outputs[0], y)
+        assert r.exists("ferry:result:" + ids[1]) == 0, "closed without its DEL answered"
+    try:
+        asyncio.run(main())
+    finally:
+        r.execute_command("CLIENT", "UNPAUSE")
 
 
 def test_big_inputs_slow_to_store_do_not_time_out_while_they_move(fleet):
