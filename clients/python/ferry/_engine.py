@@ -361,6 +361,7 @@ class Engine:
         now = self.loop.time()
         for j in jobs:
             j.sent = j.ever_sent = True
+            j.sends += 1
             j.sent_at = now
         self._send(b"SUBMIT", body, frames, None, rid)
 

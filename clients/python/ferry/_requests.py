@@ -7,13 +7,15 @@ from ._errors import FerryError, error_for
 class RunJob:
     """One run() submission: queued -> sent (ack false: a reply comes only for a rejection)."""
 
-    __slots__ = ("prep", "sent", "ever_sent", "cancelled", "error", "sent_at", "queued", "rid")
+    __slots__ = ("prep", "sent", "ever_sent", "sends", "cancelled", "error", "sent_at", "queued",
+                 "rid")
 
     def __init__(self, prep):
         self.prep = prep
         self.rid = None  # the rid of the last SUBMIT that carried it: only its rejection counts
         self.sent = False
         self.ever_sent = False
+        self.sends = 0  # SUBMITs that carried it
         self.cancelled = False
         self.error = None
         self.sent_at = 0.0

@@ -303,6 +303,7 @@ class Results:
                 backoff = FIRST_RECHECK * 2
             seen = e.version
             last_error = None
+            read_after_rejection = False
             while True:
                 if self.closed:
                     raise Unavailable("the client is closed", id=id)
@@ -318,7 +319,14 @@ class Results:
                         self._consume_later(id)
                     return r
                 if run is not None and run.error is not None:
-                    raise run.error
+                    if run.sends < 2 or read_after_rejection:
+                        raise run.error
+                    # Rejected when sent again (after a silence): the job sent before may have
+                    # ended just before the broker read this SUBMIT, which it then judged as a
+                    # new job (queue_full, unknown_model). Redis is read once first: a result
+                    # there is the job's.
+                    read_after_rejection = True
+                    next_read = loop.time()
                 now = loop.time()
                 if run is not None and not run.ever_sent and self._handshake_error() is not None \
                         and now - started >= self.timeout:

@@ -154,6 +154,29 @@ def test_a_late_rejection_of_a_run_resubmitted_since_does_not_fail_it(fleet):
     assert store.exists("pylate:input:%s:0" % r.id), "the accepted job's input was deleted"
 
 
+def test_a_run_rejected_when_resubmitted_after_its_job_ended_returns_the_result(fleet):
+    """A run's first SUBMIT goes unanswered past request_timeout_ms, so the client reads Redis
+    (nothing yet) and sends the same id again; the job ends just before the broker reads that
+    second SUBMIT (its record is in Redis, its notice not read yet), so the broker, no longer
+    holding the id, judges it as a new job and rejects it (queue_full). The run returns the
+    job's result, read from Redis once after the rejection. (Before, it raised QueueFull while
+    the result was there: the caller retried with a new id, the finished job thrown away.)"""
+    store = fleet.redis()
+    y = np.array([5.0, 6.0], np.float32)
+    x = np.arange(8, dtype=np.float32)
+
+    def on_submit(n, body, reply, serve):
+        if n == 2:
+            job_id = body["jobs"][0]["id"]
+            store.set("pyended:result:" + job_id, done_record(y, "tiny", "stub"))
+            reply(b"ACCEPTED", {"rid": body["rid"], "ids": [], "rejected": [
+                {"id": job_id, "code": "queue_full", "message": "full"}]})
+        # the first: silence
+    r, seen, _ = _run_against_a_stub_broker(fleet, "pyended:", x, y, on_submit)
+    np.testing.assert_array_equal(r.outputs[0], y)
+    assert r.status == "done" and len(seen) == 2
+
+
 def test_more_than_max_jobs_per_message_go_in_several_submits(fleet):
     """The broker refuses a SUBMIT of more than --max-jobs-per-message (10,000) jobs, or a
     CANCEL of more ids, as a whole (too_large): submit_many, cancel and runs started in one
