@@ -133,6 +133,16 @@ def check_launcher(deploy):
             if want not in line + " ":
                 problem("ferry-launch-gpus.sh", f"worker {k}: no '{want.strip()}' in: {line}")
 
+    # --metrics-port 0 (each worker a free port of its own) stays 0 for every worker; it was
+    # made 1, 2, ...: privileged ports, whose bind failed and stopped the launcher.
+    r = subprocess.run(["bash", script, "--dry-run", "--worker-bin", "/x/ferry-worker", "--",
+                        "--metrics-port", "0"], capture_output=True, text=True, env=env)
+    lines = [l for l in r.stdout.splitlines() if "/x/ferry-worker" in l]
+    if r.returncode != 0 or len(lines) != 3 or \
+            any(not (l + " ").count("--metrics-port 0 ") == 1 for l in lines):
+        problem("ferry-launch-gpus.sh", f"--metrics-port 0 with 3 GPUs: rc {r.returncode}: "
+                f"{r.stdout}{r.stderr}")
+
     # A worker that ends on its own (crashed) while others run: the launcher stops the others
     # (SIGTERM: they drain) and exits 1, so that its supervisor restarts it; before, it waited
     # on, alive, with that device idle. A stub stands in for ferry-worker: cpu0 exits 3.
