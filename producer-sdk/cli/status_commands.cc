@@ -193,8 +193,8 @@ int RunTop(std::vector<char*>& args) {
   broker.Register(&flags);
   Status parsed = flags.Parse(static_cast<int>(args.size()), args.data());
   if (int rc = runtime::HandleFlagResult(flags, parsed); rc >= 0) return rc;
-  if (!flags.positional().empty() || interval_ms < 10 || iterations < 0) {
-    std::fprintf(stderr, "ferry top takes no arguments; --interval-ms >= 10\n\n%s",
+  if (!flags.positional().empty() || interval_ms < 10 || interval_ms > 3600000 || iterations < 0) {
+    std::fprintf(stderr, "ferry top takes no arguments; --interval-ms 10..3600000\n\n%s",
                  flags.Usage().c_str());
     return kExitUsage;
   }

@@ -162,6 +162,24 @@ TEST(Submit, BadInputsAndOutOfRangeNumbersExitTwo) {
   EXPECT_NE(out.find("--request-timeout-ms must be 1..2147483647"), std::string::npos) << out;
 }
 
+// A bad flag prints the usage text, whose defaults come from the environment: a password in
+// $FERRY_REDIS shows as *** (a typo in a CI script put it in the CI log). `top` refuses an
+// interval past an hour (4294967296 ms was cut to an int: a frame every few microseconds).
+TEST(Usage, ShowsNoRedisPasswordAndTopRefusesAnAbsurdInterval) {
+  TempDir dir;
+  std::string out;
+  ScopedEnv env(
+      std::map<std::string, std::string>{{"FERRY_REDIS", "redis://app:s3cr3t@127.0.0.1:1"}});
+  EXPECT_EQ(RunCli(dir, {"wait", "--nope", "abc"}, &out), 2) << out;
+  EXPECT_EQ(out.find("s3cr3t"), std::string::npos) << out;
+  EXPECT_NE(out.find("(default: redis://app:***@127.0.0.1:1)"), std::string::npos) << out;
+  EXPECT_EQ(
+      RunCli(dir, {"top", "--interval-ms", "4294967296", "--frontend", "tcp://127.0.0.1:1"}, &out),
+      2)
+      << out;
+  EXPECT_NE(out.find("--interval-ms 10..3600000"), std::string::npos) << out;
+}
+
 // FERRY_FRONTEND / FERRY_REDIS (what `ferry up --env-file` writes) are the producer commands'
 // defaults; a flag wins over them.
 TEST_F(LiveBroker, EnvironmentGivesTheDefaultsAndFlagsWin) {
