@@ -121,6 +121,10 @@ void Broker::Impl::HandleReady(protocol::Message& m, const msgpack::object& body
   const std::vector<std::string> held = std::move(hello.held);
   hello.held.clear();
   scheduler.AddWorker(worker, std::move(hello), protocol::MonotonicMicros(), m.user_id);
+  // A HEARTBEAT at once says the broker's interval: a worker heartbeating faster would
+  // otherwise presume it dead before the first of the broker's own came.
+  protocol::SendTo(backend, worker, protocol::kHeartbeat,
+                   protocol::EncodeHeartbeat(options.heartbeat_ms));
   // A worker back after a broker restart, after it was dropped as silent, or on a new
   // connection keeps the jobs it still runs: they are not sent elsewhere, not expired while it
   // runs them, and not requeued (an attempt spent) with its old connection.

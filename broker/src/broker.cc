@@ -331,7 +331,6 @@ bool Broker::Impl::ReadBackend() {
 bool Broker::Impl::Heartbeat(int64_t now_mono) {
   if (now_mono < next_heartbeat_us) return false;
   next_heartbeat_us = now_mono + options.heartbeat_ms * 1000;
-  int64_t deadline = now_mono - LivenessMicros();
   // A worker is silent only when nothing of it waits unread: when the broker itself was busy
   // (a long turn, a slow journal write), the workers' messages are still in the socket, not
   // missing. So what waits is read first; a backlog more than a turn's worth of reading
@@ -339,11 +338,16 @@ bool Broker::Impl::Heartbeat(int64_t now_mono) {
   // fleet, whose DONEs keep arriving, hold a dead worker's jobs for as long as it stayed busy.)
   const bool unread = (backend.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
   if (!unread || ReadBackend())
-    for (const auto& id : scheduler.SilentWorkers(deadline)) DropWorker(id, "silent");
+    for (const auto& id :
+         scheduler.SilentWorkers(now_mono, options.heartbeat_ms * 1000, options.liveness))
+      DropWorker(id, "silent");
   // (What was read is the next turn's to act on -- credit its DONEs freed, jobs requeued --
   // which the loop then runs at once.)
+  // Each says the broker's interval: a worker heartbeating faster does not presume it dead
+  // after its own liveness x interval.
   for (const auto& [id, w] : scheduler.workers())
-    protocol::SendTo(backend, id, protocol::kHeartbeat, protocol::EncodeEmpty());
+    protocol::SendTo(backend, id, protocol::kHeartbeat,
+                     protocol::EncodeHeartbeat(options.heartbeat_ms));
   // A Redis that restarted while the broker had nothing to write is noticed here, not at the
   // next write, while jobs are pending: their records go back into it at once. A connect tried
   // here waits a quarter of a heartbeat at most, so that a Redis out of reach does not hold up

@@ -152,7 +152,9 @@ struct Broker::Impl {
   // A new one is a Redis that restarted (or another one, after a failover), which may have lost
   // the journal: every pending job and known model is written to it again on the next commit.
   void WatchRedisRestart();
-  // How long a worker may stay silent before it is presumed dead: --heartbeat-ms x --liveness.
+  // --heartbeat-ms x --liveness: how long a worker that announced no longer interval may stay
+  // silent before it is presumed dead (Scheduler::SilentWorkers), and how long jobs a worker
+  // may still hold stay parked.
   int64_t LivenessMicros() const { return options.heartbeat_ms * options.liveness * 1000; }
   // Every --heartbeat-ms: drops silent workers, sends HEARTBEATs, renews the models hourly.
   // True when it read workers' messages first (their effects are the next turn's to act on).

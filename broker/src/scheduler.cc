@@ -230,10 +230,12 @@ std::vector<Job*> Scheduler::RemoveWorker(const std::string& routing_id, bool sp
   return requeued;
 }
 
-std::vector<std::string> Scheduler::SilentWorkers(int64_t deadline_us) const {
+std::vector<std::string> Scheduler::SilentWorkers(int64_t now_us, int64_t heartbeat_us,
+                                                  int64_t liveness) const {
   std::vector<std::string> out;
   for (const auto& [id, w] : workers_) {
-    if (w.last_seen_us < deadline_us) out.push_back(id);
+    const int64_t interval_us = std::max(heartbeat_us, w.hello.heartbeat_ms * 1000);
+    if (w.last_seen_us < now_us - liveness * interval_us) out.push_back(id);
   }
   return out;
 }

@@ -131,8 +131,10 @@ class Scheduler {
   // Returns the requeued jobs; the caller counts them (counters().requeued), less those it
   // poisons (counters().poisoned).
   std::vector<Job*> RemoveWorker(const std::string& routing_id, bool spend_attempt = true);
-  // Workers silent since before `deadline_us` (monotonic).
-  std::vector<std::string> SilentWorkers(int64_t deadline_us) const;
+  // Workers silent at `now_us` (monotonic) for more than `liveness` heartbeats: of `heartbeat_us`
+  // (the broker's), or of the longer interval a worker announced in its READY.
+  std::vector<std::string> SilentWorkers(int64_t now_us, int64_t heartbeat_us,
+                                         int64_t liveness) const;
 
   // A worker reports these jobs finished: their results are in Redis. Returns the jobs it holds
   // (dispatched to this routing id), removed from the scheduler. The other ids that are pending

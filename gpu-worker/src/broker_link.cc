@@ -133,7 +133,7 @@ void BrokerLink::Reconnect() {
 }
 
 void BrokerLink::MaybeReconnect(int64_t now_us) {
-  const int64_t silence_us = options_.heartbeat_ms * options_.liveness * 1000;
+  const int64_t silence_us = SilenceMicros();
   const int64_t last = last_broker_us_.load();
   if (last != 0 && now_us - last < silence_us) {
     reconnect_interval_us_ = options_.heartbeat_ms * 1000;  // healthy: reset the backoff
@@ -202,8 +202,7 @@ void BrokerLink::Loop() {
       if (Writable()) Send(protocol::kHeartbeat, protocol::EncodeEmpty());
       next_heartbeat = protocol::MonotonicMicros() + heartbeat_us;
       const int64_t last = last_broker_us_.load();
-      const bool silent =
-          last != 0 && protocol::NowMicros() - last > options_.liveness * heartbeat_us;
+      const bool silent = last != 0 && protocol::NowMicros() - last > SilenceMicros();
       if (silent != broker_silent_) {
         broker_silent_ = silent;
         if (!silent) spdlog::info("broker {} heard from again", options_.endpoint);
@@ -229,7 +228,10 @@ void BrokerLink::HandleBroker(protocol::Message* m) {
   } else if (m->command == protocol::kCancel) {
     HandleCancel(m->body);
   } else if (m->command == protocol::kHeartbeat) {
-    // Only its arrival time matters (kept by the caller).
+    // Its arrival time is kept by the caller; the interval it says sets how long a silence
+    // means a dead broker.
+    if (const int64_t ms = protocol::DecodeHeartbeat(m->body); ms > 0)
+      broker_heartbeat_ms_.store(ms);
   } else if (m->command == protocol::kError) {
     // The broker refused a READY (a worker name another key holds, with CURVE; limits the
     // worker checked at start make the rest unlikely): no work comes until one is taken. Said

@@ -91,6 +91,11 @@ class BrokerLink {
 
   // Wall-clock microseconds of the last message from the broker (0: none yet).
   int64_t last_broker_message_us() const { return last_broker_us_.load(); }
+  // How long the broker may stay silent before it is presumed dead: liveness heartbeats of
+  // this worker's interval, or of the broker's when its HEARTBEATs say a longer one.
+  int64_t SilenceMicros() const {
+    return options_.liveness * std::max(options_.heartbeat_ms, broker_heartbeat_ms_.load()) * 1000;
+  }
   // Jobs received and not yet reported by the result writer.
   int64_t outstanding() const { return outstanding_.load(); }
   // Whether the thread has seen RequestDrain and is draining.
@@ -138,6 +143,7 @@ class BrokerLink {
 
   std::atomic<bool> drain_requested_{false};
   std::atomic<int64_t> last_broker_us_{0};
+  std::atomic<int64_t> broker_heartbeat_ms_{0};  // what the broker's HEARTBEATs say (0: nothing)
   std::atomic<int64_t> outstanding_{0};
   std::atomic<bool> draining_{false};  // written by the loop thread only
   // The loop thread's own.

@@ -79,6 +79,7 @@ protocol::WorkerHello MakeHello(const WorkerOptions& options, std::vector<std::s
   hello.host = protocol::HostName();
   hello.pid = getpid();
   hello.capacity = options.capacity();
+  hello.heartbeat_ms = options.heartbeat_ms;
   for (const ModelConfig& m : options.models)
     hello.models.push_back({m.name, m.max_batch, m.inputs});  // inputs: nullopt when undeclared
   hello.resident = std::move(resident);
@@ -106,8 +107,8 @@ Status Worker::Create(WorkerOptions options, std::unique_ptr<Worker>* out) {
   if (Status s = protocol::CheckHello(MakeHello(options, {})); !s.ok()) {
     const bool capacity = s.message().find("capacity") != std::string::npos;
     return Status::InvalidArgument(
-        "the broker would refuse the READY of worker " + options.name.substr(0, 200) +
-        ": " + s.message() +
+        "the broker would refuse the READY of worker " + options.name.substr(0, 200) + ": " +
+        s.message() +
         (capacity ? " (the worker's capacity is the largest max batch x (--instances + 1))" : ""));
   }
   ModelRegistry::Options ropts;
@@ -194,7 +195,7 @@ Status Worker::Impl::Run() {
       std::lock_guard<std::mutex> lock(mu_);
       const int64_t last = link_ ? link_->last_broker_message_us() : 0;
       const int64_t silent_us = protocol::NowMicros() - last;
-      if (last == 0 || silent_us > options_.heartbeat_ms * options_.liveness * 1000) {
+      if (last == 0 || silent_us > link_->SilenceMicros()) {
         *why = "broker " + options_.broker +
                (last == 0 ? " not heard from yet"
                           : " silent for " + std::to_string(silent_us / 1000) + " ms");

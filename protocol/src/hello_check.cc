@@ -49,6 +49,10 @@ Status CheckHello(const protocol::WorkerHello& h) {
   if (!h.host.empty() && !PrintableName(h.host, 255))
     return Status::InvalidArgument("READY \"host\" must be at most 255 printable characters");
   if (h.pid < 0) return Status::InvalidArgument("READY \"pid\" must not be negative");
+  if (h.heartbeat_ms != 0 && (h.heartbeat_ms < kMinHeartbeatMs || h.heartbeat_ms > kMaxHeartbeatMs))
+    return Status::InvalidArgument("READY \"heartbeat_ms\" must be " +
+                                   std::to_string(kMinHeartbeatMs) + ".." +
+                                   std::to_string(kMaxHeartbeatMs));
   if (h.capacity < 1 || h.capacity > kMaxWorkerCapacity)
     return Status::InvalidArgument("READY \"capacity\" must be 1.." +
                                    std::to_string(kMaxWorkerCapacity));

@@ -374,7 +374,7 @@ Status DecodeInputSpecs(const msgpack::object& o, std::vector<InputSpec>* out) {
 zmq::message_t EncodeHello(const WorkerHello& h) {
   msgpack::sbuffer buf;
   Packer pk(buf);
-  pk.pack_map(6 + (h.resident ? 1 : 0) + (h.held.empty() ? 0 : 1));
+  pk.pack_map(6 + (h.resident ? 1 : 0) + (h.held.empty() ? 0 : 1) + (h.heartbeat_ms > 0 ? 1 : 0));
   PackString(pk, "worker");
   PackString(pk, h.worker);
   PackString(pk, "device");
@@ -407,6 +407,10 @@ zmq::message_t EncodeHello(const WorkerHello& h) {
     PackString(pk, "held");
     pk.pack_array(static_cast<uint32_t>(h.held.size()));
     for (const auto& id : h.held) PackString(pk, id);
+  }
+  if (h.heartbeat_ms > 0) {
+    PackString(pk, "heartbeat_ms");
+    pk.pack_int64(h.heartbeat_ms);
   }
   return ToMessage(std::move(buf));
 }
@@ -444,7 +448,26 @@ Status DecodeHello(const msgpack::object& body, WorkerHello* out) {
   }
   out->held.clear();
   if (Find(body, "held")) FERRY_RETURN_IF_ERROR(GetStringArray(body, "held", &out->held));
-  return Status::Ok();
+  return GetInt(body, "heartbeat_ms", &out->heartbeat_ms, 0);
+}
+
+zmq::message_t EncodeHeartbeat(int64_t heartbeat_ms) {
+  msgpack::sbuffer buf;
+  Packer pk(buf);
+  pk.pack_map(1);
+  PackString(pk, "heartbeat_ms");
+  pk.pack_int64(heartbeat_ms);
+  return ToMessage(std::move(buf));
+}
+
+int64_t DecodeHeartbeat(const zmq::message_t& body) {
+  msgpack::object_handle oh;
+  int64_t ms = 0;
+  if (!UnpackMap(static_cast<const char*>(body.data()), body.size(), &oh).ok() ||
+      !GetInt(oh.get(), "heartbeat_ms", &ms, 0).ok() || ms < kMinHeartbeatMs ||
+      ms > kMaxHeartbeatMs)
+    return 0;
+  return ms;
 }
 
 namespace {

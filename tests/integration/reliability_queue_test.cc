@@ -9,9 +9,11 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -361,6 +363,35 @@ TEST(Reliability, HigherPriorityRunsFirstFifoWithin) {
   std::vector<std::string> order;
   for (const auto& [t, i] : by_start) order.push_back(i);
   EXPECT_EQ(order, std::vector<std::string>({"p5-0", "p5-1", "p5-2", "p0-0", "p0-1", "p0-2"}));
+}
+
+// The broker and its workers need not heartbeat alike: each says its interval (a worker in
+// READY, the broker in its HEARTBEATs), and neither presumes the other dead before --liveness of
+// the longer one. A broker at 100 ms with a worker at 1 s, then the other way round, each
+// watched for 3 s (ten times the 300 ms that the faster side's own liveness allows): nobody is
+// dropped or reconnects, and jobs run. Before, the broker dropped the slower worker as silent
+// every 300 ms (its jobs requeued, then poisoned), or the faster worker kept reconnecting to
+// the slower broker.
+TEST(Reliability, ABrokerAndAWorkerHeartbeatingAtDifferentRatesKeepEachOther) {
+  const std::vector<std::string> slow = {"--heartbeat-ms", "1000", "--liveness", "3"};
+  for (const bool broker_faster : {true, false}) {
+    SCOPED_TRACE(broker_faster ? "broker 100 ms, worker 1 s" : "broker 1 s, worker 100 ms");
+    FleetOptions fo;
+    fo.workers = 1;
+    fo.models = {"slow"};
+    fo.broker_args = broker_faster ? kFastHeartbeats : slow;
+    fo.worker_args = broker_faster ? slow : kFastHeartbeats;
+    Fleet fleet(fo);
+    ASSERT_TRUE(fleet.WaitForWorkers(1)) << fleet.Logs();
+    auto c = MakeClient(fleet, 30000);
+    Result r;
+    ASSERT_TRUE(c->Run(SlowJob("", 1), 30000, &r).ok()) << fleet.Logs();
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    ASSERT_TRUE(c->Run(SlowJob("", 1), 30000, &r).ok()) << fleet.Logs();
+    EXPECT_EQ(r.state, JobState::kDone) << r.error.ToString();
+    EXPECT_EQ(fleet.broker().Log().find("removed (silent)"), std::string::npos) << fleet.Logs();
+    EXPECT_EQ(fleet.worker(0).Log().find("silent for"), std::string::npos) << fleet.Logs();
+  }
 }
 
 }  // namespace

@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+
 namespace ferry::broker {
 namespace {
 
@@ -561,13 +563,25 @@ TEST(Scheduler, PendingBytesTrackInputs) {
   EXPECT_EQ(s.pending_bytes(), 0);
 }
 
+// Silent: more than `liveness` heartbeats of the broker's interval (here 100 us x 4), or of the
+// longer one a worker announced in its READY (`slow`: 1 ms, so 4 ms).
 TEST(Scheduler, SilentWorkersAreReported) {
   Scheduler s;
   s.AddWorker("old", Hello("old", 1, {{"m", 1}}), 100);
   s.AddWorker("new", Hello("new", 1, {{"m", 1}}), 1000);
-  EXPECT_EQ(s.SilentWorkers(500), (std::vector<std::string>{"old"}));
+  protocol::WorkerHello slow = Hello("slow", 1, {{"m", 1}});
+  slow.heartbeat_ms = 1;
+  s.AddWorker("slow", slow, 100);
+  auto silent = [&](int64_t now) {
+    std::vector<std::string> ids = s.SilentWorkers(now, 100, 4);
+    std::sort(ids.begin(), ids.end());
+    return ids;
+  };
+  EXPECT_EQ(silent(900), (std::vector<std::string>{"old"}));
   s.Touch("old", 2000);
-  EXPECT_TRUE(s.SilentWorkers(500).empty());
+  EXPECT_TRUE(silent(900).empty());
+  EXPECT_EQ(silent(4100), (std::vector<std::string>{"new", "old"}));  // slow: 4 ms since 100
+  EXPECT_EQ(silent(4101), (std::vector<std::string>{"new", "old", "slow"}));
 }
 
 TEST(Scheduler, TakeRemovesQueuedJob) {

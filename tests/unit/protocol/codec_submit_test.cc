@@ -299,6 +299,39 @@ TEST(Ready, HeldIdsRoundTripAndAreBounded) {
   EXPECT_NE(s.message().find("which is no job id"), std::string::npos) << s.message();
 }
 
+// READY's optional "heartbeat_ms" (absent when 0) and the broker's HEARTBEAT body: round trips,
+// and the bounds (10..600000) CheckHello and DecodeHeartbeat keep.
+TEST(Ready, HeartbeatIntervalsRoundTripAndAreBounded) {
+  WorkerHello h;
+  h.worker = "w";
+  h.device = "cpu";
+  h.capacity = 2;
+  h.models = {{"tiny", 1, std::nullopt}};
+  for (int64_t ms : {int64_t{0}, int64_t{1000}}) {
+    h.heartbeat_ms = ms;
+    zmq::message_t msg = EncodeHello(h);
+    msgpack::object_handle oh;
+    ASSERT_TRUE(UnpackMap(msg.data(), msg.size(), &oh).ok());
+    EXPECT_EQ(Find(oh.get(), "heartbeat_ms") != nullptr, ms != 0);
+    WorkerHello back;
+    back.heartbeat_ms = 7;
+    ASSERT_TRUE(DecodeHello(oh.get(), &back).ok());
+    EXPECT_EQ(back.heartbeat_ms, ms);
+    EXPECT_TRUE(CheckHello(back).ok());
+  }
+  for (int64_t ms : {int64_t{9}, int64_t{600001}, int64_t{-1}}) {
+    h.heartbeat_ms = ms;
+    Status s = CheckHello(h);
+    EXPECT_EQ(s.code(), codes::kInvalidArgument) << ms;
+    EXPECT_NE(s.message().find("\"heartbeat_ms\" must be 10..600000"), std::string::npos)
+        << s.message();
+  }
+  EXPECT_EQ(DecodeHeartbeat(EncodeHeartbeat(250)), 250);
+  EXPECT_EQ(DecodeHeartbeat(EncodeEmpty()), 0);  // a worker's, or an older broker's
+  EXPECT_EQ(DecodeHeartbeat(EncodeHeartbeat(5)), 0);
+  EXPECT_EQ(DecodeHeartbeat(zmq::message_t()), 0);
+}
+
 TEST(Accepted, RoundTrip) {
   Accepted a;
   a.rid = 42;

@@ -55,6 +55,13 @@ Status DecodeLimits(const msgpack::object& body, BrokerLimits* out);
 zmq::message_t EncodeIds(const std::vector<std::string>& ids, int64_t rid = 0);
 zmq::message_t EncodeEmpty(int64_t rid = 0);
 
+// ---- HEARTBEAT {"heartbeat_ms"?} ---------------------------------------------------------------
+// Either side's heartbeat interval, so that the other presumes it dead only after --liveness of
+// the longer of the two intervals (a worker says it in READY, the broker in its HEARTBEATs).
+zmq::message_t EncodeHeartbeat(int64_t heartbeat_ms);
+// The interval a HEARTBEAT body says; 0 when it says none, or one out of kMin..kMaxHeartbeatMs.
+int64_t DecodeHeartbeat(const zmq::message_t& body);
+
 // ---- DONE {"ids", "duplicates"?, "not_done"?, "results"?, "notified"?, "bye"?} -------------
 // "duplicates": how many of the ids already had a final result in Redis (fencing: the first
 // result wins); left out when 0. "not_done", "results": see types.h. "notified" [id, ...]: the

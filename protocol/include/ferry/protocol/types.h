@@ -111,7 +111,15 @@ struct WorkerHello {
   // dropped the worker as silent, the broker leaves those jobs with it instead of sending them
   // elsewhere. Empty: none (omitted on the wire).
   std::vector<std::string> held;
+  // Optional "heartbeat_ms": how often the worker sends HEARTBEAT (its --heartbeat-ms). The
+  // broker presumes it dead only after --liveness of the longer of that and its own interval.
+  // 0: not said (omitted on the wire): the broker's own interval.
+  int64_t heartbeat_ms = 0;
 };
+// The heartbeat intervals a peer may announce (READY's, HEARTBEAT's "heartbeat_ms"), as the
+// broker's and the worker's --heartbeat-ms take.
+inline constexpr int64_t kMinHeartbeatMs = 10;
+inline constexpr int64_t kMaxHeartbeatMs = 600000;
 
 // ---- CHUNK (broker -> worker) {"jobs": [entry, ...]} ---------------------------------------
 // An entry: id, model, inputs, attempt, priority, result_ttl_s, submitted, dispatched, deadline
