@@ -438,6 +438,7 @@ int RunUp(std::vector<char*>& args) {
       std::fflush(stdout);
       bool clean = fleet->Drain(static_cast<int>(drain_timeout_ms));
       std::printf("ferry up: stopped%s\n", clean ? "" : " (some processes had to be killed)");
+      if (!clean && rc == kExitOk) rc = kExitFailed;  // 0 says it drained cleanly
     }
   }
   std::error_code ec;

@@ -163,6 +163,26 @@ TEST(FerryUp, StartsRunsAJobAndDrainsOnSigterm) {
       WaitFor([&] { return !ReadEnvFile(env_file).empty(); }, std::chrono::milliseconds(1)));
 }
 
+// A drain that has to SIGKILL a process (here the worker, stopped, cannot drain within
+// --drain-timeout-ms) says so and exits 1: 0 means it drained cleanly. It exited 0.
+TEST(FerryUp, ADrainThatHadToKillAProcessExitsOne) {
+  if (WorkerBin().empty()) GTEST_SKIP() << "built without ferry-worker (no libtorch)";
+  TempDir dir;
+  std::string env_file = dir.path() + "/fleet.env";
+  Process up({CliBin(), "up", "--cpu-workers", "1", "--model", "tiny=" + ModelPath("tiny"),
+              "--frontend-port", "0", "--backend-port", "0", "--log-dir", dir.path() + "/logs",
+              "--env-file", env_file, "--drain-timeout-ms", "1000"},
+             dir.path() + "/up.log");
+  ASSERT_TRUE(WaitFor([&] { return ReadEnvFile(env_file).count("FERRY_REDIS") > 0; }, seconds(90)))
+      << up.Log();
+  const std::map<std::string, pid_t> children = ChildrenOf(up.pid());
+  ASSERT_EQ(children.count("ferry-worker"), 1u) << up.Log();
+  ASSERT_EQ(kill(children.at("ferry-worker"), SIGSTOP), 0);
+  up.Signal(SIGTERM);
+  EXPECT_EQ(up.Wait(seconds(60)), 1) << up.Log();
+  EXPECT_NE(up.Log().find("some processes had to be killed"), std::string::npos) << up.Log();
+}
+
 // Binding all interfaces turns CURVE on by itself: keys are made (secrets 0600), the env file
 // names them (paths, never key material), a job runs with them, and a client whose key is not
 // listed -- or that speaks plaintext -- gets nothing accepted.
