@@ -20,10 +20,10 @@ int64_t BatchLimit::Current(int64_t now_us) const {
   return std::min(limit, max_);
 }
 
-int64_t BatchLimit::OnOutOfMemory(int64_t batch, int64_t now_us) {
+int64_t BatchLimit::LowerTo(int64_t limit, int64_t now_us) {
   const int64_t current = Current(now_us);
   std::lock_guard<std::mutex> lock(mu_);
-  lowered_ = std::min(current, std::max<int64_t>(1, batch / 2));
+  lowered_ = std::min(current, std::max<int64_t>(1, limit));
   lowered_at_ = now_us;
   return lowered_;
 }

@@ -1,9 +1,8 @@
 #pragma once
 // BatchLimit: a model's effective max batch, lowered when the device runs out of memory and
-// restored gradually. After an out-of-memory error on a batch of B the limit drops to
-// max(1, B / 2) (never raised by it) and stays there for `hold_us`; then it doubles every `step_us`
-// until it is back at the configured maximum. Another OOM while lowered lowers it again and
-// restarts the hold.
+// restored gradually. Lowered to L (never raised by it: LowerTo), it stays there for `hold_us`;
+// then it doubles every `step_us` until it is back at the configured maximum. Another OOM while
+// lowered lowers it again and restarts the hold.
 //
 // Thread-safety: every method may be called from any thread (one mutex). Times are monotonic
 // microseconds passed in by the caller, so tests need no sleeps.
@@ -23,8 +22,11 @@ class BatchLimit {
 
   // The limit at time `now_us`.
   int64_t Current(int64_t now_us) const;
-  // A batch of `batch` jobs ran out of memory at `now_us`. Returns the new limit.
-  int64_t OnOutOfMemory(int64_t batch, int64_t now_us);
+  // Lowers the limit to `limit` (at least 1; never raised by it) at `now_us`. Returns the new
+  // limit.
+  int64_t LowerTo(int64_t limit, int64_t now_us);
+  // A batch of `batch` jobs ran out of memory at `now_us`: LowerTo(batch / 2).
+  int64_t OnOutOfMemory(int64_t batch, int64_t now_us) { return LowerTo(batch / 2, now_us); }
   int64_t max() const { return max_; }
 
  private:

@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <string>
 #include <unordered_map>
 
@@ -39,8 +40,15 @@ std::vector<JobResult> Batcher::Run(const Model& model, std::vector<Job> jobs,
                            : group.size();
     for (size_t from = 0; from < group.size(); from += cap) {
       const size_t to = std::min(group.size(), from + cap);
-      RunGroup(model, jobs, std::vector<size_t>(group.begin() + from, group.begin() + to), limit,
+      MemoryReport report;
+      RunGroup(model, jobs, std::vector<size_t>(group.begin() + from, group.begin() + to), &report,
                &results);
+      if (report.out_of_memory && report.largest_ok > 0 && limit != nullptr) {
+        const int64_t lowered = limit->LowerTo(report.largest_ok, protocol::MonotonicMicros());
+        spdlog::warn(
+            "model {}: out of memory on a batch of {}; max batch lowered to {} for a while",
+            model.name(), to - from, lowered);
+      }
     }
   }
   for (size_t i = 0; i < jobs.size(); ++i) {
@@ -52,7 +60,7 @@ std::vector<JobResult> Batcher::Run(const Model& model, std::vector<Job> jobs,
 }
 
 void Batcher::RunGroup(const Model& model, const std::vector<Job>& jobs,
-                       const std::vector<size_t>& indices, BatchLimit* limit,
+                       const std::vector<size_t>& indices, MemoryReport* report,
                        std::vector<JobResult>* results) const {
   std::vector<const std::vector<protocol::TensorRef>*> inputs;
   std::vector<std::shared_ptr<const void>> chunks;  // a batch read in place holds them
@@ -70,19 +78,17 @@ void Batcher::RunGroup(const Model& model, const std::vector<Job>& jobs,
 
   if (!s.ok() && out.out_of_memory) {
     out_of_memory_.fetch_add(1);
-    const int64_t n = static_cast<int64_t>(indices.size());
-    const int64_t lowered =
-        limit != nullptr ? limit->OnOutOfMemory(n, protocol::MonotonicMicros()) : n / 2;
-    spdlog::warn("model {}: out of memory on a batch of {}; max batch lowered to {} for a while",
-                 model.name(), n, lowered);
+    report->out_of_memory = true;
   }
+  if (s.ok())
+    report->largest_ok = std::max(report->largest_ok, static_cast<int64_t>(indices.size()));
   if (!s.ok() && out.retry_smaller && indices.size() > 1) {
     spdlog::debug("model {}: batch of {} failed ({}); retrying in halves", model.name(),
                   indices.size(), s.message().substr(0, 200));
     const size_t half = indices.size() / 2;
-    RunGroup(model, jobs, std::vector<size_t>(indices.begin(), indices.begin() + half), limit,
+    RunGroup(model, jobs, std::vector<size_t>(indices.begin(), indices.begin() + half), report,
              results);
-    RunGroup(model, jobs, std::vector<size_t>(indices.begin() + half, indices.end()), limit,
+    RunGroup(model, jobs, std::vector<size_t>(indices.begin() + half, indices.end()), report,
              results);
     return;
   }

@@ -10,8 +10,10 @@
 //     on the executor's stream.
 //  3. When a batch of B > 1 fails inside the call, splits it in halves and retries each half,
 //     recursively, so that only the job(s) that make the model throw fail (code model_error,
-//     the library's message) and their batch-mates still succeed. An out-of-memory error also
-//     lowers the model's BatchLimit (BatchLimit::OnOutOfMemory) before the halves run. Failures
+//     the library's message) and their batch-mates still succeed. A batch that ran out of
+//     memory lowers the model's BatchLimit, once its halves have run, to the largest of them
+//     that ran without: the size the device is seen to take (one job too big for the device
+//     alone, whose halves run out of memory down to itself, does not take it to 1). Failures
 //     that no batch size can fix (outputs without the batch dimension, an output dtype Ferry
 //     cannot encode) fail the whole group at once.
 //
@@ -48,9 +50,15 @@ class Batcher {
   int64_t out_of_memory() const { return out_of_memory_.load(); }
 
  private:
+  // What the halvings of one batch saw: whether a call ran out of memory, and the largest call
+  // that succeeded.
+  struct MemoryReport {
+    bool out_of_memory = false;
+    int64_t largest_ok = 0;
+  };
   // Runs jobs[indices...] as one batch, halving on failure; fills (*results)[index].
   void RunGroup(const Model& model, const std::vector<Job>& jobs,
-                const std::vector<size_t>& indices, BatchLimit* limit,
+                const std::vector<size_t>& indices, MemoryReport* report,
                 std::vector<JobResult>* results) const;
 
   const cuda::Stream* stream_;

@@ -218,6 +218,28 @@ TEST(EngineTest, OutOfMemoryHalvesTheBatchAndLowersTheLimit) {
   for (const auto& r : again) EXPECT_TRUE(r.status.ok());
 }
 
+// One job too big for the device alone: its halves run out of memory down to itself, while
+// those without it run. The limit goes to the largest batch that ran (4 of 8), not to 1 (it
+// was halved at every level: 4, 2, then 1 for ~2 minutes, for every producer of the model).
+TEST(EngineTest, OneJobTooBigForTheDeviceLowersTheLimitToWhatRanNotToOne) {
+  auto model = Load(Config("oom_one"));
+  BatchLimit limit(8, /*hold_us=*/60'000'000, /*step_us=*/10'000'000);
+  std::vector<Job> jobs;
+  for (int j = 0; j < 8; ++j)
+    jobs.push_back(MakeJob("o" + std::to_string(j), "oom_one", {Ramp({2}, j == 5 ? 500 : j)}));
+  Batcher batcher;
+  auto results = batcher.Run(*model, std::move(jobs), &limit);
+  for (int j = 0; j < 8; ++j) {
+    if (j == 5) {
+      EXPECT_FALSE(results[j].status.ok());
+      continue;
+    }
+    ASSERT_TRUE(results[j].status.ok()) << j << " " << results[j].status.ToString();
+  }
+  EXPECT_EQ(batcher.out_of_memory(), 4);  // 8, 4, 2 and 1 with the big job
+  EXPECT_EQ(limit.Current(protocol::MonotonicMicros()), 4);
+}
+
 TEST(EngineTest, WarmupRunsEveryBatchSizeAndBucket) {
   ModelConfig c = PaddedConfig({4, 8});
   c.warmup.inputs = {{DType::kFloat32, {1, 4}}};

@@ -48,6 +48,11 @@ const std::map<std::string, Def>& Defs() {
         "    assert x.size(0) <= 2, 'CUDA out of memory. Tried to allocate 2.00 GiB'\n"
         "    return x + 1.0\n",
         {}}},
+      {"oom_one",  // one job (any value >= 100) too big for the device, whatever its batch
+       {"def forward(self, x):\n"
+        "    assert bool((x < 100.0).all()), 'CUDA out of memory. Tried to allocate 2.00 GiB'\n"
+        "    return x + 1.0\n",
+        {}}},
       {"methods",
        {"def embed(self, x):\n    return x * 3.0\n\ndef forward(self, x):\n    return x\n", {}}},
       {"linear64",
@@ -83,8 +88,7 @@ struct Scratch {
   std::mutex mu;
   std::map<std::string, std::filesystem::path> dirs;
   void RemoveAll() {
-    for (const auto& [prefix, dir] : dirs)
-      nftw(dir.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
+    for (const auto& [prefix, dir] : dirs) nftw(dir.c_str(), RemoveEntry, 16, FTW_DEPTH | FTW_PHYS);
     dirs.clear();
   }
   ~Scratch() { RemoveAll(); }
