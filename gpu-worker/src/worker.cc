@@ -80,6 +80,7 @@ protocol::WorkerHello MakeHello(const WorkerOptions& options, std::vector<std::s
   hello.pid = getpid();
   hello.capacity = options.capacity();
   hello.heartbeat_ms = options.heartbeat_ms;
+  hello.redis_prefix = options.redis_prefix;
   for (const ModelConfig& m : options.models)
     hello.models.push_back({m.name, m.max_batch, m.inputs});  // inputs: nullopt when undeclared
   hello.resident = std::move(resident);

@@ -247,6 +247,25 @@ TEST_F(EndToEnd, WorkerThreadsAreNamedAfterTheirRole) {
         << want << " missing among " << ::testing::PrintToString(names);
 }
 
+// A worker whose --redis-prefix is not the broker's would write results where no producer reads
+// them (small ones still came inside FINISHED, so it looked fine): the broker refuses its READY
+// naming both prefixes, the worker logs the refusal and gets no work. A worker with the broker's
+// prefix joins beside it.
+TEST_F(EndToEnd, AWorkerWithAnotherRedisPrefixIsRefused) {
+  FleetOptions o{1};
+  o.worker_args = {"--redis-prefix", "other:"};
+  fleet_ = std::make_unique<Fleet>(o);
+  ASSERT_TRUE(testutil::WaitFor(
+      [&] { return fleet_->worker(0).Log().find("the broker refused it") != std::string::npos; },
+      std::chrono::seconds(60)))
+      << fleet_->Logs();
+  EXPECT_NE(fleet_->worker(0).Log().find("READY says --redis-prefix \"other:\", the broker's is "
+                                         "\"ferry:\""),
+            std::string::npos)
+      << fleet_->Logs();
+  EXPECT_TRUE(fleet_->WaitForWorkers(0, std::chrono::seconds(5))) << fleet_->Logs();
+}
+
 // A worker has nothing to reload: a SIGHUP (a closed ssh session, a `kill -HUP` meant for the
 // broker's keys) is logged and ignored, and the worker goes on running jobs. Before, SIGHUP's
 // default action ended it without a drain or a word.

@@ -332,6 +332,28 @@ TEST(Ready, HeartbeatIntervalsRoundTripAndAreBounded) {
   EXPECT_EQ(DecodeHeartbeat(zmq::message_t()), 0);
 }
 
+// READY's optional "redis_prefix": a round trip (absent when empty), and its bound.
+TEST(Ready, RedisPrefixRoundTripsAndIsBounded) {
+  WorkerHello h;
+  h.worker = "w";
+  h.device = "cpu";
+  h.capacity = 2;
+  h.models = {{"tiny", 1, std::nullopt}};
+  for (const std::string prefix : {"", "other:"}) {
+    h.redis_prefix = prefix;
+    zmq::message_t msg = EncodeHello(h);
+    msgpack::object_handle oh;
+    ASSERT_TRUE(UnpackMap(msg.data(), msg.size(), &oh).ok());
+    EXPECT_EQ(Find(oh.get(), "redis_prefix") != nullptr, !prefix.empty());
+    WorkerHello back;
+    back.redis_prefix = "stale";
+    ASSERT_TRUE(DecodeHello(oh.get(), &back).ok());
+    EXPECT_EQ(back.redis_prefix, prefix);
+  }
+  h.redis_prefix = std::string(1025, 'p');
+  EXPECT_EQ(CheckHello(h).code(), codes::kInvalidArgument);
+}
+
 TEST(Accepted, RoundTrip) {
   Accepted a;
   a.rid = 42;

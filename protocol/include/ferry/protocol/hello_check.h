@@ -18,7 +18,8 @@ inline constexpr int64_t kMaxModelBatch = 1 << 16;
 // host (printable, at most 128, 64 and 255 characters), its capacity (1..kMaxWorkerCapacity),
 // 1..kMaxModelsPerWorker models with names of 1-128 characters of [A-Za-z0-9._:/-], each once,
 // max_batch 1..kMaxModelBatch, input names of 1-64 characters of [A-Za-z0-9._-], "resident"
-// naming only announced models, and heartbeat_ms 0 (not said) or kMin..kMaxHeartbeatMs.
+// naming only announced models, heartbeat_ms 0 (not said) or kMin..kMaxHeartbeatMs, and
+// redis_prefix at most 1024 bytes.
 Status CheckHello(const WorkerHello& h);
 
 }  // namespace ferry::protocol
