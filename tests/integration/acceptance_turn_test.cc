@@ -43,10 +43,13 @@ void SubmitAndCancelInOneTurn(Fleet& fleet, zmq::socket_t& s, const std::string&
       {"FERRY1", "SUBMIT", std::string(submit.data(), submit.size())},
       {"FERRY1", "CANCEL", std::string(static_cast<const char*>(cancel.data()), cancel.size())}};
   fleet.broker().Signal(SIGSTOP);
+  ASSERT_TRUE(testutil::WaitUntilStopped(fleet.broker().pid())) << "the broker did not stop";
   if (while_stopped) while_stopped();
+  const size_t before = testutil::UnreadBytes(fleet.frontend());
   for (const auto& frames : messages) testutil::RawSend(s, frames);
   ASSERT_TRUE(testutil::WaitUntilUnread(
-      fleet.frontend(), testutil::WireBytes(messages[0]) + testutil::WireBytes(messages[1])))
+      fleet.frontend(), before,
+      testutil::WireBytes(messages[0]) + testutil::WireBytes(messages[1])))
       << "the SUBMIT and the CANCEL did not reach the broker's socket";
   fleet.broker().Signal(SIGCONT);
   bool got_accepted = false, got_cancelled = false;

@@ -2,7 +2,10 @@
 // Speaking the wire protocol by hand over a raw DEALER, as a client (or a worker) in another
 // language does (docs/protocol.md): for wire_test.cc and wire_limits_test.cc.
 
+#include <sys/types.h>
+
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -63,12 +66,36 @@ inline size_t UnreadBytes(const std::string& endpoint) {
   return unread;
 }
 
-// Waits until a process stopped by SIGSTOP has `bytes` waiting unread at `endpoint`: messages
-// sent to it (RawSend only queues them for libzmq's I/O thread) have all reached its socket, so
-// that it reads them together once it goes on. False when they have not within `timeout_ms`.
-inline bool WaitUntilUnread(const std::string& endpoint, size_t bytes, int timeout_ms = 20000) {
+// Waits until every thread of process `pid` is stopped (state T in /proc/PID/task/*/stat):
+// kill(SIGSTOP) returns before they are, and a thread still running may yet read what is sent
+// next. False when they are not within `timeout_ms`.
+inline bool WaitUntilStopped(pid_t pid, int timeout_ms = 20000) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
-  while (UnreadBytes(endpoint) < bytes) {
+  const std::filesystem::path tasks = "/proc/" + std::to_string(pid) + "/task";
+  for (;;) {
+    bool all = true;
+    std::error_code ec;
+    for (const auto& t : std::filesystem::directory_iterator(tasks, ec)) {
+      std::ifstream in(t.path() / "stat");
+      std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      const size_t paren = stat.rfind(')');  // the state follows the command name, ") S ..."
+      if (paren == std::string::npos || paren + 2 >= stat.size() || stat[paren + 2] != 'T')
+        all = false;
+    }
+    if (all && !ec) return true;
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Waits until a process stopped by SIGSTOP has `bytes` more waiting unread at `endpoint` than
+// `before` (UnreadBytes before the sends): messages sent to it (RawSend only queues them for
+// libzmq's I/O thread) have all reached its socket, so that it reads them together once it goes
+// on. False when they have not within `timeout_ms`.
+inline bool WaitUntilUnread(const std::string& endpoint, size_t before, size_t bytes,
+                            int timeout_ms = 20000) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(timeout_ms);
+  while (UnreadBytes(endpoint) < before + bytes) {
     if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }

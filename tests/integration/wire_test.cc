@@ -35,6 +35,8 @@ using testutil::FleetOptions;
 using testutil::RawDealer;
 using testutil::RawExchange;
 using testutil::RawSend;
+using testutil::UnreadBytes;
+using testutil::WaitUntilStopped;
 using testutil::WaitUntilUnread;
 using testutil::WireBytes;
 
@@ -519,12 +521,16 @@ TEST_F(Wire, AJobCancelledInTheTurnOfAFailedJournalWriteIsNotAlsoRejected) {
       {"FERRY1", "CANCEL", std::string(static_cast<const char*>(cancel.data()), cancel.size())},
       {"FERRY1", "SUBMIT", RawSubmitBody(id, "tiny", {"", "", 3})}};
   fleet_->broker().Signal(SIGSTOP);
+  ASSERT_TRUE(WaitUntilStopped(fleet_->broker().pid())) << "the broker did not stop";
+  const size_t before = UnreadBytes(fleet_->frontend());
   size_t bytes = 0;
   for (const auto& frames : messages) {
     RawSend(s, frames);
     bytes += WireBytes(frames);
   }
-  ASSERT_TRUE(WaitUntilUnread(fleet_->frontend(), bytes)) << "not all reached the broker";
+  ASSERT_TRUE(WaitUntilUnread(fleet_->frontend(), before, bytes))
+      << "not all reached the broker: " << UnreadBytes(fleet_->frontend()) << " unread, " << before
+      << " before, " << bytes << " sent";
   fleet_->broker().Signal(SIGCONT);
   std::map<int64_t, protocol::Accepted> accepted;  // by rid
   protocol::Cancelled cancelled;
