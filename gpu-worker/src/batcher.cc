@@ -43,8 +43,12 @@ std::vector<JobResult> Batcher::Run(const Model& model, std::vector<Job> jobs,
       MemoryReport report;
       RunGroup(model, jobs, std::vector<size_t>(group.begin() + from, group.begin() + to), &report,
                &results);
-      if (report.out_of_memory && report.largest_ok > 0 && limit != nullptr) {
-        const int64_t lowered = limit->LowerTo(report.largest_ok, protocol::MonotonicMicros());
+      // To the largest part that ran; when none did (a model whose batches are not split, or
+      // every job short of memory), to half the batch, as much as halving would have tried.
+      const int64_t n = static_cast<int64_t>(to - from);
+      const int64_t target = report.largest_ok > 0 ? report.largest_ok : n / 2;
+      if (report.out_of_memory && target > 0 && limit != nullptr) {
+        const int64_t lowered = limit->LowerTo(target, protocol::MonotonicMicros());
         spdlog::warn(
             "model {}: out of memory on a batch of {}; max batch lowered to {} for a while",
             model.name(), to - from, lowered);

@@ -13,7 +13,8 @@
 //     the library's message) and their batch-mates still succeed. A batch that ran out of
 //     memory lowers the model's BatchLimit, once its halves have run, to the largest of them
 //     that ran without: the size the device is seen to take (one job too big for the device
-//     alone, whose halves run out of memory down to itself, does not take it to 1). Failures
+//     alone, whose halves run out of memory down to itself, does not take it to 1); to half the
+//     batch when none ran (a batch that is not split, every job short of memory). Failures
 //     that no batch size can fix (outputs without the batch dimension, an output dtype Ferry
 //     cannot encode) fail the whole group at once.
 //

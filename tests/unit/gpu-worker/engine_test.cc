@@ -240,6 +240,19 @@ TEST(EngineTest, OneJobTooBigForTheDeviceLowersTheLimitToWhatRanNotToOne) {
   EXPECT_EQ(limit.Current(protocol::MonotonicMicros()), 4);
 }
 
+// When no part of an out-of-memory batch runs (here every job is too big; the same for a model
+// whose batches are not split), the limit still comes down: to half the batch.
+TEST(EngineTest, AnOutOfMemoryBatchOfWhichNothingRanHalvesTheLimit) {
+  auto model = Load(Config("oom_all"));
+  BatchLimit limit(8, /*hold_us=*/60'000'000, /*step_us=*/10'000'000);
+  std::vector<Job> jobs;
+  for (int j = 0; j < 8; ++j)
+    jobs.push_back(MakeJob("a" + std::to_string(j), "oom_all", {Ramp({2}, j)}));
+  Batcher batcher;
+  for (const auto& r : batcher.Run(*model, std::move(jobs), &limit)) EXPECT_FALSE(r.status.ok());
+  EXPECT_EQ(limit.Current(protocol::MonotonicMicros()), 4);
+}
+
 TEST(EngineTest, WarmupRunsEveryBatchSizeAndBucket) {
   ModelConfig c = PaddedConfig({4, 8});
   c.warmup.inputs = {{DType::kFloat32, {1, 4}}};

@@ -53,6 +53,11 @@ const std::map<std::string, Def>& Defs() {
         "    assert bool((x < 100.0).all()), 'CUDA out of memory. Tried to allocate 2.00 GiB'\n"
         "    return x + 1.0\n",
         {}}},
+      {"oom_all",  // every job too big for the device
+       {"def forward(self, x):\n"
+        "    assert bool((x < -1.0e30).all()), 'CUDA out of memory. Tried to allocate 2.00 GiB'\n"
+        "    return x + 1.0\n",
+        {}}},
       {"methods",
        {"def embed(self, x):\n    return x * 3.0\n\ndef forward(self, x):\n    return x\n", {}}},
       {"linear64",
