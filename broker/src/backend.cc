@@ -70,9 +70,9 @@ void Broker::Impl::HandleReady(protocol::Message& m, const msgpack::object& body
   protocol::WorkerHello hello;
   Status s = protocol::DecodeHello(body, &hello);
   if (s.ok()) s = protocol::CheckHello(hello);
-  if (s.ok() && !hello.redis_prefix.empty() && hello.redis_prefix != keys.prefix())
+  if (s.ok() && hello.redis_prefix && *hello.redis_prefix != keys.prefix())
     s = Status::InvalidArgument("READY says --redis-prefix \"" +
-                                protocol::Printable(hello.redis_prefix, 100) +
+                                protocol::Printable(*hello.redis_prefix, 100) +
                                 "\", the broker's is \"" + protocol::Printable(keys.prefix(), 100) +
                                 "\": its results would go where no producer reads them");
   if (s.ok()) {

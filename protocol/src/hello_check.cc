@@ -49,7 +49,7 @@ Status CheckHello(const protocol::WorkerHello& h) {
   if (!h.host.empty() && !PrintableName(h.host, 255))
     return Status::InvalidArgument("READY \"host\" must be at most 255 printable characters");
   if (h.pid < 0) return Status::InvalidArgument("READY \"pid\" must not be negative");
-  if (h.redis_prefix.size() > 1024)
+  if (h.redis_prefix && h.redis_prefix->size() > 1024)
     return Status::InvalidArgument("READY \"redis_prefix\" must be at most 1024 bytes");
   if (h.heartbeat_ms != 0 && (h.heartbeat_ms < kMinHeartbeatMs || h.heartbeat_ms > kMaxHeartbeatMs))
     return Status::InvalidArgument("READY \"heartbeat_ms\" must be " +

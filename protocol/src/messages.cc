@@ -375,7 +375,7 @@ zmq::message_t EncodeHello(const WorkerHello& h) {
   msgpack::sbuffer buf;
   Packer pk(buf);
   pk.pack_map(6 + (h.resident ? 1 : 0) + (h.held.empty() ? 0 : 1) + (h.heartbeat_ms > 0 ? 1 : 0) +
-              (h.redis_prefix.empty() ? 0 : 1));
+              (h.redis_prefix ? 1 : 0));
   PackString(pk, "worker");
   PackString(pk, h.worker);
   PackString(pk, "device");
@@ -413,9 +413,9 @@ zmq::message_t EncodeHello(const WorkerHello& h) {
     PackString(pk, "heartbeat_ms");
     pk.pack_int64(h.heartbeat_ms);
   }
-  if (!h.redis_prefix.empty()) {
+  if (h.redis_prefix) {
     PackString(pk, "redis_prefix");
-    PackString(pk, h.redis_prefix);
+    PackString(pk, *h.redis_prefix);
   }
   return ToMessage(std::move(buf));
 }
@@ -453,9 +453,9 @@ Status DecodeHello(const msgpack::object& body, WorkerHello* out) {
   }
   out->held.clear();
   if (Find(body, "held")) FERRY_RETURN_IF_ERROR(GetStringArray(body, "held", &out->held));
-  out->redis_prefix.clear();
+  out->redis_prefix.reset();
   if (Find(body, "redis_prefix"))
-    FERRY_RETURN_IF_ERROR(GetString(body, "redis_prefix", &out->redis_prefix));
+    FERRY_RETURN_IF_ERROR(GetString(body, "redis_prefix", &out->redis_prefix.emplace()));
   return GetInt(body, "heartbeat_ms", &out->heartbeat_ms, 0);
 }
 

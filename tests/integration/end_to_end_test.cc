@@ -249,8 +249,7 @@ TEST_F(EndToEnd, WorkerThreadsAreNamedAfterTheirRole) {
 
 // A worker whose --redis-prefix is not the broker's would write results where no producer reads
 // them (small ones still came inside FINISHED, so it looked fine): the broker refuses its READY
-// naming both prefixes, the worker logs the refusal and gets no work. A worker with the broker's
-// prefix joins beside it.
+// naming both prefixes, the worker logs the refusal and gets no work.
 TEST_F(EndToEnd, AWorkerWithAnotherRedisPrefixIsRefused) {
   FleetOptions o{1};
   o.worker_args = {"--redis-prefix", "other:"};

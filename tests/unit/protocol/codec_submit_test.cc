@@ -332,19 +332,22 @@ TEST(Ready, HeartbeatIntervalsRoundTripAndAreBounded) {
   EXPECT_EQ(DecodeHeartbeat(zmq::message_t()), 0);
 }
 
-// READY's optional "redis_prefix": a round trip (absent when empty), and its bound.
+// READY's optional "redis_prefix": a round trip (absent when not said; "" is said), and its
+// bound.
 TEST(Ready, RedisPrefixRoundTripsAndIsBounded) {
   WorkerHello h;
   h.worker = "w";
   h.device = "cpu";
   h.capacity = 2;
   h.models = {{"tiny", 1, std::nullopt}};
-  for (const std::string prefix : {"", "other:"}) {
+  for (const std::optional<std::string>& prefix :
+       {std::optional<std::string>(), std::optional<std::string>(""),
+        std::optional<std::string>("other:")}) {
     h.redis_prefix = prefix;
     zmq::message_t msg = EncodeHello(h);
     msgpack::object_handle oh;
     ASSERT_TRUE(UnpackMap(msg.data(), msg.size(), &oh).ok());
-    EXPECT_EQ(Find(oh.get(), "redis_prefix") != nullptr, !prefix.empty());
+    EXPECT_EQ(Find(oh.get(), "redis_prefix") != nullptr, prefix.has_value());
     WorkerHello back;
     back.redis_prefix = "stale";
     ASSERT_TRUE(DecodeHello(oh.get(), &back).ok());

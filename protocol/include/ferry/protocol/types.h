@@ -117,8 +117,9 @@ struct WorkerHello {
   int64_t heartbeat_ms = 0;
   // Optional "redis_prefix": the prefix of the Redis keys the worker reads and writes (its
   // --redis-prefix). The broker refuses a READY whose prefix is not its own: the worker would
-  // write results where no producer reads them. Empty: not said (omitted on the wire).
-  std::string redis_prefix;
+  // write results where no producer reads them. nullopt: not said (omitted on the wire); an
+  // empty prefix is said, and checked, as any other.
+  std::optional<std::string> redis_prefix;
 };
 // The heartbeat intervals a peer may announce (READY's, HEARTBEAT's "heartbeat_ms"), as the
 // broker's and the worker's --heartbeat-ms take.
