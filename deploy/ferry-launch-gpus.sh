@@ -3,7 +3,7 @@
 # its own process that sees exactly one device (CUDA_VISIBLE_DEVICES=<that device>, --device
 # cuda:0), so no two model loads share CUDA state. Without a GPU it starts --cpu-workers N CPU
 # workers. Every other argument goes to each ferry-worker unchanged (but --name NAME becomes
-# NAME-gpuK and --metrics-port P becomes P+K for the K-th worker; 0, a free port, stays 0).
+# NAME-gpuK and --metrics-port P becomes P+K for the K-th worker; 0, metrics off, stays 0).
 # SIGINT/SIGTERM are forwarded to every worker (which drain: finish and report held jobs, then
 # leave), and the launcher waits for all of them; it exits non-zero when any worker did. A
 # worker that ends on its own (a crash) stops the others too, and the launcher exits 1, for its
@@ -137,7 +137,7 @@ start_worker() {  # label, CUDA_VISIBLE_DEVICES value ("" for a CPU worker), dev
   local label="$1" visible="$2" device="$3"
   local cmd=("$worker_bin" --device "$device" "${fwd[@]}")
   [ -n "$name" ] && cmd+=(--name "$name-$label")
-  # P+K for the K-th worker; 0 (a free port each) stays 0.
+  # P+K for the K-th worker; 0 (no metrics) stays 0.
   if [ -n "$metrics_port" ]; then
     if [ "$metrics_port" -eq 0 ]; then
       cmd+=(--metrics-port 0)

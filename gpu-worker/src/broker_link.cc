@@ -129,6 +129,7 @@ void BrokerLink::Reconnect() {
   }
   dealer_ = std::move(fresh);
   ++reconnects_;
+  broker_heartbeat_ms_.store(0);  // the next broker says its own
   if (!draining_) SendReady();
 }
 

@@ -133,8 +133,8 @@ def check_launcher(deploy):
             if want not in line + " ":
                 problem("ferry-launch-gpus.sh", f"worker {k}: no '{want.strip()}' in: {line}")
 
-    # --metrics-port 0 (each worker a free port of its own) stays 0 for every worker; it was
-    # made 1, 2, ...: privileged ports, whose bind failed and stopped the launcher.
+    # --metrics-port 0 (metrics off) stays 0 for every worker; it was made 1, 2, ...:
+    # privileged ports, whose bind failed and stopped the launcher.
     r = subprocess.run(["bash", script, "--dry-run", "--worker-bin", "/x/ferry-worker", "--",
                         "--metrics-port", "0"], capture_output=True, text=True, env=env)
     lines = [l for l in r.stdout.splitlines() if "/x/ferry-worker" in l]
