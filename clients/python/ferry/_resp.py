@@ -266,8 +266,9 @@ class Connection(asyncio.BufferedProtocol):
         self._on_lost = on_lost
         self.closed = False
         self.error = None
-        self._received = 0  # bytes read, and bytes handed to the transport: see progress()
+        self._received = 0  # bytes read, handed to the transport, and queued: see progress()
         self._written = 0
+        self._queued = 0
 
     @classmethod
     async def open(cls, endpoint, loop, timeout, on_push=None, on_lost=None, select_db=True):
@@ -422,7 +423,10 @@ class Connection(asyncio.BufferedProtocol):
             fut.set_exception(Unavailable("Redis connection is closed"))
             return fut
         self._fifo.append(fut)
-        self._out.extend(_encode(args))
+        parts = _encode(args)
+        self._out.extend(parts)
+        for part in parts:
+            self._queued += len(part)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             self._loop.call_soon(self._flush)
@@ -452,12 +456,20 @@ class Connection(asyncio.BufferedProtocol):
         self._written += len(data)
         self._transport.write(data)
 
-    def progress(self):
-        """Bytes this connection has moved: read, plus written out of the transport's buffer
-        (to the socket). It grows while a big value goes out or comes in, however slowly."""
-        if self._transport is None:
-            return self._received
-        return self._received + self._written - self._transport.get_write_buffer_size()
+    def queued(self):
+        """Bytes of every command made so far: where the last one ends in what goes out."""
+        return self._queued
+
+    def progress(self, upto):
+        """Bytes this connection has moved for the commands up to the byte `upto` of what goes
+        out (queued() after the last of them): replies read (later commands' replies come after
+        theirs), plus their bytes written out of the transport's buffer to the socket. It grows
+        while a big value goes out or comes in, however slowly, but not with the bytes of
+        commands made after them."""
+        flushed = self._written
+        if self._transport is not None:
+            flushed -= self._transport.get_write_buffer_size()
+        return self._received + min(flushed, upto)
 
     def pending(self):
         return len(self._fifo) - self._head
@@ -581,24 +593,29 @@ def _retrieve(fut):
 
 class _Expiry:
     """Closes `conn` when `fut`, the reply to its last command, is still not there after
-    `timeout` seconds in which the connection moved no byte (Connection.progress): Redis is
-    gone or stalled, not slow to take or give a big value."""
+    `timeout` seconds (to a quarter more) in which the connection moved none of the bytes of
+    that command and those before it (Connection.progress): Redis is gone or stalled, not slow
+    to take or give a big value. Later commands going out do not keep it alive."""
 
     def __init__(self, loop, timeout, conn, fut):
         self._loop, self._timeout, self._conn, self._fut = loop, timeout, conn, fut
-        self._seen = conn.progress()
-        self._handle = loop.call_later(timeout, self._check)
+        self._upto = conn.queued()
+        self._seen = conn.progress(self._upto)
+        self._moved_at = loop.time()
+        self._handle = loop.call_later(timeout / 4, self._check)
 
     def _check(self):
         if self._fut.done():
             return
-        moved = self._conn.progress()
+        now = self._loop.time()
+        moved = self._conn.progress(self._upto)
         if moved != self._seen:
-            self._seen = moved
-            self._handle = self._loop.call_later(self._timeout, self._check)
+            self._seen, self._moved_at = moved, now
+        elif now - self._moved_at >= self._timeout:
+            self._conn.error = "no reply within the timeout"
+            self._conn.close()
             return
-        self._conn.error = "no reply within the timeout"
-        self._conn.close()
+        self._handle = self._loop.call_later(self._timeout / 4, self._check)
 
     def cancel(self, _fut=None):
         self._handle.cancel()

@@ -277,6 +277,42 @@ def test_a_stalled_redis_closes_the_connection_also_after_its_callers_left(model
         f.stop()
 
 
+def test_a_stalled_redis_is_found_though_later_commands_keep_going_out(models_dir):
+    # Redis stopped: a command waits for its reply while later ones keep going out (waiters
+    # re-checking, new calls), their bytes taken by the kernel's buffers. The first command
+    # still fails within about the connection's timeout (0.5 s here): only its own bytes and
+    # those before it count as the connection moving. (Before, the later commands' bytes kept
+    # it open for as long as they came.)
+    import signal
+    from ferry import _resp
+    from fleet import Fleet
+    f = Fleet(models_dir, workers=0)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        cmds = _resp.Commands(_resp.parse_redis_url(f.redis_url), loop, 0.5)
+        assert await cmds.execute("PING") == "PONG"
+        f.redis_proc.send_signal(signal.SIGSTOP)
+        later = []
+        try:
+            first = asyncio.ensure_future(cmds.execute("GET", "k"))
+            deadline = loop.time() + 15
+            while not first.done() and loop.time() < deadline:
+                later.append(asyncio.ensure_future(cmds.execute("GET", "j")))
+                await asyncio.sleep(0.05)
+            assert first.done(), "the stalled connection stayed open"
+            with pytest.raises(ferry.Unavailable):
+                await first
+        finally:
+            f.redis_proc.send_signal(signal.SIGCONT)
+            cmds.close()
+            await asyncio.gather(*later, return_exceptions=True)
+    try:
+        asyncio.run(main())
+    finally:
+        f.stop()
+
+
 def test_waits_that_gave_up_on_a_stalled_redis_leave_no_error_unread(models_dir):
     # Waits that gave up at their own deadline leave their GETs on the connection; when the
     # connection's timeout closes it, those GETs fail with nobody awaiting them: their errors
