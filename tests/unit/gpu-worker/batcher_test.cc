@@ -50,18 +50,24 @@ std::vector<float> AsFloats(const protocol::TensorRef& r) {
 
 class BatcherTest : public ::testing::Test {
  protected:
-  // Defines, saves and loads a TorchScript module.
+  // Defines, saves and loads a TorchScript module, on the CPU with a default config but what
+  // `configure` sets.
   std::unique_ptr<Model> Load(const std::string& name, const std::string& source,
-                              const std::function<void(torch::jit::Module&)>& setup = {}) {
+                              const std::function<void(torch::jit::Module&)>& setup = {},
+                              const std::function<void(ModelConfig&)>& configure = {}) {
     const auto dir = BatcherDir();
     std::filesystem::create_directories(dir);
-    const std::string path = (dir / (name + ".pt")).string();
+    ModelConfig config;
+    config.name = name;
+    config.path = (dir / (name + ".pt")).string();
+    config.device = "cpu";
+    if (configure) configure(config);
     torch::jit::Module m("Test_" + name);
     if (setup) setup(m);
     m.define(source);
-    m.save(path);
+    m.save(config.path);
     std::unique_ptr<Model> model;
-    Status s = Model::Create(name, path, "cpu", &model);
+    Status s = Model::Create(config, &model);
     EXPECT_TRUE(s.ok()) << s.ToString();
     return model;
   }
@@ -171,18 +177,11 @@ TEST_F(BatcherTest, WrongShapeJobFailsAloneWithModelError) {
 // float32): the broker lets such a job through before any worker announced the spec, or when
 // another worker announced another one (a rolling upgrade).
 TEST_F(BatcherTest, AJobNotMatchingTheDeclaredInputsFailsAloneWithInvalidArgument) {
-  const auto dir = BatcherDir();
-  std::filesystem::create_directories(dir);
-  torch::jit::Module m("Test_declared");
-  m.define("def forward(self, x):\n    return x * 2.0\n");
-  ModelConfig config;
-  config.name = "declared";
-  config.path = (dir / "declared.pt").string();
-  config.device = "cpu";
-  config.inputs = std::vector<protocol::InputSpec>{{"x", DType::kFloat32, {-1}}};
-  m.save(config.path);
-  std::unique_ptr<Model> model;
-  ASSERT_TRUE(Model::Create(config, &model).ok());
+  auto model =
+      Load("declared", "def forward(self, x):\n    return x * 2.0\n", {}, [](ModelConfig& c) {
+        c.inputs = std::vector<protocol::InputSpec>{{"x", DType::kFloat32, {-1}}};
+      });
+  ASSERT_TRUE(model);
   std::vector<Job> jobs;
   for (int j = 0; j < 3; ++j)
     jobs.push_back(MakeJob("ok" + std::to_string(j), "declared", {Row(j)}));
@@ -277,18 +276,9 @@ TEST_F(BatcherTest, BackToBackInputsAreReadInPlaceAndOutputsKeepThemAlive) {
 
 // copy_inputs: the model always gets a copy, even of a batch that lies back to back.
 TEST_F(BatcherTest, CopyInputsModelsGetACopyOfABackToBackBatch) {
-  const auto dir = BatcherDir();
-  std::filesystem::create_directories(dir);
-  torch::jit::Module m("Test_same_copied");
-  m.define("def forward(self, x):\n    return x\n");
-  ModelConfig config;
-  config.name = "same_copied";
-  config.path = (dir / "same_copied.pt").string();
-  config.device = "cpu";
-  config.copy_inputs = true;
-  m.save(config.path);
-  std::unique_ptr<Model> model;
-  ASSERT_TRUE(Model::Create(config, &model).ok());
+  auto model = Load("same_copied", "def forward(self, x):\n    return x\n", {},
+                    [](ModelConfig& c) { c.copy_inputs = true; });
+  ASSERT_TRUE(model);
   std::shared_ptr<std::vector<float>> buffer;
   Batcher batcher;
   auto results = batcher.Run(*model, BackToBackJobs("same_copied", {1, 2, 3, 4}, &buffer));
