@@ -36,10 +36,13 @@ def owns_inputs(rejection, prep):
     `unavailable` (the broker may have dispatched the job before its journal write failed: the
     worker still reads them). Those expire (input_ttl_s) or the worker deletes them. A SUBMIT
     refused whole (an ERROR, naming no job: the broker read none of them) says nothing about a
-    caller's id, which may be a pending job's: only those of ids the client made go then."""
+    caller's id, which may be a pending job's: only those of ids the client made go then
+    (_requests.unnamed_error; an error without an id is one of the whole call too)."""
     if rejection.code in ("duplicate", "unavailable"):
         return False
-    return rejection.id is not None or prep.own_id
+    if getattr(rejection, "unnamed", False) or rejection.id is None:
+        return prep.own_id
+    return True
 
 
 class AsyncClient:
@@ -115,7 +118,12 @@ class AsyncClient:
         id, to resubmit a retryable one with) or Unavailable when the broker did not answer
         within request_timeout_ms (the job may or may not be accepted: resubmit the same id)."""
         prep = self._prepare(model, inputs, id, priority, timeout_ms, result_ttl_s)
-        return (await self._submit_prepared([prep]))[0]
+        try:
+            return (await self._submit_prepared([prep]))[0]
+        except FerryError as e:
+            if e.id is None:  # an error of the whole call (the client closed, Redis failed)
+                e.id = prep.id
+            raise
 
     async def submit_many(self, jobs):
         """Submits jobs (ferry.Job or dicts) in one SUBMIT per 32 MiB (or max_message_bytes or the

@@ -4,6 +4,16 @@ each reply (matched by rid)."""
 from ._errors import FerryError, error_for
 
 
+def unnamed_error(code, message, id):
+    """The error of job `id` where the broker's answer did not name it: a SUBMIT refused whole
+    (ERROR: the broker read none of its jobs), an answer that is no answer, a job an ACCEPTED
+    left out. It carries the id for the caller (to resubmit with), and owns_inputs() reads it as
+    saying nothing of the job: a caller's id may be a pending job's, whose inputs its keys are."""
+    err = error_for(code, message, id)
+    err.unnamed = True
+    return err
+
+
 class RunJob:
     """One run() submission: queued -> sent (ack false: a reply comes only for a rejection)."""
 
@@ -56,20 +66,22 @@ class RunBatch:
         self.jobs = jobs
         self.rid = rid
 
-    def alive(self):  # a run still waits (run() marks its job cancelled when it returns)
-        return any(not j.cancelled for j in self.jobs)
+    def alive(self):
+        """Whether a job of this SUBMIT still waits on its reply: not returned (run() marks its
+        job cancelled then) nor sent again since (its later SUBMIT's handler judges it)."""
+        return any(not j.cancelled and j.rid == self.rid for j in self.jobs)
 
     def reply(self, command, body):
         jobs = [j for j in self.jobs if j.rid == self.rid]
-        if command == "ERROR":
-            err = error_for(body.get("code", "internal"), body.get("message", ""))
+        if command == "ERROR":  # each job's own error, with its id (a retry needs it)
             for j in jobs:
-                self.engine.reject(j, err)
+                self.engine.reject(j, unnamed_error(body.get("code", "internal"),
+                                                    body.get("message", ""), j.prep.id))
             return
         if command != "ACCEPTED":
-            err = FerryError("broker answered %s to SUBMIT" % command, code="malformed")
             for j in jobs:
-                self.engine.reject(j, err)
+                self.engine.reject(j, unnamed_error(
+                    "malformed", "broker answered %s to SUBMIT" % command, j.prep.id))
             return
         by_id = {j.prep.id: j for j in jobs}
         for r in body.get("rejected") or ():
@@ -108,22 +120,24 @@ class SubmitBatch:
                 c.future.set_exception(error())
 
     def reply(self, command, body):
+        # Each job's verdict is its own error, with its id (a retry needs it).
         if command == "ACCEPTED":
             verdicts = dict.fromkeys(body.get("ids") or ())
             for r in body.get("rejected") or ():
                 verdicts[r.get("id")] = error_for(r.get("code", "internal"),
                                                   r.get("message", ""), r.get("id"))
+            missing = ("internal", "the broker did not report on this job")
         elif command == "ERROR":
-            err = error_for(body.get("code", "internal"), body.get("message", ""))
-            verdicts = {i: err for i in self.ids}
+            verdicts = {}
+            missing = (body.get("code", "internal"), body.get("message", ""))
         else:
-            err = FerryError("broker answered %s to SUBMIT" % command, code="malformed")
-            verdicts = {i: err for i in self.ids}
-        missing = FerryError("the broker did not report on this job", code="internal")
+            verdicts = {}
+            missing = ("malformed", "broker answered %s to SUBMIT" % command)
         for c in self.calls:
             for p in c.preps:
                 if p.id in self.ids:
-                    c.settle(p.id, verdicts.get(p.id, missing))
+                    v = verdicts[p.id] if p.id in verdicts else unnamed_error(*missing, p.id)
+                    c.settle(p.id, v)
 
 
 class Request:

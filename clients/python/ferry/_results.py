@@ -414,6 +414,11 @@ class Results:
                                            min(self.timeout, 1.0))
             if isinstance(reply, _resp.ReplyError):
                 raise Unavailable("SUBSCRIBE: %s" % reply)
+        except asyncio.CancelledError:  # close() while connecting or subscribing
+            if conn is not None:
+                conn._on_lost = None
+                conn.close()
+            raise
         except (Unavailable, asyncio.TimeoutError, OSError) as e:
             if conn is not None:
                 conn._on_lost = None

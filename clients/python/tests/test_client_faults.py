@@ -528,3 +528,108 @@ def test_inputs_stored_before_redis_refused_the_rest_are_deleted(models_dir):
             wait_for(lambda: not r.keys("ferry:input:*"), 10, "the stored input deleted")
     finally:
         f.stop()
+
+
+def test_a_run_sent_again_and_again_keeps_one_reply_handler(fleet):
+    """A stub broker never answers (a run's SUBMIT is ack:false: silence is acceptance), so the
+    run sends its job again every request_timeout_ms. Each SUBMIT's reply handler waits for a
+    rejection; once the job went out again, only its latest SUBMIT's counts, so a sweep drops
+    the others: a long run keeps one handler, not one per resend (before, every one stayed, with
+    its jobs' inputs, until the run returned)."""
+    submits = []
+
+    def handle(router, message):
+        if message[2] == b"SUBMIT":
+            submits.append(message[3])
+
+    async def main():
+        with stub_broker(handle) as frontend:
+            c = ferry.AsyncClient(frontend, fleet.redis_url, redis_prefix=uid("resend") + ":",
+                                  request_timeout_ms=50)
+            run = asyncio.ensure_future(c.run("tiny", np.zeros(8, np.float32), timeout=30))
+            for _ in range(2000):
+                if len(submits) >= 6 or run.done():
+                    break
+                await asyncio.sleep(0.01)
+            engine = c._engine
+            engine._sweep(engine.loop.time())
+            assert len(submits) >= 6
+            assert len(engine._awaiting) == 1, engine._awaiting
+            run.cancel()
+            await c.close()
+    asyncio.run(main())
+
+
+def test_every_job_a_broker_error_ends_names_its_own_id(fleet):
+    """A broker that answers SUBMIT with ERROR (every job of it fails): submit's error has the
+    job's id (to resubmit a retryable one with), and each job of a submit_many its own error
+    with its own id. Before, they shared one error whose .id was None."""
+    import msgpack
+
+    def handle(router, message):
+        peer, tag, command, body, *_ = message
+        if command == b"SUBMIT":
+            rid = msgpack.unpackb(body)["rid"]
+            router.send_multipart([peer, tag, b"ERROR", msgpack.packb(
+                {"code": "unavailable", "message": "journal down", "rid": rid})])
+
+    with stub_broker(handle) as frontend:
+        with ferry.Client(frontend, fleet.redis_url) as c:
+            with pytest.raises(ferry.Unavailable) as e:
+                c.submit("tiny", np.zeros(8, np.float32), id="one-job")
+            assert e.value.id == "one-job"
+            assert "journal down" in str(e.value)
+            jobs = [ferry.Job("tiny", np.zeros(8, np.float32), id="job-%d" % k)
+                    for k in range(3)]
+            with pytest.raises(ferry.Unavailable) as e:
+                c.submit_many(jobs)
+            assert e.value.id == "job-0"
+            assert sorted(e.value.errors) == ["job-0", "job-1", "job-2"]
+            for id, err in e.value.errors.items():
+                assert isinstance(err, ferry.Unavailable) and err.id == id
+
+
+def test_close_while_subscribing_closes_the_subscription_connection():
+    """close() while the result subscription waits on a Redis that does not answer SUBSCRIBE:
+    its connection closes too (before, the cancelled subscribe left it open for as long as the
+    event loop ran)."""
+    import socket
+    silent = socket.socket()  # a Redis that accepts connections and never answers
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    silent.settimeout(10)
+    accepted = []
+
+    def handle(router, message):
+        pass  # nothing accepted: the submit waits
+
+    async def main():
+        with stub_broker(handle) as frontend:
+            c = ferry.AsyncClient(frontend, "redis://127.0.0.1:%d" % silent.getsockname()[1])
+            submit = asyncio.ensure_future(c.submit("tiny", np.zeros(8, np.float32)))
+            conn, _ = await asyncio.get_running_loop().run_in_executor(None, silent.accept)
+            accepted.append(conn)
+            conn.settimeout(0.05)
+            data = b""
+            for _ in range(1000):  # until it is subscribing
+                if b"SUBSCRIBE" in data:
+                    break
+                with contextlib.suppress(socket.timeout):
+                    data += conn.recv(4096)
+                await asyncio.sleep(0.01)
+            assert b"SUBSCRIBE" in data, data
+            await c.close()
+            with pytest.raises(ferry.Unavailable):
+                await submit
+            conn.settimeout(0)
+            for _ in range(200):  # its end comes while the loop runs on, or never
+                with contextlib.suppress(BlockingIOError):
+                    if conn.recv(4096) == b"":
+                        return
+                await asyncio.sleep(0.01)
+            pytest.fail("the subscription's connection is still open after close()")
+    try:
+        asyncio.run(main())
+    finally:
+        for s in accepted + [silent]:
+            s.close()
