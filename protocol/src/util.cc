@@ -22,11 +22,16 @@ int64_t MonotonicMicros() {
 }
 
 std::string NewUuid() {
-  thread_local std::mt19937_64 rng([] {
+  // Seeded per thread, and again in a child after fork(): a child inherits its parent's state,
+  // and the two (or every worker of a pre-fork server) would make the same ids.
+  thread_local std::mt19937_64 rng;
+  thread_local pid_t seeded_in = 0;
+  if (const pid_t pid = getpid(); pid != seeded_in) {
     std::random_device rd;
-    std::seed_seq seq{rd(), rd(), rd(), rd(), static_cast<unsigned>(getpid())};
-    return std::mt19937_64(seq);
-  }());
+    std::seed_seq seq{rd(), rd(), rd(), rd(), static_cast<unsigned>(pid)};
+    rng.seed(seq);
+    seeded_in = pid;
+  }
   uint64_t hi = rng(), lo = rng();
   hi = (hi & 0xFFFFFFFFFFFF0FFFULL) | 0x0000000000004000ULL;  // version 4
   lo = (lo & 0x3FFFFFFFFFFFFFFFULL) | 0x8000000000000000ULL;  // variant 10

@@ -2,6 +2,8 @@
 // every dtype, malformed tensors (and sizes that would wrap), bodies that are not one msgpack map,
 // and the job id alphabet. Message bodies: codec_submit_test.cc, codec_result_test.cc.
 #include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdint>
 #include <string>
@@ -136,6 +138,30 @@ TEST(Body, RejectsWhatIsNotOneMsgpackMap) {
   EXPECT_EQ(UnpackMap("\x80\x80", 2, &oh).code(), codes::kMalformed);          // trailing
   std::string garbage = "definitely not msgpack at all";
   EXPECT_FALSE(UnpackMap(garbage.data(), garbage.size(), &oh).ok());
+}
+
+// A process that made ids, then forked (a pre-fork server: gunicorn, uWSGI, multiprocessing):
+// parent and child go on making different ids. Before, the child inherited the parent's
+// generator state and made the very ids the parent made next, so one job's result went to two.
+TEST(Ids, AForkedChildMakesIdsOfItsOwn) {
+  (void)NewUuid();
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const std::string id = NewUuid();
+    _exit(write(fds[1], id.data(), id.size()) == static_cast<ssize_t>(id.size()) ? 0 : 1);
+  }
+  close(fds[1]);
+  const std::string mine = NewUuid();
+  std::string theirs(36, '\0');
+  ASSERT_EQ(read(fds[0], theirs.data(), theirs.size()), 36);
+  close(fds[0]);
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  EXPECT_TRUE(IsValidJobId(theirs)) << theirs;
+  EXPECT_NE(mine, theirs);
 }
 
 TEST(Ids, ValidatesTheIdAlphabet) {
