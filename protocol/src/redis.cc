@@ -274,6 +274,8 @@ Status Destine(const RedisClient::Destination& into, size_t i, size_t size, char
   }
 }
 
+constexpr int64_t kMaxBulkBytes = int64_t{512} << 20;
+
 }  // namespace
 
 Status RedisClient::GetMany(const std::vector<std::string_view>& keys,
@@ -343,6 +345,12 @@ Status RedisClient::GetManyInto(const std::vector<std::string_view>& keys, const
     if (s.ok() &&
         std::from_chars(line.data() + 1, line.data() + line.size(), len).ec != std::errc())
       s = Status(codes::kMalformed, "bad bulk length " + line);
+    // No value Ferry writes comes near 512 MiB (Redis's default proto-max-bulk-len): a longer
+    // one is a peer that lies (a proxy, a middlebox on plain TCP), and would have us allocate
+    // what it says.
+    if (s.ok() && len > kMaxBulkBytes)
+      s = Status(codes::kMalformed,
+                 "bulk length " + line.substr(1) + " over the 512 MiB a Ferry value can be");
     if (s.ok() && len >= 0) {
       const size_t size = static_cast<size_t>(len);
       char* dst = nullptr;

@@ -2,11 +2,16 @@
 // binary (CR LF and NUL inside, empty, one of several MB) goes out in one round trip and every
 // reply comes back in order; an error reply in the middle is reported without losing the others;
 // a database Redis refuses is never silently replaced by database 0.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -228,6 +233,46 @@ TEST_F(RedisClientTest, GetManyIntoSkipsAValueItsDestinationDiscards) {
   ASSERT_TRUE(values.at(0).has_value() && values.at(1).has_value());
   EXPECT_EQ(*values[0], "xy");
   EXPECT_TRUE(*values[1] == big) << "the big value came back changed";
+}
+
+// A peer that lies about a value's length (here 8 GB: no Ferry value comes near 512 MiB) gets
+// a malformed error and the connection is dropped, without the client allocating what it says.
+TEST(RedisLyingPeerTest, ABulkLengthOverRedisLimitIsMalformed) {
+  const int listener = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(listener, 1), 0);
+  ASSERT_EQ(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  std::thread peer([listener] {
+    const int conn = accept(listener, nullptr, nullptr);
+    if (conn < 0) return;
+    char buf[4096];
+    ssize_t n;
+    while ((n = read(conn, buf, sizeof(buf))) > 0) {
+      const std::string got(buf, static_cast<size_t>(n));
+      const std::string reply =
+          got.find("GET") != std::string::npos ? "$8000000000\r\n" : "+OK\r\n";
+      if (write(conn, reply.data(), reply.size()) < 0) break;
+    }
+    close(conn);
+  });
+  RedisEndpoint ep;
+  ASSERT_TRUE(ParseRedisUrl("redis://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)), &ep).ok());
+  std::unique_ptr<RedisClient> client;
+  ASSERT_TRUE(RedisClient::Connect(ep, 5000, &client).ok());
+  std::vector<std::optional<std::string>> values;
+  const Status s = client->GetMany({"k"}, &values);
+  EXPECT_EQ(s.code(), codes::kMalformed) << s.ToString();
+  EXPECT_NE(s.message().find("over the 512 MiB a Ferry value can be"), std::string::npos)
+      << s.ToString();
+  EXPECT_FALSE(client->connected());
+  client.reset();
+  peer.join();
+  close(listener);
 }
 
 // unix:///PATH?db=N: the same commands over Redis's Unix-domain socket, on that database; a
