@@ -17,6 +17,9 @@
 namespace ferry::client {
 namespace {
 
+// The least time a Run gives the DEL of its stored inputs when its job was never sent.
+constexpr int64_t kCleanupMs = 100;
+
 // Whether the stored inputs of a job the broker rejected with `rejection` may still be read, so
 // that the producer must leave them (they expire): a duplicate's keys are the pending job's (the
 // same id), and a job rejected `unavailable` may already be on a worker (the broker dispatches
@@ -340,7 +343,14 @@ Status Client::Impl::Run(const Job& job, int timeout_ms, Result* out, std::strin
        (OwnId(job) || !refused_whole->load()))) {
     std::vector<std::string> keys;
     AppendInputKeys(job, id, &keys);
-    if (!keys.empty()) (void)store_.Delete(keys);  // else they expire
+    // Within what is left of the call's timeout, but at least kCleanupMs: a job never sent is
+    // known only at the deadline. A stalled Redis holds the call that much longer at most (a
+    // DEL it does not take leaves the keys to expire).
+    const int64_t left_ms =
+        requested_ms > 0 ? requested_ms - (protocol::MonotonicMicros() - start_us) / 1000 : 0;
+    if (!keys.empty())
+      (void)store_.Delete(keys,
+                          requested_ms > 0 ? static_cast<int>(std::max(left_ms, kCleanupMs)) : 0);
   }
   if (unsent) {
     const std::string why = io_->handshake_error();

@@ -18,6 +18,9 @@ Status RedisStore::Acquire(std::unique_ptr<protocol::RedisClient>* out, int time
       idle_.pop_back();
     }
   }
+  // Redis may have closed it while it was idle (a restart, its `timeout`, a proxy's idle limit):
+  // then it is dropped here and the command connects again, instead of failing `unavailable`.
+  if (conn) (void)conn->DroppedByPeer();
   if (!conn)  // outside the lock
     FERRY_RETURN_IF_ERROR(
         protocol::RedisClient::Connect(endpoint_, shorter ? timeout_ms : timeout_ms_, &conn));
@@ -49,6 +52,10 @@ Status RedisStore::Read(const std::string& id, Result* out, bool consume, int ti
   // the read's bound too: one that runs out leaves the result to expire.
   if (s.ok() && consume && values[0]) (void)DeleteResultKeys(conn.get(), {key});
   Release(std::move(conn), bounded);
+  if (s.code() == codes::kInternal && s.message().find("WRONGTYPE") != std::string::npos)
+    return Status(codes::kMalformed, "result record for \"" + id +
+                                         "\": the key holds no string, so no Ferry result (" +
+                                         s.message() + ")");
   FERRY_RETURN_IF_ERROR(s);
   if (!values[0]) return Status::Ok();
   s = protocol::DecodeResult(std::move(*values[0]), out);  // big outputs keep its buffer

@@ -249,10 +249,11 @@ class Client {
   //     job is waited for. (A job that finished and whose result this client did not see is run
   //     again; its first result stands -- SET NX -- and is the one returned.)
   // timeout_ms bounds the whole call, the storing of big inputs in Redis included (but the first
-  // subscription to notices, at most 1 s). It must not be 0 (invalid_argument; use Poll to check
-  // once); < 0 waits without limit, which a SUBMIT lost with its broker turns into forever:
-  // prefer a bound and a retry.
-  // The job is copied; the caller keeps ownership.
+  // subscription to notices, at most 1 s, and the deletion of the stored inputs of a job no
+  // broker took, which a stalled Redis may hold up to 100 ms longer). It must not be 0
+  // (invalid_argument; use Poll to check once); < 0 waits without limit, which a SUBMIT lost with
+  // its broker turns into forever: prefer a bound and a retry. The job is copied; the caller keeps
+  // ownership.
   Status Run(const Job& job, int timeout_ms, Result* out, std::string* id = nullptr);
 
   // Cancels jobs (one CANCEL message, one round trip, per 10,000 ids, or per the broker's

@@ -136,6 +136,28 @@ TEST_F(ClientPollWaitTest, PollRejectsBadIdAndGarbageRecord) {
   EXPECT_FALSE(s.ok());
   EXPECT_NE(s.message().find("job-garbage"), std::string::npos) << s.ToString();
   EXPECT_EQ(r.state, JobState::kPending);
+  // A result key of another type (a list) is no Ferry result either: malformed, as garbage is,
+  // not internal (which the CLI reads as a bug in Ferry).
+  protocol::RedisReply reply;
+  ASSERT_TRUE(writer_->Command({"LPUSH", "test:result:job-list", "x"}, &reply).ok());
+  s = client_->Poll("job-list", &r);
+  EXPECT_EQ(s.code(), codes::kMalformed) << s.ToString();
+  EXPECT_NE(s.message().find("job-list"), std::string::npos) << s.ToString();
+}
+
+// Redis closes the client's idle pooled connections (here CLIENT KILL; in life a restart, its
+// `timeout` setting, a proxy's idle limit): the next Poll connects again and answers, instead of
+// failing `unavailable` once per closed connection while Redis is up.
+TEST_F(ClientPollWaitTest, APooledConnectionRedisClosedIsNotAFailure) {
+  Result r;
+  ASSERT_TRUE(client_->Poll("pooled", &r).ok());  // a connection now waits in the pool
+  protocol::RedisReply reply;
+  ASSERT_TRUE(writer_->Command({"CLIENT", "KILL", "TYPE", "normal", "SKIPME", "yes"}, &reply).ok());
+  ASSERT_GE(reply.integer, 1);
+  WriteResult("pooled", "done", {Tensor::From<float>({1.f}, {1}, DType::kFloat32)});
+  const Status s = client_->Poll("pooled", &r);
+  ASSERT_TRUE(s.ok()) << s.ToString();
+  EXPECT_EQ(r.state, JobState::kDone);
 }
 
 TEST_F(ClientPollWaitTest, WaitReturnsResultWrittenLater) {

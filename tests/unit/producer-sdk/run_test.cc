@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 
+#include <atomic>
 #include <chrono>
 #include <string>
 #include <thread>
@@ -143,6 +144,66 @@ TEST_F(ClientSubmitTest, ARunsTimeoutBoundsStoringItsInputsInAStalledRedis) {
     EXPECT_LT(took_ms, 30000) << "the Run waited for request_timeout_ms; id \"" << id << "\"";
   }
   EXPECT_EQ(broker.submits(), 0) << "sent before its inputs were stored";
+}
+
+// A Run that no broker took deletes its stored input (its id the SDK's): the keys are gone when
+// it returns, though its job was known unsent only at its deadline.
+TEST_F(ClientSubmitTest, ARunNoBrokerTookDeletesItsStoredInput) {
+  testutil::RedisServer redis;
+  options_.redis = redis.url();
+  options_.push_results = false;
+  auto client = MakeClient();  // no broker
+  Job job = MakeJob("m");
+  job.inputs.push_back(
+      Tensor::From<float>(std::vector<float>(25000), {25000}, DType::kFloat32));  // 100 KB
+  Result r;
+  std::string id;
+  const Status s = client->Run(job, 300, &r, &id);
+  EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
+  auto conn = redis.Connect();
+  ASSERT_NE(conn, nullptr);
+  protocol::RedisReply keys;
+  ASSERT_TRUE(conn->Command({"KEYS", "test:input:*"}, &keys).ok());
+  EXPECT_TRUE(keys.elements.empty()) << keys.elements.size() << " stored input(s) left";
+}
+
+// The same DEL with a Redis that stalled after the input was stored: it holds the Run at most
+// kCleanupMs past its timeout. Before, that DEL waited for request_timeout_ms (here a minute),
+// twice.
+TEST_F(ClientSubmitTest, ARunsCleanupAfterItWasNotSentIsBoundedByItsTimeout) {
+  testutil::RedisServer redis;
+  options_.redis = redis.url();
+  options_.push_results = false;
+  options_.request_timeout_ms = 60000;
+  auto client = MakeClient();  // no broker
+  auto watcher = redis.Connect();
+  ASSERT_NE(watcher, nullptr);
+  Job job = MakeJob("m");
+  job.inputs.push_back(
+      Tensor::From<float>(std::vector<float>(25000), {25000}, DType::kFloat32));  // 100 KB
+  Status s;
+  std::atomic<bool> done{false};
+  const auto start = std::chrono::steady_clock::now();
+  std::thread run([&] {
+    Result r;
+    s = client->Run(job, 1500, &r);
+    done = true;
+  });
+  ASSERT_TRUE(testutil::WaitFor([&] {
+    protocol::RedisReply keys;
+    return watcher->Command({"KEYS", "test:input:*"}, &keys).ok() && !keys.elements.empty();
+  }));
+  redis.Signal(SIGSTOP);  // stored; now Redis stalls
+  const bool ended = testutil::WaitFor([&] { return done.load(); }, std::chrono::seconds(30));
+  redis.Signal(SIGCONT);
+  run.join();
+  const int64_t took_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                              std::chrono::steady_clock::now() - start)
+                              .count();
+  EXPECT_TRUE(ended) << "the Run's cleanup waited for request_timeout_ms";
+  EXPECT_LT(took_ms, 30000);
+  EXPECT_EQ(s.code(), codes::kUnavailable) << s.ToString();
+  EXPECT_NE(s.message().find("it was not sent"), std::string::npos) << s.ToString();
 }
 
 // A Run that timed out, run again after its result came: returns the result and sends nothing.
