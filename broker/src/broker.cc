@@ -319,8 +319,10 @@ bool Broker::Impl::ReadBackend() {
     if ((i & 15) == 15 && protocol::MonotonicMicros() > turn_end) return false;
     Status s = protocol::RecvMessage(backend, /*router=*/true, &m);
     if (s.code() == codes::kUnavailable) return true;  // read empty
-    if (!s.ok()) {
-      spdlog::warn("malformed worker message: {}", s.message());
+    if (!s.ok()) {  // counted and rate-limited as any bad frame (security.md)
+      telemetry.OnRefusedMessage();
+      LimitedWarn(bad_worker_message_log,
+                  "malformed worker message: " + protocol::Printable(s.message()));
       continue;
     }
     HandleBackend(m);
@@ -336,7 +338,11 @@ bool Broker::Impl::Heartbeat(int64_t now_mono) {
   // missing. So what waits is read first; a backlog more than a turn's worth of reading
   // postpones the verdict to the next heartbeat. (Deciding only when nothing waited let a busy
   // fleet, whose DONEs keep arriving, hold a dead worker's jobs for as long as it stayed busy.)
-  const bool unread = (backend.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
+  bool unread = true;  // if the question fails (EINTR: a SIGHUP), read: an empty read says no
+  try {
+    unread = (backend.get(zmq::sockopt::events) & ZMQ_POLLIN) != 0;
+  } catch (const zmq::error_t&) {
+  }
   if (!unread || ReadBackend())
     for (const auto& id :
          scheduler.SilentWorkers(now_mono, options.heartbeat_ms * 1000, options.liveness))

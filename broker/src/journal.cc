@@ -112,7 +112,7 @@ Status Journal::Decode(const std::string& bytes, Job* out) {
 }
 
 void Journal::Stage(const Job& job) {
-  forgotten_.erase(job.id);
+  if (forgotten_.erase(job.id) > 0) unforgotten_.push_back(job.id);
   updates_.erase(job.id);  // an earlier job's of the same id
   staged_.emplace_back(job.id, Encode(job));
 }
@@ -125,6 +125,19 @@ void Journal::NoteModel(const std::string& model) { models_.insert(model); }
 
 Status Journal::Commit(const FindJob& find) {
   if (idle()) return Status::Ok();
+  if (Status s = redis_->EnsureConnected(); !s.ok()) {
+    // Nothing can have been sent: the staged records cannot land later, so no removal is queued
+    // for them (while Redis is down, one per id rejected would pile up, and all go in one HDEL)
+    // -- except those Stage took back: an earlier write of the id may land yet.
+    for (auto& id : unforgotten_) {
+      if (forgotten_.empty()) oldest_forget_us_ = protocol::MonotonicMicros();
+      forgotten_.insert(std::move(id));
+    }
+    unforgotten_.clear();
+    staged_.clear();
+    return s;
+  }
+  unforgotten_.clear();  // from here a failure queues every staged id's removal
   const std::string journal = keys_.Journal();
   // Records written again, a bounded part of them per commit: after a Redis restart every
   // pending job's (up to --max-pending-bytes of inputs) waits here, and one write of them all

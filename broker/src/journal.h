@@ -58,10 +58,12 @@ class Journal {
 
   // Writes everything in one round trip (the restaged records up to 1,024 or 16 MiB of them:
   // the rest on the next commits). On failure the staged records are discarded (the
-  // caller rejects those jobs with `unavailable`) and their removals queued: a write that timed
-  // out may still land, and its jobs must not come back after a restart. Removals, updates and
-  // models are kept for the next try. `find` gives a restaged job by id (the scheduler's), or
-  // null when it is no longer pending: its record is then not written (its removal is queued).
+  // caller rejects those jobs with `unavailable`) and, once anything may have been sent, their
+  // removals queued: a write that timed out may still land, and its jobs must not come back
+  // after a restart (a connection that could not be made sent nothing: no removals). Removals,
+  // updates and models are kept for the next try. `find` gives a restaged job by id (the
+  // scheduler's), or null when it is no longer pending: its record is then not written (its removal
+  // is queued).
   using FindJob = std::function<const Job*(const std::string& id)>;
   Status Commit(const FindJob& find);
 
@@ -83,6 +85,9 @@ class Journal {
   std::vector<std::pair<std::string, std::string>> staged_;  // id -> record
   std::set<std::string> updates_;                            // ids (Restage)
   std::unordered_set<std::string> forgotten_;
+  // Staged ids whose removal Stage took back (the id accepted again): queued again if the
+  // commit fails before sending anything, since an earlier write of the id may still land.
+  std::vector<std::string> unforgotten_;
   int64_t oldest_forget_us_ = 0;
   std::set<std::string> models_;  // a set: READYs repeat them, and while Redis is down they wait
 };

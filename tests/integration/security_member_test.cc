@@ -244,6 +244,29 @@ TEST_F(Curve, ALyingReadyIsRefusedAndEvictsNobody) {
   EXPECT_GE(Metric(metrics::names::kMessagesRefused), 3);
 }
 
+// A member's flood of frames without Ferry's framing on the backend is counted and its warnings
+// rate-limited, as every other bad frame (security.md). Before, each one was a log line and
+// none was counted.
+TEST_F(Curve, AFloodOfUnframedWorkerMessagesIsCountedAndItsWarningsLimited) {
+  const double refused = Metric(metrics::names::kMessagesRefused);
+  zmq::socket_t junk =
+      CurveDealer(ctx_, fleet_->backend(), &raw_worker_keys_[0], BrokerPublicKey());
+  for (int i = 0; i < 200; ++i) junk.send(zmq::buffer(std::string("junk")), zmq::send_flags::none);
+  ASSERT_TRUE(testutil::WaitFor([&] {
+    return Metric(metrics::names::kMessagesRefused) - refused >= 200;
+  })) << Metric(metrics::names::kMessagesRefused) - refused
+      << " counted\n"
+      << fleet_->Logs();
+  const std::string log = fleet_->broker().Log();
+  size_t warnings = 0;
+  for (size_t at = log.find("malformed worker message"); at != std::string::npos;
+       at = log.find("malformed worker message", at + 1))
+    ++warnings;
+  EXPECT_GE(warnings, 1u);
+  EXPECT_LE(warnings, 11u) << "a warning per frame";
+  ExpectRuns(*client_);
+}
+
 TEST_F(Curve, AHugeSubmitOrCancelIsRefusedSmallAndCheaply) {
   zmq::socket_t s = RawProducer();
   const int64_t rss_before = testutil::RssBytes(fleet_->broker().pid());

@@ -252,6 +252,40 @@ TEST_F(JournalRedisTest, AFailedCommitDropsStagedJobsAndKeepsRemovals) {
   EXPECT_EQ(journal_->oldest_removal_us(), 5);
 }
 
+// While Redis is down, every SUBMIT's new jobs are staged and rejected: a commit that could not
+// even connect sent nothing, so no removal is queued for them. Before, one per rejected id piled
+// up for the whole outage (memory, and an HDEL of them all rebuilt every 5 ms).
+TEST_F(JournalRedisTest, JobsRejectedWhileRedisIsDownQueueNoRemovals) {
+  server_.Stop();
+  for (int i = 0; i < 1000; ++i) {
+    auto j = MakeJob("down-" + std::to_string(i), i);
+    journal_->Stage(*j);
+    EXPECT_EQ(journal_->Commit(find_).code(), codes::kUnavailable);
+    EXPECT_FALSE(journal_->has_staged());
+  }
+  // The first commit may have written on the connection open before Redis stopped.
+  EXPECT_LE(journal_->removals(), 1u);
+  server_.Restart();
+  ASSERT_TRUE(journal_->Commit(find_).ok());
+  EXPECT_TRUE(journal_->idle());
+}
+
+// An id whose removal waits (its write failed and may land late) accepted again while Redis is
+// down: that commit sends nothing, and the removal it took back waits again -- the old write
+// may still land, and its job must not come back after a restart.
+TEST_F(JournalRedisTest, ARemovalTakenBackByAnIdAcceptedAgainWaitsAgainWhenNothingIsSent) {
+  server_.Stop();
+  auto first = MakeJob("again", 1);
+  journal_->Stage(*first);
+  (void)journal_->Commit(find_);  // on the connection open before: it may have been sent
+  ASSERT_EQ(journal_->removals(), 1u);
+  auto second = MakeJob("again", 2);
+  journal_->Stage(*second);  // the client retries the id
+  EXPECT_EQ(journal_->removals(), 0u);
+  EXPECT_EQ(journal_->Commit(find_).code(), codes::kUnavailable);  // cannot connect
+  EXPECT_EQ(journal_->removals(), 1u) << "the late write of \"again\" would stay journaled";
+}
+
 // A write that timed out may land all the same (Redis was slow, not gone): the job the broker
 // then rejected `unavailable` must not stay journaled, or the next broker would restore and run
 // it. The next Commit removes it.
