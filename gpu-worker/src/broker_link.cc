@@ -220,6 +220,11 @@ void BrokerLink::Loop() {
 }
 
 void BrokerLink::HandleBroker(protocol::Message* m) {
+  if ((m->command == protocol::kChunk || m->command == protocol::kHeartbeat) &&
+      !last_refusal_.empty()) {
+    spdlog::info("worker {}: the broker took it", options_.hello.worker);
+    SetRefusal("");
+  }
   if (m->command == protocol::kChunk) {
     HandleChunk(std::move(m->body), std::move(m->frames));
   } else if (m->command == protocol::kReannounce) {
@@ -242,13 +247,19 @@ void BrokerLink::HandleBroker(protocol::Message* m) {
     if (protocol::UnpackMap(m->body.data(), m->body.size(), &oh).ok())
       (void)protocol::DecodeError(oh.get(), &refused);
     if (protocol::Printable(refused.ToString(), 300) != last_refusal_) {
-      last_refusal_ = protocol::Printable(refused.ToString(), 300);
+      SetRefusal(protocol::Printable(refused.ToString(), 300));
       spdlog::error("worker {}: the broker refused it: {}; it gets no work until it is taken",
                     options_.hello.worker, last_refusal_);
     }
   } else {
     spdlog::warn("unexpected command {} from the broker ignored", m->command);
   }
+}
+
+void BrokerLink::SetRefusal(std::string why) {
+  last_refusal_ = why;
+  std::lock_guard<std::mutex> lock(refusal_mu_);
+  refusal_ = std::move(why);
 }
 
 void BrokerLink::HandleChunk(zmq::message_t body, std::vector<zmq::message_t> frames) {

@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -96,6 +97,12 @@ class BrokerLink {
   int64_t SilenceMicros() const {
     return options_.liveness * std::max(options_.heartbeat_ms, broker_heartbeat_ms_.load()) * 1000;
   }
+  // Why the broker refused this worker's last READY ("" while it is taken: no READY refused
+  // since the last CHUNK or HEARTBEAT, which a broker sends only to workers it took).
+  std::string refusal() const {
+    std::lock_guard<std::mutex> lock(refusal_mu_);
+    return refusal_;
+  }
   // Jobs received and not yet reported by the result writer.
   int64_t outstanding() const { return outstanding_.load(); }
   // Whether the thread has seen RequestDrain and is draining.
@@ -111,6 +118,8 @@ class BrokerLink {
   void HandleBroker(protocol::Message* m);
   void HandleChunk(zmq::message_t body, std::vector<zmq::message_t> frames);
   void HandleCancel(const zmq::message_t& body);
+  // Sets last_refusal_ and what refusal() says.
+  void SetRefusal(std::string why);
   // The Outbox's reports and READY request.
   void TakeOutbox();
   void HandleReport(DoneReport report);
@@ -148,7 +157,9 @@ class BrokerLink {
   std::atomic<bool> draining_{false};  // written by the loop thread only
   // The loop thread's own.
   bool broker_silent_ = false;  // for one log line per silence
-  std::string last_refusal_;    // the broker's last ERROR: logged once
+  std::string last_refusal_;    // the broker's last ERROR: logged once; "" once taken
+  mutable std::mutex refusal_mu_;
+  std::string refusal_;  // last_refusal_ for other threads (refusal()), guarded by refusal_mu_
   // Ids received in CHUNKs and not yet in a DONE sent, with how many copies (a broker may send
   // a job again while the worker still holds it): READY's "held".
   std::unordered_map<std::string, int> held_ids_;

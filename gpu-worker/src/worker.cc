@@ -186,7 +186,7 @@ Status Worker::Impl::Run() {
       metrics::names::SampleProcessMetrics(reg);
     };
     // /healthz: Redis answers. /readyz: also the broker was heard from within heartbeat_ms *
-    // liveness (the models were loaded by Create).
+    // liveness and took this worker's READY (the models were loaded by Create).
     metrics::RedisProbe::Options po;
     po.endpoint = redis;
     redis_probe_ = std::make_unique<metrics::RedisProbe>(reg, std::move(po));
@@ -200,6 +200,11 @@ Status Worker::Impl::Run() {
         *why = "broker " + options_.broker +
                (last == 0 ? " not heard from yet"
                           : " silent for " + std::to_string(silent_us / 1000) + " ms");
+        return false;
+      }
+      // A refused worker still hears from the broker (its answers to each re-announce).
+      if (std::string refusal = link_->refusal(); !refusal.empty()) {
+        *why = "broker " + options_.broker + " refused this worker: " + refusal;
         return false;
       }
       return true;

@@ -258,6 +258,27 @@ TEST(Metrics, HealthFollowsRedisAndProcessMetricsAreThere) {
   EXPECT_TRUE(broker.WaitFor(names::kRedisUp, {}, 1));
 }
 
+// A worker the broker refused (here: another --redis-prefix) still hears from it, which
+// answers each of its re-announces: /readyz says 503 with the broker's reason, not 200.
+TEST(Metrics, AWorkerTheBrokerRefusedIsNotReady) {
+  const int worker_port = testutil::FreePort();
+  FleetOptions o;
+  o.workers = 1;
+  o.worker_args = {"--metrics-port", std::to_string(worker_port), "--redis-prefix", "other:"};
+  Fleet fleet(o);
+  ASSERT_TRUE(testutil::WaitFor(
+      [&] { return fleet.worker(0).Log().find("the broker refused it") != std::string::npos; },
+      std::chrono::seconds(60)))
+      << fleet.Logs();
+  std::string body;
+  Status s = metrics::HttpGet(Url(worker_port, "/readyz"), 2000, &body);
+  EXPECT_NE(s.message().find("HTTP 503"), std::string::npos) << s.ToString();
+  EXPECT_NE(s.message().find("refused this worker: invalid_argument: READY says --redis-prefix"),
+            std::string::npos)
+      << s.ToString();
+  EXPECT_TRUE(metrics::HttpGet(Url(worker_port, "/healthz"), 2000, &body).ok()) << fleet.Logs();
+}
+
 // A model whose only worker left: SUBMIT is still accepted (a worker may come back), the broker
 // logs it and ferry_model_workers says 0, and after --orphan-timeout-s its queued jobs fail
 // `unavailable`, saying why. A worker that comes back serves new jobs again.
