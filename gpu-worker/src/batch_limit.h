@@ -25,8 +25,6 @@ class BatchLimit {
   // Lowers the limit to `limit` (at least 1; never raised by it) at `now_us`. Returns the new
   // limit.
   int64_t LowerTo(int64_t limit, int64_t now_us);
-  // A batch of `batch` jobs ran out of memory at `now_us`: LowerTo(batch / 2).
-  int64_t OnOutOfMemory(int64_t batch, int64_t now_us) { return LowerTo(batch / 2, now_us); }
   int64_t max() const { return max_; }
 
  private:

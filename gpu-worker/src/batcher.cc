@@ -21,10 +21,10 @@ std::vector<JobResult> Batcher::Run(const Model& model, std::vector<Job> jobs,
   std::vector<std::vector<size_t>> groups;
   std::unordered_map<std::string, size_t> group_of;
   const Padding& padding = model.padding();
-  std::vector<std::vector<protocol::InputSpec>> declared;
-  if (model.config().inputs) declared.push_back(*model.config().inputs);
+  const auto& declared = model.config().inputs;
   for (size_t i = 0; i < jobs.size(); ++i) {
-    Status s = protocol::CheckInputs(model.name(), declared, jobs[i].entry.inputs);
+    Status s = declared ? protocol::CheckInputs(model.name(), *declared, jobs[i].entry.inputs)
+                        : Status::Ok();
     if (s.ok()) s = padding.Check(jobs[i].entry.inputs);
     if (!s.ok()) {
       results[i].status = std::move(s);
@@ -51,7 +51,7 @@ std::vector<JobResult> Batcher::Run(const Model& model, std::vector<Job> jobs,
         const int64_t lowered = limit->LowerTo(target, protocol::MonotonicMicros());
         spdlog::warn(
             "model {}: out of memory on a batch of {}; max batch lowered to {} for a while",
-            model.name(), to - from, lowered);
+            model.name(), n, lowered);
       }
     }
   }

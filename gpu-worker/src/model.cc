@@ -14,7 +14,9 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <filesystem>
 #include <string_view>
+#include <unordered_set>
 #include <utility>
 
 #include "ferry/torch_dtype.h"
@@ -289,10 +291,23 @@ Status Model::Create(const ModelConfig& config, std::unique_ptr<Model>* out,
     impl->module.eval();
     if (!impl->module.find_method(config.method))
       return Status::InvalidArgument(what + "it has no method \"" + config.method + "\"");
+    // Parameters, buffers and plain tensor attributes, each storage once (views, tied weights).
+    // A frozen module (torch.jit.freeze) has none: its weights are constants of its code, so its
+    // file's size stands for them, as Estimate does before the first load.
     int64_t params = 0;
-    for (const at::Tensor& p : impl->module.parameters())
-      params += static_cast<int64_t>(p.nbytes());
-    for (const at::Tensor& b : impl->module.buffers()) params += static_cast<int64_t>(b.nbytes());
+    std::unordered_set<const void*> seen;
+    for (const c10::IValue& v : impl->module.attributes(/*recurse=*/true)) {
+      if (!v.isTensor()) continue;
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined() || !t.has_storage()) continue;  // e.g. sparse: not counted
+      if (seen.insert(t.storage().unsafeGetStorageImpl()).second)
+        params += static_cast<int64_t>(t.storage().nbytes());
+    }
+    if (params == 0) {
+      std::error_code ec;
+      const auto size = std::filesystem::file_size(config.path, ec);
+      if (!ec) params = static_cast<int64_t>(size) / (config.half ? 2 : 1);
+    }
     const int64_t after = index >= 0 ? cuda::AllocatedBytes(index) : -1;
     for (const InputConversion& c : config.convert) {
       Impl::Conversion conv{c.input, c10::kFloat, c.scale, {}, {}, c.channel_dim};

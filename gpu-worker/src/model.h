@@ -80,9 +80,10 @@ class Model {
   const ModelConfig& config() const { return config_; }
   const Padding& padding() const { return padding_; }
   // Device memory the model holds: on CUDA the caching allocator's growth across the load (at
-  // least the parameter and buffer bytes); on CPU the parameter and buffer bytes.
+  // least parameter_bytes()); on CPU parameter_bytes().
   int64_t memory_bytes() const { return memory_bytes_; }
-  // The sum of parameter and buffer bytes.
+  // The bytes of its parameters, buffers and other tensor attributes, each tensor once; for a
+  // module with none (a frozen one: its weights are constants in its code), its file's size.
   int64_t parameter_bytes() const { return parameter_bytes_; }
   // Whether the model has been seen writing into inputs it was given in place (from then on it
   // gets copies), or was created knowing it does (Create's `writes_into_inputs`).

@@ -11,6 +11,8 @@
 #include <set>
 #include <sstream>
 
+#include "padding.h"
+
 namespace ferry::worker {
 namespace {
 
@@ -268,34 +270,6 @@ bool IsFloating(DType d) {
          d == DType::kFloat64;
 }
 
-// Whether `value` pads an input of `dtype` as it is: an integer dtype takes whole numbers in its
-// range, bool 0 or 1, float16 at most 65504 in magnitude (or an infinity); *range says what.
-bool PadValueFits(DType dtype, double value, std::string* range) {
-  auto whole_in = [&](double lo, double hi, const char* text) {
-    *range = text;
-    return value == std::floor(value) && value >= lo && value <= hi;
-  };
-  switch (dtype) {
-    case DType::kBool:
-      return whole_in(0, 1, "0 or 1");
-    case DType::kUInt8:
-      return whole_in(0, 255, "a whole number 0..255");
-    case DType::kInt8:
-      return whole_in(-128, 127, "a whole number -128..127");
-    case DType::kInt16:
-      return whole_in(-32768, 32767, "a whole number -32768..32767");
-    case DType::kInt32:
-      return whole_in(-2147483648.0, 2147483647.0, "a whole number in int32");
-    case DType::kInt64:
-      return whole_in(-9.2e18, 9.2e18, "a whole number in int64");
-    case DType::kFloat16:
-      *range = "at most 65504 in magnitude, or an infinity";
-      return std::isinf(value) || std::fabs(value) <= 65504.0;
-    default:
-      return true;
-  }
-}
-
 }  // namespace
 
 const char* LoadPolicyName(LoadPolicy load) { return load == LoadPolicy::kLazy ? "lazy" : "eager"; }
@@ -355,7 +329,7 @@ Status ValidateModelConfig(const ModelConfig& m) {
       // Checked here, not at the first batch: there every job would fail model_error, each
       // batch first split down to single jobs; and a fraction would be cut to an integer.
       std::string range;
-      if (!PadValueFits(in[k].dtype, p.value, &range))
+      if (!Padding::ValueFits(in[k].dtype, p.value, &range))
         return Status::InvalidArgument("padding.value " + std::to_string(p.value) +
                                        " does not fit input " + std::to_string(k) + " (" +
                                        DTypeName(in[k].dtype) + "): want " + range);

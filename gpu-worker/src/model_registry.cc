@@ -133,6 +133,14 @@ Status ModelRegistry::Acquire(const std::string& name, Lease* out, const cuda::S
       cv_.wait(lock);
       continue;
     }
+    if (e.failed_at_us != 0) {
+      const int64_t since_us = protocol::MonotonicMicros() - e.failed_at_us;
+      if (since_us < options_.load_retry_us)
+        return Status(e.failure.code(),
+                      e.failure.message() + " (its load failed " + std::to_string(since_us / 1000) +
+                          " ms ago; tried again " + std::to_string(options_.load_retry_us / 1000) +
+                          " ms after that)");
+    }
     const int64_t need = Estimate(e);
     const Room room = MakeRoom(name, need, &dropped);
     if (!dropped.empty()) {  // unload outside the lock, tell the listener, look again
@@ -198,10 +206,17 @@ Status ModelRegistry::Load(Entry* e, const cuda::Stream* stream,
   if (!s.ok()) {
     e->state = State::kUnloaded;
     e->bytes = 0;
+    // A failure that may pass by itself (device memory others held, a device not up yet) is
+    // tried again at the next batch; one of the file or the config waits load_retry_us.
+    const bool lasting =
+        s.code() != codes::kUnavailable && s.message().find("out of memory") == std::string::npos;
+    e->failed_at_us = lasting ? protocol::MonotonicMicros() : 0;
+    e->failure = s;
     cv_.notify_all();
     spdlog::error("model {}: load failed: {}", e->config.name, s.ToString());
     return s;
   }
+  e->failed_at_us = 0;
   e->model = std::shared_ptr<const Model>(std::move(model));
   e->measured = e->bytes = e->model->memory_bytes();
   used_ += e->bytes;

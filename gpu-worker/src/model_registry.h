@@ -13,7 +13,10 @@
 // fit even with every unpinned model gone fails its jobs with `too_large`. The size of a model
 // that never loaded is estimated from its file (halved for half precision) and corrected once
 // measured. A model seen writing into its inputs (Model::writes_into_inputs) is remembered as
-// such when it is unloaded: loaded again, it gets copies from its first batch on.
+// such when it is unloaded: loaded again, it gets copies from its first batch on. A lazy load
+// that failed for good (a broken file, a failing warmup; not out of memory) is not tried again
+// for `load_retry_us` (its batches fail with its error meanwhile): a broken model file would
+// otherwise unload the healthy models to make room at every batch.
 //
 // Every change of the resident set calls the listener (outside the registry's lock), so the
 // worker can re-announce itself and the broker can prefer workers that have a model warm.
@@ -45,6 +48,10 @@ class ModelRegistry {
     int64_t wait_for_room_ms = 60000;  // how long a load waits for busy models to finish
     int64_t oom_hold_us = BatchLimit::kDefaultHoldUs;
     int64_t oom_step_us = BatchLimit::kDefaultStepUs;
+    // After a lazy load failed (not for lack of device memory, nor `unavailable`), the model's
+    // batches fail with that error, without a load or an unload, for this long; the next one
+    // after it tries again.
+    int64_t load_retry_us = 10 * 1000 * 1000;
   };
 
   // A model held for one batch: while it lives the model is not unloaded. Move-only.
@@ -105,6 +112,8 @@ class ModelRegistry {
     int64_t measured = 0;                // from the last load; 0: never loaded
     bool writes_inputs = false;          // an earlier load wrote into its inputs
     std::unique_ptr<BatchLimit> limit;   // survives unloads
+    int64_t failed_at_us = 0;            // monotonic time of the last failed load; 0: none
+    Status failure;                      // its error
   };
   enum class Room { kFits, kWait, kNever };
 

@@ -32,8 +32,41 @@ Status Padding::Check(const std::vector<protocol::TensorRef>& inputs) const {
       return Status::InvalidArgument("padded inputs disagree on the length (" +
                                      std::to_string(length) + " vs " + std::to_string(n) + ")");
     length = n;
+    // Checked at load when the config declares `inputs`; otherwise here, per job: cast to an
+    // integer dtype, a value out of its range would pad with another number.
+    std::string range;
+    if (!ValueFits(inputs[k].dtype, policy_.value, &range))
+      return Status::InvalidArgument("padding.value " + std::to_string(policy_.value) +
+                                     " does not fit input " + std::to_string(k) + " (" +
+                                     DTypeName(inputs[k].dtype) + "): want " + range);
   }
   return Status::Ok();
+}
+
+bool Padding::ValueFits(DType dtype, double value, std::string* range) {
+  auto whole_in = [&](double lo, double hi, const char* text) {
+    *range = text;
+    return value == std::floor(value) && value >= lo && value <= hi;
+  };
+  switch (dtype) {
+    case DType::kBool:
+      return whole_in(0, 1, "0 or 1");
+    case DType::kUInt8:
+      return whole_in(0, 255, "a whole number 0..255");
+    case DType::kInt8:
+      return whole_in(-128, 127, "a whole number -128..127");
+    case DType::kInt16:
+      return whole_in(-32768, 32767, "a whole number -32768..32767");
+    case DType::kInt32:
+      return whole_in(-2147483648.0, 2147483647.0, "a whole number in int32");
+    case DType::kInt64:
+      return whole_in(-9.2e18, 9.2e18, "a whole number in int64");
+    case DType::kFloat16:
+      *range = "at most 65504 in magnitude, or an infinity";
+      return std::isinf(value) || std::fabs(value) <= 65504.0;
+    default:
+      return true;
+  }
 }
 
 int64_t Padding::Length(const std::vector<protocol::TensorRef>& inputs) const {

@@ -25,8 +25,9 @@ class Padding {
   bool enabled() const { return policy_.enabled(); }
   const PaddingPolicy& policy() const { return policy_; }
 
-  // kInvalidArgument when a padded input is missing, has too few dimensions, or the padded
-  // inputs disagree on the length. Always OK without a policy.
+  // kInvalidArgument when a padded input is missing, has too few dimensions, has a dtype the
+  // pad value does not fit (ValueFits), or the padded inputs disagree on the length. Always OK
+  // without a policy.
   Status Check(const std::vector<protocol::TensorRef>& inputs) const;
   // The job's true length (after Check); 0 without a policy.
   int64_t Length(const std::vector<protocol::TensorRef>& inputs) const;
@@ -44,6 +45,10 @@ class Padding {
   // Equal for two jobs exactly when they may share a batch.
   std::string GroupKey(const std::vector<protocol::TensorRef>& inputs) const;
 
+  // Whether `value` pads an input of `dtype` as it is: an integer dtype takes whole numbers in
+  // its range, bool 0 or 1, float16 at most 65504 in magnitude (or an infinity); *range says
+  // what.
+  static bool ValueFits(DType dtype, double value, std::string* range);
   // `dim` for a tensor of `rank` dims (negative counts from the end); -1 when out of range.
   static int64_t Normalize(int64_t dim, size_t rank);
 

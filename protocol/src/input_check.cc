@@ -65,4 +65,10 @@ Status CheckInputs(const std::string& model, const std::vector<std::vector<Input
   return Status::InvalidArgument(std::move(message));
 }
 
+Status CheckInputs(const std::string& model, const std::vector<InputSpec>& spec,
+                   const std::vector<TensorRef>& inputs) {
+  if (Matches(spec, inputs)) return Status::Ok();
+  return Status::InvalidArgument(Mismatch(model, spec, inputs));
+}
+
 }  // namespace ferry::protocol

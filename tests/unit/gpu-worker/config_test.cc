@@ -288,18 +288,38 @@ TEST(PaddingTest, GroupKeysLengthsAndBuckets) {
   EXPECT_EQ(Padding::Normalize(2, 2), -1);
 }
 
+// Without `inputs` in the config the pad value cannot be checked at load: a job whose padded
+// input's dtype it does not fit fails invalid_argument alone. Before, -1 padded uint8 jobs
+// with 255 and 0.5 int16 jobs with 0.
+TEST(PaddingTest, APadValueThatDoesNotFitAJobsDtypeFailsTheJob) {
+  PaddingPolicy policy;
+  policy.inputs = {0};
+  policy.dim = -1;
+  policy.value = -1;
+  Padding p(policy);
+  EXPECT_TRUE(p.Check({Ref({300})}).ok());
+  EXPECT_TRUE(p.Check({Ref({300}, DType::kInt16)}).ok());
+  const Status s = p.Check({Ref({300}, DType::kUInt8)});
+  EXPECT_EQ(s.code(), codes::kInvalidArgument);
+  EXPECT_EQ(s.message(),
+            "padding.value -1.000000 does not fit input 0 (uint8): want a whole number 0..255");
+  policy.value = 0.5;
+  EXPECT_EQ(Padding(policy).Check({Ref({300}, DType::kInt16)}).code(), codes::kInvalidArgument);
+  EXPECT_TRUE(Padding(policy).Check({Ref({300}, DType::kFloat16)}).ok());
+}
+
 TEST(BatchLimitTest, LowersOnOutOfMemoryAndRestoresGradually) {
   BatchLimit limit(64, /*hold_us=*/1000, /*step_us=*/100);
   EXPECT_EQ(limit.Current(0), 64);
-  EXPECT_EQ(limit.OnOutOfMemory(64, 10), 32);
-  EXPECT_EQ(limit.OnOutOfMemory(32, 20), 16);
-  EXPECT_EQ(limit.OnOutOfMemory(64, 30), 16);  // a stale bigger batch never raises it
-  EXPECT_EQ(limit.Current(500), 16);           // held
-  EXPECT_EQ(limit.Current(1030), 32);          // then doubles every step
+  EXPECT_EQ(limit.LowerTo(32, 10), 32);
+  EXPECT_EQ(limit.LowerTo(16, 20), 16);
+  EXPECT_EQ(limit.LowerTo(32, 30), 16);  // a stale bigger batch never raises it
+  EXPECT_EQ(limit.Current(500), 16);     // held
+  EXPECT_EQ(limit.Current(1030), 32);    // then doubles every step
   EXPECT_EQ(limit.Current(1130), 64);
   EXPECT_EQ(limit.Current(99999), 64);  // never above the maximum
   BatchLimit one(1);
-  EXPECT_EQ(one.OnOutOfMemory(1, 0), 1);
+  EXPECT_EQ(one.LowerTo(0, 0), 1);  // never below 1
 }
 
 }  // namespace

@@ -3,8 +3,12 @@
 // models hold exactly 1 MiB of parameters each (worker_test_models.cc).
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
 #include <thread>
 
 #include "ferry/protocol/util.h"
@@ -53,6 +57,26 @@ TEST(RegistryTest, LazyModelsLoadOnFirstUseAndAreMeasured) {
   EXPECT_EQ(r.used_bytes(), 2 * kMiB);
   EXPECT_EQ(r.loads(), 2);
   EXPECT_EQ(r.Acquire("nope", &lease).code(), codes::kUnknownModel);
+}
+
+// A model's memory on the CPU counts its tensors however it holds them: a plain tensor
+// attribute as a parameter, and a frozen module (no attributes left: its weight is a constant
+// in its code) by its file's size. Before, both counted 0 bytes against the memory budget.
+TEST(RegistryTest, TensorAttributesAndFrozenWeightsCountAgainstTheBudget) {
+  ModelConfig attr = Big('a');
+  attr.name = "attr_big";
+  attr.path = testmodels::Path(attr.name);
+  ModelConfig frozen = Big('a');
+  frozen.name = "frozen_big";
+  frozen.path = testmodels::Path(frozen.name);
+  ModelRegistry r(Budget(0), {attr, frozen});
+  ModelRegistry::Lease lease;
+  ASSERT_TRUE(r.Acquire("attr_big", &lease).ok());
+  EXPECT_EQ(lease.model().memory_bytes(), kMiB);
+  ASSERT_TRUE(r.Acquire("frozen_big", &lease).ok());
+  EXPECT_GE(lease.model().memory_bytes(), kMiB);
+  EXPECT_LT(lease.model().memory_bytes(), kMiB + kMiB / 4);  // the file: the weight and code
+  EXPECT_GE(r.used_bytes(), 2 * kMiB);
 }
 
 TEST(RegistryTest, LeastRecentlyUsedIdleModelIsEvicted) {
@@ -142,13 +166,47 @@ TEST(RegistryTest, FailedLoadsAreReportedAndRetried) {
   broken.path = "/nonexistent/broken.pt";
   ModelConfig eager = broken;
   eager.load = LoadPolicy::kEager;
-  ModelRegistry lazy(Budget(0), {broken});
+  ModelRegistry::Options retry_at_once = Budget(0);
+  retry_at_once.load_retry_us = 0;
+  ModelRegistry lazy(retry_at_once, {broken});
   EXPECT_TRUE(lazy.LoadEager().ok());  // lazy: nothing to load yet
   EXPECT_EQ(Touch(lazy, "broken").code(), codes::kInternal);
-  EXPECT_EQ(Touch(lazy, "broken").code(), codes::kInternal);
+  const Status again = Touch(lazy, "broken");
+  EXPECT_EQ(again.code(), codes::kInternal);
+  EXPECT_EQ(again.message().find("its load failed"), std::string::npos) << "tried again";
   EXPECT_EQ(lazy.used_bytes(), 0);
   ModelRegistry start(Budget(0), {eager});
   EXPECT_EQ(start.LoadEager().code(), codes::kInternal);
+}
+
+// A model file that does not load (here: 1 MiB of garbage) makes room for itself, as its size
+// says, before it fails. For load_retry_us after that its batches fail with the same error
+// without unloading anything again (after it, it is tried again: FailedLoadsAreReportedAndRetried
+// with a window of 0). Before, every batch of it unloaded the healthy model to fail again.
+TEST(RegistryTest, AFailedLoadIsNotTriedAgainForAWhileNorUnloadsOthersMeanwhile) {
+  const std::string garbage = testing::TempDir() + "/garbage-" + std::to_string(getpid()) + ".pt";
+  {
+    std::ofstream out(garbage, std::ios::binary);
+    out << std::string(static_cast<size_t>(kMiB), 'x');
+  }
+  ModelConfig broken = Big('a');
+  broken.name = "broken";
+  broken.path = garbage;
+  ModelRegistry::Options o = Budget(kMiB + kMiB / 2);
+  o.load_retry_us = 600 * 1000 * 1000;  // no retry within the test, however slow the machine
+  ModelRegistry r(o, {broken, Big('b')});
+  ASSERT_TRUE(Touch(r, "big_b").ok());
+  const Status first = Touch(r, "broken");
+  ASSERT_FALSE(first.ok());
+  EXPECT_EQ(r.evictions(), 1);  // big_b made room
+  ASSERT_TRUE(Touch(r, "big_b").ok());
+  const Status cached = Touch(r, "broken");
+  EXPECT_EQ(cached.code(), first.code());
+  EXPECT_NE(cached.message().find(first.message() + " (its load failed "), std::string::npos)
+      << cached.message();
+  EXPECT_EQ(r.evictions(), 1) << "big_b unloaded again for a load that was not tried";
+  EXPECT_EQ(r.Resident(), std::vector<std::string>({"big_b"}));
+  std::remove(garbage.c_str());
 }
 
 // A warmup input bigger than any job input can be fails the load with invalid_argument, on every
@@ -163,8 +221,7 @@ TEST(RegistryTest, AWarmupTooBigFailsTheLoadAndTheOthersServe) {
   for (int attempt = 0; attempt < 2; ++attempt) {
     const Status s = Touch(r, "big_a");
     EXPECT_EQ(s.code(), codes::kInvalidArgument) << s.ToString();
-    EXPECT_NE(s.message().find("warmup of model \"big_a\": an input shape over"),
-              std::string::npos)
+    EXPECT_NE(s.message().find("warmup of model \"big_a\": an input shape over"), std::string::npos)
         << s.message();
   }
   EXPECT_TRUE(Touch(r, "big_b").ok());
@@ -177,7 +234,7 @@ TEST(RegistryTest, MaxBatchFollowsTheBatchLimit) {
   EXPECT_EQ(r.MaxBatch("unknown", 99), 99u);
   ModelRegistry::Lease lease;
   ASSERT_TRUE(r.Acquire("big_a", &lease).ok());
-  lease.limit()->OnOutOfMemory(4, protocol::MonotonicMicros());
+  lease.limit()->LowerTo(2, protocol::MonotonicMicros());
   EXPECT_EQ(r.MaxBatch("big_a", 99), 2u);
 }
 

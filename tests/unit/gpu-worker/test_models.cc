@@ -134,6 +134,15 @@ std::string Path(const std::string& name) {
     const float k = static_cast<float>(name.back() - 'a' + 1);
     m.register_parameter("w", torch::full({kBigBytes / 4}, k), false);
     m.define("def forward(self, x):\n    return x + self.w[0]\n");
+  } else if (name == "attr_big") {  // its weight a plain tensor attribute, no parameter
+    m.register_attribute("w", c10::TensorType::get(), torch::full({kBigBytes / 4}, 2.0f));
+    m.define("def forward(self, x):\n    return x + self.w[0]\n");
+  } else if (name == "frozen_big") {  // torch.jit.freeze: the weight a constant in the code
+    m.register_parameter("w", torch::full({kBigBytes / 4}, 3.0f), false);
+    m.define("def forward(self, x):\n    return x + self.w[0] + self.w[1]\n");
+    m.eval();
+    torch::jit::freeze(m).save(path);
+    return path;
   } else {
     auto it = Defs().find(name);
     if (it == Defs().end()) {

@@ -18,5 +18,8 @@ namespace ferry::protocol {
 // compare and a shape compare; no allocation unless it fails.
 Status CheckInputs(const std::string& model, const std::vector<std::vector<InputSpec>>& specs,
                    const std::vector<TensorRef>& inputs);
+// The same against one spec (a worker's own config).
+Status CheckInputs(const std::string& model, const std::vector<InputSpec>& spec,
+                   const std::vector<TensorRef>& inputs);
 
 }  // namespace ferry::protocol
