@@ -20,10 +20,11 @@
 #   --dry-run           print the commands instead of running them
 #   -h, --help          this text
 #
-# Devices: CUDA_VISIBLE_DEVICES when set (its entries, in order); otherwise `nvidia-smi -L`, where
-# a GPU split into MIG slices contributes its MIG UUIDs instead of itself. CPU threads: unless
-# --threads is given, each worker gets max(1, cores / (workers x instances)) intra-op threads so
-# the workers together do not oversubscribe the host.
+# Devices: CUDA_VISIBLE_DEVICES when set (its entries, in order, up to a negative one);
+# otherwise `nvidia-smi -L`, where a GPU split into MIG slices contributes its MIG UUIDs instead
+# of itself. CPU threads: unless --threads is given, each worker gets
+# max(1, cores / (workers x instances)) intra-op threads so the workers together do not
+# oversubscribe the host.
 set -uo pipefail
 if [ "${BASH_VERSINFO[0]}" -lt 5 ] || { [ "${BASH_VERSINFO[0]}" -eq 5 ] && [ "${BASH_VERSINFO[1]}" -lt 1 ]; }; then
   echo "ferry-launch-gpus: needs bash >= 5.1 (wait -n -p), this is $BASH_VERSION" >&2
@@ -72,8 +73,9 @@ discover() {
   if [ -n "$gpus" ]; then
     tr ',' '\n' <<< "$gpus" | sed -e 's/^ *//' -e 's/ *$//' -e '/^$/d'
   elif [ -n "${CUDA_VISIBLE_DEVICES+x}" ]; then
-    # Set (even to "" or -1, which hide every GPU): its entries are the devices.
-    tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | sed -e 's/^ *//' -e 's/ *$//' -e '/^$/d' -e '/^-1$/d'
+    # Set (even to "" or -1, which hide every GPU): its entries are the devices, up to the first
+    # negative one, which hides itself and every entry after it (as CUDA reads it).
+    tr ',' '\n' <<< "$CUDA_VISIBLE_DEVICES" | sed -e 's/^ *//' -e 's/ *$//' -e '/^$/d' -e '/^-/,$d'
   elif command -v nvidia-smi > /dev/null 2>&1; then
     # "GPU 0: NVIDIA H100 (UUID: GPU-...)" then, for a MIG-enabled GPU,
     # "  MIG 1g.10gb     Device  0: (UUID: MIG-...)": a GPU with slices yields its slices.

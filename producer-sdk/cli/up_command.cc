@@ -71,14 +71,20 @@ Status FindBinary(const std::string& name, const std::string& bin_dir, std::stri
                           "; give --bin-dir");
 }
 
-// GPU ids: --gpus, else $CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`.
+// GPU ids: --gpus, else $CUDA_VISIBLE_DEVICES, else `nvidia-smi -L`. As CUDA reads the
+// variable, set but empty means no GPU, and an entry that is negative ("-1", the usual way to
+// hide every GPU) hides itself and every entry after it.
 std::vector<std::string> VisibleGpus(const std::string& gpus_flag) {
   std::vector<std::string> out;
   auto split = [&](const std::string& s) {
     for (size_t start = 0; start < s.size();) {
       size_t end = s.find(',', start);
       if (end == std::string::npos) end = s.size();
-      if (end > start) out.push_back(s.substr(start, end - start));
+      std::string id = s.substr(start, end - start);
+      id.erase(0, id.find_first_not_of(' '));
+      id.erase(id.find_last_not_of(' ') + 1);
+      if (!id.empty() && id[0] == '-') return;
+      if (!id.empty()) out.push_back(id);
       start = end + 1;
     }
   };
@@ -86,7 +92,7 @@ std::vector<std::string> VisibleGpus(const std::string& gpus_flag) {
     if (gpus_flag != "none") split(gpus_flag);
     return out;
   }
-  if (const char* env = getenv("CUDA_VISIBLE_DEVICES"); env && *env) {
+  if (const char* env = getenv("CUDA_VISIBLE_DEVICES"); env != nullptr) {
     split(env);
     return out;
   }

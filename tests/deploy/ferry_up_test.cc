@@ -295,6 +295,27 @@ TEST(FerryUp, AWorkerThatDiesBeforeReadyFailsItAtOnceWithItsLog) {
   EXPECT_NE(out.find("logs kept in"), std::string::npos) << out;
 }
 
+// CUDA_VISIBLE_DEVICES=-1 is CUDA's way to hide every GPU: `ferry up` then starts a CPU worker
+// (here one that fails at once: its model file is not TorchScript). Before, it started a worker
+// on "GPU -1", and "" fell back to every GPU nvidia-smi lists.
+TEST(FerryUp, CudaVisibleDevicesMinusOneMeansNoGpu) {
+  if (WorkerBin().empty()) GTEST_SKIP() << "built without ferry-worker (no libtorch)";
+  TempDir dir;
+  const std::string bad = dir.path() + "/bad.pt";
+  std::ofstream(bad) << "not a TorchScript file\n";
+  int run = 0;
+  for (const char* visible : {"-1", "", " -1,0"}) {
+    Process up({"/usr/bin/env", std::string("CUDA_VISIBLE_DEVICES=") + visible, CliBin(), "up",
+                "--model", "tiny=" + bad, "--frontend-port", "0", "--backend-port", "0"},
+               dir.path() + "/up" + std::to_string(++run) + ".log");
+    ASSERT_EQ(up.Wait(seconds(120)), 1) << up.Log();
+    const std::string out = up.Log();
+    EXPECT_NE(out.find("no GPU visible; starting 1 CPU worker"), std::string::npos)
+        << "CUDA_VISIBLE_DEVICES='" << visible << "': " << out;
+    EXPECT_EQ(out.find("CUDA_VISIBLE_DEVICES=-1"), std::string::npos) << out;
+  }
+}
+
 // A broker that cannot start (it is told to bind an address of no interface here: 192.0.2.1 is
 // TEST-NET-1, documentation only) fails `ferry up` at once too, with the broker's log lines.
 TEST(FerryUp, ABrokerThatCannotBindFailsItAtOnce) {

@@ -143,6 +143,16 @@ def check_launcher(deploy):
         problem("ferry-launch-gpus.sh", f"--metrics-port 0 with 3 GPUs: rc {r.returncode}: "
                 f"{r.stdout}{r.stderr}")
 
+    # A negative entry in CUDA_VISIBLE_DEVICES hides itself and every entry after it, as CUDA
+    # reads it: "2,-1,0" is GPU 2 alone (before, -1 alone was dropped: GPUs 2 and 0).
+    r = subprocess.run(["bash", script, "--dry-run", "--worker-bin", "/x/ferry-worker"],
+                       capture_output=True, text=True,
+                       env=dict(os.environ, CUDA_VISIBLE_DEVICES="2, -1,0"))
+    lines = [l for l in r.stdout.splitlines() if "/x/ferry-worker" in l]
+    if r.returncode != 0 or len(lines) != 1 or "CUDA_VISIBLE_DEVICES=2 " not in lines[0]:
+        problem("ferry-launch-gpus.sh", f"CUDA_VISIBLE_DEVICES='2, -1,0': rc {r.returncode}: "
+                f"{r.stdout}{r.stderr}")
+
     # A worker that ends on its own (crashed) while others run: the launcher stops the others
     # (SIGTERM: they drain) and exits 1, so that its supervisor restarts it; before, it waited
     # on, alive, with that device idle. A stub stands in for ferry-worker: cpu0 exits 3.
