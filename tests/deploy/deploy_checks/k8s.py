@@ -1,10 +1,13 @@
 """The Kubernetes manifests under deploy/kubernetes: each object has what it needs (names, pinned
 images, matching selectors, a GPU or real MIG slice per worker, drain time, Redis with AOF on a
-PVC); across a rendered kustomization, the broker Service reaches the broker's ports, CURVE keys
-come from Secret volumes, NetworkPolicies admit only workers to the backend, producers to the
-frontend and the fleet to Redis, and the KEDA ScaledObject scales a real Deployment on
-ferry_queue_depth. Each kustomization is rendered with `kubectl kustomize` when kubectl is there;
-without it the raw base objects and the overlays' MIG profiles are checked."""
+PVC and ACL users from a Secret, a readiness probe that authenticates, no password on a command
+line or in a literal env value); across a rendered kustomization, the broker Service reaches the
+broker's ports, CURVE keys and Redis passwords come from Secret volumes, the broker and the
+workers connect to Redis as their ACL users, NetworkPolicies admit only workers to the backend,
+producers to the frontend, the fleet (from its namespace) and producers to Redis, and the KEDA
+ScaledObject scales a real Deployment on ferry_queue_depth. Each kustomization is rendered with
+`kubectl kustomize` when kubectl is there; without it the raw base objects and the overlays' MIG
+profiles are checked."""
 import glob
 import os
 import re
@@ -26,6 +29,13 @@ MIG_PROFILES = {
     "1g.18gb", "1g.35gb", "2g.35gb", "3g.71gb", "4g.71gb", "7g.141gb",
 }
 GPU_RESOURCE = re.compile(r"^nvidia\.com/(gpu|mig-(\d+g\.\d+gb))$")
+# What each role's --redis URL names (deploy/redis/users.acl; make-keys.sh fills in the hashes).
+REDIS_USERS = {"broker": "ferry-broker", "worker": "ferry-worker"}
+# Passwords on a command line (`ps` shows it to everyone on the node, the pod spec to everyone who
+# may read it): Redis's own flags, redis-cli's, a Ferry flag that does not exist, a URL with one.
+PASSWORD_FLAGS = {"--requirepass", "--masterauth", "-a", "--pass", "--redis-password"}
+URL_WITH_PASSWORD = re.compile(r"\b(rediss?|unix)://[^/@\s]*:[^/@\s]*@")
+SECRET_ENV = re.compile(r"PASSWORD|PASSWD|SECRET|TOKEN|(^|_)AUTH$")
 
 
 def pod_of(doc):
@@ -74,16 +84,121 @@ def check_k8s(path, doc, objects):
                     problem(path, f"{kind}/{name}: {k} is no A100/H100/H200 MIG profile")
             if pod.get("terminationGracePeriodSeconds", 30) < 60:
                 problem(path, f"{kind}/{name}: give workers time to drain (grace >= 60 s)")
-        if name == "redis":
-            args = " ".join(containers[0].get("args", []) if containers else [])
+        for c in containers + (pod.get("initContainers") or []):
+            check_no_secret_in_spec(path, f"{kind}/{name}/{c.get('name')}", c)
+        if name == "redis" and containers:
+            args = " ".join(containers[0].get("args", []))
             if "--appendonly yes" not in args:
                 problem(path, "redis: AOF (--appendonly yes) is off")
             if not spec.get("volumeClaimTemplates"):
                 problem(path, "redis: no PersistentVolumeClaim for /data")
+            check_redis_auth(path, containers[0], pod)
     if kind == "Service":
         ports = (doc.get("spec") or {}).get("ports") or []
         if not ports or any("port" not in p for p in ports):
             problem(path, f"Service/{name}: ports without port numbers")
+
+
+def command_lines(container):
+    """Every command line a container runs, as strings: command + args, and the probes' exec."""
+    out = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
+    for probe in ("readinessProbe", "livenessProbe", "startupProbe"):
+        out += [str(a) for a in
+                ((container.get(probe) or {}).get("exec") or {}).get("command") or []]
+    return out
+
+
+def check_no_secret_in_spec(path, what, container):
+    """No password on a command line or as a literal env value: they come from mounted files."""
+    for line in command_lines(container):
+        for tok in line.split():
+            if tok.split("=", 1)[0] in PASSWORD_FLAGS:
+                problem(path, f"{what}: {tok.split('=', 1)[0]} puts a password on the command "
+                        "line; read it from a mounted Secret file")
+        if URL_WITH_PASSWORD.search(line):
+            problem(path, f"{what}: a Redis URL with a password on the command line; name the "
+                    "user only and give --redis-password-file")
+        if re.search(r"REDISCLI_AUTH=(?!\"?\$)", line):
+            problem(path, f"{what}: REDISCLI_AUTH set to a literal; read it from a mounted file")
+    for e in container.get("env") or []:
+        n = e.get("name", "")
+        if "value" in e and SECRET_ENV.search(n) and not n.endswith("_FILE"):
+            problem(path, f"{what}: env {n} holds a literal secret; mount it from a Secret")
+
+
+def mounted_volume(path_value, container, pod):
+    """The volume (its pod.volumes entry) a file path lies under, or None."""
+    volumes = {v["name"]: v for v in pod.get("volumes") or []}
+    for m in container.get("volumeMounts") or []:
+        mp = m["mountPath"].rstrip("/")
+        if path_value == mp or path_value.startswith(mp + "/"):
+            return volumes.get(m["name"])
+    return None
+
+
+def check_redis_auth(path, container, pod):
+    """Redis loads its ACL users from a Secret it can read (and no one else in the pod), takes no
+    password on its command line, and its readiness probe authenticates and wants PONG."""
+    args = [str(a) for a in container.get("args") or []]
+    acl = flag_value(args, "--aclfile")
+    if not acl:
+        problem(path, "redis: no --aclfile: every client is Redis's default user, with no "
+                "password (want the ACL users of deploy/redis/users.acl, from a Secret)")
+    else:
+        vol = mounted_volume(acl, container, pod)
+        if not vol or "secret" not in vol:
+            problem(path, f"redis: --aclfile {acl} is not on a Secret volume")
+        else:
+            mode = vol["secret"].get("defaultMode", 0o644)
+            fs_group = (pod.get("securityContext") or {}).get("fsGroup")
+            if mode & 0o004:
+                problem(path, f"redis: the ACL Secret is readable by every user in the pod "
+                        f"(defaultMode {mode:o})")
+            elif not (mode & 0o040 and fs_group is not None):
+                problem(path, f"redis: Redis cannot read the ACL Secret (defaultMode {mode:o}; "
+                        "want group read and the pod's fsGroup)")
+    probe = container.get("readinessProbe")
+    if not probe:
+        problem(path, "redis: no readinessProbe")
+        return
+    cmd = " ".join(str(a) for a in (probe.get("exec") or {}).get("command") or [])
+    if "redis-cli" in cmd:
+        if "REDISCLI_AUTH" not in cmd or "--user" not in cmd:
+            problem(path, "redis: the readinessProbe's redis-cli does not authenticate (the "
+                    "default user is off: Redis answers NOAUTH); give --user and REDISCLI_AUTH "
+                    "from a mounted file")
+        if "PONG" not in cmd:
+            problem(path, "redis: the readinessProbe must look for PONG: redis-cli exits 0 on "
+                    "an error reply (NOAUTH, LOADING)")
+        for f in re.findall(r"\$\(cat\s+([^\s)\"]+)\)", cmd):
+            if not secret_backed(f, container, pod):
+                problem(path, f"redis: the readinessProbe's password file {f} is not on a "
+                        "Secret volume")
+
+
+def check_redis_client(path, who, user, container, pod):
+    """A Ferry component's --redis names its ACL user, without the password, and
+    --redis-password-file comes from a Secret volume."""
+    args = [str(a) for a in container.get("args") or []]
+    url = flag_value(args, "--redis")
+    if not url:
+        problem(path, f"{who} without --redis")
+        return
+    m = re.match(r"^(?:rediss?|unix)://(?:([^@/]*)@)?", url)
+    userinfo = (m.group(1) if m else None) or ""
+    if ":" in userinfo:
+        problem(path, f"{who}: a password in --redis (a command line); give "
+                "--redis-password-file")
+    if not userinfo.split(":")[0]:
+        problem(path, f"{who}: --redis {url} names no user: Redis's default user, which is "
+                f"off (want redis://{user}@...)")
+    elif userinfo.split(":")[0] != user:
+        problem(path, f"{who}: --redis names user {userinfo.split(':')[0]}, want {user}")
+    pw = flag_value(args, "--redis-password-file")
+    if not pw:
+        problem(path, f"{who} without --redis-password-file (the password of Redis user {user})")
+    elif not secret_backed(pw, container, pod):
+        problem(path, f"{who} --redis-password-file {pw} is not on a Secret volume")
 
 
 def container_ports(doc):
@@ -106,17 +221,15 @@ def flag_value(args, flag):
 
 def secret_backed(path_value, container, pod):
     """Whether a file path lies under a volumeMount whose volume is a Secret."""
-    secrets = {v["name"] for v in pod.get("volumes") or [] if "secret" in v}
-    for m in container.get("volumeMounts") or []:
-        mp = m["mountPath"].rstrip("/")
-        if (path_value == mp or path_value.startswith(mp + "/")) and m["name"] in secrets:
-            return True
-    return False
+    vol = mounted_volume(path_value, container, pod)
+    return bool(vol and "secret" in vol)
 
 
-def policy_admits(policies, pod_labels, port, from_labels):
+def policy_admits(policies, pod_labels, port, from_labels, scope="any"):
     """Whether some NetworkPolicy selecting pods with `pod_labels` admits pods with
-    `from_labels` on `port`."""
+    `from_labels` on `port`. scope "namespace": only by a peer without a namespaceSelector (the
+    policy's own namespace); "cluster": only by one with a namespaceSelector (other namespaces
+    too, whichever their labels); "any": either."""
     for doc in policies:
         sel = (doc["spec"].get("podSelector") or {}).get("matchLabels") or {}
         if any(pod_labels.get(k) != v for k, v in sel.items()):
@@ -126,6 +239,8 @@ def policy_admits(policies, pod_labels, port, from_labels):
             if ports and port not in ports:
                 continue
             for peer in rule.get("from") or []:
+                if scope != "any" and ("namespaceSelector" in peer) != (scope == "cluster"):
+                    continue
                 want = (peer.get("podSelector") or {}).get("matchLabels")
                 if want is not None and all(from_labels.get(k) == v for k, v in want.items()):
                     return True
@@ -173,6 +288,8 @@ def check_k8s_cross(where, objects, names):
             problem(dep[0], f"broker {flag} {v} is not on a Secret volume")
     if flag_value(bargs, "--metrics-port") and flag_value(bargs, "--metrics-addr") != "0.0.0.0":
         problem(dep[0], "broker /metrics must bind 0.0.0.0 for Prometheus and the probes")
+    # Redis: each as its ACL user, the password from a Secret file.
+    check_redis_client(dep[0], "broker", REDIS_USERS["broker"], bc, bpod)
     for name, (path, doc) in deployments.items():
         if not name.startswith("ferry-worker"):
             continue
@@ -187,9 +304,10 @@ def check_k8s_cross(where, objects, names):
                 problem(path, f"{name} {flag} {v} is not on a Secret volume")
         if flag_value(wargs, "--metrics-port") and flag_value(wargs, "--metrics-addr") != "0.0.0.0":
             problem(path, f"{name}: /metrics must bind 0.0.0.0 for Prometheus and the probes")
+        check_redis_client(path, name, REDIS_USERS["worker"], wc, wpod)
 
     # NetworkPolicies: only workers reach the backend, only producers the frontend, only the
-    # fleet Redis.
+    # fleet (from its own namespace) and producers (labelled, from any namespace) Redis.
     policies = [d for _, d in by_kind.get("NetworkPolicy", {}).items() for d in [d[1]]]
     blabels = dep[1]["spec"]["template"]["metadata"]["labels"]
     wlabels = worker[1]["spec"]["template"]["metadata"]["labels"]
@@ -214,8 +332,17 @@ def check_k8s_cross(where, objects, names):
         for who, lab in (("broker", blabels), ("worker", wlabels)):
             if not policy_admits(policies, rlabels, 6379, lab):
                 problem(where, f"the {who} may not reach Redis under the NetworkPolicy")
+            elif not policy_admits(policies, rlabels, 6379, lab, "namespace"):
+                problem(where, f"the {who} reaches Redis only by a rule for every namespace: "
+                        "admit the fleet from its own namespace (no namespaceSelector)")
+            if policy_admits(policies, rlabels, 6379, lab, "cluster"):
+                problem(where, f"a pod in any namespace with the {who}'s labels reaches Redis")
         if policy_admits(policies, rlabels, 6379, {}):
             problem(where, "any pod may reach Redis")
+        producer = {"ferry.io/role": "producer", "ferry.io/redis-client": "true"}
+        if not policy_admits(policies, rlabels, 6379, producer, "cluster"):
+            problem(where, "producers in other namespaces (ferry.io/redis-client) may not reach "
+                    "Redis for their results")
 
     for name, (path, doc) in by_kind.get("ScaledObject", {}).items():
         target = doc["spec"]["scaleTargetRef"]["name"]
